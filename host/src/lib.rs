@@ -1,0 +1,14 @@
+//! pinset: pre-pull and pin container images on Kubernetes nodes.
+//!
+//! - [`core`]: pure domain logic (no I/O): quantities, desired state, plans.
+//! - [`policy`]: the policy contract on the host side, the sandboxed Wasm runtime, the native
+//!   reference policy and the guard that validates decisions and falls back.
+//! - [`scenario`]: offline policy scenarios (`pinset policy test`).
+//! - [`metrics`]: Prometheus metrics.
+//! - [`cli`]: one module per subcommand.
+
+pub mod cli;
+pub mod core;
+pub mod metrics;
+pub mod policy;
+pub mod scenario;

@@ -1,0 +1,59 @@
+use super::Hook;
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// A policy call that did not produce a usable decision. Each names the policy and the hook.
+#[derive(Debug, Clone, thiserror::Error, PartialEq)]
+pub enum PolicyError {
+    #[error("policy {policy}: hook {hook} overran its {deadline:?} deadline")]
+    Deadline { policy: String, hook: Hook, deadline: Duration },
+    #[error("policy {policy}: hook {hook} exceeded the {cap_bytes}-byte memory cap")]
+    MemoryCap { policy: String, hook: Hook, cap_bytes: usize },
+    #[error("policy {policy}: hook {hook} trapped: {message}")]
+    Trap { policy: String, hook: Hook, message: String },
+    #[error("policy {policy}: hook {hook} returned an invalid decision: {reason}")]
+    Invalid { policy: String, hook: Hook, reason: String },
+}
+
+impl PolicyError {
+    pub fn hook(&self) -> Hook {
+        match self {
+            PolicyError::Deadline { hook, .. }
+            | PolicyError::MemoryCap { hook, .. }
+            | PolicyError::Trap { hook, .. }
+            | PolicyError::Invalid { hook, .. } => *hook,
+        }
+    }
+
+    /// A short, stable word for metrics labels.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            PolicyError::Deadline { .. } => "deadline",
+            PolicyError::MemoryCap { .. } => "memory",
+            PolicyError::Trap { .. } => "trap",
+            PolicyError::Invalid { .. } => "invalid",
+        }
+    }
+}
+
+/// A policy module that cannot be used at all. Each names the module.
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    #[error("policy module {path}: cannot read: {source}")]
+    Read { path: PathBuf, source: std::io::Error },
+    #[error("policy module {module}: sha256 is {actual}, expected {expected}; refusing to load it")]
+    Sha256Mismatch { module: String, expected: String, actual: String },
+    #[error("policy module {module}: --policy-sha256 {value:?} is not 64 hex digits")]
+    BadSha256 { module: String, value: String },
+    #[error("policy module {module}: not a valid WebAssembly component: {cause}")]
+    Compile { module: String, cause: String },
+    #[error(
+        "policy module {module}: implements {found}, but this pinset implements {expected}; \
+         rebuild the policy against wit/policy.wit of this release"
+    )]
+    Contract { module: String, expected: String, found: String },
+    #[error("policy module {module}: imports what the sandbox does not offer: {cause}")]
+    Link { module: String, cause: String },
+    #[error("wasm engine: {0}")]
+    Engine(String),
+}

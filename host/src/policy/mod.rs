@@ -1,0 +1,85 @@
+//! The policy contract on the host side.
+//!
+//! Every pull decision comes from a policy:
+//! - [`WasmPolicy`]: a sandboxed WebAssembly component implementing `wit/policy.wit`;
+//! - [`NativePolicy`]: a policy compiled into pinset (the reference policy is the default
+//!   policy's own source, so both have identical semantics);
+//! - [`Guarded`]: what the rest of pinset uses. It asks the primary policy, validates every
+//!   answer ([`validate`]), and on any failure (trap, deadline, memory cap, invalid decision)
+//!   answers with the native reference policy instead and records the fallback.
+
+pub mod bench;
+mod error;
+mod guard;
+mod native;
+pub mod synth;
+pub mod validate;
+mod wasm;
+
+pub use error::{LoadError, PolicyError};
+pub use guard::{Fallback, Guarded};
+pub use native::NativePolicy;
+pub use pinset_policy_sdk::{
+    Admission, AdmissionRequest, DiskFacts, Image, Level, NodeFacts, PolicyInfo, Pressure,
+    PullOutcome, Verdict,
+};
+pub use wasm::{CONTRACT, Limits, PolicyModule, WasmPolicy, WasmRuntime};
+
+use std::fmt;
+use std::time::Duration;
+
+/// The hooks of the contract.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Hook {
+    Info,
+    Admit,
+    Order,
+    Concurrency,
+    Throttle,
+}
+
+impl Hook {
+    pub const ALL: [Hook; 5] = [Hook::Info, Hook::Admit, Hook::Order, Hook::Concurrency, Hook::Throttle];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Hook::Info => "info",
+            Hook::Admit => "admit",
+            Hook::Order => "order",
+            Hook::Concurrency => "concurrency",
+            Hook::Throttle => "throttle",
+        }
+    }
+}
+
+impl fmt::Display for Hook {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// One live instance of a policy, answering the hooks of one reconcile. Calls may fail; callers
+/// other than tests and benchmarks use [`Guarded`], which never does.
+pub trait PolicyInstance: Send {
+    /// The name of the module or built-in policy, for errors and metrics.
+    fn name(&self) -> &str;
+    fn info(&mut self) -> Result<PolicyInfo, PolicyError>;
+    fn admit(&mut self, request: &AdmissionRequest) -> Result<Admission, PolicyError>;
+    fn order(&mut self, node: &NodeFacts, images: &[Image]) -> Result<Vec<u32>, PolicyError>;
+    fn concurrency(&mut self, node: &NodeFacts) -> Result<u32, PolicyError>;
+    /// The raw answer in milliseconds; [`Guarded::throttle`] validates and converts it.
+    fn throttle(
+        &mut self,
+        node: &NodeFacts,
+        outcome: &PullOutcome,
+        pressure: &Pressure,
+    ) -> Result<u64, PolicyError>;
+}
+
+/// Bounds every decision must respect.
+pub const MAX_CONCURRENCY: u32 = 64;
+pub const MAX_THROTTLE: Duration = Duration::from_secs(600);
+
+/// The default policy module, built from `policies/default` and embedded at build time.
+pub const EMBEDDED_DEFAULT: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/default-policy.wasm"));
+pub const EMBEDDED_DEFAULT_NAME: &str = "embedded:default";

@@ -1,0 +1,110 @@
+//! Synthetic, deterministic policy inputs for benchmarks: a worker node and `n` absent images
+//! of 1–3 sets each, with layers drawn partly from a shared base pool (as real images share
+//! base layers) and partly of their own.
+
+use pinset_policy_sdk::{AdmissionRequest, DiskFacts, Image, NodeFacts, Pressure, PullOutcome, GIB};
+
+/// xorshift64*: deterministic, dependency-free.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+pub fn node(control_plane: bool) -> NodeFacts {
+    let role = if control_plane { "master" } else { "worker" };
+    NodeFacts {
+        name: format!("{role}-0.example.internal"),
+        labels: vec![
+            ("kubernetes.io/hostname".into(), format!("{role}-0")),
+            ("kubernetes.io/os".into(), "linux".into()),
+            (format!("node-role.kubernetes.io/{role}"), String::new()),
+            ("topology.kubernetes.io/zone".into(), "zone-a".into()),
+        ],
+        pools: vec![role.into()],
+        control_plane,
+        ready: true,
+        disk_pressure: false,
+        allocatable_ephemeral_bytes: Some(100_000 * GIB),
+    }
+}
+
+/// An admission request with `n` absent images.
+pub fn request(n: usize, seed: u64) -> AdmissionRequest {
+    let mut rng = Rng(seed.max(1));
+    let base_layers = 32usize;
+    let mut layer_sizes: Vec<u64> =
+        (0..base_layers).map(|_| 5_000_000 + rng.below(100_000_000)).collect();
+    let sets = ["release-payload", "operators", "workloads"];
+    let images = (0..n)
+        .map(|i| {
+            let mut layers = vec![rng.below(base_layers as u64) as u32];
+            for _ in 0..(2 + rng.below(6)) {
+                layer_sizes.push(100_000 + rng.below(50_000_000));
+                layers.push((layer_sizes.len() - 1) as u32);
+            }
+            let size = layers.iter().map(|&l| layer_sizes[l as usize]).sum();
+            let owning = 1 + rng.below(3) as usize;
+            Image {
+                reference: format!(
+                    "registry.example.internal:5000/release/component-{i}@sha256:{:016x}{:016x}{:016x}{:016x}",
+                    rng.next(),
+                    rng.next(),
+                    rng.next(),
+                    rng.next()
+                ),
+                sets: sets[..owning].iter().map(|s| s.to_string()).collect(),
+                present: false,
+                size_bytes: Some(size),
+                layers,
+            }
+        })
+        .collect();
+    AdmissionRequest {
+        node: node(false),
+        disk: DiskFacts {
+            capacity_bytes: Some(200_000 * GIB),
+            used_bytes: Some(1_000 * GIB),
+            available_bytes: Some(199_000 * GIB),
+        },
+        images,
+        layer_sizes,
+    }
+}
+
+pub fn outcome(request: &AdmissionRequest) -> (PullOutcome, Pressure) {
+    let first = request.images.first();
+    (
+        PullOutcome {
+            reference: first.map(|i| i.reference.clone()).unwrap_or_default(),
+            error: None,
+            bytes: first.and_then(|i| i.size_bytes),
+            duration_ms: 850,
+            remaining: request.images.len().saturating_sub(1) as u32,
+        },
+        Pressure { io: Some(3.5), cpu: Some(10.0), memory: Some(0.0) },
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn deterministic_and_shares_base_layers() {
+        let a = request(200, 7);
+        assert_eq!(a, request(200, 7));
+        assert_eq!(a.images.len(), 200);
+        let known = a.pull_bytes(a.absent()).known;
+        let naive: u64 = a.images.iter().map(|i| i.size_bytes.unwrap()).sum();
+        assert!(known < naive, "shared base layers must count once");
+    }
+}

@@ -1,0 +1,156 @@
+//! Arithmetic and lookups that most policies need.
+
+use crate::types::{AdmissionRequest, Image, NodeFacts};
+
+pub const KIB: u64 = 1 << 10;
+pub const MIB: u64 = 1 << 20;
+pub const GIB: u64 = 1 << 30;
+
+/// Labels that make a node a control-plane node.
+pub const CONTROL_PLANE_LABELS: [&str; 2] =
+    ["node-role.kubernetes.io/master", "node-role.kubernetes.io/control-plane"];
+
+/// Prefix of the role labels (`node-role.kubernetes.io/<role>`).
+pub const ROLE_LABEL_PREFIX: &str = "node-role.kubernetes.io/";
+
+/// Whether a node with these label keys is a control-plane node.
+pub fn is_control_plane<'a>(label_keys: impl IntoIterator<Item = &'a str>) -> bool {
+    label_keys.into_iter().any(|k| CONTROL_PLANE_LABELS.contains(&k))
+}
+
+impl NodeFacts {
+    /// The value of label `key`, if the node has it.
+    pub fn label(&self, key: &str) -> Option<&str> {
+        self.labels.iter().find(|(k, _)| k == key).map(|(_, v)| v.as_str())
+    }
+
+    /// The node's roles from its `node-role.kubernetes.io/<role>` labels.
+    pub fn roles(&self) -> impl Iterator<Item = &str> {
+        self.labels.iter().filter_map(|(k, _)| k.strip_prefix(ROLE_LABEL_PREFIX))
+    }
+
+    pub fn has_role(&self, role: &str) -> bool {
+        self.roles().any(|r| r == role)
+    }
+}
+
+/// Bytes a set of images would bring onto the node.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PullBytes {
+    /// Compressed bytes of the distinct layers of the absent images of known size.
+    pub known: u64,
+    /// Absent images whose size is unknown (not counted in `known`).
+    pub unknown_images: u32,
+    /// Absent images considered.
+    pub images: u32,
+}
+
+impl AdmissionRequest {
+    /// Indices of the images that are not present.
+    pub fn absent(&self) -> impl Iterator<Item = u32> + '_ {
+        self.images.iter().enumerate().filter(|(_, i)| !i.present).map(|(n, _)| n as u32)
+    }
+
+    /// Compressed bytes that pulling the absent images among `indices` brings, a layer shared by
+    /// several of them counted once. Indices out of range and present images are skipped.
+    pub fn pull_bytes(&self, indices: impl IntoIterator<Item = u32>) -> PullBytes {
+        let mut seen = vec![false; self.layer_sizes.len()];
+        let mut out = PullBytes::default();
+        for idx in indices {
+            let Some(image) = self.images.get(idx as usize) else { continue };
+            if image.present {
+                continue;
+            }
+            out.images += 1;
+            if image.size_bytes.is_none() {
+                out.unknown_images += 1;
+                continue;
+            }
+            out.known = out.known.saturating_add(self.new_layer_bytes(image, &mut seen));
+        }
+        out
+    }
+
+    /// Bytes of `image`'s layers not yet marked in `seen`, marking them. For a policy that admits
+    /// images one by one (see `admit-what-fits`). `seen` must have `layer_sizes.len()` entries.
+    pub fn new_layer_bytes(&self, image: &Image, seen: &mut [bool]) -> u64 {
+        let mut bytes = 0u64;
+        for &layer in &image.layers {
+            let l = layer as usize;
+            if l < seen.len() && !seen[l] {
+                seen[l] = true;
+                bytes = bytes.saturating_add(self.layer_sizes[l]);
+            }
+        }
+        bytes
+    }
+}
+
+/// `0..images.len()`: the order the images were given in.
+pub fn identity_order(images: &[Image]) -> Vec<u32> {
+    (0..images.len() as u32).collect()
+}
+
+/// Human-readable bytes in binary units, e.g. `1.5 GiB`.
+pub fn fmt_bytes(bytes: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut value = bytes as f64;
+    let mut unit = 0;
+    while value >= 1024.0 && unit < UNITS.len() - 1 {
+        value /= 1024.0;
+        unit += 1;
+    }
+    if unit == 0 { format!("{bytes} B") } else { format!("{value:.1} {}", UNITS[unit]) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn image(present: bool, size: Option<u64>, layers: &[u32]) -> Image {
+        Image { present, size_bytes: size, layers: layers.to_vec(), ..Default::default() }
+    }
+
+    #[test]
+    fn shared_layers_count_once_and_present_images_not_at_all() {
+        let req = AdmissionRequest {
+            images: vec![
+                image(false, Some(30), &[0, 1]),
+                image(false, Some(25), &[1, 2]),
+                image(true, Some(100), &[3]),
+                image(false, None, &[]),
+            ],
+            layer_sizes: vec![10, 20, 5, 100],
+            ..Default::default()
+        };
+        let all = req.pull_bytes(0..4);
+        assert_eq!(all, PullBytes { known: 35, unknown_images: 1, images: 3 });
+        assert_eq!(req.pull_bytes([1]).known, 25);
+        assert_eq!(req.pull_bytes([7]).images, 0, "out of range is skipped");
+        assert_eq!(req.absent().collect::<Vec<_>>(), vec![0, 1, 3]);
+    }
+
+    #[test]
+    fn control_plane_and_roles() {
+        assert!(is_control_plane(["node-role.kubernetes.io/master"]));
+        assert!(is_control_plane(["a", "node-role.kubernetes.io/control-plane"]));
+        assert!(!is_control_plane(["node-role.kubernetes.io/worker"]));
+        let node = NodeFacts {
+            labels: vec![
+                ("node-role.kubernetes.io/infra".into(), "".into()),
+                ("zone".into(), "a".into()),
+            ],
+            ..Default::default()
+        };
+        assert!(node.has_role("infra"));
+        assert!(!node.has_role("zone"));
+        assert_eq!(node.label("zone"), Some("a"));
+    }
+
+    #[test]
+    fn bytes_format() {
+        assert_eq!(fmt_bytes(512), "512 B");
+        assert_eq!(fmt_bytes(3 * GIB / 2), "1.5 GiB");
+        assert_eq!(fmt_bytes(16 * GIB), "16.0 GiB");
+    }
+}

@@ -1,0 +1,120 @@
+//! Write a pinset pull policy in plain Rust.
+//!
+//! A policy is a type that implements [`Policy`]; `export_policy!(MyPolicy)` turns the crate
+//! into a WebAssembly component implementing the `pinset:policy` contract (`wit/policy.wit`)
+//! when it is built for `wasm32-wasip2`. Natively, the same type is an ordinary Rust value whose
+//! decisions can be unit tested with `cargo test`.
+//!
+//! ```
+//! use pinset_policy_sdk::*;
+//!
+//! #[derive(Default)]
+//! struct TwoAtATime;
+//!
+//! impl Policy for TwoAtATime {
+//!     fn info(&self) -> PolicyInfo {
+//!         PolicyInfo::new("two-at-a-time", "0.1.0", "admit everything, two pulls at once")
+//!     }
+//!     fn admit(&self, _request: &AdmissionRequest) -> Admission {
+//!         Admission::admit_all("no limits")
+//!     }
+//!     fn order(&self, _node: &NodeFacts, images: &[Image]) -> Vec<u32> {
+//!         identity_order(images)
+//!     }
+//!     fn concurrency(&self, _node: &NodeFacts) -> u32 {
+//!         2
+//!     }
+//!     fn throttle(&self, _node: &NodeFacts, _outcome: &PullOutcome, _pressure: &Pressure) -> u64 {
+//!         0
+//!     }
+//! }
+//!
+//! export_policy!(TwoAtATime);
+//! # fn main() { assert_eq!(TwoAtATime.concurrency(&NodeFacts::default()), 2); }
+//! ```
+
+mod helpers;
+mod types;
+
+pub use helpers::*;
+pub use types::*;
+
+/// The decisions of a pull policy. See `wit/policy.wit` for the contract each method implements.
+///
+/// A policy instance lives for one reconcile at most: do not rely on state kept between calls.
+pub trait Policy {
+    /// Name, version and a one-line description.
+    fn info(&self) -> PolicyInfo;
+    /// May the images be pulled? Called once per reconcile with every image of the node.
+    fn admit(&self, request: &AdmissionRequest) -> Admission;
+    /// A permutation of `0..images.len()`: the order to pull the admitted, absent images in.
+    fn order(&self, node: &NodeFacts, images: &[Image]) -> Vec<u32>;
+    /// Pulls at once on this node, 1..=64.
+    fn concurrency(&self, node: &NodeFacts) -> u32;
+    /// Milliseconds a pull slot pauses after `outcome` (at most 600 000).
+    fn throttle(&self, node: &NodeFacts, outcome: &PullOutcome, pressure: &Pressure) -> u64;
+}
+
+/// Write a line to pinset's log. In a native build (unit tests) this does nothing.
+pub fn log(level: Level, message: &str) {
+    #[cfg(target_arch = "wasm32")]
+    guest::log(level, message);
+    #[cfg(not(target_arch = "wasm32"))]
+    let _ = (level, message);
+}
+
+#[cfg(target_arch = "wasm32")]
+#[doc(hidden)]
+pub mod bindings {
+    wit_bindgen::generate!({
+        path: "../../wit",
+        world: "policy",
+        pub_export_macro: true,
+        export_macro_name: "__export_decisions",
+        default_bindings_module: "pinset_policy_sdk::bindings",
+    });
+}
+
+#[cfg(target_arch = "wasm32")]
+#[doc(hidden)]
+pub mod guest;
+
+/// Export a [`Policy`] type (which must implement `Default`) as the module's decisions.
+///
+/// Expands to nothing in a native build, so the crate's unit tests run with `cargo test`.
+#[macro_export]
+macro_rules! export_policy {
+    ($policy:ty) => {
+        #[cfg(target_arch = "wasm32")]
+        const _: () = {
+            struct Exported;
+            impl $crate::bindings::exports::pinset::policy::decisions::Guest for Exported {
+                fn info() -> $crate::bindings::pinset::policy::types::PolicyInfo {
+                    $crate::guest::info::<$policy>()
+                }
+                fn admit(
+                    request: $crate::bindings::pinset::policy::types::AdmissionRequest,
+                ) -> $crate::bindings::pinset::policy::types::Admission {
+                    $crate::guest::admit::<$policy>(request)
+                }
+                fn order(
+                    node: $crate::bindings::pinset::policy::types::NodeFacts,
+                    images: ::std::vec::Vec<$crate::bindings::pinset::policy::types::Image>,
+                ) -> ::std::vec::Vec<u32> {
+                    $crate::guest::order::<$policy>(node, images)
+                }
+                fn concurrency(node: $crate::bindings::pinset::policy::types::NodeFacts) -> u32 {
+                    $crate::guest::concurrency::<$policy>(node)
+                }
+                fn throttle(
+                    node: $crate::bindings::pinset::policy::types::NodeFacts,
+                    outcome: $crate::bindings::pinset::policy::types::PullOutcome,
+                    pressure: $crate::bindings::pinset::policy::types::Pressure,
+                ) -> u64 {
+                    $crate::guest::throttle::<$policy>(node, outcome, pressure)
+                }
+            }
+            $crate::bindings::__export_decisions!(Exported with_types_in $crate::bindings);
+        };
+    };
+}
