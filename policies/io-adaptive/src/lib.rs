@@ -55,11 +55,10 @@ impl Policy for IoAdaptive {
                 if node.control_plane { cp } else { worker }
             }
         };
-        if by_pressure >= 5_000 {
-            log(
-                Level::Info,
-                &format!("io pressure {:?}%: pausing {by_pressure} ms", pressure.io),
-            );
+        if let Some(io) = pressure.io
+            && by_pressure >= 5_000
+        {
+            log(Level::Info, &format!("io pressure {io:.1}%: pausing {by_pressure} ms"));
         }
         if outcome.error.is_some() { by_pressure.max(AFTER_FAILURE_MS) } else { by_pressure }
     }

@@ -2,6 +2,9 @@
 //!
 //! The misbehaviour is chosen by the node label `pinset.test/hostile`; without it the policy
 //! behaves like the default. `trap`, `loop` and `alloc` hit every hook; the others hit one.
+//! `counter` makes `concurrency` count its calls in this instance, to show whether state survives.
+
+#![cfg_attr(not(target_arch = "wasm32"), allow(dead_code))]
 
 use pinset_policy_default::DefaultPolicy;
 use pinset_policy_sdk::*;
@@ -55,6 +58,10 @@ impl Policy for Hostile {
         match misbehave(node) {
             Some("concurrency-zero") => 0,
             Some("concurrency-huge") => 10_000,
+            Some("counter") => {
+                static CALLS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+                CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1
+            }
             _ => DefaultPolicy.concurrency(node),
         }
     }

@@ -1,0 +1,192 @@
+//! Real Wasm modules compiled from `tests/policies/` and `policies/`: every kind of misbehaviour
+//! is contained (clear error naming module and hook, fallback to the reference, process alive),
+//! and modules that must not load are refused.
+
+use pinset::policy::{
+    Guarded, Hook, Limits, LoadError, PolicyError, PolicyInstance, PolicyModule, WasmRuntime,
+    synth,
+};
+use pinset_policy_sdk::{NodeFacts, Pressure, PullOutcome, Verdict};
+use std::path::PathBuf;
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+fn component(stem: &str) -> PathBuf {
+    PathBuf::from(env!("PINSET_WASM_POLICY_DIR")).join(format!("{stem}.wasm"))
+}
+
+fn runtime() -> &'static WasmRuntime {
+    static RT: OnceLock<WasmRuntime> = OnceLock::new();
+    RT.get_or_init(|| WasmRuntime::new().expect("runtime"))
+}
+
+fn hostile() -> &'static PolicyModule {
+    static M: OnceLock<PolicyModule> = OnceLock::new();
+    M.get_or_init(|| {
+        runtime()
+            .load_file(&component("pinset_test_policy_hostile"), None, Limits::default())
+            .expect("hostile module loads")
+    })
+}
+
+/// A worker node asking the hostile policy for `mode`.
+fn node(mode: &str) -> NodeFacts {
+    let mut n = synth::node(false);
+    n.labels.push(("pinset.test/hostile".into(), mode.into()));
+    n.labels.sort();
+    n
+}
+
+#[test]
+fn infinite_loop_hits_the_deadline_in_every_hook_and_falls_back() {
+    let n = node("loop");
+    let mut instance = hostile().instance();
+    let started = Instant::now();
+    let err = instance.concurrency(&n).unwrap_err();
+    let elapsed = started.elapsed();
+    assert!(matches!(err, PolicyError::Deadline { hook: Hook::Concurrency, .. }), "{err}");
+    assert!(elapsed >= Duration::from_millis(100), "stopped before the deadline: {elapsed:?}");
+    assert!(elapsed < Duration::from_secs(2), "deadline not enforced: {elapsed:?}");
+    let msg = err.to_string();
+    assert!(msg.contains("pinset_test_policy_hostile.wasm") && msg.contains("hook concurrency"), "{msg}");
+
+    let mut guarded = Guarded::new(Box::new(hostile().instance()));
+    assert_eq!(guarded.concurrency(&n), 5, "reference answer for a worker");
+    let (outcome, pressure) = (PullOutcome::default(), Pressure::default());
+    assert_eq!(guarded.throttle(&n, &outcome, &pressure), Duration::from_secs(1));
+    let mut request = synth::request(3, 1);
+    request.node = n.clone();
+    assert_eq!(guarded.admit(&request).verdict, Verdict::AdmitAll);
+    assert_eq!(guarded.order(&n, &request.images), vec![0, 1, 2]);
+    let kinds: Vec<(Hook, &str)> = guarded.fallbacks().iter().map(|f| (f.hook(), f.kind())).collect();
+    assert_eq!(
+        kinds,
+        vec![
+            (Hook::Concurrency, "deadline"),
+            (Hook::Throttle, "deadline"),
+            (Hook::Admit, "deadline"),
+            (Hook::Order, "deadline"),
+        ]
+    );
+}
+
+#[test]
+fn a_shorter_deadline_is_honoured() {
+    let limits = Limits { deadline: Duration::from_millis(20), ..Limits::default() };
+    let module = runtime()
+        .load_file(&component("pinset_test_policy_hostile"), None, limits)
+        .unwrap();
+    let started = Instant::now();
+    let err = module.instance().concurrency(&node("loop")).unwrap_err();
+    assert!(matches!(err, PolicyError::Deadline { deadline, .. } if deadline == Duration::from_millis(20)));
+    assert!(started.elapsed() < Duration::from_millis(500), "{:?}", started.elapsed());
+}
+
+#[test]
+fn unbounded_allocation_hits_the_memory_cap() {
+    let mut instance = hostile().instance();
+    let err = instance.concurrency(&node("alloc")).unwrap_err();
+    assert!(
+        matches!(err, PolicyError::MemoryCap { hook: Hook::Concurrency, cap_bytes, .. } if cap_bytes == 32 << 20),
+        "{err}"
+    );
+    assert!(err.to_string().contains("memory cap"), "{err}");
+    // The same instance recovers with a fresh store on the next call.
+    assert_eq!(instance.concurrency(&node("none")).unwrap(), 5);
+}
+
+#[test]
+fn a_trap_is_reported_with_the_panic_message_and_the_instance_recovers() {
+    let mut instance = hostile().instance();
+    let err = instance.order(&node("trap"), &[]).unwrap_err();
+    let PolicyError::Trap { hook, message, .. } = &err else { panic!("expected a trap: {err}") };
+    assert_eq!(*hook, Hook::Order);
+    assert!(message.contains("hostile policy traps on purpose"), "{message}");
+    assert_eq!(instance.concurrency(&node("none")).unwrap(), 5);
+}
+
+#[test]
+fn invalid_decisions_are_refused_and_replaced() {
+    let request_for = |mode: &str| {
+        let mut r = synth::request(4, 9);
+        r.node = node(mode);
+        r
+    };
+    let cases: [(&str, Hook); 5] = [
+        ("non-permutation", Hook::Order),
+        ("concurrency-zero", Hook::Concurrency),
+        ("concurrency-huge", Hook::Concurrency),
+        ("throttle-year", Hook::Throttle),
+        ("bad-subset", Hook::Admit),
+    ];
+    for (mode, hook) in cases {
+        let r = request_for(mode);
+        let mut g = Guarded::new(Box::new(hostile().instance()));
+        let admission = g.admit(&r);
+        let order = g.order(&r.node, &r.images);
+        let concurrency = g.concurrency(&r.node);
+        let throttle = g.throttle(&r.node, &PullOutcome::default(), &Pressure::default());
+        assert_eq!(admission.verdict, Verdict::AdmitAll, "{mode}");
+        assert_eq!(order, vec![0, 1, 2, 3], "{mode}");
+        assert_eq!(concurrency, 5, "{mode}");
+        assert_eq!(throttle, Duration::from_secs(1), "{mode}");
+        let fallbacks = g.take_fallbacks();
+        assert_eq!(fallbacks.len(), 1, "{mode}: {fallbacks:?}");
+        assert_eq!(fallbacks[0].hook(), hook, "{mode}");
+        assert_eq!(fallbacks[0].kind(), "invalid", "{mode}");
+        assert!(fallbacks[0].to_string().contains("returned an invalid decision"), "{mode}");
+    }
+}
+
+#[test]
+fn state_lives_for_one_instance_only() {
+    let n = node("counter");
+    let mut first = hostile().instance();
+    assert_eq!(first.concurrency(&n).unwrap(), 1);
+    assert_eq!(first.concurrency(&n).unwrap(), 2);
+    let mut second = hostile().instance();
+    assert_eq!(second.concurrency(&n).unwrap(), 1, "a new reconcile starts from a fresh store");
+}
+
+#[test]
+fn corrupt_bytes_are_refused() {
+    let err = runtime().load("corrupt.wasm", b"\0asm\x0d\0\x01\0garbage", None, Limits::default());
+    let err = err.err().expect("refused");
+    assert!(matches!(err, LoadError::Compile { .. }), "{err}");
+    assert!(err.to_string().starts_with("policy module corrupt.wasm: not a valid WebAssembly component"));
+    let err = runtime().load("empty.wasm", b"", None, Limits::default()).err().unwrap();
+    assert!(matches!(err, LoadError::Compile { .. }), "{err}");
+}
+
+#[test]
+fn a_module_of_another_contract_version_is_refused() {
+    let path = component("pinset_test_policy_future_contract");
+    let err = runtime().load_file(&path, None, Limits::default()).err().expect("refused");
+    let msg = err.to_string();
+    assert!(matches!(err, LoadError::Contract { .. }), "{msg}");
+    assert!(msg.contains("pinset:policy/decisions@0.2.0"), "{msg}");
+    assert!(msg.contains("pinset:policy/decisions@0.1.0"), "{msg}");
+}
+
+#[test]
+fn the_sha256_pin_is_enforced() {
+    let path = component("pinset_policy_default");
+    let module = runtime().load_file(&path, None, Limits::default()).unwrap();
+    let good = module.sha256().to_string();
+    assert!(runtime().load_file(&path, Some(&good.to_uppercase()), Limits::default()).is_ok());
+    let wrong = format!("{}{}", &good[..63], if good.ends_with('0') { "1" } else { "0" });
+    let err = runtime().load_file(&path, Some(&wrong), Limits::default()).err().unwrap();
+    assert!(matches!(err, LoadError::Sha256Mismatch { .. }), "{err}");
+    assert!(err.to_string().contains(&good) && err.to_string().contains(&wrong));
+    let err = runtime().load_file(&path, Some("abc"), Limits::default()).err().unwrap();
+    assert!(matches!(err, LoadError::BadSha256 { .. }), "{err}");
+}
+
+#[test]
+fn a_missing_file_is_named() {
+    let err = runtime()
+        .load_file(std::path::Path::new("/nonexistent/policy.wasm"), None, Limits::default())
+        .err()
+        .unwrap();
+    assert!(err.to_string().contains("/nonexistent/policy.wasm"), "{err}");
+}

@@ -1,0 +1,163 @@
+//! Every shipped scenario passes against the real compiled policies, the embedded default module
+//! answers exactly like the native reference policy, and `pinset policy test` reports failures.
+
+use pinset::policy::{
+    EMBEDDED_DEFAULT, Guarded, Limits, NativePolicy, PolicyInstance, PolicyModule, WasmRuntime,
+    synth,
+};
+use pinset::scenario;
+use pinset_policy_sdk::{GIB, Pressure, PullOutcome};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+fn workspace() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
+}
+
+fn load(runtime: &WasmRuntime, stem: &str) -> PolicyModule {
+    let path = PathBuf::from(env!("PINSET_WASM_POLICY_DIR")).join(format!("{stem}.wasm"));
+    runtime.load_file(&path, None, Limits::default()).unwrap()
+}
+
+/// Run every scenario in `dir` with a fresh instance from `make` each; return failures.
+fn run_dir(dir: &Path, mut make: impl FnMut() -> Box<dyn PolicyInstance>) -> (usize, Vec<String>) {
+    let files = scenario::collect(&[dir.to_path_buf()]).unwrap();
+    let mut failures = Vec::new();
+    for file in &files {
+        let loaded = scenario::load(file).unwrap_or_else(|e| panic!("{e}"));
+        let outcome = scenario::run(&loaded, &mut Guarded::new(make()));
+        if !outcome.passed() {
+            failures.push(format!("{}: {}\n{}", file.display(), outcome.name, outcome.diffs.join("\n")));
+        }
+    }
+    (files.len(), failures)
+}
+
+#[test]
+fn default_scenarios_pass_in_wasm_and_native() {
+    let runtime = WasmRuntime::new().unwrap();
+    let module = runtime.load("embedded:default", EMBEDDED_DEFAULT, None, Limits::default()).unwrap();
+    let dir = workspace().join("examples/scenarios");
+    let (count, failures) = run_dir(&dir, || Box::new(module.instance()));
+    assert!(count >= 10, "only {count} scenarios");
+    assert!(failures.is_empty(), "wasm:\n{}", failures.join("\n\n"));
+    let (_, failures) = run_dir(&dir, || Box::new(NativePolicy::reference()));
+    assert!(failures.is_empty(), "native:\n{}", failures.join("\n\n"));
+}
+
+#[test]
+fn example_policies_pass_their_scenarios() {
+    let runtime = WasmRuntime::new().unwrap();
+    for name in ["smallest-first", "io-adaptive", "admit-what-fits"] {
+        let module = load(&runtime, &format!("pinset_policy_{}", name.replace('-', "_")));
+        let dir = workspace().join("policies").join(name).join("scenarios");
+        let (count, failures) = run_dir(&dir, || Box::new(module.instance()));
+        assert!(count >= 2, "{name}: only {count} scenarios");
+        assert!(failures.is_empty(), "{name}:\n{}", failures.join("\n\n"));
+    }
+}
+
+#[test]
+fn an_example_policy_decides_differently_from_the_default() {
+    // A scenario of one policy must not pass trivially under another: the expectations bite.
+    let runtime = WasmRuntime::new().unwrap();
+    let module = runtime.load("embedded:default", EMBEDDED_DEFAULT, None, Limits::default()).unwrap();
+    let dir = workspace().join("policies/smallest-first/scenarios");
+    let (count, failures) = run_dir(&dir, || Box::new(module.instance()));
+    assert_eq!(failures.len(), count, "{failures:#?}");
+}
+
+#[test]
+fn embedded_default_matches_the_native_reference_on_synthetic_inputs() {
+    let runtime = WasmRuntime::new().unwrap();
+    let module = runtime.load("embedded:default", EMBEDDED_DEFAULT, None, Limits::default()).unwrap();
+    for seed in 1..=40u64 {
+        let mut request = synth::request((seed * 7 % 60) as usize, seed);
+        request.node = synth::node(seed % 3 == 0);
+        // Allocatable around what the images need, so both verdicts occur.
+        let need = request.pull_bytes(request.absent()).known * 2;
+        request.node.allocatable_ephemeral_bytes = Some(16 * GIB + need + (seed % 5) * GIB / 4 - GIB / 2);
+        for (i, image) in request.images.iter_mut().enumerate() {
+            image.present = (i as u64 + seed) % 4 == 0;
+            if (i as u64 + seed) % 9 == 0 {
+                image.size_bytes = None;
+                image.layers.clear();
+            }
+        }
+        request.node.ready = seed % 11 != 0;
+        request.node.disk_pressure = seed % 13 == 0;
+        let mut wasm = module.instance();
+        let mut native = NativePolicy::reference();
+        assert_eq!(wasm.admit(&request).unwrap(), native.admit(&request).unwrap(), "seed {seed}");
+        let node = &request.node;
+        assert_eq!(wasm.order(node, &request.images).unwrap(), native.order(node, &request.images).unwrap());
+        assert_eq!(wasm.concurrency(node).unwrap(), native.concurrency(node).unwrap());
+        let outcome = PullOutcome { duration_ms: seed * 10, ..Default::default() };
+        let pressure = Pressure { io: Some(seed as f32), ..Default::default() };
+        assert_eq!(
+            wasm.throttle(node, &outcome, &pressure).unwrap(),
+            native.throttle(node, &outcome, &pressure).unwrap()
+        );
+    }
+}
+
+fn pinset(args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_pinset"))
+        .args(args)
+        .env("PINSET_LOG", "warn")
+        .output()
+        .expect("run pinset");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn cli_policy_test_passes_and_fails_with_a_diff() {
+    let scenarios = workspace().join("examples/scenarios");
+    let (code, stdout, _) = pinset(&["policy", "test", scenarios.to_str().unwrap()]);
+    assert_eq!(code, 0, "{stdout}");
+    assert!(stdout.contains("13 passed, 0 failed"), "{stdout}");
+
+    let dir = tempfile::tempdir().unwrap();
+    let bad = dir.path().join("wrong.yaml");
+    std::fs::write(
+        &bad,
+        "name: expects the wrong concurrency\nnode: {name: m, labels: {node-role.kubernetes.io/master: ''}, allocatable: 50Gi}\nexpect: {concurrency: 5}\n",
+    )
+    .unwrap();
+    let (code, stdout, _) = pinset(&["policy", "test", bad.to_str().unwrap()]);
+    assert_eq!(code, 1, "{stdout}");
+    assert!(stdout.contains("FAIL  expects the wrong concurrency"), "{stdout}");
+    assert!(stdout.contains("- expected 5") && stdout.contains("+ actual   1"), "{stdout}");
+    assert!(stdout.contains("0 passed, 1 failed"), "{stdout}");
+}
+
+#[test]
+fn cli_refuses_a_module_with_the_wrong_sha256() {
+    let module = PathBuf::from(env!("PINSET_WASM_POLICY_DIR")).join("pinset_policy_default.wasm");
+    let scenarios = workspace().join("examples/scenarios");
+    let (code, _, stderr) = pinset(&[
+        "policy",
+        "test",
+        "--policy",
+        module.to_str().unwrap(),
+        "--policy-sha256",
+        &"0".repeat(64),
+        scenarios.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 2, "{stderr}");
+    assert!(stderr.contains("sha256 is") && stderr.contains("refusing to load it"), "{stderr}");
+}
+
+#[test]
+fn cli_bench_reports_every_hook() {
+    let (code, stdout, stderr) = pinset(&["policy", "bench", "--images", "20", "--iterations", "5"]);
+    assert_eq!(code, 0, "{stderr}");
+    for row in ["admit", "order", "concurrency", "throttle", "new instance", "reconcile"] {
+        assert!(stdout.lines().any(|l| l.starts_with(row)), "{row} missing:\n{stdout}");
+    }
+    assert!(stdout.contains("µs"), "{stdout}");
+}
