@@ -98,7 +98,7 @@ fn unbounded_allocation_hits_the_memory_cap() {
 #[test]
 fn a_trap_is_reported_with_the_panic_message_and_the_instance_recovers() {
     let mut instance = hostile().instance();
-    let err = instance.order(&node("trap"), &[]).unwrap_err();
+    let err = instance.order(&node("trap"), &pinset_policy_sdk::Images::new()).unwrap_err();
     let PolicyError::Trap { hook, message, .. } = &err else { panic!("expected a trap: {err}") };
     assert_eq!(*hook, Hook::Order);
     assert!(message.contains("hostile policy traps on purpose"), "{message}");

@@ -75,15 +75,26 @@ fn embedded_default_matches_the_native_reference_on_synthetic_inputs() {
         let mut request = synth::request((seed * 7 % 60) as usize, seed);
         request.node = synth::node(seed % 3 == 0);
         // Allocatable around what the images need, so both verdicts occur.
-        let need = request.pull_bytes(request.absent()).known * 2;
-        request.node.allocatable_ephemeral_bytes = Some(16 * GIB + need + (seed % 5) * GIB / 4 - GIB / 2);
-        for (i, image) in request.images.iter_mut().enumerate() {
-            image.present = (i as u64 + seed) % 4 == 0;
-            if (i as u64 + seed) % 9 == 0 {
-                image.size_bytes = None;
-                image.layers.clear();
-            }
+        // Some images present, some of unknown size.
+        let mut images = pinset_policy_sdk::Images::new();
+        for l in request.images.layer_sizes() {
+            images.add_layer(*l);
         }
+        for image in request.images.iter() {
+            let i = u64::from(image.index);
+            let unknown = (i + seed) % 9 == 0;
+            images.push(
+                image.reference,
+                image.sets(),
+                (i + seed) % 4 == 0,
+                if unknown { None } else { image.size_bytes },
+                if unknown { &[] } else { image.layers },
+            );
+        }
+        request.images = images;
+        // Allocatable around what the images need, so both verdicts occur.
+        let need = request.images.pull_bytes(request.images.absent()).known * 2;
+        request.node.allocatable_ephemeral_bytes = Some(16 * GIB + need + (seed % 5) * GIB / 4 - GIB / 2);
         request.node.ready = seed % 11 != 0;
         request.node.disk_pressure = seed % 13 == 0;
         let mut wasm = module.instance();

@@ -25,7 +25,7 @@ use crate::core::plan;
 use crate::core::quantity::Bytes;
 use crate::policy::{Guarded, Hook};
 use pinset_policy_sdk::{
-    self as sdk, AdmissionRequest, DiskFacts, Image, NodeFacts, Pressure, PullOutcome, Verdict,
+    self as sdk, AdmissionRequest, DiskFacts, Images, NodeFacts, Pressure, PullOutcome, Verdict,
 };
 use serde::Deserialize;
 use std::collections::{BTreeMap, HashMap};
@@ -246,21 +246,22 @@ fn request_of(s: &Scenario) -> Result<AdmissionRequest, String> {
         available_bytes: s.disk.available.map(|b| b.0),
     };
     let mut layer_index: HashMap<&str, (u32, u64)> = HashMap::new();
-    let mut layer_sizes = Vec::new();
-    let mut images = Vec::new();
+    let mut images = Images::new();
     let mut names = std::collections::HashSet::new();
     for spec in &s.images {
         if !names.insert(spec.name.as_str()) {
             return Err(format!("image {} is listed twice", spec.name));
         }
+        if spec.name.is_empty() || spec.name.chars().any(char::is_whitespace) {
+            return Err(format!("image {:?}: a reference is non-empty and has no white space", spec.name));
+        }
         let mut layers = Vec::new();
         let size = if !spec.layers.is_empty() {
             let mut total = 0u64;
             for layer in &spec.layers {
-                let (idx, size) = *layer_index.entry(layer.digest.as_str()).or_insert_with(|| {
-                    layer_sizes.push(layer.size.0);
-                    ((layer_sizes.len() - 1) as u32, layer.size.0)
-                });
+                let (idx, size) = *layer_index
+                    .entry(layer.digest.as_str())
+                    .or_insert_with(|| (images.add_layer(layer.size.0), layer.size.0));
                 if size != layer.size.0 {
                     return Err(format!(
                         "layer {} has two sizes ({size} and {})",
@@ -281,16 +282,19 @@ fn request_of(s: &Scenario) -> Result<AdmissionRequest, String> {
             Some(total)
         } else if let Some(size) = spec.size {
             // One layer of its own.
-            layer_sizes.push(size.0);
-            layers.push((layer_sizes.len() - 1) as u32);
+            layers.push(images.add_layer(size.0));
             Some(size.0)
         } else {
             None
         };
-        let sets = if spec.sets.is_empty() { vec!["scenario".to_string()] } else { spec.sets.clone() };
-        images.push(Image { reference: spec.name.clone(), sets, present: spec.present, size_bytes: size, layers });
+        let sets: Vec<&str> = if spec.sets.is_empty() {
+            vec!["scenario"]
+        } else {
+            spec.sets.iter().map(String::as_str).collect()
+        };
+        images.push(&spec.name, sets, spec.present, size, &layers);
     }
-    Ok(AdmissionRequest { node, disk, images, layer_sizes })
+    Ok(AdmissionRequest { node, disk, images })
 }
 
 /// The result of one scenario.
@@ -325,7 +329,11 @@ pub fn run(loaded: &Loaded, policy: &mut Guarded) -> Outcome {
     let s = &loaded.scenario;
     let request = &loaded.request;
     let refs = |indices: &[u32]| -> Vec<String> {
-        indices.iter().map(|&i| request.images[i as usize].reference.clone()).collect()
+        indices
+            .iter()
+            .filter_map(|&i| request.images.get(i as usize))
+            .map(|i| i.reference.to_string())
+            .collect()
     };
     let mut diffs = Vec::new();
     let plan = plan::make(policy, request);
@@ -414,13 +422,13 @@ images:
     fn shared_layers_map_to_one_index() {
         let dir = tempfile::tempdir().unwrap();
         let loaded = load(&write(dir.path(), "s.yaml", BASE)).unwrap();
-        let r = &loaded.request;
-        assert_eq!(r.layer_sizes, vec![1 << 30, 1 << 30, 5 << 30]);
-        assert_eq!(r.images[0].layers, vec![0, 1]);
-        assert_eq!(r.images[1].layers, vec![1]);
-        assert_eq!(r.images[1].size_bytes, Some(1 << 30));
-        assert_eq!(r.pull_bytes(r.absent()).known, 2 << 30);
-        assert_eq!(r.images[0].sets, vec!["scenario"]);
+        let images = &loaded.request.images;
+        assert_eq!(images.layer_sizes(), &[1 << 30, 1 << 30, 5 << 30]);
+        assert_eq!(images.get(0).unwrap().layers, &[0, 1]);
+        assert_eq!(images.get(1).unwrap().layers, &[1]);
+        assert_eq!(images.get(1).unwrap().size_bytes, Some(1 << 30));
+        assert_eq!(images.pull_bytes(images.absent()).known, 2 << 30);
+        assert_eq!(images.get(0).unwrap().sets().collect::<Vec<_>>(), vec!["scenario"]);
     }
 
     #[test]

@@ -23,7 +23,7 @@ impl Plan {
 pub fn admitted_absent(request: &AdmissionRequest, verdict: &Verdict) -> Vec<u32> {
     match verdict {
         Verdict::Reject => Vec::new(),
-        Verdict::AdmitAll => request.absent().collect(),
+        Verdict::AdmitAll => request.images.absent().collect(),
         Verdict::AdmitSome(subset) => {
             let mut chosen = vec![false; request.images.len()];
             for &i in subset {
@@ -31,7 +31,7 @@ pub fn admitted_absent(request: &AdmissionRequest, verdict: &Verdict) -> Vec<u32
                     *slot = true;
                 }
             }
-            request.absent().filter(|&i| chosen[i as usize]).collect()
+            request.images.absent().filter(|&i| chosen[i as usize]).collect()
         }
     }
 }
@@ -43,9 +43,7 @@ pub fn make(policy: &mut Guarded, request: &AdmissionRequest) -> Plan {
     let pulls = if candidates.is_empty() {
         Vec::new()
     } else {
-        let images: Vec<_> =
-            candidates.iter().map(|&i| request.images[i as usize].clone()).collect();
-        let order = policy.order(&request.node, &images);
+        let order = policy.order(&request.node, &request.images.subset(&candidates));
         order.into_iter().map(|k| candidates[k as usize]).collect()
     };
     let concurrency = policy.concurrency(&request.node);
@@ -55,13 +53,14 @@ pub fn make(policy: &mut Guarded, request: &AdmissionRequest) -> Plan {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use pinset_policy_sdk::Image;
+    use pinset_policy_sdk::Images;
 
     fn request(present: &[bool]) -> AdmissionRequest {
-        AdmissionRequest {
-            images: present.iter().map(|&p| Image { present: p, ..Default::default() }).collect(),
-            ..Default::default()
+        let mut images = Images::new();
+        for (i, &p) in present.iter().enumerate() {
+            images.push(&format!("r{i}"), ["s"], p, None, &[]);
         }
+        AdmissionRequest { images, ..Default::default() }
     }
 
     #[test]

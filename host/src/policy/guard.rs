@@ -3,7 +3,7 @@ use super::{
 };
 use crate::metrics::Metrics;
 use pinset_policy_sdk::{
-    Admission, AdmissionRequest, Image, NodeFacts, PolicyInfo, Pressure, PullOutcome,
+    Admission, AdmissionRequest, Images, NodeFacts, PolicyInfo, Pressure, PullOutcome,
 };
 use std::time::{Duration, Instant};
 
@@ -93,7 +93,7 @@ impl Guarded {
         )
     }
 
-    pub fn order(&mut self, node: &NodeFacts, images: &[Image]) -> Vec<u32> {
+    pub fn order(&mut self, node: &NodeFacts, images: &Images) -> Vec<u32> {
         self.decide(
             Hook::Order,
             |p| p.order(node, images),
@@ -138,7 +138,7 @@ mod tests {
         fn admit(&self, _: &AdmissionRequest) -> Admission {
             Admission::admit_some(vec![5], "")
         }
-        fn order(&self, _: &NodeFacts, images: &[Image]) -> Vec<u32> {
+        fn order(&self, _: &NodeFacts, images: &Images) -> Vec<u32> {
             vec![0; images.len() + 1]
         }
         fn concurrency(&self, _: &NodeFacts) -> u32 {
@@ -160,7 +160,9 @@ mod tests {
             g.throttle(&node, &PullOutcome::default(), &Pressure::default()),
             Duration::from_secs(1)
         );
-        assert_eq!(g.order(&node, &[Image::default()]), vec![0]);
+        let mut images = Images::new();
+        images.push("r@sha256:00", ["s"], false, None, &[]);
+        assert_eq!(g.order(&node, &images), vec![0]);
         let request = AdmissionRequest { node: node.clone(), ..Default::default() };
         // The reference rejects: allocatable unknown.
         assert_eq!(g.admit(&request).verdict, Verdict::Reject);

@@ -20,7 +20,7 @@ pub use error::{LoadError, PolicyError};
 pub use guard::{Fallback, Guarded};
 pub use native::NativePolicy;
 pub use pinset_policy_sdk::{
-    Admission, AdmissionRequest, DiskFacts, Image, Level, NodeFacts, PolicyInfo, Pressure,
+    Admission, AdmissionRequest, DiskFacts, Image, Images, Level, NodeFacts, PolicyInfo, Pressure,
     PullOutcome, Verdict,
 };
 pub use wasm::{CONTRACT, Limits, PolicyModule, WasmPolicy, WasmRuntime};
@@ -65,7 +65,7 @@ pub trait PolicyInstance: Send {
     fn name(&self) -> &str;
     fn info(&mut self) -> Result<PolicyInfo, PolicyError>;
     fn admit(&mut self, request: &AdmissionRequest) -> Result<Admission, PolicyError>;
-    fn order(&mut self, node: &NodeFacts, images: &[Image]) -> Result<Vec<u32>, PolicyError>;
+    fn order(&mut self, node: &NodeFacts, images: &Images) -> Result<Vec<u32>, PolicyError>;
     fn concurrency(&mut self, node: &NodeFacts) -> Result<u32, PolicyError>;
     /// The raw answer in milliseconds; [`Guarded::throttle`] validates and converts it.
     fn throttle(

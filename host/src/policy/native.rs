@@ -1,7 +1,7 @@
 use super::{PolicyError, PolicyInstance};
 use pinset_policy_default::DefaultPolicy;
 use pinset_policy_sdk::{
-    Admission, AdmissionRequest, Image, NodeFacts, Policy, PolicyInfo, Pressure, PullOutcome,
+    Admission, AdmissionRequest, Images, NodeFacts, Policy, PolicyInfo, Pressure, PullOutcome,
 };
 
 /// A policy compiled into pinset. Its calls cannot fail.
@@ -36,7 +36,7 @@ impl PolicyInstance for NativePolicy {
     fn admit(&mut self, request: &AdmissionRequest) -> Result<Admission, PolicyError> {
         Ok(self.policy.admit(request))
     }
-    fn order(&mut self, node: &NodeFacts, images: &[Image]) -> Result<Vec<u32>, PolicyError> {
+    fn order(&mut self, node: &NodeFacts, images: &Images) -> Result<Vec<u32>, PolicyError> {
         Ok(self.policy.order(node, images))
     }
     fn concurrency(&mut self, node: &NodeFacts) -> Result<u32, PolicyError> {

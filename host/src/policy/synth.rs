@@ -2,7 +2,7 @@
 //! of 1–3 sets each, with layers drawn partly from a shared base pool (as real images share
 //! base layers) and partly of their own.
 
-use pinset_policy_sdk::{AdmissionRequest, DiskFacts, Image, NodeFacts, Pressure, PullOutcome, GIB};
+use pinset_policy_sdk::{AdmissionRequest, DiskFacts, GIB, Images, NodeFacts, Pressure, PullOutcome};
 
 /// xorshift64*: deterministic, dependency-free.
 struct Rng(u64);
@@ -40,34 +40,26 @@ pub fn node(control_plane: bool) -> NodeFacts {
 /// An admission request with `n` absent images.
 pub fn request(n: usize, seed: u64) -> AdmissionRequest {
     let mut rng = Rng(seed.max(1));
-    let base_layers = 32usize;
-    let mut layer_sizes: Vec<u64> =
-        (0..base_layers).map(|_| 5_000_000 + rng.below(100_000_000)).collect();
+    let mut images = Images::new();
+    let base: Vec<u32> =
+        (0..32).map(|_| images.add_layer(5_000_000 + rng.below(100_000_000))).collect();
     let sets = ["release-payload", "operators", "workloads"];
-    let images = (0..n)
-        .map(|i| {
-            let mut layers = vec![rng.below(base_layers as u64) as u32];
-            for _ in 0..(2 + rng.below(6)) {
-                layer_sizes.push(100_000 + rng.below(50_000_000));
-                layers.push((layer_sizes.len() - 1) as u32);
-            }
-            let size = layers.iter().map(|&l| layer_sizes[l as usize]).sum();
-            let owning = 1 + rng.below(3) as usize;
-            Image {
-                reference: format!(
-                    "registry.example.internal:5000/release/component-{i}@sha256:{:016x}{:016x}{:016x}{:016x}",
-                    rng.next(),
-                    rng.next(),
-                    rng.next(),
-                    rng.next()
-                ),
-                sets: sets[..owning].iter().map(|s| s.to_string()).collect(),
-                present: false,
-                size_bytes: Some(size),
-                layers,
-            }
-        })
-        .collect();
+    for i in 0..n {
+        let mut layers = vec![base[rng.below(base.len() as u64) as usize]];
+        for _ in 0..(2 + rng.below(6)) {
+            layers.push(images.add_layer(100_000 + rng.below(50_000_000)));
+        }
+        let size = layers.iter().map(|&l| images.layer_sizes()[l as usize]).sum();
+        let owning = 1 + rng.below(3) as usize;
+        let reference = format!(
+            "registry.example.internal:5000/release/component-{i}@sha256:{:016x}{:016x}{:016x}{:016x}",
+            rng.next(),
+            rng.next(),
+            rng.next(),
+            rng.next()
+        );
+        images.push(&reference, sets[..owning].iter().copied(), false, Some(size), &layers);
+    }
     AdmissionRequest {
         node: node(false),
         disk: DiskFacts {
@@ -76,15 +68,14 @@ pub fn request(n: usize, seed: u64) -> AdmissionRequest {
             available_bytes: Some(199_000 * GIB),
         },
         images,
-        layer_sizes,
     }
 }
 
 pub fn outcome(request: &AdmissionRequest) -> (PullOutcome, Pressure) {
-    let first = request.images.first();
+    let first = request.images.get(0);
     (
         PullOutcome {
-            reference: first.map(|i| i.reference.clone()).unwrap_or_default(),
+            reference: first.map(|i| i.reference.to_string()).unwrap_or_default(),
             error: None,
             bytes: first.and_then(|i| i.size_bytes),
             duration_ms: 850,
@@ -103,7 +94,7 @@ mod tests {
         let a = request(200, 7);
         assert_eq!(a, request(200, 7));
         assert_eq!(a.images.len(), 200);
-        let known = a.pull_bytes(a.absent()).known;
+        let known = a.images.pull_bytes(a.images.absent()).known;
         let naive: u64 = a.images.iter().map(|i| i.size_bytes.unwrap()).sum();
         assert!(known < naive, "shared base layers must count once");
     }

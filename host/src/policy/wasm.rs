@@ -85,6 +85,10 @@ impl WasmRuntime {
             .epoch_interruption(true)
             .wasm_backtrace_max_frames(None)
             .max_wasm_stack(1 << 20);
+        // Lets `perf` name the functions of policy modules (see BENCHMARKS.md).
+        if std::env::var_os("PINSET_WASM_PERFMAP").is_some() {
+            config.profiler(wasmtime::ProfilingStrategy::PerfMap);
+        }
         let engine = Engine::new(&config).map_err(|e| LoadError::Engine(format!("{e:#}")))?;
         let mut linker = Linker::new(&engine);
         wasmtime_wasi::p2::add_to_linker_sync(&mut linker)
@@ -427,8 +431,7 @@ impl PolicyInstance for WasmPolicy {
                 used_bytes: request.disk.used_bytes,
                 available_bytes: request.disk.available_bytes,
             },
-            images: request.images.iter().map(image).collect(),
-            layer_sizes: request.layer_sizes.clone(),
+            images: pack(&request.images),
         };
         let a = self.call(Hook::Admit, |s, p| p.pinset_policy_decisions().call_admit(s, &request))?;
         let verdict = match a.verdict {
@@ -439,9 +442,9 @@ impl PolicyInstance for WasmPolicy {
         Ok(sdk::Admission { verdict, reason: a.reason })
     }
 
-    fn order(&mut self, n: &sdk::NodeFacts, images: &[sdk::Image]) -> Result<Vec<u32>, PolicyError> {
+    fn order(&mut self, n: &sdk::NodeFacts, images: &sdk::Images) -> Result<Vec<u32>, PolicyError> {
         let n = node(n);
-        let images: Vec<wit::Image> = images.iter().map(image).collect();
+        let images = pack(images);
         self.call(Hook::Order, |s, p| p.pinset_policy_decisions().call_order(s, &n, &images))
     }
 
@@ -483,13 +486,21 @@ fn node(n: &sdk::NodeFacts) -> wit::NodeFacts {
     }
 }
 
-fn image(i: &sdk::Image) -> wit::Image {
-    wit::Image {
-        reference: i.reference.clone(),
-        sets: i.sets.clone(),
-        present: i.present,
-        size_bytes: i.size_bytes,
-        layers: i.layers.clone(),
+/// The SDK's columns are the contract's: a copy of each, nothing per image.
+fn pack(images: &sdk::Images) -> wit::Images {
+    let c = images.to_columns();
+    wit::Images {
+        references: c.references,
+        reference_starts: c.reference_starts,
+        present: c.present,
+        size_known: c.size_known,
+        size_bytes: c.size_bytes,
+        layer_starts: c.layer_starts,
+        layer_ids: c.layer_ids,
+        layer_sizes: c.layer_sizes,
+        set_starts: c.set_starts,
+        set_ids: c.set_ids,
+        set_names: c.set_names,
     }
 }
 

@@ -49,14 +49,23 @@ impl Policy for AdmitWhatFits {
                 request.node.name
             ));
         };
-        let mut seen = vec![false; request.layer_sizes.len()];
+        let images = &request.images;
+        let mut seen = vec![false; images.layer_sizes().len()];
         let mut used = 0u64;
         let mut admitted = Vec::new();
-        let absent: Vec<u32> = request.absent().collect();
+        let absent: Vec<u32> = images.absent().collect();
         for &i in &absent {
-            let image = &request.images[i as usize];
-            let mut trial = seen.clone();
-            let bytes = request.new_layer_bytes(image, &mut trial).saturating_mul(2);
+            let image = images.get(i as usize).expect("absent() yields valid indices");
+            // Bytes of the layers not yet counted, each once even if listed twice.
+            let mut bytes = 0u64;
+            let mut fresh = Vec::new();
+            for &l in image.layers {
+                if !seen[l as usize] && !fresh.contains(&l) {
+                    fresh.push(l);
+                    bytes = bytes.saturating_add(images.layer_sizes()[l as usize]);
+                }
+            }
+            let bytes = bytes.saturating_mul(2);
             if used.saturating_add(bytes) > budget {
                 let reason = format!(
                     "{} of {} image(s) fit in {} of {source}; {} (needs {}) and later images left out",
@@ -72,7 +81,9 @@ impl Policy for AdmitWhatFits {
                     Admission::admit_some(admitted, reason)
                 };
             }
-            seen = trial;
+            for l in fresh {
+                seen[l as usize] = true;
+            }
             used += bytes;
             admitted.push(i);
         }
@@ -84,7 +95,7 @@ impl Policy for AdmitWhatFits {
         ))
     }
 
-    fn order(&self, node: &NodeFacts, images: &[Image]) -> Vec<u32> {
+    fn order(&self, node: &NodeFacts, images: &Images) -> Vec<u32> {
         pinset_policy_default::DefaultPolicy.order(node, images)
     }
 
@@ -111,15 +122,14 @@ mod tests {
                 available_bytes: Some(available),
                 ..Default::default()
             },
-            images: (0..sizes.len())
-                .map(|i| Image {
-                    reference: format!("img{i}"),
-                    size_bytes: Some(sizes[i]),
-                    layers: vec![i as u32],
-                    ..Default::default()
-                })
-                .collect(),
-            layer_sizes: sizes.to_vec(),
+            images: {
+                let mut images = Images::new();
+                for (i, &s) in sizes.iter().enumerate() {
+                    let l = images.add_layer(s);
+                    images.push(&format!("img{i}"), ["s"], false, Some(s), &[l]);
+                }
+                images
+            },
         }
     }
 

@@ -40,7 +40,7 @@ impl Policy for DefaultPolicy {
         admit(request)
     }
 
-    fn order(&self, _node: &NodeFacts, images: &[Image]) -> Vec<u32> {
+    fn order(&self, _node: &NodeFacts, images: &Images) -> Vec<u32> {
         identity_order(images)
     }
 
@@ -73,7 +73,8 @@ pub fn admit(request: &AdmissionRequest) -> Admission {
             fmt_bytes(RESERVED_BYTES)
         ));
     }
-    let bytes = request.pull_bytes(request.absent());
+    let images = &request.images;
+    let bytes = images.pull_bytes(images.absent());
     if bytes.images == 0 {
         return Admission::admit_all("every image is present");
     }
@@ -135,21 +136,12 @@ mod tests {
     }
 
     fn request(allocatable: u64, sizes: &[u64]) -> AdmissionRequest {
-        AdmissionRequest {
-            node: node(false, allocatable),
-            images: sizes
-                .iter()
-                .enumerate()
-                .map(|(i, &s)| Image {
-                    reference: format!("r/{i}@sha256:{i:064x}"),
-                    size_bytes: Some(s),
-                    layers: vec![i as u32],
-                    ..Default::default()
-                })
-                .collect(),
-            layer_sizes: sizes.to_vec(),
-            ..Default::default()
+        let mut images = Images::new();
+        for (i, &s) in sizes.iter().enumerate() {
+            let layer = images.add_layer(s);
+            images.push(&format!("r/{i}@sha256:{i:064x}"), ["set"], false, Some(s), &[layer]);
         }
+        AdmissionRequest { node: node(false, allocatable), images, ..Default::default() }
     }
 
     #[test]
@@ -179,7 +171,7 @@ mod tests {
     #[test]
     fn unknown_sizes_are_admitted_and_named() {
         let mut r = request(100 * GIB, &[GIB]);
-        r.images.push(Image { reference: "x@sha256:00".into(), ..Default::default() });
+        r.images.push("x@sha256:00", ["set"], false, None, &[]);
         let a = admit(&r);
         assert_eq!(a.verdict, Verdict::AdmitAll);
         assert!(a.reason.contains("1 image(s) of unknown size"), "{}", a.reason);

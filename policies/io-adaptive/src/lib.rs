@@ -35,7 +35,7 @@ impl Policy for IoAdaptive {
         pinset_policy_default::admit(request)
     }
 
-    fn order(&self, _node: &NodeFacts, images: &[Image]) -> Vec<u32> {
+    fn order(&self, _node: &NodeFacts, images: &Images) -> Vec<u32> {
         identity_order(images)
     }
 

@@ -25,14 +25,21 @@ fn node(n: wit::NodeFacts) -> types::NodeFacts {
     }
 }
 
-fn image(i: wit::Image) -> types::Image {
-    types::Image {
-        reference: i.reference,
-        sets: i.sets,
-        present: i.present,
-        size_bytes: i.size_bytes,
-        layers: i.layers,
-    }
+/// The contract's columns, moved into the SDK's table without copying.
+fn table(t: wit::Images) -> types::Images {
+    types::Images::from_columns(types::Columns {
+        references: t.references,
+        reference_starts: t.reference_starts,
+        present: t.present,
+        size_known: t.size_known,
+        size_bytes: t.size_bytes,
+        layer_starts: t.layer_starts,
+        layer_ids: t.layer_ids,
+        layer_sizes: t.layer_sizes,
+        set_starts: t.set_starts,
+        set_ids: t.set_ids,
+        set_names: t.set_names,
+    })
 }
 
 pub fn info<P: Policy + Default>() -> wit::PolicyInfo {
@@ -48,8 +55,7 @@ pub fn admit<P: Policy + Default>(r: wit::AdmissionRequest) -> wit::Admission {
             used_bytes: r.disk.used_bytes,
             available_bytes: r.disk.available_bytes,
         },
-        images: r.images.into_iter().map(image).collect(),
-        layer_sizes: r.layer_sizes,
+        images: table(r.images),
     };
     let a = P::default().admit(&request);
     let verdict = match a.verdict {
@@ -60,9 +66,8 @@ pub fn admit<P: Policy + Default>(r: wit::AdmissionRequest) -> wit::Admission {
     wit::Admission { verdict, reason: a.reason }
 }
 
-pub fn order<P: Policy + Default>(n: wit::NodeFacts, images: Vec<wit::Image>) -> Vec<u32> {
-    let images: Vec<types::Image> = images.into_iter().map(image).collect();
-    P::default().order(&node(n), &images)
+pub fn order<P: Policy + Default>(n: wit::NodeFacts, images: wit::Images) -> Vec<u32> {
+    P::default().order(&node(n), &table(images))
 }
 
 pub fn concurrency<P: Policy + Default>(n: wit::NodeFacts) -> u32 {

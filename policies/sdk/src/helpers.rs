@@ -1,6 +1,6 @@
 //! Arithmetic and lookups that most policies need.
 
-use crate::types::{AdmissionRequest, Image, NodeFacts};
+use crate::types::{Image, Images, NodeFacts};
 
 pub const KIB: u64 = 1 << 10;
 pub const MIB: u64 = 1 << 20;
@@ -45,10 +45,10 @@ pub struct PullBytes {
     pub images: u32,
 }
 
-impl AdmissionRequest {
+impl Images {
     /// Indices of the images that are not present.
     pub fn absent(&self) -> impl Iterator<Item = u32> + '_ {
-        self.images.iter().enumerate().filter(|(_, i)| !i.present).map(|(n, _)| n as u32)
+        self.present.iter().enumerate().filter(|(_, p)| **p == 0).map(|(i, _)| i as u32)
     }
 
     /// Compressed bytes that pulling the absent images among `indices` brings, a layer shared by
@@ -57,7 +57,7 @@ impl AdmissionRequest {
         let mut seen = vec![false; self.layer_sizes.len()];
         let mut out = PullBytes::default();
         for idx in indices {
-            let Some(image) = self.images.get(idx as usize) else { continue };
+            let Some(image) = self.get(idx as usize) else { continue };
             if image.present {
                 continue;
             }
@@ -66,16 +66,16 @@ impl AdmissionRequest {
                 out.unknown_images += 1;
                 continue;
             }
-            out.known = out.known.saturating_add(self.new_layer_bytes(image, &mut seen));
+            out.known = out.known.saturating_add(self.new_layer_bytes(&image, &mut seen));
         }
         out
     }
 
     /// Bytes of `image`'s layers not yet marked in `seen`, marking them. For a policy that admits
-    /// images one by one (see `admit-what-fits`). `seen` must have `layer_sizes.len()` entries.
-    pub fn new_layer_bytes(&self, image: &Image, seen: &mut [bool]) -> u64 {
+    /// images one by one (see `admit-what-fits`). `seen` must have `layer_sizes().len()` entries.
+    pub fn new_layer_bytes(&self, image: &Image<'_>, seen: &mut [bool]) -> u64 {
         let mut bytes = 0u64;
-        for &layer in &image.layers {
+        for &layer in image.layers {
             let l = layer as usize;
             if l < seen.len() && !seen[l] {
                 seen[l] = true;
@@ -87,7 +87,7 @@ impl AdmissionRequest {
 }
 
 /// `0..images.len()`: the order the images were given in.
-pub fn identity_order(images: &[Image]) -> Vec<u32> {
+pub fn identity_order(images: &Images) -> Vec<u32> {
     (0..images.len() as u32).collect()
 }
 
@@ -107,27 +107,38 @@ pub fn fmt_bytes(bytes: u64) -> String {
 mod tests {
     use super::*;
 
-    fn image(present: bool, size: Option<u64>, layers: &[u32]) -> Image {
-        Image { present, size_bytes: size, layers: layers.to_vec(), ..Default::default() }
+    #[test]
+    fn shared_layers_count_once_and_present_images_not_at_all() {
+        let mut t = Images::new();
+        let l: Vec<u32> = [10, 20, 5, 100].iter().map(|&s| t.add_layer(s)).collect();
+        t.push("a", ["s1"], false, Some(30), &[l[0], l[1]]);
+        t.push("b", ["s1", "s2"], false, Some(25), &[l[1], l[2]]);
+        t.push("c", ["s2"], true, Some(100), &[l[3]]);
+        t.push("d", [], false, None, &[]);
+        let all = t.pull_bytes(0..4);
+        assert_eq!(all, PullBytes { known: 35, unknown_images: 1, images: 3 });
+        assert_eq!(t.pull_bytes([1]).known, 25);
+        assert_eq!(t.pull_bytes([7]).images, 0, "out of range is skipped");
+        assert_eq!(t.absent().collect::<Vec<_>>(), vec![0, 1, 3]);
     }
 
     #[test]
-    fn shared_layers_count_once_and_present_images_not_at_all() {
-        let req = AdmissionRequest {
-            images: vec![
-                image(false, Some(30), &[0, 1]),
-                image(false, Some(25), &[1, 2]),
-                image(true, Some(100), &[3]),
-                image(false, None, &[]),
-            ],
-            layer_sizes: vec![10, 20, 5, 100],
-            ..Default::default()
-        };
-        let all = req.pull_bytes(0..4);
-        assert_eq!(all, PullBytes { known: 35, unknown_images: 1, images: 3 });
-        assert_eq!(req.pull_bytes([1]).known, 25);
-        assert_eq!(req.pull_bytes([7]).images, 0, "out of range is skipped");
-        assert_eq!(req.absent().collect::<Vec<_>>(), vec![0, 1, 3]);
+    fn columns_read_back_per_image() {
+        let mut t = Images::new();
+        let l = t.add_layer(7);
+        t.push("reg/a@sha256:00", ["x", "y"], true, Some(7), &[l]);
+        t.push("reg/b@sha256:11", ["y"], false, None, &[]);
+        let b = t.get(1).unwrap();
+        assert_eq!((b.index, b.reference, b.present, b.size_bytes), (1, "reg/b@sha256:11", false, None));
+        assert_eq!(b.sets().collect::<Vec<_>>(), vec!["y"]);
+        let a = t.get(0).unwrap();
+        assert_eq!(a.sets().collect::<Vec<_>>(), vec!["x", "y"]);
+        assert_eq!(a.layers, &[0]);
+        assert!(t.get(2).is_none());
+        let sub = t.subset(&[1, 0]);
+        assert_eq!(sub.iter().map(|i| i.reference).collect::<Vec<_>>(), vec!["reg/b@sha256:11", "reg/a@sha256:00"]);
+        assert_eq!(sub.layer_sizes(), &[7]);
+        assert_eq!(Images::from_columns(t.to_columns()), t);
     }
 
     #[test]

@@ -18,7 +18,7 @@
 //!     fn admit(&self, _request: &AdmissionRequest) -> Admission {
 //!         Admission::admit_all("no limits")
 //!     }
-//!     fn order(&self, _node: &NodeFacts, images: &[Image]) -> Vec<u32> {
+//!     fn order(&self, _node: &NodeFacts, images: &Images) -> Vec<u32> {
 //!         identity_order(images)
 //!     }
 //!     fn concurrency(&self, _node: &NodeFacts) -> u32 {
@@ -48,7 +48,7 @@ pub trait Policy {
     /// May the images be pulled? Called once per reconcile with every image of the node.
     fn admit(&self, request: &AdmissionRequest) -> Admission;
     /// A permutation of `0..images.len()`: the order to pull the admitted, absent images in.
-    fn order(&self, node: &NodeFacts, images: &[Image]) -> Vec<u32>;
+    fn order(&self, node: &NodeFacts, images: &Images) -> Vec<u32>;
     /// Pulls at once on this node, 1..=64.
     fn concurrency(&self, node: &NodeFacts) -> u32;
     /// Milliseconds a pull slot pauses after `outcome` (at most 600 000).
@@ -99,7 +99,7 @@ macro_rules! export_policy {
                 }
                 fn order(
                     node: $crate::bindings::pinset::policy::types::NodeFacts,
-                    images: ::std::vec::Vec<$crate::bindings::pinset::policy::types::Image>,
+                    images: $crate::bindings::pinset::policy::types::Images,
                 ) -> ::std::vec::Vec<u32> {
                     $crate::guest::order::<$policy>(node, images)
                 }

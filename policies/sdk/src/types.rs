@@ -22,23 +22,214 @@ pub struct DiskFacts {
     pub available_bytes: Option<u64>,
 }
 
-/// One image wanted on the node.
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct Image {
-    pub reference: String,
-    pub sets: Vec<String>,
+/// The images wanted on the node, stored as columns exactly as they cross the sandbox boundary
+/// (`record images` in `wit/policy.wit`). Build with [`Images::push`]; read with
+/// [`Images::get`] and [`Images::iter`], which borrow in place.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Images {
+    pub(crate) references: String,
+    pub(crate) reference_starts: Vec<u32>,
+    pub(crate) present: Vec<u8>,
+    pub(crate) size_known: Vec<u8>,
+    pub(crate) size_bytes: Vec<u64>,
+    pub(crate) layer_starts: Vec<u32>,
+    pub(crate) layer_ids: Vec<u32>,
+    pub(crate) layer_sizes: Vec<u64>,
+    pub(crate) set_starts: Vec<u32>,
+    pub(crate) set_ids: Vec<u32>,
+    pub(crate) set_names: Vec<String>,
+}
+
+impl Default for Images {
+    fn default() -> Self {
+        Self {
+            references: String::new(),
+            reference_starts: vec![0],
+            present: Vec::new(),
+            size_known: Vec::new(),
+            size_bytes: Vec::new(),
+            layer_starts: vec![0],
+            layer_ids: Vec::new(),
+            layer_sizes: Vec::new(),
+            set_starts: vec![0],
+            set_ids: Vec::new(),
+            set_names: Vec::new(),
+        }
+    }
+}
+
+/// One image, borrowed from [`Images`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Image<'a> {
+    /// Position in the [`Images`] it was read from.
+    pub index: u32,
+    pub reference: &'a str,
     pub present: bool,
+    /// Compressed size for the node's platform (sum of its layers), when known.
     pub size_bytes: Option<u64>,
-    /// Indices into [`AdmissionRequest::layer_sizes`]; empty when the size is unknown.
-    pub layers: Vec<u32>,
+    /// Indices into [`Images::layer_sizes`]; empty when the size is unknown.
+    pub layers: &'a [u32],
+    set_ids: &'a [u32],
+    set_names: &'a [String],
+}
+
+impl<'a> Image<'a> {
+    /// The PinnedImageSets that want this image, in the order they were given.
+    pub fn sets(&self) -> impl Iterator<Item = &'a str> + 'a {
+        let names = self.set_names;
+        self.set_ids.iter().filter_map(move |&s| names.get(s as usize).map(String::as_str))
+    }
+}
+
+/// The columns of [`Images`], as the contract defines them (used by the Wasm glue).
+#[doc(hidden)]
+pub struct Columns {
+    pub references: String,
+    pub reference_starts: Vec<u32>,
+    pub present: Vec<u8>,
+    pub size_known: Vec<u8>,
+    pub size_bytes: Vec<u64>,
+    pub layer_starts: Vec<u32>,
+    pub layer_ids: Vec<u32>,
+    pub layer_sizes: Vec<u64>,
+    pub set_starts: Vec<u32>,
+    pub set_ids: Vec<u32>,
+    pub set_names: Vec<String>,
+}
+
+impl Images {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Append an image. `layers` index [`Images::layer_sizes`] (see [`Images::add_layer`]).
+    pub fn push<'s>(
+        &mut self,
+        reference: &str,
+        sets: impl IntoIterator<Item = &'s str>,
+        present: bool,
+        size_bytes: Option<u64>,
+        layers: &[u32],
+    ) -> u32 {
+        let index = self.len() as u32;
+        self.references.push_str(reference);
+        self.reference_starts.push(self.references.len() as u32);
+        self.present.push(present as u8);
+        self.size_known.push(size_bytes.is_some() as u8);
+        self.size_bytes.push(size_bytes.unwrap_or(0));
+        self.layer_ids.extend_from_slice(layers);
+        self.layer_starts.push(self.layer_ids.len() as u32);
+        for set in sets {
+            let id = match self.set_names.iter().position(|n| n == set) {
+                Some(id) => id,
+                None => {
+                    self.set_names.push(set.to_string());
+                    self.set_names.len() - 1
+                }
+            };
+            self.set_ids.push(id as u32);
+        }
+        self.set_starts.push(self.set_ids.len() as u32);
+        index
+    }
+
+    /// Register a layer of `size` bytes; returns its index for [`Images::push`].
+    pub fn add_layer(&mut self, size: u64) -> u32 {
+        self.layer_sizes.push(size);
+        (self.layer_sizes.len() - 1) as u32
+    }
+
+    pub fn len(&self) -> usize {
+        self.present.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.present.is_empty()
+    }
+
+    /// Compressed size in bytes of each distinct layer.
+    pub fn layer_sizes(&self) -> &[u64] {
+        &self.layer_sizes
+    }
+
+    pub fn get(&self, i: usize) -> Option<Image<'_>> {
+        if i >= self.len() {
+            return None;
+        }
+        let range = |starts: &[u32]| -> (usize, usize) {
+            let from = starts.get(i).copied().unwrap_or(0) as usize;
+            let to = starts.get(i + 1).copied().unwrap_or(from as u32) as usize;
+            (from, to.max(from))
+        };
+        let (rf, rt) = range(&self.reference_starts);
+        let (lf, lt) = range(&self.layer_starts);
+        let (sf, st) = range(&self.set_starts);
+        Some(Image {
+            index: i as u32,
+            reference: self.references.get(rf..rt).unwrap_or(""),
+            present: self.present[i] != 0,
+            size_bytes: (self.size_known.get(i) == Some(&1)).then(|| self.size_bytes[i]),
+            layers: self.layer_ids.get(lf..lt).unwrap_or(&[]),
+            set_ids: self.set_ids.get(sf..st).unwrap_or(&[]),
+            set_names: &self.set_names,
+        })
+    }
+
+    pub fn iter(&self) -> impl ExactSizeIterator<Item = Image<'_>> + '_ {
+        (0..self.len()).map(move |i| self.get(i).expect("in range"))
+    }
+
+    /// The images at `indices`, in that order, sharing this table's layer indices.
+    pub fn subset(&self, indices: &[u32]) -> Images {
+        let mut out = Images { layer_sizes: self.layer_sizes.clone(), ..Images::default() };
+        for image in indices.iter().filter_map(|&i| self.get(i as usize)) {
+            out.push(image.reference, image.sets(), image.present, image.size_bytes, image.layers);
+        }
+        out
+    }
+
+    #[doc(hidden)]
+    pub fn from_columns(c: Columns) -> Self {
+        Images {
+            references: c.references,
+            reference_starts: c.reference_starts,
+            present: c.present,
+            size_known: c.size_known,
+            size_bytes: c.size_bytes,
+            layer_starts: c.layer_starts,
+            layer_ids: c.layer_ids,
+            layer_sizes: c.layer_sizes,
+            set_starts: c.set_starts,
+            set_ids: c.set_ids,
+            set_names: c.set_names,
+        }
+    }
+
+    #[doc(hidden)]
+    pub fn to_columns(&self) -> Columns {
+        let s = self.clone();
+        Columns {
+            references: s.references,
+            reference_starts: s.reference_starts,
+            present: s.present,
+            size_known: s.size_known,
+            size_bytes: s.size_bytes,
+            layer_starts: s.layer_starts,
+            layer_ids: s.layer_ids,
+            layer_sizes: s.layer_sizes,
+            set_starts: s.set_starts,
+            set_ids: s.set_ids,
+            set_names: s.set_names,
+        }
+    }
 }
 
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct AdmissionRequest {
     pub node: NodeFacts,
     pub disk: DiskFacts,
-    pub images: Vec<Image>,
-    pub layer_sizes: Vec<u64>,
+    /// Every image of every set of the node, in the sets' order, duplicates removed.
+    pub images: Images,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -29,10 +29,10 @@ impl Policy for SmallestFirst {
         pinset_policy_default::admit(request)
     }
 
-    fn order(&self, _node: &NodeFacts, images: &[Image]) -> Vec<u32> {
+    fn order(&self, _node: &NodeFacts, images: &Images) -> Vec<u32> {
         let mut order = identity_order(images);
         // Stable: equal sizes keep the sets' order. Unknown sizes go last.
-        order.sort_by_key(|&i| images[i as usize].size_bytes.unwrap_or(u64::MAX));
+        order.sort_by_key(|&i| images.get(i as usize).and_then(|i| i.size_bytes).unwrap_or(u64::MAX));
         order
     }
 
@@ -57,13 +57,12 @@ export_policy!(SmallestFirst);
 mod tests {
     use super::*;
 
-    fn img(size: Option<u64>) -> Image {
-        Image { size_bytes: size, ..Default::default() }
-    }
-
     #[test]
     fn orders_by_size_with_unknown_last_and_stable_ties() {
-        let images = [img(Some(30)), img(None), img(Some(10)), img(Some(30)), img(Some(5))];
+        let mut images = Images::new();
+        for (i, size) in [Some(30), None, Some(10), Some(30), Some(5)].into_iter().enumerate() {
+            images.push(&format!("img{i}"), ["s"], false, size, &[]);
+        }
         assert_eq!(SmallestFirst.order(&NodeFacts::default(), &images), vec![4, 2, 0, 3, 1]);
     }
 

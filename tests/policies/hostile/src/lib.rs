@@ -47,7 +47,7 @@ impl Policy for Hostile {
         }
     }
 
-    fn order(&self, node: &NodeFacts, images: &[Image]) -> Vec<u32> {
+    fn order(&self, node: &NodeFacts, images: &Images) -> Vec<u32> {
         match misbehave(node) {
             Some("non-permutation") => vec![0; images.len()],
             _ => DefaultPolicy.order(node, images),
