@@ -1,4 +1,5 @@
-//! Builds the Wasm policies of the workspace for `wasm32-wasip2` and embeds the default one.
+//! Builds the Wasm policies of the workspace for `wasm32-wasip2` and embeds the default one;
+//! generates the CRI gRPC code from `proto/`.
 //!
 //! Every policy crate (`policies/*`, and the test-only `tests/policies/*`) is compiled by a
 //! nested `cargo build` into `<target>/wasm-policies`; the components are collected in its
@@ -33,6 +34,8 @@ fn main() {
         .map(PathBuf::from)
         .unwrap_or_else(|| workspace.join("target"));
     let wasm_target_dir = target_root.join("wasm-policies");
+    compile_protos(&workspace);
+
     let artifacts = wasm_target_dir.join("components");
     build_policies(&workspace, &wasm_target_dir, &artifacts);
 
@@ -72,6 +75,19 @@ fn build_policies(workspace: &Path, target_dir: &Path, out: &Path) {
         std::fs::copy(&wasm, &kept)
             .unwrap_or_else(|e| panic!("building {package} did not produce {}: {e}", wasm.display()));
     }
+}
+
+/// The CRI ImageService client and server, compiled with protox: no `protoc` needed.
+fn compile_protos(workspace: &Path) {
+    let proto_dir = workspace.join("proto");
+    println!("cargo:rerun-if-changed={}", proto_dir.display());
+    let fds = protox::compile([proto_dir.join("cri_image.proto")], [&proto_dir])
+        .unwrap_or_else(|e| panic!("proto/cri_image.proto: {e}"));
+    tonic_prost_build::configure()
+        .build_client(true)
+        .build_server(true)
+        .compile_fds(fds)
+        .unwrap_or_else(|e| panic!("generating the CRI code: {e}"));
 }
 
 fn env(name: &str) -> String {

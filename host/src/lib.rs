@@ -9,6 +9,8 @@
 
 pub mod cli;
 pub mod core;
+pub mod cri;
 pub mod metrics;
+pub mod pin;
 pub mod policy;
 pub mod scenario;

@@ -1,0 +1,192 @@
+//! CRI image service client over a unix socket.
+//!
+//! The channel connects lazily and reconnects by itself after the runtime restarts; every call
+//! has its own deadline, and every error names the socket and the call.
+
+use super::proto::{
+    self, AuthConfig, FilesystemUsage, ImageFsInfoRequest, ImageSpec, ImageStatusRequest,
+    ListImagesRequest, PullImageRequest, RemoveImageRequest,
+    image_service_client::ImageServiceClient,
+};
+use hyper_util::rt::TokioIo;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+use tonic::transport::{Channel, Endpoint, Uri};
+
+pub const DEFAULT_ENDPOINT: &str = "unix:///run/crio/crio.sock";
+
+#[derive(Clone, Debug)]
+pub struct CriConfig {
+    /// `unix:///path/to.sock` or a plain path.
+    pub endpoint: String,
+    pub connect_timeout: Duration,
+    /// Deadline of the quick calls (list, status, fs info, remove).
+    pub call_timeout: Duration,
+    /// Deadline of one pull.
+    pub pull_timeout: Duration,
+}
+
+impl Default for CriConfig {
+    fn default() -> Self {
+        Self {
+            endpoint: DEFAULT_ENDPOINT.into(),
+            connect_timeout: Duration::from_secs(5),
+            call_timeout: Duration::from_secs(30),
+            pull_timeout: Duration::from_secs(600),
+        }
+    }
+}
+
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum CriError {
+    #[error("CRI endpoint {endpoint:?}: only unix:// sockets are supported")]
+    Endpoint { endpoint: String },
+    #[error("CRI {call} on {socket}: {code:?}: {message}")]
+    Call { socket: PathBuf, call: &'static str, code: tonic::Code, message: String },
+    #[error("CRI {call} on {socket}: no answer within {after:?}")]
+    Timeout { socket: PathBuf, call: &'static str, after: Duration },
+}
+
+impl CriError {
+    /// The runtime ran out of disk: retrying cannot help.
+    pub fn is_no_space(&self) -> bool {
+        matches!(self, CriError::Call { message, .. } if message.to_ascii_lowercase().contains("no space left on device"))
+    }
+
+    pub fn is_not_found(&self) -> bool {
+        matches!(self, CriError::Call { code: tonic::Code::NotFound, .. })
+    }
+}
+
+/// A CRI image service client. Cheap to clone: clones share the connection.
+#[derive(Clone)]
+pub struct CriClient {
+    socket: PathBuf,
+    config: CriConfig,
+    inner: ImageServiceClient<Channel>,
+}
+
+impl CriClient {
+    /// A client that connects on first use and reconnects when the connection breaks.
+    pub fn new(config: CriConfig) -> Result<Self, CriError> {
+        let socket = socket_path(&config.endpoint)?;
+        let path = socket.clone();
+        // The URI is required by the HTTP/2 layer but never resolved: the connector below
+        // always dials the unix socket.
+        let channel = Endpoint::from_static("http://cri.invalid")
+            .connect_timeout(config.connect_timeout)
+            .connect_with_connector_lazy(tower::service_fn(move |_: Uri| {
+                let path = path.clone();
+                async move {
+                    let stream = tokio::net::UnixStream::connect(path).await?;
+                    Ok::<_, std::io::Error>(TokioIo::new(stream))
+                }
+            }));
+        let inner = ImageServiceClient::new(channel)
+            .max_decoding_message_size(64 << 20);
+        Ok(Self { socket, config, inner })
+    }
+
+    pub fn socket(&self) -> &Path {
+        &self.socket
+    }
+
+    async fn call<T>(
+        &self,
+        call: &'static str,
+        after: Duration,
+        fut: impl Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+    ) -> Result<T, CriError> {
+        match tokio::time::timeout(after, fut).await {
+            Err(_) => Err(CriError::Timeout { socket: self.socket.clone(), call, after }),
+            Ok(Err(status)) => Err(CriError::Call {
+                socket: self.socket.clone(),
+                call,
+                code: status.code(),
+                message: status.message().to_string(),
+            }),
+            Ok(Ok(response)) => Ok(response.into_inner()),
+        }
+    }
+
+    /// Every image in the runtime's store: one call, however many images.
+    pub async fn list_images(&self) -> Result<Vec<proto::Image>, CriError> {
+        let mut c = self.inner.clone();
+        let r = self
+            .call("ListImages", self.config.call_timeout, c.list_images(ListImagesRequest { filter: None }))
+            .await?;
+        Ok(r.images)
+    }
+
+    /// One image's status; `None` when it is not present.
+    pub async fn image_status(&self, image: &str) -> Result<Option<proto::Image>, CriError> {
+        let mut c = self.inner.clone();
+        let req = ImageStatusRequest { image: Some(spec(image)), verbose: false };
+        let r = self.call("ImageStatus", self.config.call_timeout, c.image_status(req)).await?;
+        Ok(r.image)
+    }
+
+    /// Pull `image`; returns the runtime's image reference (its id).
+    pub async fn pull_image(&self, image: &str, auth: Option<AuthConfig>) -> Result<String, CriError> {
+        let mut c = self.inner.clone();
+        let req = PullImageRequest { image: Some(spec(image)), auth, sandbox_config: None };
+        let r = self.call("PullImage", self.config.pull_timeout, c.pull_image(req)).await?;
+        Ok(r.image_ref)
+    }
+
+    pub async fn remove_image(&self, image: &str) -> Result<(), CriError> {
+        let mut c = self.inner.clone();
+        let req = RemoveImageRequest { image: Some(spec(image)) };
+        self.call("RemoveImage", self.config.call_timeout, c.remove_image(req)).await?;
+        Ok(())
+    }
+
+    /// Usage of the filesystems that hold images.
+    pub async fn image_fs_info(&self) -> Result<Vec<FilesystemUsage>, CriError> {
+        let mut c = self.inner.clone();
+        let r = self
+            .call("ImageFsInfo", self.config.call_timeout, c.image_fs_info(ImageFsInfoRequest {}))
+            .await?;
+        Ok(r.image_filesystems)
+    }
+}
+
+fn spec(image: &str) -> ImageSpec {
+    ImageSpec { image: image.to_string(), ..Default::default() }
+}
+
+fn socket_path(endpoint: &str) -> Result<PathBuf, CriError> {
+    if let Some(path) = endpoint.strip_prefix("unix://") {
+        if path.starts_with('/') {
+            return Ok(PathBuf::from(path));
+        }
+    } else if endpoint.starts_with('/') {
+        return Ok(PathBuf::from(endpoint));
+    }
+    Err(CriError::Endpoint { endpoint: endpoint.to_string() })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn endpoints() {
+        assert_eq!(socket_path("unix:///run/crio/crio.sock").unwrap(), PathBuf::from("/run/crio/crio.sock"));
+        assert_eq!(socket_path("/tmp/x.sock").unwrap(), PathBuf::from("/tmp/x.sock"));
+        assert!(socket_path("tcp://127.0.0.1:1").is_err());
+        assert!(socket_path("unix://relative").is_err());
+    }
+
+    #[test]
+    fn no_space_is_recognised() {
+        let e = CriError::Call {
+            socket: "/s".into(),
+            call: "PullImage",
+            code: tonic::Code::Unknown,
+            message: "write /var/lib/x: No space left on device".into(),
+        };
+        assert!(e.is_no_space());
+        assert!(e.to_string().contains("PullImage on /s"));
+    }
+}

@@ -1,0 +1,239 @@
+//! CRI-O pins by configuration: `[crio.image] pinned_images = [...]` in a drop-in, re-read on
+//! `systemctl reload crio`.
+//!
+//! The drop-in is written atomically (temporary file in the same directory, fsync, rename,
+//! fsync of the directory): after a crash at any point the file is either the old one or the
+//! new one, never partial. It is rewritten, and the runtime reloaded, only when its content
+//! changes; with nothing pinned it is removed.
+
+use super::{PinBackend, PinChange, PinError};
+use std::collections::BTreeSet;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+pub const DEFAULT_DIR: &str = "/etc/crio/crio.conf.d";
+pub const DROP_IN: &str = "50-pinned-images";
+
+pub struct CrioPins {
+    dir: PathBuf,
+    reload: Vec<String>,
+}
+
+impl CrioPins {
+    /// `reload` is the command (program and arguments) that makes CRI-O re-read its
+    /// configuration, `systemctl reload crio` by default; empty for none.
+    pub fn new(dir: impl Into<PathBuf>, reload: Vec<String>) -> Self {
+        Self { dir: dir.into(), reload }
+    }
+
+    pub fn default_reload() -> Vec<String> {
+        vec!["systemctl".into(), "reload".into(), "crio".into()]
+    }
+
+    pub fn path(&self) -> PathBuf {
+        self.dir.join(DROP_IN)
+    }
+
+    async fn reload(&self) -> Result<(), PinError> {
+        let Some((program, args)) = self.reload.split_first() else { return Ok(()) };
+        let err = |why: String| PinError::Reload { command: self.reload.clone(), why };
+        let out = tokio::process::Command::new(program)
+            .args(args)
+            .output()
+            .await
+            .map_err(|e| err(e.to_string()))?;
+        if !out.status.success() {
+            return Err(err(format!("{}: {}", out.status, String::from_utf8_lossy(&out.stderr).trim())));
+        }
+        Ok(())
+    }
+}
+
+/// The drop-in's content for `images` (sorted, one per line).
+pub fn render(images: &BTreeSet<String>) -> String {
+    let mut out = String::from("# Written by pinset: images the kubelet must never garbage collect.\n[crio.image]\npinned_images = [\n");
+    for image in images {
+        out.push_str("  \"");
+        for c in image.chars() {
+            match c {
+                '"' => out.push_str("\\\""),
+                '\\' => out.push_str("\\\\"),
+                c if c.is_control() => out.push_str(&format!("\\u{:04X}", c as u32)),
+                c => out.push(c),
+            }
+        }
+        out.push_str("\",\n");
+    }
+    out.push_str("]\n");
+    out
+}
+
+/// The images a drop-in pins (`crio.image.pinned_images`), as CRI-O reads it.
+pub fn parse(content: &str) -> Result<Vec<String>, String> {
+    #[derive(serde::Deserialize)]
+    struct File {
+        crio: Option<Crio>,
+    }
+    #[derive(serde::Deserialize)]
+    struct Crio {
+        image: Option<Image>,
+    }
+    #[derive(serde::Deserialize)]
+    struct Image {
+        #[serde(default)]
+        pinned_images: Vec<String>,
+    }
+    let f: File = toml::from_str(content).map_err(|e| e.to_string())?;
+    Ok(f.crio.and_then(|c| c.image).map(|i| i.pinned_images).unwrap_or_default())
+}
+
+/// Whether CRI-O's pattern pins `image`: exact, trailing `*` glob, or `*keyword*`.
+pub fn pattern_matches(pattern: &str, image: &str) -> bool {
+    if let Some(inner) = pattern.strip_prefix('*').and_then(|p| p.strip_suffix('*')) {
+        image.contains(inner)
+    } else if let Some(prefix) = pattern.strip_suffix('*') {
+        image.starts_with(prefix)
+    } else {
+        pattern == image
+    }
+}
+
+/// Write `content` to `path` so that readers see the old or the new file, never a mix.
+pub fn write_atomic(path: &Path, content: &[u8]) -> std::io::Result<()> {
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("file");
+    let tmp = dir.join(format!(".{name}.tmp-{}", std::process::id()));
+    let result = (|| {
+        let mut f = std::fs::File::create(&tmp)?;
+        f.write_all(content)?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, path)?;
+        std::fs::File::open(dir)?.sync_all()
+    })();
+    if result.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    result
+}
+
+impl PinBackend for CrioPins {
+    fn name(&self) -> &'static str {
+        "crio"
+    }
+
+    async fn apply(&self, images: &BTreeSet<String>) -> Result<PinChange, PinError> {
+        let path = self.path();
+        let file_err = |action, source| PinError::File { path: path.clone(), action, source };
+        let old = match std::fs::read_to_string(&path) {
+            Ok(s) => Some(s),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+            Err(e) => return Err(file_err("read", e)),
+        };
+        let before: BTreeSet<String> =
+            old.as_deref().and_then(|s| parse(s).ok()).unwrap_or_default().into_iter().collect();
+        let change = |applied| PinChange {
+            pinned: images.difference(&before).cloned().collect(),
+            unpinned: before.difference(images).cloned().collect(),
+            applied,
+        };
+        if images.is_empty() {
+            if old.is_none() {
+                return Ok(change(false));
+            }
+            std::fs::remove_file(&path).map_err(|e| file_err("remove", e))?;
+        } else {
+            let content = render(images);
+            if old.as_deref() == Some(content.as_str()) {
+                return Ok(change(false));
+            }
+            std::fs::create_dir_all(&self.dir).map_err(|e| file_err("create directory", e))?;
+            write_atomic(&path, content.as_bytes()).map_err(|e| file_err("write", e))?;
+        }
+        tracing::info!(path = %path.display(), pinned = images.len(), "pin drop-in written; reloading CRI-O");
+        self.reload().await?;
+        Ok(change(true))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn set(items: &[&str]) -> BTreeSet<String> {
+        items.iter().map(|s| s.to_string()).collect()
+    }
+
+    /// A reload command that appends a line to a log, so tests can count reloads.
+    fn recorder(dir: &Path) -> (Vec<String>, PathBuf) {
+        let log = dir.join("reloads.log");
+        (vec!["sh".into(), "-c".into(), format!("echo reload >> {}", log.display())], log)
+    }
+
+    fn reloads(log: &Path) -> usize {
+        std::fs::read_to_string(log).map(|s| s.lines().count()).unwrap_or(0)
+    }
+
+    #[tokio::test]
+    async fn writes_sorted_toml_only_on_change_and_removes_when_empty() {
+        let dir = tempfile::tempdir().unwrap();
+        let (cmd, log) = recorder(dir.path());
+        let pins = CrioPins::new(dir.path().join("crio.conf.d"), cmd);
+        let c = pins.apply(&set(&["q.io/b@sha256:2", "q.io/a@sha256:1"])).await.unwrap();
+        assert!(c.applied);
+        assert_eq!(c.pinned, vec!["q.io/a@sha256:1", "q.io/b@sha256:2"]);
+        let text = std::fs::read_to_string(pins.path()).unwrap();
+        assert_eq!(parse(&text).unwrap(), vec!["q.io/a@sha256:1", "q.io/b@sha256:2"]);
+        assert_eq!(reloads(&log), 1);
+
+        let again = pins.apply(&set(&["q.io/a@sha256:1", "q.io/b@sha256:2"])).await.unwrap();
+        assert!(!again.applied, "unchanged content is not rewritten");
+        assert_eq!(reloads(&log), 1, "and CRI-O is not reloaded");
+
+        let shrink = pins.apply(&set(&["q.io/b@sha256:2"])).await.unwrap();
+        assert_eq!(shrink.unpinned, vec!["q.io/a@sha256:1"]);
+        assert_eq!(reloads(&log), 2);
+
+        let empty = pins.apply(&BTreeSet::new()).await.unwrap();
+        assert!(empty.applied && !pins.path().exists());
+        assert_eq!(reloads(&log), 3);
+        assert!(!pins.apply(&BTreeSet::new()).await.unwrap().applied);
+        assert_eq!(reloads(&log), 3);
+        let leftovers: Vec<_> = std::fs::read_dir(dir.path().join("crio.conf.d")).unwrap().collect();
+        assert!(leftovers.is_empty(), "no temporary file left behind");
+    }
+
+    #[tokio::test]
+    async fn a_failing_reload_is_an_error_that_names_the_command() {
+        let dir = tempfile::tempdir().unwrap();
+        let pins = CrioPins::new(dir.path(), vec!["sh".into(), "-c".into(), "echo nope >&2; exit 3".into()]);
+        let e = pins.apply(&set(&["q.io/a@sha256:1"])).await.unwrap_err().to_string();
+        assert!(e.contains("pin reload command") && e.contains("nope"), "{e}");
+    }
+
+    #[test]
+    fn rendering_escapes_and_round_trips() {
+        let odd = set(&["q.io/a@sha256:1", "we\"ird\\name"]);
+        assert_eq!(parse(&render(&odd)).unwrap(), odd.into_iter().collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn crash_mid_write_leaves_the_old_file() {
+        // Simulate a crash after the temporary file was written but before the rename: the
+        // drop-in still holds the old content, and readers never see the partial one.
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(DROP_IN);
+        write_atomic(&path, render(&set(&["old@sha256:1"])).as_bytes()).unwrap();
+        std::fs::write(dir.path().join(format!(".{DROP_IN}.tmp-999")), "[crio.image]\npinned_images = [\n  \"new").unwrap();
+        assert_eq!(parse(&std::fs::read_to_string(&path).unwrap()).unwrap(), vec!["old@sha256:1"]);
+        write_atomic(&path, render(&set(&["new@sha256:2"])).as_bytes()).unwrap();
+        assert_eq!(parse(&std::fs::read_to_string(&path).unwrap()).unwrap(), vec!["new@sha256:2"]);
+    }
+
+    #[test]
+    fn crio_patterns() {
+        assert!(pattern_matches("q.io/a@sha256:1", "q.io/a@sha256:1"));
+        assert!(pattern_matches("q.io/*", "q.io/a@sha256:1"));
+        assert!(pattern_matches("*art-dev*", "quay.io/ocp-v4.0-art-dev@sha256:1"));
+        assert!(!pattern_matches("q.io/a", "q.io/a@sha256:1"));
+    }
+}

@@ -1,0 +1,32 @@
+//! Pin back ends: how the runtime is told which images the kubelet must never collect.
+//!
+//! - [`crio::CrioPins`]: the CRI-O drop-in `50-pinned-images` + a reload command;
+//! - containerd pins with the image label `io.cri-containerd.pinned=pinned` (see `cri`).
+
+pub mod crio;
+
+use std::collections::BTreeSet;
+
+#[derive(Debug, thiserror::Error)]
+pub enum PinError {
+    #[error("pin drop-in {path}: {action}: {source}")]
+    File { path: std::path::PathBuf, action: &'static str, source: std::io::Error },
+    #[error("pin reload command {command:?}: {why}")]
+    Reload { command: Vec<String>, why: String },
+}
+
+/// What applying a pin set changed.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PinChange {
+    pub pinned: Vec<String>,
+    pub unpinned: Vec<String>,
+    /// The runtime was told (file rewritten and reloaded, labels changed).
+    pub applied: bool,
+}
+
+/// Makes exactly `images` the pinned images managed by pinset. Images dropped from every set are
+/// unpinned, never deleted.
+pub trait PinBackend: Send + Sync {
+    fn name(&self) -> &'static str;
+    fn apply(&self, images: &BTreeSet<String>) -> impl Future<Output = Result<PinChange, PinError>> + Send;
+}
