@@ -1,6 +1,6 @@
 use anyhow::Result;
 use clap::{Parser, Subcommand};
-use pinset::cli::{self, policy::PolicyCommand};
+use pinset::cli::{self, PolicyOpts, node::Inputs, node::RuntimeOpts, policy::PolicyCommand};
 use std::process::ExitCode;
 
 /// Pre-pull and pin container images on Kubernetes nodes; every decision is taken by a
@@ -17,6 +17,35 @@ struct Args {
 
 #[derive(Subcommand)]
 enum Command {
+    /// The whole node pipeline on an embedded example, against a simulated runtime: no root,
+    /// network or daemon needed.
+    Demo {
+        #[command(flatten)]
+        policy: PolicyOpts,
+    },
+    /// Pull and pin the images of one node's PinnedImageSets (from YAML files).
+    Node {
+        #[command(flatten)]
+        inputs: Inputs,
+        #[command(flatten)]
+        runtime: RuntimeOpts,
+        #[command(flatten)]
+        policy: PolicyOpts,
+        /// Keep running: reconcile again whenever an input file changes.
+        #[arg(long)]
+        watch: bool,
+    },
+    /// Print what the policy decides for one node (admission, order, concurrency, throttle)
+    /// without pulling. Works without a runtime: images then count as absent, of unknown size.
+    Plan {
+        #[command(flatten)]
+        inputs: Inputs,
+        /// Consult this CRI endpoint for the images already present.
+        #[arg(long)]
+        cri: Option<String>,
+        #[command(flatten)]
+        policy: PolicyOpts,
+    },
     /// Test, benchmark and inspect pull policies offline.
     #[command(subcommand)]
     Policy(PolicyCommand),
@@ -35,7 +64,13 @@ fn main() -> ExitCode {
 }
 
 fn run(args: Args) -> Result<ExitCode> {
+    let rt = || tokio::runtime::Builder::new_multi_thread().enable_all().build();
     match args.command {
         Command::Policy(cmd) => cli::policy::run(cmd),
+        Command::Demo { policy } => rt()?.block_on(cli::demo::demo(&policy)),
+        Command::Node { inputs, runtime, policy, watch } => {
+            rt()?.block_on(cli::node::node_cmd(&inputs, &runtime, &policy, watch))
+        }
+        Command::Plan { inputs, cri, policy } => rt()?.block_on(cli::node::plan_cmd(&inputs, cri, &policy)),
     }
 }

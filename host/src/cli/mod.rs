@@ -1,5 +1,7 @@
 //! The subcommands. `main.rs` only parses arguments and calls into these.
 
+pub mod demo;
+pub mod node;
 pub mod policy;
 
 use crate::policy::{Limits, PolicyModule, WasmRuntime};
@@ -58,8 +60,10 @@ pub fn load_policy(opts: &PolicyOpts) -> anyhow::Result<(WasmRuntime, PolicyModu
 pub fn init_logging(filter: &str) {
     let filter = tracing_subscriber::EnvFilter::try_new(filter)
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    use std::io::IsTerminal;
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(std::io::stderr().is_terminal())
         .with_writer(std::io::stderr)
         .with_target(false)
         .try_init();
