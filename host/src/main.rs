@@ -49,6 +49,9 @@ enum Command {
     /// Test, benchmark and inspect pull policies offline.
     #[command(subcommand)]
     Policy(PolicyCommand),
+    /// Measure the node pipeline (use a release build).
+    #[command(subcommand)]
+    Bench(cli::bench::BenchCommand),
 }
 
 fn main() -> ExitCode {
@@ -72,5 +75,6 @@ fn run(args: Args) -> Result<ExitCode> {
             rt()?.block_on(cli::node::node_cmd(&inputs, &runtime, &policy, watch))
         }
         Command::Plan { inputs, cri, policy } => rt()?.block_on(cli::node::plan_cmd(&inputs, cri, &policy)),
+        Command::Bench(cmd) => rt()?.block_on(cli::bench::run(cmd)),
     }
 }

@@ -1,5 +1,6 @@
 //! The subcommands. `main.rs` only parses arguments and calls into these.
 
+pub mod bench;
 pub mod demo;
 pub mod node;
 pub mod policy;
