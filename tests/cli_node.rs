@@ -100,6 +100,7 @@ fn node_pulls_and_pins_against_a_runtime_and_refuses_a_tag_by_name() {
             dropins.to_str().unwrap(),
             "--crio-reload",
             "",
+            "--no-sizing",
         ]
         .iter()
         .map(|s| s.to_string())

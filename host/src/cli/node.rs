@@ -12,7 +12,7 @@ use crate::objects::{self, Objects};
 use crate::pin::crio::{self, CrioPins};
 use crate::policy::Guarded;
 use crate::registry::auth::Credentials;
-use crate::registry::size::{Cached, TableSizer};
+use crate::registry::size::{Cached, RegistrySizer};
 use anyhow::{Context, Result, bail};
 use indicatif::{ProgressBar, ProgressStyle};
 use pinset_policy_sdk::{DiskFacts, fmt_bytes};
@@ -54,6 +54,13 @@ pub struct RuntimeOpts {
     /// Registry credentials (kubelet config.json).
     #[arg(long, value_name = "FILE")]
     pub auth: Option<PathBuf>,
+    /// A registry (`host[:port]`) to speak plain HTTP to when sizing images (loopback test
+    /// registries); repeatable.
+    #[arg(long, value_name = "HOST")]
+    pub insecure_registry: Vec<String>,
+    /// Do not size images from their registries: the policy is told their size is unknown.
+    #[arg(long)]
+    pub no_sizing: bool,
 }
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -224,10 +231,14 @@ pub async fn node_cmd(inputs: &Inputs, runtime: &RuntimeOpts, policy: &PolicyOpt
         None => Credentials::default(),
     };
     let reload: Vec<String> = runtime.crio_reload.split_whitespace().map(String::from).collect();
+    let credentials = Arc::new(credentials);
+    let sizer = (!runtime.no_sizing).then(|| {
+        Arc::new(Cached::new(RegistrySizer::new(runtime.insecure_registry.clone(), credentials.clone())))
+    });
     let reconciler = Reconciler {
         cri,
-        sizer: None::<Arc<Cached<TableSizer>>>,
-        credentials: Arc::new(credentials),
+        sizer,
+        credentials,
         pins: CrioPins::new(&runtime.crio_dropin_dir, reload),
         policy: module,
         backoff: Backoff::default(),

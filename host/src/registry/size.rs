@@ -68,3 +68,51 @@ impl<S: Sizer> Cached<S> {
         self.cache.lock().expect("size cache").len()
     }
 }
+
+/// Sizes from the registry's manifests (OCI distribution API): an index is resolved to this
+/// node's platform, the image's layers are summed. Credentials from [`Credentials`]; registries
+/// listed as insecure are spoken to over plain HTTP (loopback test registries).
+pub struct RegistrySizer {
+    client: oci_client::Client,
+    credentials: std::sync::Arc<crate::registry::auth::Credentials>,
+}
+
+impl RegistrySizer {
+    pub fn new(
+        insecure_registries: Vec<String>,
+        credentials: std::sync::Arc<crate::registry::auth::Credentials>,
+    ) -> Self {
+        // The TLS stack needs a process-wide crypto provider; a second install is a no-op.
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let config = oci_client::client::ClientConfig {
+            protocol: oci_client::client::ClientProtocol::HttpsExcept(insecure_registries),
+            connect_timeout: Some(std::time::Duration::from_secs(5)),
+            read_timeout: Some(std::time::Duration::from_secs(30)),
+            ..Default::default()
+        };
+        Self { client: oci_client::Client::new(config), credentials }
+    }
+}
+
+impl Sizer for RegistrySizer {
+    async fn size(&self, image: &ImageRef) -> Result<ImageSize, SizeError> {
+        let err = |why: String| SizeError { image: image.to_string(), why };
+        let reference: oci_client::Reference =
+            image.as_str().parse().map_err(|e| err(format!("{e}")))?;
+        let auth = match self.credentials.lookup(image.registry(), image.repository()) {
+            Some(c) => oci_client::secrets::RegistryAuth::Basic(c.username.clone(), c.password.clone()),
+            None => oci_client::secrets::RegistryAuth::Anonymous,
+        };
+        let (manifest, _digest) = self
+            .client
+            .pull_image_manifest(&reference, &auth)
+            .await
+            .map_err(|e| err(format!("{e}")))?;
+        let layers = manifest
+            .layers
+            .iter()
+            .map(|l| (l.digest.clone(), u64::try_from(l.size).unwrap_or(0)))
+            .collect();
+        Ok(ImageSize { layers })
+    }
+}

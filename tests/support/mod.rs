@@ -1,0 +1,215 @@
+//! Test bed helpers: a real registry (`docker-registry` from Debian) on loopback, and OCI images
+//! built here — tar layers of chosen sizes with random content — pushed through the registry's
+//! HTTP API. No docker, no downloads.
+//!
+//! A test that needs the bed calls [`Registry::start`]: where the registry binary is missing it
+//! returns `None` after a loud message on a developer's machine, and panics under CI (`CI` set),
+//! where the bed is mandatory.
+
+#![allow(dead_code)]
+
+use oci_client::client::{ClientConfig, ClientProtocol, Config, ImageLayer};
+use oci_client::manifest::{
+    OCI_IMAGE_INDEX_MEDIA_TYPE, OCI_IMAGE_MEDIA_TYPE, OciImageIndex, OciImageManifest, OciManifest,
+};
+use oci_client::secrets::RegistryAuth;
+use oci_client::{Client, Reference};
+use sha2::{Digest, Sha256};
+use std::net::TcpListener;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+pub const LAYER_MEDIA_TYPE: &str = "application/vnd.oci.image.layer.v1.tar";
+
+/// Whether the bed is mandatory (CI) or may be skipped (a developer's machine).
+pub fn bed_required() -> bool {
+    std::env::var_os("CI").is_some()
+}
+
+pub fn skip_or_fail(what: &str) {
+    if bed_required() {
+        panic!("test bed: {what} (the bed is mandatory in CI: run scripts/test.sh to install it)");
+    }
+    eprintln!("\n*** SKIPPING: test bed unavailable: {what}. Run scripts/test.sh to install it. ***\n");
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// A `docker-registry` serving on 127.0.0.1 with storage in a temporary directory. Stopped (by
+/// PID) when dropped, whatever the test's outcome.
+pub struct Registry {
+    pub host: String,
+    child: Child,
+    _dir: tempfile::TempDir,
+}
+
+impl Registry {
+    pub fn start() -> Option<Registry> {
+        let binary = ["/usr/bin/docker-registry", "/usr/sbin/docker-registry"]
+            .into_iter()
+            .map(PathBuf::from)
+            .find(|p| p.exists());
+        let Some(binary) = binary else {
+            skip_or_fail("docker-registry is not installed");
+            return None;
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let port = free_port();
+        let config = dir.path().join("config.yml");
+        std::fs::write(
+            &config,
+            format!(
+                "version: 0.1\nlog: {{level: warn}}\nstorage:\n  filesystem: {{rootdirectory: {}}}\n  delete: {{enabled: true}}\nhttp:\n  addr: 127.0.0.1:{port}\n",
+                dir.path().join("data").display()
+            ),
+        )
+        .unwrap();
+        let child = Command::new(binary)
+            .args(["serve", config.to_str().unwrap()])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start docker-registry");
+        let host = format!("127.0.0.1:{port}");
+        let registry = Registry { host: host.clone(), child, _dir: dir };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while std::net::TcpStream::connect(&host).is_err() {
+            assert!(Instant::now() < deadline, "docker-registry did not listen on {host} within 10 s");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Some(registry)
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    pub fn client(&self) -> Client {
+        Client::new(ClientConfig {
+            protocol: ClientProtocol::HttpsExcept(vec![self.host.clone()]),
+            ..Default::default()
+        })
+    }
+}
+
+impl Drop for Registry {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Deterministic pseudo-random bytes (xorshift64*).
+pub fn random_bytes(seed: u64, len: usize) -> Vec<u8> {
+    let mut s = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    let mut out = Vec::with_capacity(len + 8);
+    while out.len() < len {
+        s ^= s >> 12;
+        s ^= s << 25;
+        s ^= s >> 27;
+        out.extend_from_slice(&s.wrapping_mul(0x2545_f491_4f6c_dd1d).to_le_bytes());
+    }
+    out.truncate(len);
+    out
+}
+
+/// An uncompressed tar holding one file `name` with `content` (ustar format).
+pub fn tar_layer(name: &str, content: &[u8]) -> Vec<u8> {
+    let mut header = [0u8; 512];
+    header[..name.len()].copy_from_slice(name.as_bytes());
+    let octal = |buf: &mut [u8], v: u64| {
+        let s = format!("{:0width$o}\0", v, width = buf.len() - 1);
+        buf.copy_from_slice(s.as_bytes());
+    };
+    octal(&mut header[100..108], 0o644);
+    octal(&mut header[108..116], 0);
+    octal(&mut header[116..124], 0);
+    octal(&mut header[124..136], content.len() as u64);
+    octal(&mut header[136..148], 0);
+    header[148..156].copy_from_slice(b"        ");
+    header[156] = b'0';
+    header[257..263].copy_from_slice(b"ustar\0");
+    header[263..265].copy_from_slice(b"00");
+    let sum: u32 = header.iter().map(|&b| b as u32).sum();
+    let s = format!("{sum:06o}\0 ");
+    header[148..156].copy_from_slice(s.as_bytes());
+    let mut out = header.to_vec();
+    out.extend_from_slice(content);
+    out.resize(out.len().div_ceil(512) * 512 + 1024, 0);
+    out
+}
+
+pub fn sha256(data: &[u8]) -> String {
+    format!("sha256:{}", Sha256::digest(data).iter().map(|b| format!("{b:02x}")).collect::<String>())
+}
+
+/// A layer of about `size` bytes of random content.
+pub fn layer(seed: u64, size: usize) -> Vec<u8> {
+    tar_layer(&format!("data-{seed}.bin"), &random_bytes(seed, size.saturating_sub(1536)))
+}
+
+/// Push an image of `layers` to `repo` for `arch`; returns its manifest digest and the pushed
+/// manifest (whose layer sizes are what a registry reports).
+pub async fn push_image(
+    client: &Client,
+    registry: &str,
+    repo: &str,
+    arch: &str,
+    layers: &[Vec<u8>],
+) -> (String, OciImageManifest) {
+    let image_layers: Vec<ImageLayer> =
+        layers.iter().map(|l| ImageLayer::new(l.clone(), LAYER_MEDIA_TYPE.into(), None)).collect();
+    let diff_ids: Vec<String> = layers.iter().map(|l| format!("\"{}\"", sha256(l))).collect();
+    let config_json = format!(
+        r#"{{"architecture":"{arch}","os":"linux","config":{{"Cmd":["/data"]}},"rootfs":{{"type":"layers","diff_ids":[{}]}}}}"#,
+        diff_ids.join(",")
+    );
+    let config = Config::new(config_json.into_bytes(), "application/vnd.oci.image.config.v1+json".into(), None);
+    let manifest = OciImageManifest::build(&image_layers, &config, None);
+    let tag: Reference = format!("{registry}/{repo}:{arch}").parse().unwrap();
+    client
+        .push(&tag, &image_layers, config, &RegistryAuth::Anonymous, Some(manifest.clone()))
+        .await
+        .unwrap_or_else(|e| panic!("push {tag}: {e}"));
+    let (digest, _) = manifest_digest(client, &tag, OCI_IMAGE_MEDIA_TYPE).await;
+    (digest, manifest)
+}
+
+/// Push an index of (architecture, manifest digest, manifest size) entries; returns its digest.
+pub async fn push_index(client: &Client, registry: &str, repo: &str, entries: &[(&str, String, i64)]) -> String {
+    let manifests: Vec<serde_json::Value> = entries
+        .iter()
+        .map(|(arch, digest, size)| {
+            serde_json::json!({
+                "mediaType": OCI_IMAGE_MEDIA_TYPE,
+                "digest": digest,
+                "size": size,
+                "platform": {"architecture": arch, "os": "linux"},
+            })
+        })
+        .collect();
+    let index: OciImageIndex = serde_json::from_value(serde_json::json!({
+        "schemaVersion": 2,
+        "mediaType": OCI_IMAGE_INDEX_MEDIA_TYPE,
+        "manifests": manifests,
+    }))
+    .unwrap();
+    let tag: Reference = format!("{registry}/{repo}:index").parse().unwrap();
+    client
+        .push_manifest(&tag, &OciManifest::ImageIndex(index))
+        .await
+        .unwrap_or_else(|e| panic!("push index {tag}: {e}"));
+    manifest_digest(client, &tag, OCI_IMAGE_INDEX_MEDIA_TYPE).await.0
+}
+
+/// The digest (and size) of the manifest a tag points to, as the registry serves it.
+pub async fn manifest_digest(client: &Client, tag: &Reference, media_type: &str) -> (String, i64) {
+    let (bytes, digest) = client
+        .pull_manifest_raw(tag, &RegistryAuth::Anonymous, &[media_type])
+        .await
+        .unwrap_or_else(|e| panic!("fetch manifest {tag}: {e}"));
+    (digest, bytes.len() as i64)
+}
