@@ -15,18 +15,33 @@ const TARGET: &str = "wasm32-wasip2";
 /// (package, file stem) of every policy built here.
 const POLICIES: [(&str, &str); 6] = [
     ("pinset-policy-default", "pinset_policy_default"),
-    ("pinset-policy-smallest-first", "pinset_policy_smallest_first"),
+    (
+        "pinset-policy-smallest-first",
+        "pinset_policy_smallest_first",
+    ),
     ("pinset-policy-io-adaptive", "pinset_policy_io_adaptive"),
-    ("pinset-policy-admit-what-fits", "pinset_policy_admit_what_fits"),
+    (
+        "pinset-policy-admit-what-fits",
+        "pinset_policy_admit_what_fits",
+    ),
     ("pinset-test-policy-hostile", "pinset_test_policy_hostile"),
-    ("pinset-test-policy-future-contract", "pinset_test_policy_future_contract"),
+    (
+        "pinset-test-policy-future-contract",
+        "pinset_test_policy_future_contract",
+    ),
 ];
 
 fn main() {
     let manifest_dir = PathBuf::from(env("CARGO_MANIFEST_DIR"));
-    let workspace = manifest_dir.parent().expect("host/ sits in the workspace").to_path_buf();
+    let workspace = manifest_dir
+        .parent()
+        .expect("host/ sits in the workspace")
+        .to_path_buf();
     for watched in ["wit", "policies", "tests/policies", "Cargo.lock"] {
-        println!("cargo:rerun-if-changed={}", workspace.join(watched).display());
+        println!(
+            "cargo:rerun-if-changed={}",
+            workspace.join(watched).display()
+        );
     }
     println!("cargo:rerun-if-env-changed=CARGO_TARGET_DIR");
 
@@ -43,7 +58,10 @@ fn main() {
     let default = artifacts.join("pinset_policy_default.wasm");
     std::fs::copy(&default, out_dir.join("default-policy.wasm"))
         .unwrap_or_else(|e| panic!("copy {}: {e}", default.display()));
-    println!("cargo:rustc-env=PINSET_WASM_POLICY_DIR={}", artifacts.display());
+    println!(
+        "cargo:rustc-env=PINSET_WASM_POLICY_DIR={}",
+        artifacts.display()
+    );
 }
 
 /// Build every policy and copy its component into `out`.
@@ -55,13 +73,28 @@ fn build_policies(workspace: &Path, target_dir: &Path, out: &Path) {
     for (package, stem) in POLICIES {
         let mut cmd = Command::new(&cargo);
         cmd.current_dir(workspace)
-            .args(["build", "--release", "--target", TARGET, "-p", package, "--target-dir"])
+            .args([
+                "build",
+                "--release",
+                "--target",
+                TARGET,
+                "-p",
+                package,
+                "--target-dir",
+            ])
             .arg(target_dir);
         // Flags meant for the host build must not leak into the guest build.
-        for var in ["CARGO_ENCODED_RUSTFLAGS", "RUSTFLAGS", "CARGO_BUILD_TARGET", "CARGO_TARGET_DIR"] {
+        for var in [
+            "CARGO_ENCODED_RUSTFLAGS",
+            "RUSTFLAGS",
+            "CARGO_BUILD_TARGET",
+            "CARGO_TARGET_DIR",
+        ] {
             cmd.env_remove(var);
         }
-        let status = cmd.status().unwrap_or_else(|e| panic!("cannot run cargo for {package}: {e}"));
+        let status = cmd
+            .status()
+            .unwrap_or_else(|e| panic!("cannot run cargo for {package}: {e}"));
         if !status.success() {
             panic!(
                 "building policy {package} for {TARGET} failed (see above). If the target is \
@@ -70,19 +103,27 @@ fn build_policies(workspace: &Path, target_dir: &Path, out: &Path) {
         }
         // A policy that depends on another rebuilds the other's cdylib without its export:
         // take each artifact right after its own build.
-        let wasm = target_dir.join(TARGET).join("release").join(format!("{stem}.wasm"));
+        let wasm = target_dir
+            .join(TARGET)
+            .join("release")
+            .join(format!("{stem}.wasm"));
         let kept = out.join(format!("{stem}.wasm"));
-        std::fs::copy(&wasm, &kept)
-            .unwrap_or_else(|e| panic!("building {package} did not produce {}: {e}", wasm.display()));
+        std::fs::copy(&wasm, &kept).unwrap_or_else(|e| {
+            panic!("building {package} did not produce {}: {e}", wasm.display())
+        });
     }
 }
 
-/// The CRI ImageService client and server, compiled with protox: no `protoc` needed.
+/// The CRI ImageService client and server, and containerd's images client, compiled with
+/// protox: no `protoc` needed.
 fn compile_protos(workspace: &Path) {
     let proto_dir = workspace.join("proto");
     println!("cargo:rerun-if-changed={}", proto_dir.display());
-    let fds = protox::compile([proto_dir.join("cri_image.proto")], [&proto_dir])
-        .unwrap_or_else(|e| panic!("proto/cri_image.proto: {e}"));
+    let files = [
+        proto_dir.join("cri_image.proto"),
+        proto_dir.join("containerd_images.proto"),
+    ];
+    let fds = protox::compile(files, [&proto_dir]).unwrap_or_else(|e| panic!("proto/: {e}"));
     tonic_prost_build::configure()
         .build_client(true)
         .build_server(true)

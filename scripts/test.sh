@@ -7,12 +7,13 @@ cd "$(dirname "$0")/.."
 echo "==> wasm32-wasip2 target (the policies are built for it)"
 rustup target add wasm32-wasip2
 
-echo "==> test bed packages (a real OCI registry)"
+echo "==> test bed: a real OCI registry and containerd 1.7"
 if ! command -v docker-registry >/dev/null; then
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq
   apt-get install -y -qq --no-install-recommends docker-registry
 fi
+bash tests/bed/fetch-containerd.sh /opt/pinset-bed/containerd
 
 echo "==> cargo test --workspace"
 cargo test --workspace --locked

@@ -6,7 +6,10 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 fn workspace() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_path_buf()
 }
 
 fn pinset(args: &[&str]) -> (i32, String, String) {
@@ -26,11 +29,23 @@ fn pinset(args: &[&str]) -> (i32, String, String) {
 fn demo_runs_both_nodes_and_pins_everything() {
     let (code, out, err) = pinset(&["demo"]);
     assert_eq!(code, 0, "{out}\n{err}");
-    assert!(out.contains("runtime reports 5 of 5 image(s) pinned"), "{out}");
-    assert!(out.contains("runtime reports 11 of 11 image(s) pinned"), "{out}");
-    assert!(out.contains("[crio.image]") && out.contains("pinned_images = ["), "{out}");
+    assert!(
+        out.contains("runtime reports 5 of 5 image(s) pinned"),
+        "{out}"
+    );
+    assert!(
+        out.contains("runtime reports 11 of 11 image(s) pinned"),
+        "{out}"
+    );
+    assert!(
+        out.contains("[crio.image]") && out.contains("pinned_images = ["),
+        "{out}"
+    );
     let row = |node: &str| -> Vec<String> {
-        let line = out.lines().find(|l| l.starts_with(node)).unwrap_or_else(|| panic!("{out}"));
+        let line = out
+            .lines()
+            .find(|l| l.starts_with(node))
+            .unwrap_or_else(|| panic!("{out}"));
         line.split_whitespace().map(String::from).collect()
     };
     // node, pulls, at once, max seen, …
@@ -49,17 +64,31 @@ fn plan_works_without_a_runtime() {
         demo.join("nodes.yaml").to_str().unwrap(),
     ]);
     assert_eq!(code, 0, "{err}");
-    assert!(out.contains("node master-0") && out.contains("pools [\"master\"]"), "{out}");
-    assert!(out.contains("pulls: 5 of 5 image(s) (0 present), 0 B known bytes, 1 at once"), "{out}");
-    assert!(out.contains("5 image(s) of unknown size not counted"), "{out}");
-    assert!(out.contains("throttle after a pull (current pressure): 1s"), "{out}");
+    assert!(
+        out.contains("node master-0") && out.contains("pools [\"master\"]"),
+        "{out}"
+    );
+    assert!(
+        out.contains("pulls: 5 of 5 image(s) (0 present), 0 B known bytes, 1 at once"),
+        "{out}"
+    );
+    assert!(
+        out.contains("5 image(s) of unknown size not counted"),
+        "{out}"
+    );
+    assert!(
+        out.contains("throttle after a pull (current pressure): 1s"),
+        "{out}"
+    );
     assert_eq!(out.matches("(size unknown)").count(), 5, "{out}");
 }
 
 #[test]
 fn node_pulls_and_pins_against_a_runtime_and_refuses_a_tag_by_name() {
     let dir = tempfile::tempdir().unwrap();
-    let images: Vec<String> = (1..=3).map(|n| format!("registry.test/a/{n}@sha256:{n:064x}")).collect();
+    let images: Vec<String> = (1..=3)
+        .map(|n| format!("registry.test/a/{n}@sha256:{n:064x}"))
+        .collect();
     let sets = dir.path().join("sets.yaml");
     let set = |name: &str, refs: &[String]| {
         let mut s = format!(
@@ -80,12 +109,20 @@ fn node_pulls_and_pins_against_a_runtime_and_refuses_a_tag_by_name() {
     let dropins = dir.path().join("crio.conf.d");
     let rt = tokio::runtime::Runtime::new().unwrap();
     let sim = SimulatedRuntime::new(SimConfig {
-        registry: images.iter().map(|r| SimImage { reference: r.clone(), size: 1 << 20 }).collect(),
+        registry: images
+            .iter()
+            .map(|r| SimImage {
+                reference: r.clone(),
+                size: 1 << 20,
+            })
+            .collect(),
         bandwidth: 1 << 30,
         disk_capacity: 1 << 40,
         pin_drop_in: Some(dropins.join(crio::DROP_IN)),
     });
-    let server = rt.block_on(sim.serve(&dir.path().join("cri.sock"))).unwrap();
+    let server = rt
+        .block_on(sim.serve(&dir.path().join("cri.sock")))
+        .unwrap();
     let endpoint = server.endpoint();
     let args = |sets: &Path| -> Vec<String> {
         [
@@ -112,17 +149,32 @@ fn node_pulls_and_pins_against_a_runtime_and_refuses_a_tag_by_name() {
     assert_eq!(code, 0, "{out}\n{err}");
     assert!(out.contains("node w1: 3 pulled, 0 failed"), "{out}");
     assert!(out.contains("set apps generation 1: done"), "{out}");
-    let pinned = crio::parse(&std::fs::read_to_string(dropins.join(crio::DROP_IN)).unwrap()).unwrap();
+    let pinned =
+        crio::parse(&std::fs::read_to_string(dropins.join(crio::DROP_IN)).unwrap()).unwrap();
     assert_eq!(pinned, images);
     assert_eq!(sim.stats().calls("PullImage"), 3);
 
     let tagged = dir.path().join("tagged.yaml");
-    std::fs::write(&tagged, format!("{}---\n{}", set("apps", &images), set("latest", &["registry.test/a/x:latest".into()]))).unwrap();
+    std::fs::write(
+        &tagged,
+        format!(
+            "{}---\n{}",
+            set("apps", &images),
+            set("latest", &["registry.test/a/x:latest".into()])
+        ),
+    )
+    .unwrap();
     let (code, out, err) = run(args(&tagged));
     assert_eq!(code, 1, "{out}\n{err}");
-    assert!(out.contains("set latest generation 1: FAILED") && out.contains("registry.test/a/x:latest"), "{out}");
+    assert!(
+        out.contains("set latest generation 1: FAILED") && out.contains("registry.test/a/x:latest"),
+        "{out}"
+    );
     assert!(out.contains("by digest"), "{out}");
-    assert!(out.contains("set apps generation 1: done"), "the valid set is unaffected: {out}");
+    assert!(
+        out.contains("set apps generation 1: done"),
+        "the valid set is unaffected: {out}"
+    );
     assert_eq!(sim.stats().calls("PullImage"), 3, "nothing pulled twice");
     drop(server);
 }

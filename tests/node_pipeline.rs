@@ -23,7 +23,14 @@ fn runtime() -> &'static WasmRuntime {
 }
 
 fn default_policy() -> PolicyModule {
-    runtime().load("embedded:default", EMBEDDED_DEFAULT, None, Limits::default()).unwrap()
+    runtime()
+        .load(
+            "embedded:default",
+            EMBEDDED_DEFAULT,
+            None,
+            Limits::default(),
+        )
+        .unwrap()
 }
 
 fn image(n: u32) -> String {
@@ -58,7 +65,11 @@ struct Bed {
     reconciler: Reconciler<TableSizer, CrioPins>,
 }
 
-const FAST: Backoff = Backoff { attempts: 5, first: Duration::from_millis(5), cap: Duration::from_millis(20) };
+const FAST: Backoff = Backoff {
+    attempts: 5,
+    first: Duration::from_millis(5),
+    cap: Duration::from_millis(20),
+};
 
 /// `images` of `size` each in a simulated registry pulled at `bandwidth` bytes/s onto `disk`.
 async fn bed(images: u32, size: u64, bandwidth: u64, disk: u64, policy: PolicyModule) -> Bed {
@@ -66,7 +77,12 @@ async fn bed(images: u32, size: u64, bandwidth: u64, disk: u64, policy: PolicyMo
     let drop_in_dir = dir.path().join("crio.conf.d");
     let drop_in = drop_in_dir.join(crio::DROP_IN);
     let sim = SimulatedRuntime::new(SimConfig {
-        registry: (0..images).map(|n| SimImage { reference: image(n), size }).collect(),
+        registry: (0..images)
+            .map(|n| SimImage {
+                reference: image(n),
+                size,
+            })
+            .collect(),
         bandwidth,
         disk_capacity: disk,
         pin_drop_in: Some(drop_in.clone()),
@@ -74,7 +90,14 @@ async fn bed(images: u32, size: u64, bandwidth: u64, disk: u64, policy: PolicyMo
     let socket = dir.path().join("cri.sock");
     let server = sim.serve(&socket).await.unwrap();
     let table = (0..images)
-        .map(|n| (image(n), ImageSize { layers: vec![(format!("sha256:layer{n}"), size)] }))
+        .map(|n| {
+            (
+                image(n),
+                ImageSize {
+                    layers: vec![(format!("sha256:layer{n}"), size)],
+                },
+            )
+        })
         .collect();
     let cri = CriClient::new(CriConfig {
         endpoint: server.endpoint(),
@@ -83,7 +106,11 @@ async fn bed(images: u32, size: u64, bandwidth: u64, disk: u64, policy: PolicyMo
         pull_timeout: Duration::from_secs(60),
     })
     .unwrap();
-    let reload = vec!["sh".into(), "-c".into(), format!("echo reload >> {}", dir.path().join("reloads").display())];
+    let reload = vec![
+        "sh".into(),
+        "-c".into(),
+        format!("echo reload >> {}", dir.path().join("reloads").display()),
+    ];
     let reconciler = Reconciler {
         cri,
         sizer: Some(Arc::new(Cached::new(TableSizer { table }))),
@@ -94,20 +121,34 @@ async fn bed(images: u32, size: u64, bandwidth: u64, disk: u64, policy: PolicyMo
         pressure: Pressure::default,
         metrics: None,
     };
-    Bed { _dir: dir, socket, drop_in, sim, server: Some(server), reconciler }
+    Bed {
+        _dir: dir,
+        socket,
+        drop_in,
+        sim,
+        server: Some(server),
+        reconciler,
+    }
 }
 
 impl Bed {
     async fn run(&self, desired: &Desired, node: &NodeInfo, status: &mut NodeStatus) -> Report {
-        self.reconciler.reconcile(desired, node, status, CancellationToken::new(), None).await.unwrap()
+        self.reconciler
+            .reconcile(desired, node, status, CancellationToken::new(), None)
+            .await
+            .unwrap()
     }
 
     fn pinned(&self) -> Vec<String> {
-        std::fs::read_to_string(&self.drop_in).map(|s| crio::parse(&s).unwrap()).unwrap_or_default()
+        std::fs::read_to_string(&self.drop_in)
+            .map(|s| crio::parse(&s).unwrap())
+            .unwrap_or_default()
     }
 
     fn reloads(&self) -> usize {
-        std::fs::read_to_string(self._dir.path().join("reloads")).map(|s| s.lines().count()).unwrap_or(0)
+        std::fs::read_to_string(self._dir.path().join("reloads"))
+            .map(|s| s.lines().count())
+            .unwrap_or(0)
     }
 }
 
@@ -119,17 +160,35 @@ fn desired_for(node: &NodeInfo, sets: &[PinnedImageSet]) -> Desired {
 async fn pulls_pins_and_a_rerun_costs_one_list_images() {
     let b = bed(6, MIB, 1 << 30, 1 << 40, default_policy()).await;
     let n = node("worker");
-    let d = desired_for(&n, &[set("a", "worker", 1, &[0, 1, 2, 3]), set("b", "worker", 1, &[3, 4, 5])]);
+    let d = desired_for(
+        &n,
+        &[
+            set("a", "worker", 1, &[0, 1, 2, 3]),
+            set("b", "worker", 1, &[3, 4, 5]),
+        ],
+    );
     let mut status = NodeStatus::default();
     let r = b.run(&d, &n, &mut status).await;
-    assert_eq!(r.outcome.pulled.len(), 6, "image 3 is in two sets and pulled once");
+    assert_eq!(
+        r.outcome.pulled.len(),
+        6,
+        "image 3 is in two sets and pulled once"
+    );
     assert_eq!(b.pinned().len(), 6);
     assert!(status.done() && status.degraded.is_none() && status.progressing.is_none());
     assert_eq!(status.progress.images_done, 6);
     assert_eq!(status.progress.bytes_done, 6 * MIB);
     let client = &b.reconciler.cri;
     for i in 0..6 {
-        assert!(client.image_status(&image(i)).await.unwrap().unwrap().pinned, "image {i} pinned");
+        assert!(
+            client
+                .image_status(&image(i))
+                .await
+                .unwrap()
+                .unwrap()
+                .pinned,
+            "image {i} pinned"
+        );
     }
 
     b.sim.reset_stats();
@@ -137,7 +196,12 @@ async fn pulls_pins_and_a_rerun_costs_one_list_images() {
     let stats = b.sim.stats();
     assert!(again.outcome.pulled.is_empty());
     assert_eq!(stats.calls("ListImages"), 1, "{:?}", stats.calls);
-    assert_eq!(stats.calls("PullImage") + stats.calls("ImageStatus"), 0, "{:?}", stats.calls);
+    assert_eq!(
+        stats.calls("PullImage") + stats.calls("ImageStatus"),
+        0,
+        "{:?}",
+        stats.calls
+    );
     assert_eq!(b.reloads(), 1, "unchanged pins are not rewritten");
 }
 
@@ -166,23 +230,57 @@ async fn control_plane_pulls_one_at_a_time_and_workers_five() {
 async fn transient_failures_are_retried_and_permanent_ones_named() {
     let b = bed(3, MIB, 1 << 30, 1 << 40, default_policy()).await;
     let refused = |m: &str| Fault::Fail(tonic::Code::Unavailable, m.into());
-    b.sim.inject(&image(0), [refused("connection reset"), refused("connection reset")]);
-    b.sim.inject(&image(2), (0..5).map(|_| refused("registry.test: connection refused")));
+    b.sim.inject(
+        &image(0),
+        [refused("connection reset"), refused("connection reset")],
+    );
+    b.sim.inject(
+        &image(2),
+        (0..5).map(|_| refused("registry.test: connection refused")),
+    );
     let n = node("worker");
-    let d = desired_for(&n, &[set("ok", "worker", 1, &[0, 1]), set("broken", "worker", 4, &[1, 2])]);
+    let d = desired_for(
+        &n,
+        &[
+            set("ok", "worker", 1, &[0, 1]),
+            set("broken", "worker", 4, &[1, 2]),
+        ],
+    );
     let mut status = NodeStatus::default();
     let r = b.run(&d, &n, &mut status).await;
     assert_eq!(r.outcome.pulled.len(), 2);
     assert_eq!(r.outcome.failed.len(), 1);
-    let pulls_of_2 = b.sim.stats().pulls.iter().filter(|p| p.reference == image(2)).count();
+    let pulls_of_2 = b
+        .sim
+        .stats()
+        .pulls
+        .iter()
+        .filter(|p| p.reference == image(2))
+        .count();
     assert_eq!(pulls_of_2, 5);
     assert_eq!(status.sets["ok"].current_generation, Some(1));
     let broken = &status.sets["broken"];
-    assert_eq!((broken.current_generation, broken.last_failed_generation), (None, Some(4)));
+    assert_eq!(
+        (broken.current_generation, broken.last_failed_generation),
+        (None, Some(4))
+    );
     let err = broken.last_failed_generation_error.as_deref().unwrap();
-    assert!(err.contains(&image(2)) && err.contains("connection refused"), "{err}");
-    assert!(status.degraded.as_deref().unwrap().contains("PinnedImageSet broken"));
-    assert_eq!(b.pinned(), vec![image(0), image(1)], "only complete sets are pinned");
+    assert!(
+        err.contains(&image(2)) && err.contains("connection refused"),
+        "{err}"
+    );
+    assert!(
+        status
+            .degraded
+            .as_deref()
+            .unwrap()
+            .contains("PinnedImageSet broken")
+    );
+    assert_eq!(
+        b.pinned(),
+        vec![image(0), image(1)],
+        "only complete sets are pinned"
+    );
 }
 
 #[tokio::test]
@@ -197,12 +295,29 @@ async fn a_full_disk_drains_the_queue_at_once_and_names_the_image() {
     assert_eq!(r.outcome.pulled.len(), 2);
     assert_eq!(r.outcome.failed.len(), 1);
     assert_eq!(r.outcome.drained, vec![image(3), image(4)]);
-    assert_eq!(b.sim.stats().calls("PullImage"), 3, "no retry of a full disk");
+    assert_eq!(
+        b.sim.stats().calls("PullImage"),
+        3,
+        "no retry of a full disk"
+    );
     // Two 1 s throttles before the failing pull, none after it.
-    assert!(started.elapsed() < Duration::from_millis(2_900), "{:?}", started.elapsed());
-    let err = status.sets["s"].last_failed_generation_error.clone().unwrap();
-    assert!(err.contains(&image(2)) && err.contains("no space left on device"), "{err}");
-    assert!(err.contains(&image(3)) && err.contains("the disk filled up"), "{err}");
+    assert!(
+        started.elapsed() < Duration::from_millis(2_900),
+        "{:?}",
+        started.elapsed()
+    );
+    let err = status.sets["s"]
+        .last_failed_generation_error
+        .clone()
+        .unwrap();
+    assert!(
+        err.contains(&image(2)) && err.contains("no space left on device"),
+        "{err}"
+    );
+    assert!(
+        err.contains(&image(3)) && err.contains("the disk filled up"),
+        "{err}"
+    );
     assert!(b.pinned().is_empty());
 }
 
@@ -227,21 +342,34 @@ async fn a_spec_change_cancels_in_flight_pulls_within_250ms_and_the_next_generat
             at
         })
     };
-    let r = b.reconciler.reconcile(&gen1, &n, &mut status, cancel, None).await.unwrap();
+    let r = b
+        .reconciler
+        .reconcile(&gen1, &n, &mut status, cancel, None)
+        .await
+        .unwrap();
     let cancelled_at = watcher.await.unwrap();
     let returned = cancelled_at.elapsed();
     assert!(r.cancelled);
-    assert!(returned < Duration::from_millis(250), "reconcile returned {returned:?} after cancel");
+    assert!(
+        returned < Duration::from_millis(250),
+        "reconcile returned {returned:?} after cancel"
+    );
     // The server saw every in-flight pull abandoned, and no queued pull started.
     let deadline = Instant::now() + Duration::from_millis(250);
     while b.sim.stats().in_flight > 0 && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(2)).await;
     }
     let stats = b.sim.stats();
-    assert_eq!(stats.in_flight, 0, "in-flight pulls were abandoned at the server");
+    assert_eq!(
+        stats.in_flight, 0,
+        "in-flight pulls were abandoned at the server"
+    );
     assert_eq!(stats.pulls.iter().filter(|p| p.abandoned).count(), 5);
     assert_eq!(stats.calls("PullImage"), 5);
-    assert!(b.pinned().is_empty(), "nothing pinned by a cancelled generation");
+    assert!(
+        b.pinned().is_empty(),
+        "nothing pinned by a cancelled generation"
+    );
 
     let gen2 = desired_for(&n, &[set("s", "worker", 2, &[5, 6, 7, 8, 9])]);
     let r = b.run(&gen2, &n, &mut status).await;
@@ -253,15 +381,28 @@ async fn a_spec_change_cancels_in_flight_pulls_within_250ms_and_the_next_generat
 async fn runtime_restart_reconnects_and_removed_sets_are_unpinned_not_deleted() {
     let mut b = bed(4, MIB, 1 << 30, 1 << 40, default_policy()).await;
     let n = node("worker");
-    let both = desired_for(&n, &[set("a", "worker", 1, &[0, 1]), set("b", "worker", 1, &[1, 2, 3])]);
+    let both = desired_for(
+        &n,
+        &[
+            set("a", "worker", 1, &[0, 1]),
+            set("b", "worker", 1, &[1, 2, 3]),
+        ],
+    );
     let mut status = NodeStatus::default();
     b.run(&both, &n, &mut status).await;
     assert_eq!(b.pinned().len(), 4);
 
     // The runtime goes away: a clear error naming the socket.
     b.server.take().unwrap().shutdown().await;
-    let err = b.reconciler.reconcile(&both, &n, &mut status, CancellationToken::new(), None).await.unwrap_err();
-    assert!(err.to_string().contains(&b.socket.display().to_string()), "{err}");
+    let err = b
+        .reconciler
+        .reconcile(&both, &n, &mut status, CancellationToken::new(), None)
+        .await
+        .unwrap_err();
+    assert!(
+        err.to_string().contains(&b.socket.display().to_string()),
+        "{err}"
+    );
     assert!(status.degraded.is_some());
 
     // It comes back on the same socket: the same client reconnects.
@@ -270,7 +411,13 @@ async fn runtime_restart_reconnects_and_removed_sets_are_unpinned_not_deleted() 
     let r = b.run(&only_b, &n, &mut status).await;
     assert_eq!(r.pin.unwrap().unpinned, vec![image(0)]);
     assert_eq!(b.pinned(), vec![image(1), image(2), image(3)]);
-    let img0 = b.reconciler.cri.image_status(&image(0)).await.unwrap().expect("still present");
+    let img0 = b
+        .reconciler
+        .cri
+        .image_status(&image(0))
+        .await
+        .unwrap()
+        .expect("still present");
     assert!(!img0.pinned);
     assert!(status.degraded.is_none() && !status.sets.contains_key("a"));
 }
@@ -278,7 +425,10 @@ async fn runtime_restart_reconnects_and_removed_sets_are_unpinned_not_deleted() 
 #[tokio::test]
 async fn a_hostile_policy_is_contained_and_the_reference_pulls() {
     let path = Path::new(env!("PINSET_WASM_POLICY_DIR")).join("pinset_test_policy_hostile.wasm");
-    let limits = Limits { deadline: Duration::from_millis(20), ..Limits::default() };
+    let limits = Limits {
+        deadline: Duration::from_millis(20),
+        ..Limits::default()
+    };
     let hostile = runtime().load_file(&path, None, limits).unwrap();
     let b = bed(3, MIB, 1 << 30, 1 << 40, hostile).await;
     let mut n = node("worker");
@@ -287,10 +437,25 @@ async fn a_hostile_policy_is_contained_and_the_reference_pulls() {
     let mut status = NodeStatus::default();
     let r = b.run(&d, &n, &mut status).await;
     assert_eq!(r.outcome.pulled.len(), 3);
-    assert_eq!(r.plan.unwrap().concurrency, 5, "the reference's answer for a worker");
+    assert_eq!(
+        r.plan.unwrap().concurrency,
+        5,
+        "the reference's answer for a worker"
+    );
     assert!(status.done());
-    assert!(status.policy_fallbacks.len() >= 3, "{:?}", status.policy_fallbacks);
-    assert!(status.policy_fallbacks.iter().all(|f| f.contains("deadline")), "{:?}", status.policy_fallbacks);
+    assert!(
+        status.policy_fallbacks.len() >= 3,
+        "{:?}",
+        status.policy_fallbacks
+    );
+    assert!(
+        status
+            .policy_fallbacks
+            .iter()
+            .all(|f| f.contains("deadline")),
+        "{:?}",
+        status.policy_fallbacks
+    );
 }
 
 #[tokio::test]
@@ -303,6 +468,12 @@ async fn a_rejected_admission_pulls_nothing_and_says_why() {
     let r = b.run(&d, &n, &mut status).await;
     assert!(r.plan.unwrap().rejected());
     assert_eq!(b.sim.stats().calls("PullImage"), 0);
-    let err = status.sets["big"].last_failed_generation_error.clone().unwrap();
-    assert!(err.contains("not admitted") && err.contains("not enough disk"), "{err}");
+    let err = status.sets["big"]
+        .last_failed_generation_error
+        .clone()
+        .unwrap();
+    assert!(
+        err.contains("not admitted") && err.contains("not enough disk"),
+        "{err}"
+    );
 }

@@ -3,8 +3,7 @@
 //! and modules that must not load are refused.
 
 use pinset::policy::{
-    Guarded, Hook, Limits, LoadError, PolicyError, PolicyInstance, PolicyModule, WasmRuntime,
-    synth,
+    Guarded, Hook, Limits, LoadError, PolicyError, PolicyInstance, PolicyModule, WasmRuntime, synth,
 };
 use pinset_policy_sdk::{NodeFacts, Pressure, PullOutcome, Verdict};
 use std::path::PathBuf;
@@ -24,7 +23,11 @@ fn hostile() -> &'static PolicyModule {
     static M: OnceLock<PolicyModule> = OnceLock::new();
     M.get_or_init(|| {
         runtime()
-            .load_file(&component("pinset_test_policy_hostile"), None, Limits::default())
+            .load_file(
+                &component("pinset_test_policy_hostile"),
+                None,
+                Limits::default(),
+            )
             .expect("hostile module loads")
     })
 }
@@ -44,21 +47,46 @@ fn infinite_loop_hits_the_deadline_in_every_hook_and_falls_back() {
     let started = Instant::now();
     let err = instance.concurrency(&n).unwrap_err();
     let elapsed = started.elapsed();
-    assert!(matches!(err, PolicyError::Deadline { hook: Hook::Concurrency, .. }), "{err}");
-    assert!(elapsed >= Duration::from_millis(100), "stopped before the deadline: {elapsed:?}");
-    assert!(elapsed < Duration::from_secs(2), "deadline not enforced: {elapsed:?}");
+    assert!(
+        matches!(
+            err,
+            PolicyError::Deadline {
+                hook: Hook::Concurrency,
+                ..
+            }
+        ),
+        "{err}"
+    );
+    assert!(
+        elapsed >= Duration::from_millis(100),
+        "stopped before the deadline: {elapsed:?}"
+    );
+    assert!(
+        elapsed < Duration::from_secs(2),
+        "deadline not enforced: {elapsed:?}"
+    );
     let msg = err.to_string();
-    assert!(msg.contains("pinset_test_policy_hostile.wasm") && msg.contains("hook concurrency"), "{msg}");
+    assert!(
+        msg.contains("pinset_test_policy_hostile.wasm") && msg.contains("hook concurrency"),
+        "{msg}"
+    );
 
     let mut guarded = Guarded::new(Box::new(hostile().instance()));
     assert_eq!(guarded.concurrency(&n), 5, "reference answer for a worker");
     let (outcome, pressure) = (PullOutcome::default(), Pressure::default());
-    assert_eq!(guarded.throttle(&n, &outcome, &pressure), Duration::from_secs(1));
+    assert_eq!(
+        guarded.throttle(&n, &outcome, &pressure),
+        Duration::from_secs(1)
+    );
     let mut request = synth::request(3, 1);
     request.node = n.clone();
     assert_eq!(guarded.admit(&request).verdict, Verdict::AdmitAll);
     assert_eq!(guarded.order(&n, &request.images), vec![0, 1, 2]);
-    let kinds: Vec<(Hook, &str)> = guarded.fallbacks().iter().map(|f| (f.hook(), f.kind())).collect();
+    let kinds: Vec<(Hook, &str)> = guarded
+        .fallbacks()
+        .iter()
+        .map(|f| (f.hook(), f.kind()))
+        .collect();
     assert_eq!(
         kinds,
         vec![
@@ -72,14 +100,23 @@ fn infinite_loop_hits_the_deadline_in_every_hook_and_falls_back() {
 
 #[test]
 fn a_shorter_deadline_is_honoured() {
-    let limits = Limits { deadline: Duration::from_millis(20), ..Limits::default() };
+    let limits = Limits {
+        deadline: Duration::from_millis(20),
+        ..Limits::default()
+    };
     let module = runtime()
         .load_file(&component("pinset_test_policy_hostile"), None, limits)
         .unwrap();
     let started = Instant::now();
     let err = module.instance().concurrency(&node("loop")).unwrap_err();
-    assert!(matches!(err, PolicyError::Deadline { deadline, .. } if deadline == Duration::from_millis(20)));
-    assert!(started.elapsed() < Duration::from_millis(500), "{:?}", started.elapsed());
+    assert!(
+        matches!(err, PolicyError::Deadline { deadline, .. } if deadline == Duration::from_millis(20))
+    );
+    assert!(
+        started.elapsed() < Duration::from_millis(500),
+        "{:?}",
+        started.elapsed()
+    );
 }
 
 #[test]
@@ -98,10 +135,17 @@ fn unbounded_allocation_hits_the_memory_cap() {
 #[test]
 fn a_trap_is_reported_with_the_panic_message_and_the_instance_recovers() {
     let mut instance = hostile().instance();
-    let err = instance.order(&node("trap"), &pinset_policy_sdk::Images::new()).unwrap_err();
-    let PolicyError::Trap { hook, message, .. } = &err else { panic!("expected a trap: {err}") };
+    let err = instance
+        .order(&node("trap"), &pinset_policy_sdk::Images::new())
+        .unwrap_err();
+    let PolicyError::Trap { hook, message, .. } = &err else {
+        panic!("expected a trap: {err}")
+    };
     assert_eq!(*hook, Hook::Order);
-    assert!(message.contains("hostile policy traps on purpose"), "{message}");
+    assert!(
+        message.contains("hostile policy traps on purpose"),
+        "{message}"
+    );
     assert_eq!(instance.concurrency(&node("none")).unwrap(), 5);
 }
 
@@ -134,7 +178,12 @@ fn invalid_decisions_are_refused_and_replaced() {
         assert_eq!(fallbacks.len(), 1, "{mode}: {fallbacks:?}");
         assert_eq!(fallbacks[0].hook(), hook, "{mode}");
         assert_eq!(fallbacks[0].kind(), "invalid", "{mode}");
-        assert!(fallbacks[0].to_string().contains("returned an invalid decision"), "{mode}");
+        assert!(
+            fallbacks[0]
+                .to_string()
+                .contains("returned an invalid decision"),
+            "{mode}"
+        );
     }
 }
 
@@ -145,23 +194,41 @@ fn state_lives_for_one_instance_only() {
     assert_eq!(first.concurrency(&n).unwrap(), 1);
     assert_eq!(first.concurrency(&n).unwrap(), 2);
     let mut second = hostile().instance();
-    assert_eq!(second.concurrency(&n).unwrap(), 1, "a new reconcile starts from a fresh store");
+    assert_eq!(
+        second.concurrency(&n).unwrap(),
+        1,
+        "a new reconcile starts from a fresh store"
+    );
 }
 
 #[test]
 fn corrupt_bytes_are_refused() {
-    let err = runtime().load("corrupt.wasm", b"\0asm\x0d\0\x01\0garbage", None, Limits::default());
+    let err = runtime().load(
+        "corrupt.wasm",
+        b"\0asm\x0d\0\x01\0garbage",
+        None,
+        Limits::default(),
+    );
     let err = err.err().expect("refused");
     assert!(matches!(err, LoadError::Compile { .. }), "{err}");
-    assert!(err.to_string().starts_with("policy module corrupt.wasm: not a valid WebAssembly component"));
-    let err = runtime().load("empty.wasm", b"", None, Limits::default()).err().unwrap();
+    assert!(
+        err.to_string()
+            .starts_with("policy module corrupt.wasm: not a valid WebAssembly component")
+    );
+    let err = runtime()
+        .load("empty.wasm", b"", None, Limits::default())
+        .err()
+        .unwrap();
     assert!(matches!(err, LoadError::Compile { .. }), "{err}");
 }
 
 #[test]
 fn a_module_of_another_contract_version_is_refused() {
     let path = component("pinset_test_policy_future_contract");
-    let err = runtime().load_file(&path, None, Limits::default()).err().expect("refused");
+    let err = runtime()
+        .load_file(&path, None, Limits::default())
+        .err()
+        .expect("refused");
     let msg = err.to_string();
     assert!(matches!(err, LoadError::Contract { .. }), "{msg}");
     assert!(msg.contains("pinset:policy/decisions@0.2.0"), "{msg}");
@@ -173,20 +240,41 @@ fn the_sha256_pin_is_enforced() {
     let path = component("pinset_policy_default");
     let module = runtime().load_file(&path, None, Limits::default()).unwrap();
     let good = module.sha256().to_string();
-    assert!(runtime().load_file(&path, Some(&good.to_uppercase()), Limits::default()).is_ok());
-    let wrong = format!("{}{}", &good[..63], if good.ends_with('0') { "1" } else { "0" });
-    let err = runtime().load_file(&path, Some(&wrong), Limits::default()).err().unwrap();
+    assert!(
+        runtime()
+            .load_file(&path, Some(&good.to_uppercase()), Limits::default())
+            .is_ok()
+    );
+    let wrong = format!(
+        "{}{}",
+        &good[..63],
+        if good.ends_with('0') { "1" } else { "0" }
+    );
+    let err = runtime()
+        .load_file(&path, Some(&wrong), Limits::default())
+        .err()
+        .unwrap();
     assert!(matches!(err, LoadError::Sha256Mismatch { .. }), "{err}");
     assert!(err.to_string().contains(&good) && err.to_string().contains(&wrong));
-    let err = runtime().load_file(&path, Some("abc"), Limits::default()).err().unwrap();
+    let err = runtime()
+        .load_file(&path, Some("abc"), Limits::default())
+        .err()
+        .unwrap();
     assert!(matches!(err, LoadError::BadSha256 { .. }), "{err}");
 }
 
 #[test]
 fn a_missing_file_is_named() {
     let err = runtime()
-        .load_file(std::path::Path::new("/nonexistent/policy.wasm"), None, Limits::default())
+        .load_file(
+            std::path::Path::new("/nonexistent/policy.wasm"),
+            None,
+            Limits::default(),
+        )
         .err()
         .unwrap();
-    assert!(err.to_string().contains("/nonexistent/policy.wasm"), "{err}");
+    assert!(
+        err.to_string().contains("/nonexistent/policy.wasm"),
+        "{err}"
+    );
 }

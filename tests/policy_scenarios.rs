@@ -11,7 +11,10 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 fn workspace() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_path_buf()
 }
 
 fn load(runtime: &WasmRuntime, stem: &str) -> PolicyModule {
@@ -27,7 +30,12 @@ fn run_dir(dir: &Path, mut make: impl FnMut() -> Box<dyn PolicyInstance>) -> (us
         let loaded = scenario::load(file).unwrap_or_else(|e| panic!("{e}"));
         let outcome = scenario::run(&loaded, &mut Guarded::new(make()));
         if !outcome.passed() {
-            failures.push(format!("{}: {}\n{}", file.display(), outcome.name, outcome.diffs.join("\n")));
+            failures.push(format!(
+                "{}: {}\n{}",
+                file.display(),
+                outcome.name,
+                outcome.diffs.join("\n")
+            ));
         }
     }
     (files.len(), failures)
@@ -36,7 +44,14 @@ fn run_dir(dir: &Path, mut make: impl FnMut() -> Box<dyn PolicyInstance>) -> (us
 #[test]
 fn default_scenarios_pass_in_wasm_and_native() {
     let runtime = WasmRuntime::new().unwrap();
-    let module = runtime.load("embedded:default", EMBEDDED_DEFAULT, None, Limits::default()).unwrap();
+    let module = runtime
+        .load(
+            "embedded:default",
+            EMBEDDED_DEFAULT,
+            None,
+            Limits::default(),
+        )
+        .unwrap();
     let dir = workspace().join("examples/scenarios");
     let (count, failures) = run_dir(&dir, || Box::new(module.instance()));
     assert!(count >= 10, "only {count} scenarios");
@@ -49,7 +64,10 @@ fn default_scenarios_pass_in_wasm_and_native() {
 fn example_policies_pass_their_scenarios() {
     let runtime = WasmRuntime::new().unwrap();
     for name in ["smallest-first", "io-adaptive", "admit-what-fits"] {
-        let module = load(&runtime, &format!("pinset_policy_{}", name.replace('-', "_")));
+        let module = load(
+            &runtime,
+            &format!("pinset_policy_{}", name.replace('-', "_")),
+        );
         let dir = workspace().join("policies").join(name).join("scenarios");
         let (count, failures) = run_dir(&dir, || Box::new(module.instance()));
         assert!(count >= 2, "{name}: only {count} scenarios");
@@ -61,7 +79,14 @@ fn example_policies_pass_their_scenarios() {
 fn an_example_policy_decides_differently_from_the_default() {
     // A scenario of one policy must not pass trivially under another: the expectations bite.
     let runtime = WasmRuntime::new().unwrap();
-    let module = runtime.load("embedded:default", EMBEDDED_DEFAULT, None, Limits::default()).unwrap();
+    let module = runtime
+        .load(
+            "embedded:default",
+            EMBEDDED_DEFAULT,
+            None,
+            Limits::default(),
+        )
+        .unwrap();
     let dir = workspace().join("policies/smallest-first/scenarios");
     let (count, failures) = run_dir(&dir, || Box::new(module.instance()));
     assert_eq!(failures.len(), count, "{failures:#?}");
@@ -70,7 +95,14 @@ fn an_example_policy_decides_differently_from_the_default() {
 #[test]
 fn embedded_default_matches_the_native_reference_on_synthetic_inputs() {
     let runtime = WasmRuntime::new().unwrap();
-    let module = runtime.load("embedded:default", EMBEDDED_DEFAULT, None, Limits::default()).unwrap();
+    let module = runtime
+        .load(
+            "embedded:default",
+            EMBEDDED_DEFAULT,
+            None,
+            Limits::default(),
+        )
+        .unwrap();
     for seed in 1..=40u64 {
         let mut request = synth::request((seed * 7 % 60) as usize, seed);
         request.node = synth::node(seed % 3 == 0);
@@ -94,17 +126,34 @@ fn embedded_default_matches_the_native_reference_on_synthetic_inputs() {
         request.images = images;
         // Allocatable around what the images need, so both verdicts occur.
         let need = request.images.pull_bytes(request.images.absent()).known * 2;
-        request.node.allocatable_ephemeral_bytes = Some(16 * GIB + need + (seed % 5) * GIB / 4 - GIB / 2);
+        request.node.allocatable_ephemeral_bytes =
+            Some(16 * GIB + need + (seed % 5) * GIB / 4 - GIB / 2);
         request.node.ready = seed % 11 != 0;
         request.node.disk_pressure = seed % 13 == 0;
         let mut wasm = module.instance();
         let mut native = NativePolicy::reference();
-        assert_eq!(wasm.admit(&request).unwrap(), native.admit(&request).unwrap(), "seed {seed}");
+        assert_eq!(
+            wasm.admit(&request).unwrap(),
+            native.admit(&request).unwrap(),
+            "seed {seed}"
+        );
         let node = &request.node;
-        assert_eq!(wasm.order(node, &request.images).unwrap(), native.order(node, &request.images).unwrap());
-        assert_eq!(wasm.concurrency(node).unwrap(), native.concurrency(node).unwrap());
-        let outcome = PullOutcome { duration_ms: seed * 10, ..Default::default() };
-        let pressure = Pressure { io: Some(seed as f32), ..Default::default() };
+        assert_eq!(
+            wasm.order(node, &request.images).unwrap(),
+            native.order(node, &request.images).unwrap()
+        );
+        assert_eq!(
+            wasm.concurrency(node).unwrap(),
+            native.concurrency(node).unwrap()
+        );
+        let outcome = PullOutcome {
+            duration_ms: seed * 10,
+            ..Default::default()
+        };
+        let pressure = Pressure {
+            io: Some(seed as f32),
+            ..Default::default()
+        };
         assert_eq!(
             wasm.throttle(node, &outcome, &pressure).unwrap(),
             native.throttle(node, &outcome, &pressure).unwrap()
@@ -141,8 +190,14 @@ fn cli_policy_test_passes_and_fails_with_a_diff() {
     .unwrap();
     let (code, stdout, _) = pinset(&["policy", "test", bad.to_str().unwrap()]);
     assert_eq!(code, 1, "{stdout}");
-    assert!(stdout.contains("FAIL  expects the wrong concurrency"), "{stdout}");
-    assert!(stdout.contains("- expected 5") && stdout.contains("+ actual   1"), "{stdout}");
+    assert!(
+        stdout.contains("FAIL  expects the wrong concurrency"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("- expected 5") && stdout.contains("+ actual   1"),
+        "{stdout}"
+    );
     assert!(stdout.contains("0 passed, 1 failed"), "{stdout}");
 }
 
@@ -160,15 +215,29 @@ fn cli_refuses_a_module_with_the_wrong_sha256() {
         scenarios.to_str().unwrap(),
     ]);
     assert_eq!(code, 2, "{stderr}");
-    assert!(stderr.contains("sha256 is") && stderr.contains("refusing to load it"), "{stderr}");
+    assert!(
+        stderr.contains("sha256 is") && stderr.contains("refusing to load it"),
+        "{stderr}"
+    );
 }
 
 #[test]
 fn cli_bench_reports_every_hook() {
-    let (code, stdout, stderr) = pinset(&["policy", "bench", "--images", "20", "--iterations", "5"]);
+    let (code, stdout, stderr) =
+        pinset(&["policy", "bench", "--images", "20", "--iterations", "5"]);
     assert_eq!(code, 0, "{stderr}");
-    for row in ["admit", "order", "concurrency", "throttle", "new instance", "reconcile"] {
-        assert!(stdout.lines().any(|l| l.starts_with(row)), "{row} missing:\n{stdout}");
+    for row in [
+        "admit",
+        "order",
+        "concurrency",
+        "throttle",
+        "new instance",
+        "reconcile",
+    ] {
+        assert!(
+            stdout.lines().any(|l| l.starts_with(row)),
+            "{row} missing:\n{stdout}"
+        );
     }
     assert!(stdout.contains("µs"), "{stdout}");
 }

@@ -17,40 +17,98 @@ fn node_arch() -> &'static str {
 
 #[tokio::test]
 async fn sizes_match_what_was_pushed_with_indexes_resolved_and_shared_layers_named_once() {
-    let Some(registry) = support::Registry::start() else { return };
+    let Some(registry) = support::Registry::start() else {
+        return;
+    };
     let _ = rustls::crypto::ring::default_provider().install_default();
     let client = registry.client();
     let host = registry.host.clone();
     let base = support::layer(1, 300_000);
     let a_own = support::layer(2, 120_000);
     let b_own = support::layer(3, 50_000);
-    let (a, a_manifest) = support::push_image(&client, &host, "pinset/a", node_arch(), &[base.clone(), a_own.clone()]).await;
-    let (b, _) = support::push_image(&client, &host, "pinset/b", node_arch(), &[base.clone(), b_own.clone()]).await;
+    let (a, a_manifest) = support::push_image(
+        &client,
+        &host,
+        "pinset/a",
+        node_arch(),
+        &[base.clone(), a_own.clone()],
+    )
+    .await;
+    let (b, _) = support::push_image(
+        &client,
+        &host,
+        "pinset/b",
+        node_arch(),
+        &[base.clone(), b_own.clone()],
+    )
+    .await;
     // A multi-platform image: the other platform's manifest is much larger; the node's is sized.
-    let (mine, _) = support::push_image(&client, &host, "pinset/multi", node_arch(), &[support::layer(4, 70_000)]).await;
-    let other = if node_arch() == "amd64" { "arm64" } else { "amd64" };
-    let (theirs, _) = support::push_image(&client, &host, "pinset/multi", other, &[support::layer(5, 900_000)]).await;
-    let index = support::push_index(&client, &host, "pinset/multi", &[(other, theirs, 0), (node_arch(), mine, 0)]).await;
+    let (mine, _) = support::push_image(
+        &client,
+        &host,
+        "pinset/multi",
+        node_arch(),
+        &[support::layer(4, 70_000)],
+    )
+    .await;
+    let other = if node_arch() == "amd64" {
+        "arm64"
+    } else {
+        "amd64"
+    };
+    let (theirs, _) = support::push_image(
+        &client,
+        &host,
+        "pinset/multi",
+        other,
+        &[support::layer(5, 900_000)],
+    )
+    .await;
+    let index = support::push_index(
+        &client,
+        &host,
+        "pinset/multi",
+        &[(other, theirs, 0), (node_arch(), mine, 0)],
+    )
+    .await;
 
-    let sizer = Cached::new(RegistrySizer::new(vec![host.clone()], Arc::new(Credentials::default())));
-    let size_of = |repo: &str, digest: &str| ImageRef::parse(&format!("{host}/{repo}@{digest}")).unwrap();
+    let sizer = Cached::new(RegistrySizer::new(
+        vec![host.clone()],
+        Arc::new(Credentials::default()),
+    ));
+    let size_of =
+        |repo: &str, digest: &str| ImageRef::parse(&format!("{host}/{repo}@{digest}")).unwrap();
 
     let sa = sizer.size(&size_of("pinset/a", &a)).await.unwrap();
     assert_eq!(sa.total(), (base.len() + a_own.len()) as u64);
     assert_eq!(sa.layers.len(), 2);
     assert_eq!(sa.layers[0].0, a_manifest.layers[0].digest);
     let sb = sizer.size(&size_of("pinset/b", &b)).await.unwrap();
-    assert_eq!(sa.layers[0], sb.layers[0], "the shared base layer has one digest: counted once downstream");
+    assert_eq!(
+        sa.layers[0], sb.layers[0],
+        "the shared base layer has one digest: counted once downstream"
+    );
     let multi = sizer.size(&size_of("pinset/multi", &index)).await.unwrap();
     assert_eq!(multi.layers.len(), 1);
-    assert_eq!(multi.total(), support::layer(4, 70_000).len() as u64, "index resolved to {}", node_arch());
+    assert_eq!(
+        multi.total(),
+        support::layer(4, 70_000).len() as u64,
+        "index resolved to {}",
+        node_arch()
+    );
     assert_eq!(sizer.cached(), 3);
 
     // Unknown image and unreachable registry: an error naming the image, never a size of 0.
-    let missing = sizer.size(&size_of("pinset/none", &support::sha256(b"nothing"))).await.unwrap_err();
+    let missing = sizer
+        .size(&size_of("pinset/none", &support::sha256(b"nothing")))
+        .await
+        .unwrap_err();
     assert!(missing.to_string().contains("pinset/none"), "{missing}");
     drop(registry);
     let gone = RegistrySizer::new(vec![host.clone()], Arc::new(Credentials::default()));
-    let e = Cached::new(gone).size(&size_of("pinset/b", &support::sha256(b"other"))).await.unwrap_err();
+    let e = Cached::new(gone)
+        .size(&size_of("pinset/b", &support::sha256(b"other")))
+        .await
+        .unwrap_err();
     assert!(e.to_string().contains(&host), "{e}");
 }

@@ -15,6 +15,6 @@ pub mod node;
 pub mod objects;
 pub mod os;
 pub mod pin;
-pub mod registry;
 pub mod policy;
+pub mod registry;
 pub mod scenario;

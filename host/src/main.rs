@@ -67,14 +67,25 @@ fn main() -> ExitCode {
 }
 
 fn run(args: Args) -> Result<ExitCode> {
-    let rt = || tokio::runtime::Builder::new_multi_thread().enable_all().build();
+    let rt = || {
+        tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build()
+    };
     match args.command {
         Command::Policy(cmd) => cli::policy::run(cmd),
         Command::Demo { policy } => rt()?.block_on(cli::demo::demo(&policy)),
-        Command::Node { inputs, runtime, policy, watch } => {
-            rt()?.block_on(cli::node::node_cmd(&inputs, &runtime, &policy, watch))
-        }
-        Command::Plan { inputs, cri, policy } => rt()?.block_on(cli::node::plan_cmd(&inputs, cri, &policy)),
+        Command::Node {
+            inputs,
+            runtime,
+            policy,
+            watch,
+        } => rt()?.block_on(cli::node::node_cmd(&inputs, &runtime, &policy, watch)),
+        Command::Plan {
+            inputs,
+            cri,
+            policy,
+        } => rt()?.block_on(cli::node::plan_cmd(&inputs, cri, &policy)),
         Command::Bench(cmd) => rt()?.block_on(cli::bench::run(cmd)),
     }
 }

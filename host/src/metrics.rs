@@ -56,20 +56,31 @@ impl Metrics {
             "Policy decisions answered by the built-in reference policy because the policy failed",
             policy_fallbacks.clone(),
         );
-        Self { inner: Arc::new(Inner { registry, policy_call_seconds, policy_fallbacks }) }
+        Self {
+            inner: Arc::new(Inner {
+                registry,
+                policy_call_seconds,
+                policy_fallbacks,
+            }),
+        }
     }
 
     pub fn observe_policy_call(&self, hook: Hook, elapsed: Duration) {
         self.inner
             .policy_call_seconds
-            .get_or_create(&HookLabels { hook: hook.as_str() })
+            .get_or_create(&HookLabels {
+                hook: hook.as_str(),
+            })
             .observe(elapsed.as_secs_f64());
     }
 
     pub fn count_fallback(&self, hook: Hook, kind: &'static str) {
         self.inner
             .policy_fallbacks
-            .get_or_create(&FallbackLabels { hook: hook.as_str(), kind })
+            .get_or_create(&FallbackLabels {
+                hook: hook.as_str(),
+                kind,
+            })
             .inc();
     }
 

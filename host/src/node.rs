@@ -53,7 +53,11 @@ pub struct Report {
 pub fn node_facts(node: &NodeInfo, pools: &[String]) -> NodeFacts {
     NodeFacts {
         name: node.name.clone(),
-        labels: node.labels.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
+        labels: node
+            .labels
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect(),
         pools: pools.to_vec(),
         control_plane: sdk::is_control_plane(node.labels.keys().map(String::as_str)),
         ready: node.ready,
@@ -90,7 +94,9 @@ pub fn request(
                 s.layers
                     .iter()
                     .map(|(digest, bytes)| {
-                        *layer_index.entry(digest.as_str()).or_insert_with(|| images.add_layer(*bytes))
+                        *layer_index
+                            .entry(digest.as_str())
+                            .or_insert_with(|| images.add_layer(*bytes))
                     })
                     .collect()
             })
@@ -118,10 +124,14 @@ impl Puller for CriPuller {
         let auth = crate::core::reference::ImageRef::parse(reference)
             .ok()
             .and_then(|r| self.credentials.for_pull(r.registry(), r.repository()));
-        self.cri.pull_image(reference, auth).await.map(drop).map_err(|e| PullFailure {
-            no_space: e.is_no_space(),
-            message: e.to_string(),
-        })
+        self.cri
+            .pull_image(reference, auth)
+            .await
+            .map(drop)
+            .map_err(|e| PullFailure {
+                no_space: e.is_no_space(),
+                message: e.to_string(),
+            })
     }
 }
 
@@ -157,7 +167,9 @@ impl<S: Sizer + 'static, B: PinBackend> Reconciler<S, B> {
 
     /// Sizes of the images not present (absent ones only: present images need no disk).
     pub async fn sizes(&self, desired: &Desired, present: &[bool]) -> Vec<Option<ImageSize>> {
-        let Some(sizer) = &self.sizer else { return vec![None; desired.images.len()] };
+        let Some(sizer) = &self.sizer else {
+            return vec![None; desired.images.len()];
+        };
         let mut tasks = tokio::task::JoinSet::new();
         for (i, wanted) in desired.images.iter().enumerate() {
             if present[i] {
@@ -187,7 +199,9 @@ impl<S: Sizer + 'static, B: PinBackend> Reconciler<S, B> {
         cancel: CancellationToken,
         events: Option<UnboundedSender<Event>>,
     ) -> Result<Report, ReconcileError> {
-        let result = self.reconcile_inner(desired, node, status, cancel, events).await;
+        let result = self
+            .reconcile_inner(desired, node, status, cancel, events)
+            .await;
         if let Err(e) = &result {
             let msg = e.to_string();
             for set in &desired.sets {
@@ -208,18 +222,34 @@ impl<S: Sizer + 'static, B: PinBackend> Reconciler<S, B> {
     ) -> Result<Report, ReconcileError> {
         // 1. One snapshot of the store.
         let keys = snapshot_keys(&self.cri.list_images().await?);
-        let present: Vec<bool> = desired.images.iter().map(|w| keys.contains(w.reference.as_str())).collect();
+        let present: Vec<bool> = desired
+            .images
+            .iter()
+            .map(|w| keys.contains(w.reference.as_str()))
+            .collect();
         // 2–3. Sizes of what is missing; disk and node facts.
         let sizes = self.sizes(desired, &present).await;
         let disk = self.disk().await?;
-        let request = request(desired, node_facts(node, &desired.pools), disk, &present, &sizes);
+        let request = request(
+            desired,
+            node_facts(node, &desired.pools),
+            disk,
+            &present,
+            &sizes,
+        );
         // 4. The policy's plan.
         let mut guarded = Guarded::new(Box::new(self.policy.instance()));
         if let Some(m) = &self.metrics {
             guarded = guarded.with_metrics(m.clone());
         }
         let plan = plan::make(&mut guarded, &request);
-        let bytes_of = |i: u32| request.images.get(i as usize).and_then(|i| i.size_bytes).unwrap_or(0);
+        let bytes_of = |i: u32| {
+            request
+                .images
+                .get(i as usize)
+                .and_then(|i| i.size_bytes)
+                .unwrap_or(0)
+        };
         let done = present.iter().filter(|p| **p).count() as u64;
         status.start(
             desired,
@@ -245,12 +275,21 @@ impl<S: Sizer + 'static, B: PinBackend> Reconciler<S, B> {
             .pulls
             .iter()
             .map(|&i| {
-                let image = request.images.get(i as usize).expect("plan indices are valid");
-                Job { reference: image.reference.to_string(), bytes: image.size_bytes }
+                let image = request
+                    .images
+                    .get(i as usize)
+                    .expect("plan indices are valid");
+                Job {
+                    reference: image.reference.to_string(),
+                    bytes: image.size_bytes,
+                }
             })
             .collect();
         let policy = Arc::new(Mutex::new(guarded));
-        let puller = CriPuller { cri: self.cri.clone(), credentials: self.credentials.clone() };
+        let puller = CriPuller {
+            cri: self.cri.clone(),
+            credentials: self.credentials.clone(),
+        };
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
         let run = executor::run(
             jobs,
@@ -276,7 +315,11 @@ impl<S: Sizer + 'static, B: PinBackend> Reconciler<S, B> {
         let (outcome, ()) = tokio::join!(run, track);
         let fallbacks = policy.lock().expect("policy lock").take_fallbacks();
         status.policy_fallbacks = fallbacks.iter().map(|f| f.to_string()).collect();
-        let mut report = Report { plan: Some(plan.clone()), outcome, ..Default::default() };
+        let mut report = Report {
+            plan: Some(plan.clone()),
+            outcome,
+            ..Default::default()
+        };
         if report.outcome.cancelled || cancel.is_cancelled() {
             report.cancelled = true;
             return Ok(report);
@@ -288,11 +331,19 @@ impl<S: Sizer + 'static, B: PinBackend> Reconciler<S, B> {
             present.clone()
         } else {
             let keys = snapshot_keys(&self.cri.list_images().await?);
-            desired.images.iter().map(|w| keys.contains(w.reference.as_str())).collect()
+            desired
+                .images
+                .iter()
+                .map(|w| keys.contains(w.reference.as_str()))
+                .collect()
         };
         report.present_after = present_after.iter().filter(|p| **p).count();
-        let errors: HashMap<&str, &str> =
-            report.outcome.failed.iter().map(|(r, e)| (r.as_str(), e.as_str())).collect();
+        let errors: HashMap<&str, &str> = report
+            .outcome
+            .failed
+            .iter()
+            .map(|(r, e)| (r.as_str(), e.as_str()))
+            .collect();
         let mut pin = BTreeSet::new();
         let mut failures = Vec::new();
         for set in &desired.sets {
@@ -303,7 +354,11 @@ impl<S: Sizer + 'static, B: PinBackend> Reconciler<S, B> {
                 .map(|&i| desired.images[i].reference.as_str())
                 .collect();
             if missing.is_empty() {
-                pin.extend(set.images.iter().map(|&i| desired.images[i].reference.to_string()));
+                pin.extend(
+                    set.images
+                        .iter()
+                        .map(|&i| desired.images[i].reference.to_string()),
+                );
                 status.succeed(&set.name, set.generation);
                 continue;
             }
@@ -335,7 +390,10 @@ fn missing_reason(
             Some(e) => format!("{m}: {e}"),
             None if plan.rejected() => format!("{m}: not admitted: {}", plan.admission.reason),
             None if outcome.drained.iter().any(|d| d == m) => {
-                format!("{m}: not pulled: the disk filled up ({})", outcome.no_space.as_deref().unwrap_or(""))
+                format!(
+                    "{m}: not pulled: the disk filled up ({})",
+                    outcome.no_space.as_deref().unwrap_or("")
+                )
             }
             None => format!("{m}: not admitted by the policy: {}", plan.admission.reason),
         })

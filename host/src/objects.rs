@@ -12,11 +12,23 @@ use std::path::{Path, PathBuf};
 #[derive(Debug, thiserror::Error)]
 pub enum ObjectError {
     #[error("{path}: cannot read: {source}")]
-    Read { path: PathBuf, source: std::io::Error },
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     #[error("{path}: document {doc}: {source}")]
-    Parse { path: PathBuf, doc: usize, source: serde_yaml::Error },
+    Parse {
+        path: PathBuf,
+        doc: usize,
+        source: serde_yaml::Error,
+    },
     #[error("{path}: {kind} {name}: {why}")]
-    Invalid { path: PathBuf, kind: String, name: String, why: String },
+    Invalid {
+        path: PathBuf,
+        kind: String,
+        name: String,
+        why: String,
+    },
 }
 
 #[derive(Clone, Debug, Default)]
@@ -86,8 +98,10 @@ pub fn load(paths: &[PathBuf]) -> Result<Objects, ObjectError> {
     let mut out = Objects::default();
     for path in paths {
         if path.is_dir() {
-            let entries = std::fs::read_dir(path)
-                .map_err(|source| ObjectError::Read { path: path.clone(), source })?;
+            let entries = std::fs::read_dir(path).map_err(|source| ObjectError::Read {
+                path: path.clone(),
+                source,
+            })?;
             let mut files: Vec<PathBuf> = entries
                 .filter_map(|e| e.ok().map(|e| e.path()))
                 .filter(|p| matches!(p.extension().and_then(|e| e.to_str()), Some("yaml" | "yml")))
@@ -104,20 +118,28 @@ pub fn load(paths: &[PathBuf]) -> Result<Objects, ObjectError> {
 }
 
 pub fn load_file(path: &Path, out: &mut Objects) -> Result<(), ObjectError> {
-    let text = std::fs::read_to_string(path)
-        .map_err(|source| ObjectError::Read { path: path.into(), source })?;
+    let text = std::fs::read_to_string(path).map_err(|source| ObjectError::Read {
+        path: path.into(),
+        source,
+    })?;
     parse(&text, path, out)
 }
 
 pub fn parse(text: &str, path: &Path, out: &mut Objects) -> Result<(), ObjectError> {
     for (n, de) in serde_yaml::Deserializer::from_str(text).enumerate() {
-        let parse_err = |source| ObjectError::Parse { path: path.into(), doc: n + 1, source };
+        let parse_err = |source| ObjectError::Parse {
+            path: path.into(),
+            doc: n + 1,
+            source,
+        };
         let value = serde_yaml::Value::deserialize(de).map_err(parse_err)?;
         if value.is_null() {
             continue;
         }
         let doc: Doc = serde_yaml::from_value(value).map_err(parse_err)?;
-        let (Some(kind), Some(meta)) = (doc.kind, doc.metadata) else { continue };
+        let (Some(kind), Some(meta)) = (doc.kind, doc.metadata) else {
+            continue;
+        };
         let invalid = |why: String| ObjectError::Invalid {
             path: path.into(),
             kind: kind.clone(),
@@ -126,7 +148,8 @@ pub fn parse(text: &str, path: &Path, out: &mut Objects) -> Result<(), ObjectErr
         };
         match kind.as_str() {
             "PinnedImageSet" => {
-                let spec: SetSpec = serde_yaml::from_value(doc.spec).map_err(|e| invalid(e.to_string()))?;
+                let spec: SetSpec =
+                    serde_yaml::from_value(doc.spec).map_err(|e| invalid(e.to_string()))?;
                 out.sets.push(PinnedImageSet {
                     name: meta.name.clone(),
                     generation: meta.generation.unwrap_or(1).max(1),
@@ -144,7 +167,9 @@ pub fn parse(text: &str, path: &Path, out: &mut Objects) -> Result<(), ObjectErr
                     name: meta.name.clone(),
                     machine_config_selector: spec.machine_config_selector,
                     node_selector: spec.node_selector,
-                    pinned_image_sets: spec.pinned_image_sets.map(|v| v.into_iter().map(|n| n.name).collect()),
+                    pinned_image_sets: spec
+                        .pinned_image_sets
+                        .map(|v| v.into_iter().map(|n| n.name).collect()),
                 });
             }
             "Node" => {
@@ -153,7 +178,13 @@ pub fn parse(text: &str, path: &Path, out: &mut Objects) -> Result<(), ObjectErr
                 } else {
                     serde_yaml::from_value(doc.status).map_err(|e| invalid(e.to_string()))?
                 };
-                let condition = |t: &str| status.conditions.iter().find(|c| c.kind == t).map(|c| c.status == "True");
+                let condition = |t: &str| {
+                    status
+                        .conditions
+                        .iter()
+                        .find(|c| c.kind == t)
+                        .map(|c| c.status == "True")
+                };
                 let allocatable = match status.allocatable.get("ephemeral-storage") {
                     Some(q) => Some(parse_bytes(q).map_err(|e| invalid(e.to_string()))?),
                     None => None,
@@ -217,11 +248,20 @@ metadata: {name: ignored}
     #[test]
     fn bad_documents_are_named() {
         let mut o = Objects::default();
-        let e = parse("kind: Node\nmetadata: {name: n}\nstatus: {allocatable: {ephemeral-storage: lots}}\n", Path::new("n.yaml"), &mut o)
+        let e = parse(
+            "kind: Node\nmetadata: {name: n}\nstatus: {allocatable: {ephemeral-storage: lots}}\n",
+            Path::new("n.yaml"),
+            &mut o,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("n.yaml") && e.contains("Node n") && e.contains("lots"),
+            "{e}"
+        );
+        let e = parse("a: [\n", Path::new("bad.yaml"), &mut o)
             .unwrap_err()
             .to_string();
-        assert!(e.contains("n.yaml") && e.contains("Node n") && e.contains("lots"), "{e}");
-        let e = parse("a: [\n", Path::new("bad.yaml"), &mut o).unwrap_err().to_string();
         assert!(e.contains("bad.yaml: document 1"), "{e}");
     }
 }

@@ -9,14 +9,24 @@ pub fn pressure() -> Pressure {
 }
 
 pub fn pressure_in(dir: &Path) -> Pressure {
-    let read = |name: &str| std::fs::read_to_string(dir.join(name)).ok().and_then(|s| some_avg10(&s));
-    Pressure { io: read("io"), cpu: read("cpu"), memory: read("memory") }
+    let read = |name: &str| {
+        std::fs::read_to_string(dir.join(name))
+            .ok()
+            .and_then(|s| some_avg10(&s))
+    };
+    Pressure {
+        io: read("io"),
+        cpu: read("cpu"),
+        memory: read("memory"),
+    }
 }
 
 /// The `avg10` of the `some` line of a PSI file.
 pub fn some_avg10(text: &str) -> Option<f32> {
     let line = text.lines().find(|l| l.starts_with("some "))?;
-    line.split_whitespace().find_map(|f| f.strip_prefix("avg10=")).and_then(|v| v.parse().ok())
+    line.split_whitespace()
+        .find_map(|f| f.strip_prefix("avg10="))
+        .and_then(|v| v.parse().ok())
 }
 
 /// (capacity, available) bytes of the filesystem holding `path`.

@@ -35,9 +35,15 @@ use std::path::{Path, PathBuf};
 #[derive(Debug, thiserror::Error)]
 pub enum ScenarioError {
     #[error("scenario {path}: cannot read: {source}")]
-    Read { path: PathBuf, source: std::io::Error },
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     #[error("scenario {path}: {source}")]
-    Parse { path: PathBuf, source: serde_yaml::Error },
+    Parse {
+        path: PathBuf,
+        source: serde_yaml::Error,
+    },
     #[error("scenario {path}: {why}")]
     Invalid { path: PathBuf, why: String },
     #[error("{path}: no scenario files (*.yaml, *.yml) found")]
@@ -176,8 +182,10 @@ pub fn collect(paths: &[PathBuf]) -> Result<Vec<PathBuf>, ScenarioError> {
     let mut out = Vec::new();
     for path in paths {
         if path.is_dir() {
-            let entries = std::fs::read_dir(path)
-                .map_err(|source| ScenarioError::Read { path: path.clone(), source })?;
+            let entries = std::fs::read_dir(path).map_err(|source| ScenarioError::Read {
+                path: path.clone(),
+                source,
+            })?;
             let mut found: Vec<PathBuf> = entries
                 .filter_map(|e| e.ok().map(|e| e.path()))
                 .filter(|p| matches!(p.extension().and_then(|e| e.to_str()), Some("yaml" | "yml")))
@@ -195,11 +203,19 @@ pub fn collect(paths: &[PathBuf]) -> Result<Vec<PathBuf>, ScenarioError> {
 }
 
 pub fn load(path: &Path) -> Result<Loaded, ScenarioError> {
-    let text = std::fs::read_to_string(path)
-        .map_err(|source| ScenarioError::Read { path: path.into(), source })?;
-    let scenario: Scenario = serde_yaml::from_str(&text)
-        .map_err(|source| ScenarioError::Parse { path: path.into(), source })?;
-    let invalid = |why: String| ScenarioError::Invalid { path: path.into(), why };
+    let text = std::fs::read_to_string(path).map_err(|source| ScenarioError::Read {
+        path: path.into(),
+        source,
+    })?;
+    let scenario: Scenario =
+        serde_yaml::from_str(&text).map_err(|source| ScenarioError::Parse {
+            path: path.into(),
+            source,
+        })?;
+    let invalid = |why: String| ScenarioError::Invalid {
+        path: path.into(),
+        why,
+    };
     let request = request_of(&scenario).map_err(invalid)?;
     if let Some(bad) = scenario.expect.fallbacks.iter().find(|h| !is_hook(h)) {
         return Err(invalid(format!("expect.fallbacks: {bad:?} is not a hook")));
@@ -222,15 +238,28 @@ pub fn load(path: &Path) -> Result<Loaded, ScenarioError> {
             remaining: pull.remaining,
         };
         let p = &pull.pressure;
-        let pressure = Pressure { io: p.io, cpu: p.cpu, memory: p.memory };
+        let pressure = Pressure {
+            io: p.io,
+            cpu: p.cpu,
+            memory: p.memory,
+        };
         outcomes.push((outcome, pressure, pull.expect_throttle_ms));
     }
-    Ok(Loaded { path: path.into(), scenario, request, outcomes })
+    Ok(Loaded {
+        path: path.into(),
+        scenario,
+        request,
+        outcomes,
+    })
 }
 
 fn request_of(s: &Scenario) -> Result<AdmissionRequest, String> {
-    let labels: Vec<(String, String)> =
-        s.node.labels.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+    let labels: Vec<(String, String)> = s
+        .node
+        .labels
+        .iter()
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
     let node = NodeFacts {
         name: s.node.name.clone(),
         control_plane: sdk::is_control_plane(labels.iter().map(|(k, _)| k.as_str())),
@@ -253,7 +282,10 @@ fn request_of(s: &Scenario) -> Result<AdmissionRequest, String> {
             return Err(format!("image {} is listed twice", spec.name));
         }
         if spec.name.is_empty() || spec.name.chars().any(char::is_whitespace) {
-            return Err(format!("image {:?}: a reference is non-empty and has no white space", spec.name));
+            return Err(format!(
+                "image {:?}: a reference is non-empty and has no white space",
+                spec.name
+            ));
         }
         let mut layers = Vec::new();
         let size = if !spec.layers.is_empty() {
@@ -347,7 +379,9 @@ pub fn run(loaded: &Loaded, policy: &mut Guarded) -> Outcome {
                 format_args!("{got:?} (reason: {})", plan.admission.reason),
             ));
         }
-        if let (Some(want_images), Verdict::AdmitSome(subset)) = (&want.images, &plan.admission.verdict) {
+        if let (Some(want_images), Verdict::AdmitSome(subset)) =
+            (&want.images, &plan.admission.verdict)
+        {
             let got_images = refs(subset);
             if &got_images != want_images {
                 diffs.push(diff("admission.images", want_images, got_images));
@@ -356,7 +390,11 @@ pub fn run(loaded: &Loaded, policy: &mut Guarded) -> Outcome {
         if let Some(needle) = &want.reason_contains
             && !plan.admission.reason.contains(needle.as_str())
         {
-            diffs.push(diff("admission.reason contains", needle, &plan.admission.reason));
+            diffs.push(diff(
+                "admission.reason contains",
+                needle,
+                &plan.admission.reason,
+            ));
         }
     }
     if let Some(want) = &s.expect.order {
@@ -371,15 +409,24 @@ pub fn run(loaded: &Loaded, policy: &mut Guarded) -> Outcome {
         diffs.push(diff("concurrency", want, plan.concurrency));
     }
     for (n, (outcome, pressure, want)) in loaded.outcomes.iter().enumerate() {
-        let got = policy.throttle(&request.node, outcome, pressure).as_millis() as u64;
+        let got = policy
+            .throttle(&request.node, outcome, pressure)
+            .as_millis() as u64;
         if let Some(want) = want
             && *want != got
         {
-            diffs.push(diff(&format!("pulls[{n}] throttle ms ({})", outcome.reference), want, got));
+            diffs.push(diff(
+                &format!("pulls[{n}] throttle ms ({})", outcome.reference),
+                want,
+                got,
+            ));
         }
     }
-    let fallbacks: Vec<String> =
-        policy.fallbacks().iter().map(|f| f.hook().as_str().to_string()).collect();
+    let fallbacks: Vec<String> = policy
+        .fallbacks()
+        .iter()
+        .map(|f| f.hook().as_str().to_string())
+        .collect();
     if fallbacks != s.expect.fallbacks {
         let mut detail = String::new();
         for f in policy.fallbacks() {
@@ -390,7 +437,11 @@ pub fn run(loaded: &Loaded, policy: &mut Guarded) -> Outcome {
             s.expect.fallbacks
         ));
     }
-    Outcome { name: s.name.clone(), path: loaded.path.clone(), diffs }
+    Outcome {
+        name: s.name.clone(),
+        path: loaded.path.clone(),
+        diffs,
+    }
 }
 
 /// Whether a hook name is one of the contract's (for `expect.fallbacks`).
@@ -428,13 +479,18 @@ images:
         assert_eq!(images.get(1).unwrap().layers, &[1]);
         assert_eq!(images.get(1).unwrap().size_bytes, Some(1 << 30));
         assert_eq!(images.pull_bytes(images.absent()).known, 2 << 30);
-        assert_eq!(images.get(0).unwrap().sets().collect::<Vec<_>>(), vec!["scenario"]);
+        assert_eq!(
+            images.get(0).unwrap().sets().collect::<Vec<_>>(),
+            vec!["scenario"]
+        );
     }
 
     #[test]
     fn a_wrong_expectation_fails_with_a_diff() {
         let dir = tempfile::tempdir().unwrap();
-        let text = format!("{BASE}expect:\n  concurrency: 3\n  order: [\"r/b@sha256:bb\", \"r/a@sha256:aa\"]\n");
+        let text = format!(
+            "{BASE}expect:\n  concurrency: 3\n  order: [\"r/b@sha256:bb\", \"r/a@sha256:aa\"]\n"
+        );
         let loaded = load(&write(dir.path(), "s.yaml", &text)).unwrap();
         let mut g = Guarded::new(Box::new(NativePolicy::reference()));
         let out = run(&loaded, &mut g);
@@ -447,7 +503,11 @@ images:
     #[test]
     fn bad_input_is_named() {
         let dir = tempfile::tempdir().unwrap();
-        let typo = write(dir.path(), "typo.yaml", "name: x\nnode: {name: n, alocatable: 1Gi}\n");
+        let typo = write(
+            dir.path(),
+            "typo.yaml",
+            "name: x\nnode: {name: n, alocatable: 1Gi}\n",
+        );
         let e = load(&typo).unwrap_err().to_string();
         assert!(e.contains("typo.yaml") && e.contains("alocatable"), "{e}");
         let dup = write(
@@ -455,10 +515,22 @@ images:
             "dup.yaml",
             "name: x\nnode: {name: n}\nimages: [{name: a}, {name: a}]\n",
         );
-        assert!(load(&dup).unwrap_err().to_string().contains("image a is listed twice"));
-        let size = write(dir.path(), "size.yaml", "name: x\nnode: {name: n, allocatable: 12Qi}\n");
+        assert!(
+            load(&dup)
+                .unwrap_err()
+                .to_string()
+                .contains("image a is listed twice")
+        );
+        let size = write(
+            dir.path(),
+            "size.yaml",
+            "name: x\nnode: {name: n, allocatable: 12Qi}\n",
+        );
         assert!(load(&size).unwrap_err().to_string().contains("12Qi"));
         let empty = tempfile::tempdir().unwrap();
-        assert!(matches!(collect(&[empty.path().into()]), Err(ScenarioError::Empty { .. })));
+        assert!(matches!(
+            collect(&[empty.path().into()]),
+            Err(ScenarioError::Empty { .. })
+        ));
     }
 }

@@ -31,11 +31,17 @@ pub fn skip_or_fail(what: &str) {
     if bed_required() {
         panic!("test bed: {what} (the bed is mandatory in CI: run scripts/test.sh to install it)");
     }
-    eprintln!("\n*** SKIPPING: test bed unavailable: {what}. Run scripts/test.sh to install it. ***\n");
+    eprintln!(
+        "\n*** SKIPPING: test bed unavailable: {what}. Run scripts/test.sh to install it. ***\n"
+    );
 }
 
 fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
 }
 
 /// A `docker-registry` serving on 127.0.0.1 with storage in a temporary directory. Stopped (by
@@ -74,10 +80,17 @@ impl Registry {
             .spawn()
             .expect("start docker-registry");
         let host = format!("127.0.0.1:{port}");
-        let registry = Registry { host: host.clone(), child, _dir: dir };
+        let registry = Registry {
+            host: host.clone(),
+            child,
+            _dir: dir,
+        };
         let deadline = Instant::now() + Duration::from_secs(10);
         while std::net::TcpStream::connect(&host).is_err() {
-            assert!(Instant::now() < deadline, "docker-registry did not listen on {host} within 10 s");
+            assert!(
+                Instant::now() < deadline,
+                "docker-registry did not listen on {host} within 10 s"
+            );
             std::thread::sleep(Duration::from_millis(20));
         }
         Some(registry)
@@ -143,12 +156,21 @@ pub fn tar_layer(name: &str, content: &[u8]) -> Vec<u8> {
 }
 
 pub fn sha256(data: &[u8]) -> String {
-    format!("sha256:{}", Sha256::digest(data).iter().map(|b| format!("{b:02x}")).collect::<String>())
+    format!(
+        "sha256:{}",
+        Sha256::digest(data)
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect::<String>()
+    )
 }
 
 /// A layer of about `size` bytes of random content.
 pub fn layer(seed: u64, size: usize) -> Vec<u8> {
-    tar_layer(&format!("data-{seed}.bin"), &random_bytes(seed, size.saturating_sub(1536)))
+    tar_layer(
+        &format!("data-{seed}.bin"),
+        &random_bytes(seed, size.saturating_sub(1536)),
+    )
 }
 
 /// Push an image of `layers` to `repo` for `arch`; returns its manifest digest and the pushed
@@ -160,18 +182,33 @@ pub async fn push_image(
     arch: &str,
     layers: &[Vec<u8>],
 ) -> (String, OciImageManifest) {
-    let image_layers: Vec<ImageLayer> =
-        layers.iter().map(|l| ImageLayer::new(l.clone(), LAYER_MEDIA_TYPE.into(), None)).collect();
-    let diff_ids: Vec<String> = layers.iter().map(|l| format!("\"{}\"", sha256(l))).collect();
+    let image_layers: Vec<ImageLayer> = layers
+        .iter()
+        .map(|l| ImageLayer::new(l.clone(), LAYER_MEDIA_TYPE.into(), None))
+        .collect();
+    let diff_ids: Vec<String> = layers
+        .iter()
+        .map(|l| format!("\"{}\"", sha256(l)))
+        .collect();
     let config_json = format!(
         r#"{{"architecture":"{arch}","os":"linux","config":{{"Cmd":["/data"]}},"rootfs":{{"type":"layers","diff_ids":[{}]}}}}"#,
         diff_ids.join(",")
     );
-    let config = Config::new(config_json.into_bytes(), "application/vnd.oci.image.config.v1+json".into(), None);
+    let config = Config::new(
+        config_json.into_bytes(),
+        "application/vnd.oci.image.config.v1+json".into(),
+        None,
+    );
     let manifest = OciImageManifest::build(&image_layers, &config, None);
     let tag: Reference = format!("{registry}/{repo}:{arch}").parse().unwrap();
     client
-        .push(&tag, &image_layers, config, &RegistryAuth::Anonymous, Some(manifest.clone()))
+        .push(
+            &tag,
+            &image_layers,
+            config,
+            &RegistryAuth::Anonymous,
+            Some(manifest.clone()),
+        )
         .await
         .unwrap_or_else(|e| panic!("push {tag}: {e}"));
     let (digest, _) = manifest_digest(client, &tag, OCI_IMAGE_MEDIA_TYPE).await;
@@ -179,7 +216,12 @@ pub async fn push_image(
 }
 
 /// Push an index of (architecture, manifest digest, manifest size) entries; returns its digest.
-pub async fn push_index(client: &Client, registry: &str, repo: &str, entries: &[(&str, String, i64)]) -> String {
+pub async fn push_index(
+    client: &Client,
+    registry: &str,
+    repo: &str,
+    entries: &[(&str, String, i64)],
+) -> String {
     let manifests: Vec<serde_json::Value> = entries
         .iter()
         .map(|(arch, digest, size)| {
@@ -202,7 +244,9 @@ pub async fn push_index(client: &Client, registry: &str, repo: &str, entries: &[
         .push_manifest(&tag, &OciManifest::ImageIndex(index))
         .await
         .unwrap_or_else(|e| panic!("push index {tag}: {e}"));
-    manifest_digest(client, &tag, OCI_IMAGE_INDEX_MEDIA_TYPE).await.0
+    manifest_digest(client, &tag, OCI_IMAGE_INDEX_MEDIA_TYPE)
+        .await
+        .0
 }
 
 /// The digest (and size) of the manifest a tag points to, as the registry serves it.
@@ -212,4 +256,95 @@ pub async fn manifest_digest(client: &Client, tag: &Reference, media_type: &str)
         .await
         .unwrap_or_else(|e| panic!("fetch manifest {tag}: {e}"));
     (digest, bytes.len() as i64)
+}
+
+/// Where the test bed keeps containerd (see `tests/bed/fetch-containerd.sh`).
+pub fn containerd_binary() -> Option<PathBuf> {
+    let candidates = [
+        std::env::var_os("PINSET_CONTAINERD").map(PathBuf::from),
+        Some(PathBuf::from(
+            "/opt/pinset-bed/containerd/usr/bin/containerd",
+        )),
+    ];
+    candidates.into_iter().flatten().find(|p| p.exists())
+}
+
+/// containerd with its CRI plugin on a unix socket in a temporary directory, pulling from
+/// `registry` over plain HTTP (`hosts.toml`). Stopped by PID when dropped.
+pub struct Containerd {
+    pub socket: PathBuf,
+    child: Child,
+    dir: tempfile::TempDir,
+}
+
+impl Containerd {
+    pub fn start(registry: &str) -> Option<Containerd> {
+        let Some(binary) = containerd_binary() else {
+            skip_or_fail("containerd 1.7 is not installed (tests/bed/fetch-containerd.sh)");
+            return None;
+        };
+        let dir = tempfile::Builder::new()
+            .prefix("pinset-containerd-")
+            .tempdir()
+            .unwrap();
+        let d = dir.path();
+        let hosts = d.join("certs.d").join(registry);
+        std::fs::create_dir_all(&hosts).unwrap();
+        std::fs::write(
+            hosts.join("hosts.toml"),
+            format!("server = \"http://{registry}\"\n\n[host.\"http://{registry}\"]\n  capabilities = [\"pull\", \"resolve\"]\n"),
+        )
+        .unwrap();
+        let socket = d.join("containerd.sock");
+        let config = d.join("config.toml");
+        std::fs::write(
+            &config,
+            format!(
+                "version = 2\nroot = \"{root}\"\nstate = \"{state}\"\n[grpc]\n  address = \"{sock}\"\n[ttrpc]\n  address = \"{sock}.ttrpc\"\n[plugins.\"io.containerd.grpc.v1.cri\".registry]\n  config_path = \"{certs}\"\n",
+                root = d.join("root").display(),
+                state = d.join("state").display(),
+                sock = socket.display(),
+                certs = d.join("certs.d").display(),
+            ),
+        )
+        .unwrap();
+        let log = std::fs::File::create(d.join("containerd.log")).unwrap();
+        let child = Command::new(binary)
+            .args(["--config", config.to_str().unwrap()])
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("start containerd");
+        let c = Containerd {
+            socket: socket.clone(),
+            child,
+            dir,
+        };
+        let deadline = Instant::now() + Duration::from_secs(15);
+        while std::os::unix::net::UnixStream::connect(&socket).is_err() {
+            assert!(
+                Instant::now() < deadline,
+                "containerd did not serve {} within 15 s: {}",
+                socket.display(),
+                c.log()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Some(c)
+    }
+
+    pub fn endpoint(&self) -> String {
+        format!("unix://{}", self.socket.display())
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("containerd.log")).unwrap_or_default()
+    }
+}
+
+impl Drop for Containerd {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
 }

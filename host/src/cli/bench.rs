@@ -39,11 +39,21 @@ pub enum BenchCommand {
 
 pub async fn run(cmd: BenchCommand) -> Result<ExitCode> {
     match cmd {
-        BenchCommand::Noop { images, repeat, cri, policy } => noop(images, repeat.max(1), cri, &policy).await,
+        BenchCommand::Noop {
+            images,
+            repeat,
+            cri,
+            policy,
+        } => noop(images, repeat.max(1), cri, &policy).await,
     }
 }
 
-async fn noop(n: usize, repeat: usize, endpoint: Option<String>, policy: &PolicyOpts) -> Result<ExitCode> {
+async fn noop(
+    n: usize,
+    repeat: usize,
+    endpoint: Option<String>,
+    policy: &PolicyOpts,
+) -> Result<ExitCode> {
     let (_wasm, module) = load_policy(policy)?;
     let dir = tempfile::tempdir()?;
     let mut _server = None;
@@ -51,9 +61,17 @@ async fn noop(n: usize, repeat: usize, endpoint: Option<String>, policy: &Policy
     let endpoint = match endpoint {
         Some(e) => e,
         None => {
-            let refs: Vec<String> = (0..n).map(|i| format!("registry.bench/app/{i}@sha256:{i:064x}")).collect();
+            let refs: Vec<String> = (0..n)
+                .map(|i| format!("registry.bench/app/{i}@sha256:{i:064x}"))
+                .collect();
             let s = SimulatedRuntime::new(SimConfig {
-                registry: refs.iter().map(|r| SimImage { reference: r.clone(), size: 1 << 20 }).collect(),
+                registry: refs
+                    .iter()
+                    .map(|r| SimImage {
+                        reference: r.clone(),
+                        size: 1 << 20,
+                    })
+                    .collect(),
                 bandwidth: 1 << 30,
                 disk_capacity: u64::MAX / 2,
                 pin_drop_in: None,
@@ -66,7 +84,10 @@ async fn noop(n: usize, repeat: usize, endpoint: Option<String>, policy: &Policy
             e
         }
     };
-    let cri = CriClient::new(CriConfig { endpoint: endpoint.clone(), ..Default::default() })?;
+    let cri = CriClient::new(CriConfig {
+        endpoint: endpoint.clone(),
+        ..Default::default()
+    })?;
     let present: Vec<String> = cri
         .list_images()
         .await?
@@ -75,7 +96,10 @@ async fn noop(n: usize, repeat: usize, endpoint: Option<String>, policy: &Policy
         .take(n)
         .collect();
     if present.len() < n {
-        bail!("{endpoint} holds {} image(s) with a repo digest; the benchmark needs {n}", present.len());
+        bail!(
+            "{endpoint} holds {} image(s) with a repo digest; the benchmark needs {n}",
+            present.len()
+        );
     }
     let set = PinnedImageSet {
         name: "bench".into(),
@@ -103,7 +127,9 @@ async fn noop(n: usize, repeat: usize, endpoint: Option<String>, policy: &Policy
     };
     let mut status = NodeStatus::default();
     // Warm up both paths (connection, caches, first pin write).
-    reconciler.reconcile(&desired, &node, &mut status, CancellationToken::new(), None).await?;
+    reconciler
+        .reconcile(&desired, &node, &mut status, CancellationToken::new(), None)
+        .await?;
     for r in &present {
         cri.image_status(r).await?;
     }
@@ -111,10 +137,15 @@ async fn noop(n: usize, repeat: usize, endpoint: Option<String>, policy: &Policy
     let calls_before = sim.as_ref().map(|s| s.stats());
     for _ in 0..repeat {
         let t = Instant::now();
-        let report = reconciler.reconcile(&desired, &node, &mut status, CancellationToken::new(), None).await?;
+        let report = reconciler
+            .reconcile(&desired, &node, &mut status, CancellationToken::new(), None)
+            .await?;
         ours.push(t.elapsed());
         if !report.outcome.pulled.is_empty() {
-            bail!("the no-op reconcile pulled {} image(s)", report.outcome.pulled.len());
+            bail!(
+                "the no-op reconcile pulled {} image(s)",
+                report.outcome.pulled.len()
+            );
         }
         let t = Instant::now();
         for r in &present {
@@ -126,21 +157,46 @@ async fn noop(n: usize, repeat: usize, endpoint: Option<String>, policy: &Policy
     }
     let (a, b) = (Stats::of(ours), Stats::of(reference));
     println!("no-op reconcile of {n} present images, {repeat} repetitions, runtime {endpoint}");
-    println!("{:<44} {:>12} {:>12}   {}", "", "median", "p99", "CRI calls per reconcile");
+    println!(
+        "{:<44} {:>12} {:>12}   {}",
+        "", "median", "p99", "CRI calls per reconcile"
+    );
     let calls = match (&sim, calls_before) {
         (Some(s), Some(before)) => {
             let after = s.stats();
             let d = |k: &str| (after.calls(k) - before.calls(k)) / repeat as u64;
             (
-                format!("{} ListImages + {} ImageFsInfo", d("ListImages"), d("ImageFsInfo")),
+                format!(
+                    "{} ListImages + {} ImageFsInfo",
+                    d("ListImages"),
+                    d("ImageFsInfo")
+                ),
                 format!("{} ImageStatus", d("ImageStatus")),
             )
         }
-        _ => ("1 ListImages + 1 ImageFsInfo".into(), format!("{n} ImageStatus")),
+        _ => (
+            "1 ListImages + 1 ImageFsInfo".into(),
+            format!("{n} ImageStatus"),
+        ),
     };
-    println!("{:<44} {:>12} {:>12}   {}", "pinset (snapshot + policy + pin check)", ms(a.median), ms(a.p99), calls.0);
-    println!("{:<44} {:>12} {:>12}   {}", "reference (ImageStatus per image)", ms(b.median), ms(b.p99), calls.1);
-    println!("ratio (reference / pinset, medians): {:.1}x", b.median.as_secs_f64() / a.median.as_secs_f64());
+    println!(
+        "{:<44} {:>12} {:>12}   {}",
+        "pinset (snapshot + policy + pin check)",
+        ms(a.median),
+        ms(a.p99),
+        calls.0
+    );
+    println!(
+        "{:<44} {:>12} {:>12}   {}",
+        "reference (ImageStatus per image)",
+        ms(b.median),
+        ms(b.p99),
+        calls.1
+    );
+    println!(
+        "ratio (reference / pinset, medians): {:.1}x",
+        b.median.as_secs_f64() / a.median.as_secs_f64()
+    );
     Ok(ExitCode::SUCCESS)
 }
 

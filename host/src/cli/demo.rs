@@ -34,7 +34,9 @@ const BASE_LAYER: (&str, u64) = ("sha256:demo-base-layer", 24 * MIB);
 
 /// A deterministic size between 40 and 160 MiB from the image's digest.
 fn own_layer_size(reference: &str) -> u64 {
-    let h = reference.bytes().fold(0u64, |h, b| h.wrapping_mul(31).wrapping_add(b as u64));
+    let h = reference
+        .bytes()
+        .fold(0u64, |h, b| h.wrapping_mul(31).wrapping_add(b as u64));
     (40 + h % 120) * MIB
 }
 
@@ -56,12 +58,19 @@ pub async fn demo(policy: &PolicyOpts) -> Result<ExitCode> {
     objects::parse(NODES, Path::new("examples/demo/nodes.yaml"), &mut objects)?;
     let (_wasm, module) = load_policy(policy)?;
     let dir = tempfile::Builder::new().prefix("pinset-demo-").tempdir()?;
-    println!("pinset demo — embedded default policy ({}), simulated runtime in {}", module.name(), dir.path().display());
+    println!(
+        "pinset demo — embedded default policy ({}), simulated runtime in {}",
+        module.name(),
+        dir.path().display()
+    );
     let mut runs = Vec::new();
     for node in &objects.nodes {
         runs.push(run_node(node, &objects, &module, dir.path()).await?);
     }
-    println!("\n{:<10} {:>6} {:>10} {:>10} {:>10} {:>9} {:>7}", "node", "pulls", "at once", "max seen", "bytes", "time", "pinned");
+    println!(
+        "\n{:<10} {:>6} {:>10} {:>10} {:>10} {:>9} {:>7}",
+        "node", "pulls", "at once", "max seen", "bytes", "time", "pinned"
+    );
     for r in &runs {
         println!(
             "{:<10} {:>6} {:>10} {:>10} {:>10} {:>8.1}s {:>7}",
@@ -81,7 +90,12 @@ pub async fn demo(policy: &PolicyOpts) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-async fn run_node(node: &NodeInfo, objects: &Objects, module: &crate::policy::PolicyModule, root: &Path) -> Result<NodeRun> {
+async fn run_node(
+    node: &NodeInfo,
+    objects: &Objects,
+    module: &crate::policy::PolicyModule,
+    root: &Path,
+) -> Result<NodeRun> {
     let desired = desired::desired(node, &desired::standard_pools(), &objects.sets);
     let work = root.join(&node.name);
     let drop_in_dir = work.join("crio.conf.d");
@@ -100,7 +114,10 @@ async fn run_node(node: &NodeInfo, objects: &Objects, module: &crate::policy::Po
         .map(|w| {
             let layers = vec![
                 (BASE_LAYER.0.to_string(), BASE_LAYER.1),
-                (format!("{}-layer", w.reference.digest()), own_layer_size(w.reference.as_str())),
+                (
+                    format!("{}-layer", w.reference.digest()),
+                    own_layer_size(w.reference.as_str()),
+                ),
             ];
             (w.reference.to_string(), ImageSize { layers })
         })
@@ -111,8 +128,14 @@ async fn run_node(node: &NodeInfo, objects: &Objects, module: &crate::policy::Po
         disk_capacity: 100 << 30,
         pin_drop_in: Some(drop_in_dir.join(crate::pin::crio::DROP_IN)),
     });
-    let server = sim.serve(&work.join("cri.sock")).await.context("starting the simulated runtime")?;
-    let cri = CriClient::new(CriConfig { endpoint: server.endpoint(), ..Default::default() })?;
+    let server = sim
+        .serve(&work.join("cri.sock"))
+        .await
+        .context("starting the simulated runtime")?;
+    let cri = CriClient::new(CriConfig {
+        endpoint: server.endpoint(),
+        ..Default::default()
+    })?;
     let reconciler = Reconciler {
         cri: cri.clone(),
         sizer: Some(Arc::new(Cached::new(TableSizer { table }))),
@@ -134,16 +157,37 @@ async fn run_node(node: &NodeInfo, objects: &Objects, module: &crate::policy::Po
     );
     let mut status = NodeStatus::default();
     let started = Instant::now();
-    let report = run_with_progress(&reconciler, &desired, node, &mut status, CancellationToken::new()).await?;
+    let report = run_with_progress(
+        &reconciler,
+        &desired,
+        node,
+        &mut status,
+        CancellationToken::new(),
+    )
+    .await?;
     let makespan = started.elapsed();
-    let plan = report.plan.clone().unwrap_or_else(|| unreachable!("a finished reconcile has a plan"));
-    println!("admission: {:?} — {}", plan.admission.verdict, plan.admission.reason);
+    let plan = report
+        .plan
+        .clone()
+        .unwrap_or_else(|| unreachable!("a finished reconcile has a plan"));
+    println!(
+        "admission: {:?} — {}",
+        plan.admission.verdict, plan.admission.reason
+    );
     print!("{}", summary(&node.name, &report, &status));
-    let drop_in = std::fs::read_to_string(drop_in_dir.join(crate::pin::crio::DROP_IN)).unwrap_or_default();
-    println!("CRI-O drop-in {}:\n{}", drop_in_dir.join(crate::pin::crio::DROP_IN).display(), indent(&drop_in));
+    let drop_in =
+        std::fs::read_to_string(drop_in_dir.join(crate::pin::crio::DROP_IN)).unwrap_or_default();
+    println!(
+        "CRI-O drop-in {}:\n{}",
+        drop_in_dir.join(crate::pin::crio::DROP_IN).display(),
+        indent(&drop_in)
+    );
     let images = cri.list_images().await?;
     let pinned = images.iter().filter(|i| i.pinned).count();
-    println!("runtime reports {pinned} of {} image(s) pinned", images.len());
+    println!(
+        "runtime reports {pinned} of {} image(s) pinned",
+        images.len()
+    );
     let stats = sim.stats();
     server.shutdown().await;
     Ok(NodeRun {

@@ -42,7 +42,8 @@ pub struct RuntimeOpts {
     /// CRI endpoint of the container runtime.
     #[arg(long, default_value = crate::cri::client::DEFAULT_ENDPOINT)]
     pub cri: String,
-    /// Pin back end. `crio`: the drop-in 50-pinned-images and a reload.
+    /// Pin back end. `crio`: the drop-in 50-pinned-images and a reload; `containerd`: the image
+    /// label io.cri-containerd.pinned=pinned through containerd's API on the --cri socket.
     #[arg(long, value_enum, default_value = "crio")]
     pub pin: PinKind,
     /// Directory of the CRI-O drop-in.
@@ -66,6 +67,7 @@ pub struct RuntimeOpts {
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum PinKind {
     Crio,
+    Containerd,
 }
 
 /// Read the objects and compute this node's desired state.
@@ -78,7 +80,11 @@ pub fn desired_state(inputs: &Inputs) -> Result<(NodeInfo, Desired)> {
     let Some(node) = node_objects.nodes.into_iter().next() else {
         bail!("{}: no Node object", inputs.node.display());
     };
-    let pools = if objects.pools.is_empty() { desired::standard_pools() } else { objects.pools };
+    let pools = if objects.pools.is_empty() {
+        desired::standard_pools()
+    } else {
+        objects.pools
+    };
     let d = desired::desired(&node, &pools, &objects.sets);
     if d.pools.is_empty() {
         tracing::warn!(node = %node.name, "the node is in no pool: nothing to do");
@@ -91,33 +97,74 @@ pub fn desired_state(inputs: &Inputs) -> Result<(NodeInfo, Desired)> {
 
 /// `pinset plan`: the policy's decisions for this node, without pulling. With `--cri` the local
 /// store is consulted; without, every image counts as absent and of unknown size.
-pub async fn plan_cmd(inputs: &Inputs, cri: Option<String>, policy: &PolicyOpts) -> Result<ExitCode> {
+pub async fn plan_cmd(
+    inputs: &Inputs,
+    cri: Option<String>,
+    policy: &PolicyOpts,
+) -> Result<ExitCode> {
     let (node, desired) = desired_state(inputs)?;
     let (_runtime, module) = load_policy(policy)?;
     let (present, disk) = match &cri {
         Some(endpoint) => {
-            let client = CriClient::new(CriConfig { endpoint: endpoint.clone(), ..Default::default() })?;
+            let client = CriClient::new(CriConfig {
+                endpoint: endpoint.clone(),
+                ..Default::default()
+            })?;
             let keys = node::snapshot_keys(&client.list_images().await?);
-            let present = desired.images.iter().map(|w| keys.contains(w.reference.as_str())).collect();
+            let present = desired
+                .images
+                .iter()
+                .map(|w| keys.contains(w.reference.as_str()))
+                .collect();
             let fs = client.image_fs_info().await?;
-            let used = fs.first().and_then(|f| f.used_bytes.as_ref()).map(|u| u.value);
-            (present, DiskFacts { used_bytes: used, ..Default::default() })
+            let used = fs
+                .first()
+                .and_then(|f| f.used_bytes.as_ref())
+                .map(|u| u.value);
+            (
+                present,
+                DiskFacts {
+                    used_bytes: used,
+                    ..Default::default()
+                },
+            )
         }
         None => (vec![false; desired.images.len()], DiskFacts::default()),
     };
     let sizes = vec![None; desired.images.len()];
-    let request = node::request(&desired, node::node_facts(&node, &desired.pools), disk, &present, &sizes);
+    let request = node::request(
+        &desired,
+        node::node_facts(&node, &desired.pools),
+        disk,
+        &present,
+        &sizes,
+    );
     let mut guarded = Guarded::new(Box::new(module.instance()));
     let plan = plan::make(&mut guarded, &request);
     let info = guarded.info();
-    println!("node {}  pools {:?}  policy {} {} ({})", node.name, desired.pools, info.name, info.version, module.name());
+    println!(
+        "node {}  pools {:?}  policy {} {} ({})",
+        node.name,
+        desired.pools,
+        info.name,
+        info.version,
+        module.name()
+    );
     for s in &desired.sets {
-        println!("  set {} (generation {}): {} image(s)", s.name, s.generation, s.images.len());
+        println!(
+            "  set {} (generation {}): {} image(s)",
+            s.name,
+            s.generation,
+            s.images.len()
+        );
     }
     for bad in &desired.invalid {
         println!("  set {} refused: {}", bad.set, bad.error);
     }
-    println!("admission: {:?} — {}", plan.admission.verdict, plan.admission.reason);
+    println!(
+        "admission: {:?} — {}",
+        plan.admission.verdict, plan.admission.reason
+    );
     let known: u64 = plan
         .pulls
         .iter()
@@ -131,7 +178,9 @@ pub async fn plan_cmd(inputs: &Inputs, cri: Option<String>, policy: &PolicyOpts)
         fmt_bytes(known),
         plan.concurrency
     );
-    let sample = request.images.get(plan.pulls.first().copied().unwrap_or(0) as usize);
+    let sample = request
+        .images
+        .get(plan.pulls.first().copied().unwrap_or(0) as usize);
     if let Some(first) = sample {
         let outcome = pinset_policy_sdk::PullOutcome {
             reference: first.reference.to_string(),
@@ -144,7 +193,12 @@ pub async fn plan_cmd(inputs: &Inputs, cri: Option<String>, policy: &PolicyOpts)
     for (n, &i) in plan.pulls.iter().enumerate() {
         let image = request.images.get(i as usize).expect("valid index");
         let size = image.size_bytes.map_or("size unknown".into(), fmt_bytes);
-        println!("  {:>4}. {}  [{}]  ({size})", n + 1, image.reference, image.sets().collect::<Vec<_>>().join(", "));
+        println!(
+            "  {:>4}. {}  [{}]  ({size})",
+            n + 1,
+            image.reference,
+            image.sets().collect::<Vec<_>>().join(", ")
+        );
     }
     for f in guarded.fallbacks() {
         println!("policy fallback: {f}");
@@ -168,20 +222,35 @@ pub fn progress_bar(total_images: u64, label: &str) -> ProgressBar {
 }
 
 /// Print executor events above `bar` and advance it.
-pub async fn show_events(mut rx: tokio::sync::mpsc::UnboundedReceiver<Event>, bar: ProgressBar, total_bytes: u64) {
+pub async fn show_events(
+    mut rx: tokio::sync::mpsc::UnboundedReceiver<Event>,
+    bar: ProgressBar,
+    total_bytes: u64,
+) {
     let mut bytes = 0u64;
     while let Some(e) = rx.recv().await {
         match e {
-            Event::Pulled { reference, bytes: b, duration } => {
+            Event::Pulled {
+                reference,
+                bytes: b,
+                duration,
+            } => {
                 bytes += b.unwrap_or(0);
                 bar.inc(1);
                 bar.set_message(format!("{} / {}", fmt_bytes(bytes), fmt_bytes(total_bytes)));
                 bar.println(format!("  pulled  {reference} in {duration:.2?}"));
             }
-            Event::Failed { reference, error } => bar.println(format!("  FAILED  {reference}: {error}")),
-            Event::Retrying { reference, attempt, error, wait } => {
-                bar.println(format!("  retry   {reference} (attempt {attempt} failed: {error}; next in {wait:?})"))
+            Event::Failed { reference, error } => {
+                bar.println(format!("  FAILED  {reference}: {error}"))
             }
+            Event::Retrying {
+                reference,
+                attempt,
+                error,
+                wait,
+            } => bar.println(format!(
+                "  retry   {reference} (attempt {attempt} failed: {error}; next in {wait:?})"
+            )),
             Event::Started { .. } | Event::Throttle { .. } => {}
         }
     }
@@ -202,18 +271,28 @@ pub fn summary(node: &str, report: &Report, status: &NodeStatus) -> String {
             "pins: +{} −{}{}\n",
             pin.pinned.len(),
             pin.unpinned.len(),
-            if pin.applied { " (runtime reloaded)" } else { " (unchanged)" }
+            if pin.applied {
+                " (runtime reloaded)"
+            } else {
+                " (unchanged)"
+            }
         ));
     }
     for s in status.sets.values() {
         let state = match (s.current_generation, s.last_failed_generation) {
             (Some(c), _) if c == s.desired_generation => "done".to_string(),
             (_, Some(f)) if f == s.desired_generation => {
-                format!("FAILED: {}", s.last_failed_generation_error.as_deref().unwrap_or(""))
+                format!(
+                    "FAILED: {}",
+                    s.last_failed_generation_error.as_deref().unwrap_or("")
+                )
             }
             _ => "in progress".to_string(),
         };
-        out.push_str(&format!("  set {} generation {}: {state}\n", s.name, s.desired_generation));
+        out.push_str(&format!(
+            "  set {} generation {}: {state}\n",
+            s.name, s.desired_generation
+        ));
     }
     for f in &status.policy_fallbacks {
         out.push_str(&format!("  policy fallback: {f}\n"));
@@ -223,34 +302,77 @@ pub fn summary(node: &str, report: &Report, status: &NodeStatus) -> String {
 
 /// `pinset node`: make every image of the node's sets present and pinned; with `--watch`, again
 /// whenever an input file changes (a change cancels the running reconcile).
-pub async fn node_cmd(inputs: &Inputs, runtime: &RuntimeOpts, policy: &PolicyOpts, watch: bool) -> Result<ExitCode> {
+pub async fn node_cmd(
+    inputs: &Inputs,
+    runtime: &RuntimeOpts,
+    policy: &PolicyOpts,
+    watch: bool,
+) -> Result<ExitCode> {
     let (_wasm, module) = load_policy(policy)?;
-    let cri = CriClient::new(CriConfig { endpoint: runtime.cri.clone(), ..Default::default() })?;
+    let cri = CriClient::new(CriConfig {
+        endpoint: runtime.cri.clone(),
+        ..Default::default()
+    })?;
     let credentials = match &runtime.auth {
         Some(path) => Credentials::load(path)?,
         None => Credentials::default(),
     };
-    let reload: Vec<String> = runtime.crio_reload.split_whitespace().map(String::from).collect();
+    let reload: Vec<String> = runtime
+        .crio_reload
+        .split_whitespace()
+        .map(String::from)
+        .collect();
     let credentials = Arc::new(credentials);
     let sizer = (!runtime.no_sizing).then(|| {
-        Arc::new(Cached::new(RegistrySizer::new(runtime.insecure_registry.clone(), credentials.clone())))
+        Arc::new(Cached::new(RegistrySizer::new(
+            runtime.insecure_registry.clone(),
+            credentials.clone(),
+        )))
     });
-    let reconciler = Reconciler {
-        cri,
-        sizer,
-        credentials,
-        pins: CrioPins::new(&runtime.crio_dropin_dir, reload),
-        policy: module,
-        backoff: Backoff::default(),
-        pressure: crate::os::pressure,
-        metrics: None,
-    };
+    match runtime.pin {
+        PinKind::Crio => {
+            let pins = CrioPins::new(&runtime.crio_dropin_dir, reload);
+            let reconciler = Reconciler {
+                cri,
+                sizer,
+                credentials,
+                pins,
+                policy: module,
+                backoff: Backoff::default(),
+                pressure: crate::os::pressure,
+                metrics: None,
+            };
+            node_loop(inputs, &reconciler, watch).await
+        }
+        PinKind::Containerd => {
+            let pins = crate::pin::containerd::ContainerdPins::new(&runtime.cri)?;
+            let reconciler = Reconciler {
+                cri,
+                sizer,
+                credentials,
+                pins,
+                policy: module,
+                backoff: Backoff::default(),
+                pressure: crate::os::pressure,
+                metrics: None,
+            };
+            node_loop(inputs, &reconciler, watch).await
+        }
+    }
+}
+
+async fn node_loop<B: crate::pin::PinBackend>(
+    inputs: &Inputs,
+    reconciler: &Reconciler<RegistrySizer, B>,
+    watch: bool,
+) -> Result<ExitCode> {
     let mut status = NodeStatus::default();
     loop {
         let (node, desired) = desired_state(inputs)?;
         let cancel = CancellationToken::new();
         let watcher = watch.then(|| spawn_watcher(inputs, cancel.clone()));
-        let report = run_with_progress(&reconciler, &desired, &node, &mut status, cancel.clone()).await;
+        let report =
+            run_with_progress(reconciler, &desired, &node, &mut status, cancel.clone()).await;
         if let Some(w) = watcher {
             w.abort();
         }
@@ -261,7 +383,11 @@ pub async fn node_cmd(inputs: &Inputs, runtime: &RuntimeOpts, policy: &PolicyOpt
         }
         print!("{}", summary(&node.name, &report, &status));
         if !watch {
-            return Ok(if status.degraded.is_some() { ExitCode::FAILURE } else { ExitCode::SUCCESS });
+            return Ok(if status.degraded.is_some() {
+                ExitCode::FAILURE
+            } else {
+                ExitCode::SUCCESS
+            });
         }
         println!("watching the inputs for changes…");
         let changed = CancellationToken::new();
@@ -271,7 +397,10 @@ pub async fn node_cmd(inputs: &Inputs, runtime: &RuntimeOpts, policy: &PolicyOpt
     }
 }
 
-pub async fn run_with_progress<S: crate::registry::size::Sizer + 'static, B: crate::pin::PinBackend>(
+pub async fn run_with_progress<
+    S: crate::registry::size::Sizer + 'static,
+    B: crate::pin::PinBackend,
+>(
     reconciler: &Reconciler<S, B>,
     desired: &Desired,
     node: &NodeInfo,
@@ -281,7 +410,9 @@ pub async fn run_with_progress<S: crate::registry::size::Sizer + 'static, B: cra
     let bar = progress_bar(desired.images.len() as u64, &node.name);
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
     let shower = tokio::spawn(show_events(rx, bar.clone(), 0));
-    let report = reconciler.reconcile(desired, node, status, cancel, Some(tx)).await;
+    let report = reconciler
+        .reconcile(desired, node, status, cancel, Some(tx))
+        .await;
     let _ = shower.await;
     bar.finish_and_clear();
     report
@@ -289,8 +420,13 @@ pub async fn run_with_progress<S: crate::registry::size::Sizer + 'static, B: cra
 
 /// Cancels `token` when any input file's modification time changes (polled every 250 ms).
 fn spawn_watcher(inputs: &Inputs, token: CancellationToken) -> tokio::task::JoinHandle<()> {
-    let paths: Vec<PathBuf> =
-        inputs.sets.iter().chain(&inputs.pools).chain(std::iter::once(&inputs.node)).cloned().collect();
+    let paths: Vec<PathBuf> = inputs
+        .sets
+        .iter()
+        .chain(&inputs.pools)
+        .chain(std::iter::once(&inputs.node))
+        .cloned()
+        .collect();
     let stamp = move || -> Vec<Option<std::time::SystemTime>> {
         let mut out = Vec::new();
         for p in &paths {
@@ -301,7 +437,11 @@ fn spawn_watcher(inputs: &Inputs, token: CancellationToken) -> tokio::task::Join
                 }
                 files.sort();
             }
-            out.extend(files.iter().map(|f| std::fs::metadata(f).and_then(|m| m.modified()).ok()));
+            out.extend(
+                files
+                    .iter()
+                    .map(|f| std::fs::metadata(f).and_then(|m| m.modified()).ok()),
+            );
         }
         out
     };

@@ -41,9 +41,11 @@ pub enum PolicyCommand {
 pub fn run(cmd: PolicyCommand) -> Result<ExitCode> {
     match cmd {
         PolicyCommand::Test { policy, scenarios } => test(&policy, &scenarios),
-        PolicyCommand::Bench { policy, images, iterations } => {
-            bench_cmd(&policy, images, iterations.max(1))
-        }
+        PolicyCommand::Bench {
+            policy,
+            images,
+            iterations,
+        } => bench_cmd(&policy, images, iterations.max(1)),
         PolicyCommand::Info { policy } => {
             let (_runtime, module) = load_policy(&policy)?;
             println!("{}", describe(&module));
@@ -55,7 +57,11 @@ pub fn run(cmd: PolicyCommand) -> Result<ExitCode> {
 fn describe(module: &PolicyModule) -> String {
     let mut probe = Guarded::new(Box::new(module.instance()));
     let info = probe.info();
-    let note = if probe.fallbacks().is_empty() { "" } else { " (info hook failed: reference shown)" };
+    let note = if probe.fallbacks().is_empty() {
+        ""
+    } else {
+        " (info hook failed: reference shown)"
+    };
     format!(
         "policy {} — {} {}{note}: {}\n  sha256 {}",
         module.name(),
@@ -98,7 +104,11 @@ fn test(opts: &PolicyOpts, paths: &[PathBuf]) -> Result<ExitCode> {
         }
     }
     println!("{passed} passed, {failed} failed");
-    Ok(if failed == 0 { ExitCode::SUCCESS } else { ExitCode::FAILURE })
+    Ok(if failed == 0 {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
 }
 
 fn bench_cmd(opts: &PolicyOpts, images: usize, iterations: usize) -> Result<ExitCode> {
@@ -119,7 +129,10 @@ fn bench_cmd(opts: &PolicyOpts, images: usize, iterations: usize) -> Result<Exit
     })?;
     bar.finish_and_clear();
     println!("{images} images, {iterations} calls per row (median / p99)");
-    println!("{:<70} {:>22} {:>22} {:>8}", "hook", "wasm", "native", "ratio");
+    println!(
+        "{:<70} {:>22} {:>22} {:>8}",
+        "hook", "wasm", "native", "ratio"
+    );
     for row in &rows {
         println!(
             "{:<70} {:>22} {:>22} {:>7.2}x",
@@ -135,4 +148,3 @@ fn bench_cmd(opts: &PolicyOpts, images: usize, iterations: usize) -> Result<Exit
 fn us(d: Duration) -> String {
     format!("{:.1} µs", d.as_secs_f64() * 1e6)
 }
-

@@ -42,7 +42,10 @@ pub fn standard_pools() -> Vec<Pool> {
         .map(|role| Pool {
             name: role.into(),
             machine_config_selector: LabelSelector::labels(&[(ROLE_LABEL, role)]),
-            node_selector: LabelSelector::labels(&[(&format!("node-role.kubernetes.io/{role}"), "")]),
+            node_selector: LabelSelector::labels(&[(
+                &format!("node-role.kubernetes.io/{role}"),
+                "",
+            )]),
             pinned_image_sets: None,
         })
         .collect()
@@ -58,7 +61,11 @@ pub fn pools_of_node<'a>(node: &NodeInfo, pools: &'a [Pool]) -> Vec<&'a Pool> {
     if let Some(master) = matching.iter().find(|p| p.name == "master") {
         return vec![master];
     }
-    let mut out: Vec<&Pool> = matching.iter().copied().filter(|p| p.name != "worker").collect();
+    let mut out: Vec<&Pool> = matching
+        .iter()
+        .copied()
+        .filter(|p| p.name != "worker")
+        .collect();
     out.sort_by(|a, b| a.name.cmp(&b.name));
     out.extend(matching.iter().copied().filter(|p| p.name == "worker"));
     out
@@ -70,7 +77,10 @@ pub fn sets_of_pool<'a>(pool: &Pool, sets: &'a [PinnedImageSet]) -> Vec<&'a Pinn
     let mut out: Vec<&PinnedImageSet> = match &pool.pinned_image_sets {
         Some(names) => sets.iter().filter(|s| names.contains(&s.name)).collect(),
         None if pool.machine_config_selector.is_empty() => Vec::new(),
-        None => sets.iter().filter(|s| pool.machine_config_selector.matches(&s.labels)).collect(),
+        None => sets
+            .iter()
+            .filter(|s| pool.machine_config_selector.matches(&s.labels))
+            .collect(),
     };
     out.sort_by(|a, b| a.name.cmp(&b.name));
     out
@@ -120,7 +130,9 @@ pub fn desired(node: &NodeInfo, pools: &[Pool], sets: &[PinnedImageSet]) -> Desi
     for pool in pools_of_node(node, pools) {
         out.pools.push(pool.name.clone());
         for set in sets_of_pool(pool, sets) {
-            if out.sets.iter().any(|s| s.name == set.name) || out.invalid.iter().any(|s| s.set == set.name) {
+            if out.sets.iter().any(|s| s.name == set.name)
+                || out.invalid.iter().any(|s| s.set == set.name)
+            {
                 continue;
             }
             let parsed: Result<Vec<ImageRef>, InvalidSet> = set
@@ -144,16 +156,25 @@ pub fn desired(node: &NodeInfo, pools: &[Pool], sets: &[PinnedImageSet]) -> Desi
             };
             let mut members = Vec::with_capacity(refs.len());
             for reference in refs {
-                let i = *index.entry(reference.as_str().to_string()).or_insert_with(|| {
-                    out.images.push(Wanted { reference, sets: Vec::new() });
-                    out.images.len() - 1
-                });
+                let i = *index
+                    .entry(reference.as_str().to_string())
+                    .or_insert_with(|| {
+                        out.images.push(Wanted {
+                            reference,
+                            sets: Vec::new(),
+                        });
+                        out.images.len() - 1
+                    });
                 if !out.images[i].sets.contains(&set.name) {
                     out.images[i].sets.push(set.name.clone());
                     members.push(i);
                 }
             }
-            out.sets.push(DesiredSet { name: set.name.clone(), generation: set.generation, images: members });
+            out.sets.push(DesiredSet {
+                name: set.name.clone(),
+                generation: set.generation,
+                images: members,
+            });
         }
     }
     out
@@ -179,7 +200,10 @@ mod tests {
     fn node(roles: &[&str]) -> NodeInfo {
         NodeInfo {
             name: "n".into(),
-            labels: roles.iter().map(|r| (format!("node-role.kubernetes.io/{r}"), String::new())).collect(),
+            labels: roles
+                .iter()
+                .map(|r| (format!("node-role.kubernetes.io/{r}"), String::new()))
+                .collect(),
             ready: true,
             ..Default::default()
         }
@@ -201,14 +225,22 @@ mod tests {
     fn node_pools_follow_the_reference_order() {
         let mut pools = standard_pools();
         pools.push(infra_pool());
-        let names = |n: &NodeInfo| pools_of_node(n, &pools).iter().map(|p| p.name.clone()).collect::<Vec<_>>();
+        let names = |n: &NodeInfo| {
+            pools_of_node(n, &pools)
+                .iter()
+                .map(|p| p.name.clone())
+                .collect::<Vec<_>>()
+        };
         assert_eq!(names(&node(&["master", "worker"])), vec!["master"]);
         assert_eq!(names(&node(&["worker", "infra"])), vec!["infra", "worker"]);
         assert_eq!(names(&node(&["worker"])), vec!["worker"]);
         assert!(names(&node(&[])).is_empty());
         let mut empty = infra_pool();
         empty.node_selector = LabelSelector::default();
-        assert!(pools_of_node(&node(&["infra"]), &[empty]).is_empty(), "empty selector matches nothing");
+        assert!(
+            pools_of_node(&node(&["infra"]), &[empty]).is_empty(),
+            "empty selector matches nothing"
+        );
     }
 
     #[test]
@@ -223,7 +255,10 @@ mod tests {
         let d = desired(&node(&["worker", "infra"]), &pools, &sets);
         assert_eq!(d.pools, vec!["infra", "worker"]);
         // infra pool selects both sets (sorted): a-infra, b-worker; worker adds nothing new.
-        assert_eq!(d.sets.iter().map(|s| s.name.as_str()).collect::<Vec<_>>(), vec!["a-infra", "b-worker"]);
+        assert_eq!(
+            d.sets.iter().map(|s| s.name.as_str()).collect::<Vec<_>>(),
+            vec!["a-infra", "b-worker"]
+        );
         let refs: Vec<&str> = d.images.iter().map(|w| w.reference.as_str()).collect();
         assert_eq!(refs, vec![digest(2), digest(3), digest(1)]);
         assert_eq!(d.images[0].sets, vec!["a-infra", "b-worker"]);
@@ -240,15 +275,26 @@ mod tests {
         assert_eq!(d.sets.len(), 1);
         assert_eq!(d.images.len(), 1);
         let msg = d.invalid[0].to_string();
-        assert!(msg.contains("PinnedImageSet bad") && msg.contains("quay.io/x/y:latest") && msg.contains("by digest"), "{msg}");
+        assert!(
+            msg.contains("PinnedImageSet bad")
+                && msg.contains("quay.io/x/y:latest")
+                && msg.contains("by digest"),
+            "{msg}"
+        );
     }
 
     #[test]
     fn explicit_pool_sets_win_over_the_selector() {
         let mut pool = standard_pools().remove(1);
         pool.pinned_image_sets = Some(vec!["m".into()]);
-        let sets = vec![set("w", "worker", &[digest(1)]), set("m", "master", &[digest(2)])];
-        let names: Vec<&str> = sets_of_pool(&pool, &sets).iter().map(|s| s.name.as_str()).collect();
+        let sets = vec![
+            set("w", "worker", &[digest(1)]),
+            set("m", "master", &[digest(2)]),
+        ];
+        let names: Vec<&str> = sets_of_pool(&pool, &sets)
+            .iter()
+            .map(|s| s.name.as_str())
+            .collect();
         assert_eq!(names, vec!["m"]);
     }
 }

@@ -48,14 +48,20 @@ pub struct Backoff {
 impl Default for Backoff {
     /// The reference's: 5 tries, waits of 1 s, 2 s, 4 s, 8 s, at most 10 s.
     fn default() -> Self {
-        Self { attempts: 5, first: Duration::from_secs(1), cap: Duration::from_secs(10) }
+        Self {
+            attempts: 5,
+            first: Duration::from_secs(1),
+            cap: Duration::from_secs(10),
+        }
     }
 }
 
 impl Backoff {
     /// The wait after failed attempt `n` (1-based).
     pub fn wait(&self, n: u32) -> Duration {
-        self.first.saturating_mul(1u32 << (n - 1).min(20)).min(self.cap)
+        self.first
+            .saturating_mul(1u32 << (n - 1).min(20))
+            .min(self.cap)
     }
 }
 
@@ -68,11 +74,28 @@ pub struct Job {
 /// What happens, as it happens.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Event {
-    Started { reference: String },
-    Retrying { reference: String, attempt: u32, error: String, wait: Duration },
-    Pulled { reference: String, bytes: Option<u64>, duration: Duration },
-    Failed { reference: String, error: String },
-    Throttle { reference: String, pause: Duration },
+    Started {
+        reference: String,
+    },
+    Retrying {
+        reference: String,
+        attempt: u32,
+        error: String,
+        wait: Duration,
+    },
+    Pulled {
+        reference: String,
+        bytes: Option<u64>,
+        duration: Duration,
+    },
+    Failed {
+        reference: String,
+        error: String,
+    },
+    Throttle {
+        reference: String,
+        pause: Duration,
+    },
 }
 
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -142,7 +165,9 @@ pub async fn run<P: Puller>(
     outcome.cancelled = shared.cancel.is_cancelled();
     if shared.draining.load(Ordering::SeqCst) {
         let rest = shared.queue.lock().expect("queue lock");
-        outcome.drained.extend(rest.iter().map(|j| j.reference.clone()));
+        outcome
+            .drained
+            .extend(rest.iter().map(|j| j.reference.clone()));
     }
     outcome
 }
@@ -152,8 +177,12 @@ async fn slot<P: Puller>(s: Arc<Shared<P>>) {
         if s.cancel.is_cancelled() || s.draining.load(Ordering::SeqCst) {
             return;
         }
-        let Some(job) = s.queue.lock().expect("queue lock").pop_front() else { return };
-        s.emit(Event::Started { reference: job.reference.clone() });
+        let Some(job) = s.queue.lock().expect("queue lock").pop_front() else {
+            return;
+        };
+        s.emit(Event::Started {
+            reference: job.reference.clone(),
+        });
         let started = Instant::now();
         let result = tokio::select! {
             biased;
@@ -171,11 +200,22 @@ async fn slot<P: Puller>(s: Arc<Shared<P>>) {
         };
         match result {
             Ok(()) => {
-                s.emit(Event::Pulled { reference: job.reference.clone(), bytes: job.bytes, duration });
-                s.outcome.lock().expect("outcome lock").pulled.push(job.reference.clone());
+                s.emit(Event::Pulled {
+                    reference: job.reference.clone(),
+                    bytes: job.bytes,
+                    duration,
+                });
+                s.outcome
+                    .lock()
+                    .expect("outcome lock")
+                    .pulled
+                    .push(job.reference.clone());
             }
             Err(f) => {
-                s.emit(Event::Failed { reference: job.reference.clone(), error: f.message.clone() });
+                s.emit(Event::Failed {
+                    reference: job.reference.clone(),
+                    error: f.message.clone(),
+                });
                 let mut o = s.outcome.lock().expect("outcome lock");
                 o.failed.push((job.reference.clone(), f.message.clone()));
                 if f.no_space {
@@ -190,10 +230,16 @@ async fn slot<P: Puller>(s: Arc<Shared<P>>) {
         }
         let pause = {
             let pressure = s.pressure.pressure();
-            s.policy.lock().expect("policy lock").throttle(&s.node, &outcome, &pressure)
+            s.policy
+                .lock()
+                .expect("policy lock")
+                .throttle(&s.node, &outcome, &pressure)
         };
         if !pause.is_zero() {
-            s.emit(Event::Throttle { reference: job.reference.clone(), pause });
+            s.emit(Event::Throttle {
+                reference: job.reference.clone(),
+                pause,
+            });
             tokio::select! {
                 _ = s.cancel.cancelled() => return,
                 _ = tokio::time::sleep(pause) => {}
@@ -259,32 +305,71 @@ mod tests {
             let mut guard = InFlight(self.in_flight.clone(), self.dropped.clone(), false);
             tokio::time::sleep(self.delay).await;
             guard.2 = true;
-            let next = self.results.lock().unwrap().get_mut(reference).and_then(|q| q.pop_front());
+            let next = self
+                .results
+                .lock()
+                .unwrap()
+                .get_mut(reference)
+                .and_then(|q| q.pop_front());
             next.unwrap_or(Ok(()))
         }
     }
 
     fn fail(msg: &str) -> Result<(), PullFailure> {
-        Err(PullFailure { message: msg.into(), no_space: msg.contains("no space") })
+        Err(PullFailure {
+            message: msg.into(),
+            no_space: msg.contains("no space"),
+        })
     }
 
     fn jobs(n: usize) -> Vec<Job> {
-        (0..n).map(|i| Job { reference: format!("img{i}"), bytes: Some(10) }).collect()
+        (0..n)
+            .map(|i| Job {
+                reference: format!("img{i}"),
+                bytes: Some(10),
+            })
+            .collect()
     }
 
     fn policy() -> Arc<Mutex<Guarded>> {
-        Arc::new(Mutex::new(Guarded::new(Box::new(NativePolicy::reference()))))
+        Arc::new(Mutex::new(Guarded::new(
+            Box::new(NativePolicy::reference()),
+        )))
     }
 
-    const FAST: Backoff = Backoff { attempts: 5, first: Duration::from_millis(1), cap: Duration::from_millis(4) };
+    const FAST: Backoff = Backoff {
+        attempts: 5,
+        first: Duration::from_millis(1),
+        cap: Duration::from_millis(4),
+    };
 
     fn worker() -> NodeFacts {
-        NodeFacts { name: "w".into(), ready: true, ..Default::default() }
+        NodeFacts {
+            name: "w".into(),
+            ready: true,
+            ..Default::default()
+        }
     }
 
-    async fn go(script: &Script, jobs: Vec<Job>, concurrency: u32, cancel: CancellationToken) -> (Outcome, Vec<Event>) {
+    async fn go(
+        script: &Script,
+        jobs: Vec<Job>,
+        concurrency: u32,
+        cancel: CancellationToken,
+    ) -> (Outcome, Vec<Event>) {
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-        let out = run(jobs, concurrency, script.clone(), policy(), worker(), Pressure::default, FAST, cancel, Some(tx)).await;
+        let out = run(
+            jobs,
+            concurrency,
+            script.clone(),
+            policy(),
+            worker(),
+            Pressure::default,
+            FAST,
+            cancel,
+            Some(tx),
+        )
+        .await;
         let mut events = Vec::new();
         while let Ok(e) = rx.try_recv() {
             events.push(e);
@@ -302,33 +387,64 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn retries_then_succeeds_and_gives_up_after_five_tries() {
         let script = Script::default();
-        script.results.lock().unwrap().insert("img0".into(), [fail("reset"), fail("reset")].into());
-        script.results.lock().unwrap().insert("img1".into(), (0..5).map(|_| fail("refused")).collect());
+        script
+            .results
+            .lock()
+            .unwrap()
+            .insert("img0".into(), [fail("reset"), fail("reset")].into());
+        script
+            .results
+            .lock()
+            .unwrap()
+            .insert("img1".into(), (0..5).map(|_| fail("refused")).collect());
         let (out, events) = go(&script, jobs(2), 5, CancellationToken::new()).await;
         assert_eq!(out.pulled, vec!["img0"]);
-        assert_eq!(out.failed, vec![("img1".to_string(), "refused".to_string())]);
+        assert_eq!(
+            out.failed,
+            vec![("img1".to_string(), "refused".to_string())]
+        );
         let calls = script.calls.lock().unwrap();
         assert_eq!(calls.iter().filter(|c| *c == "img0").count(), 3);
-        assert_eq!(calls.iter().filter(|c| *c == "img1").count(), 5, "5 tries, never marked pulled");
-        let retries = events.iter().filter(|e| matches!(e, Event::Retrying { .. })).count();
+        assert_eq!(
+            calls.iter().filter(|c| *c == "img1").count(),
+            5,
+            "5 tries, never marked pulled"
+        );
+        let retries = events
+            .iter()
+            .filter(|e| matches!(e, Event::Retrying { .. }))
+            .count();
         assert_eq!(retries, 2 + 4);
     }
 
     #[tokio::test(start_paused = true)]
     async fn no_space_fails_at_once_and_drains_the_queue() {
-        let script = Script { delay: Duration::from_millis(10), ..Default::default() };
-        script.results.lock().unwrap().insert("img1".into(), [fail("write: no space left on device")].into());
+        let script = Script {
+            delay: Duration::from_millis(10),
+            ..Default::default()
+        };
+        script.results.lock().unwrap().insert(
+            "img1".into(),
+            [fail("write: no space left on device")].into(),
+        );
         let (out, _) = go(&script, jobs(10), 1, CancellationToken::new()).await;
         assert_eq!(out.pulled, vec!["img0"]);
         assert_eq!(out.failed.len(), 1);
         assert!(out.no_space.as_deref().unwrap().contains("no space"));
         assert_eq!(out.drained.len(), 8);
-        assert_eq!(script.calls.lock().unwrap().len(), 2, "no retry after ENOSPC, nothing after it");
+        assert_eq!(
+            script.calls.lock().unwrap().len(),
+            2,
+            "no retry after ENOSPC, nothing after it"
+        );
     }
 
     #[tokio::test(start_paused = true)]
     async fn concurrency_caps_pulls_in_flight() {
-        let script = Script { delay: Duration::from_millis(50), ..Default::default() };
+        let script = Script {
+            delay: Duration::from_millis(50),
+            ..Default::default()
+        };
         let (out, _) = go(&script, jobs(12), 5, CancellationToken::new()).await;
         assert_eq!(out.pulled.len(), 12);
         assert_eq!(script.max_in_flight.load(Ordering::SeqCst), 5);
@@ -337,13 +453,22 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn throttle_pauses_each_slot_after_a_pull() {
         // Reference policy: 1 s after every pull. 3 images, 1 slot: 2 pauses (none after the last).
-        let script = Script { delay: Duration::from_millis(100), ..Default::default() };
+        let script = Script {
+            delay: Duration::from_millis(100),
+            ..Default::default()
+        };
         let started = tokio::time::Instant::now();
         let (out, events) = go(&script, jobs(3), 1, CancellationToken::new()).await;
         assert_eq!(out.pulled.len(), 3);
         let pauses: Vec<Duration> = events
             .iter()
-            .filter_map(|e| if let Event::Throttle { pause, .. } = e { Some(*pause) } else { None })
+            .filter_map(|e| {
+                if let Event::Throttle { pause, .. } = e {
+                    Some(*pause)
+                } else {
+                    None
+                }
+            })
             .collect();
         assert_eq!(pauses, vec![Duration::from_secs(1); 2]);
         assert_eq!(started.elapsed(), Duration::from_millis(2_300));
@@ -351,7 +476,10 @@ mod tests {
 
     #[tokio::test]
     async fn cancellation_abandons_pulls_in_flight_and_leaks_no_task() {
-        let script = Script { delay: Duration::from_secs(3600), ..Default::default() };
+        let script = Script {
+            delay: Duration::from_secs(3600),
+            ..Default::default()
+        };
         let cancel = CancellationToken::new();
         let handle = {
             let (script, cancel) = (script.clone(), cancel.clone());
@@ -363,11 +491,23 @@ mod tests {
         let cancelled_at = Instant::now();
         cancel.cancel();
         let (out, _) = handle.await.unwrap();
-        assert!(cancelled_at.elapsed() < Duration::from_millis(250), "{:?}", cancelled_at.elapsed());
+        assert!(
+            cancelled_at.elapsed() < Duration::from_millis(250),
+            "{:?}",
+            cancelled_at.elapsed()
+        );
         assert!(out.cancelled);
         assert!(out.pulled.is_empty());
-        assert_eq!(script.in_flight.load(Ordering::SeqCst), 0, "every in-flight pull was dropped");
+        assert_eq!(
+            script.in_flight.load(Ordering::SeqCst),
+            0,
+            "every in-flight pull was dropped"
+        );
         assert_eq!(script.dropped.load(Ordering::SeqCst), 5);
-        assert_eq!(script.calls.lock().unwrap().len(), 5, "queued pulls never started");
+        assert_eq!(
+            script.calls.lock().unwrap().len(),
+            5,
+            "queued pulls never started"
+        );
     }
 }

@@ -31,7 +31,11 @@ pub fn admitted_absent(request: &AdmissionRequest, verdict: &Verdict) -> Vec<u32
                     *slot = true;
                 }
             }
-            request.images.absent().filter(|&i| chosen[i as usize]).collect()
+            request
+                .images
+                .absent()
+                .filter(|&i| chosen[i as usize])
+                .collect()
         }
     }
 }
@@ -47,7 +51,11 @@ pub fn make(policy: &mut Guarded, request: &AdmissionRequest) -> Plan {
         order.into_iter().map(|k| candidates[k as usize]).collect()
     };
     let concurrency = policy.concurrency(&request.node);
-    Plan { admission, pulls, concurrency }
+    Plan {
+        admission,
+        pulls,
+        concurrency,
+    }
 }
 
 #[cfg(test)]
@@ -60,14 +68,20 @@ mod tests {
         for (i, &p) in present.iter().enumerate() {
             images.push(&format!("r{i}"), ["s"], p, None, &[]);
         }
-        AdmissionRequest { images, ..Default::default() }
+        AdmissionRequest {
+            images,
+            ..Default::default()
+        }
     }
 
     #[test]
     fn only_admitted_absent_images_are_pulled() {
         let r = request(&[false, true, false, false]);
         assert_eq!(admitted_absent(&r, &Verdict::AdmitAll), vec![0, 2, 3]);
-        assert_eq!(admitted_absent(&r, &Verdict::AdmitSome(vec![3, 1, 0])), vec![0, 3]);
+        assert_eq!(
+            admitted_absent(&r, &Verdict::AdmitSome(vec![3, 1, 0])),
+            vec![0, 3]
+        );
         assert!(admitted_absent(&r, &Verdict::Reject).is_empty());
     }
 }

@@ -12,9 +12,14 @@ pub struct QuantityError {
 /// Parse a byte quantity: a non-negative integer or decimal with an optional suffix
 /// (`Ki Mi Gi Ti Pi Ei`, `k M G T P E`).
 pub fn parse_bytes(input: &str) -> Result<u64, QuantityError> {
-    let err = |why| QuantityError { input: input.to_string(), why };
+    let err = |why| QuantityError {
+        input: input.to_string(),
+        why,
+    };
     let s = input.trim();
-    let split = s.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(s.len());
+    let split = s
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(s.len());
     let (number, suffix) = s.split_at(split);
     if number.is_empty() {
         return Err(err("expected a number"));
@@ -39,13 +44,23 @@ pub fn parse_bytes(input: &str) -> Result<u64, QuantityError> {
     if int.is_empty() && frac.is_empty() || frac.contains('.') {
         return Err(err("malformed number"));
     }
-    let whole: u64 = if int.is_empty() { 0 } else { int.parse().map_err(|_| err("too large"))? };
-    let mut bytes = whole.checked_mul(multiplier).ok_or_else(|| err("too large"))?;
+    let whole: u64 = if int.is_empty() {
+        0
+    } else {
+        int.parse().map_err(|_| err("too large"))?
+    };
+    let mut bytes = whole
+        .checked_mul(multiplier)
+        .ok_or_else(|| err("too large"))?;
     if !frac.is_empty() {
         let digits = frac.len().min(18) as u32;
-        let frac_value: u128 = frac[..digits as usize].parse().map_err(|_| err("malformed number"))?;
+        let frac_value: u128 = frac[..digits as usize]
+            .parse()
+            .map_err(|_| err("malformed number"))?;
         let extra = frac_value * multiplier as u128 / 10u128.pow(digits);
-        bytes = bytes.checked_add(extra as u64).ok_or_else(|| err("too large"))?;
+        bytes = bytes
+            .checked_add(extra as u64)
+            .ok_or_else(|| err("too large"))?;
     }
     Ok(bytes)
 }

@@ -43,14 +43,21 @@ impl ImageRef {
             });
         };
         let (name, digest) = (&s[..at], &s[at + 1..]);
-        let hex = digest.strip_prefix("sha256:").ok_or_else(|| RefError::BadDigest(s.into()))?;
-        if hex.len() != 64 || !hex.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)) {
+        let hex = digest
+            .strip_prefix("sha256:")
+            .ok_or_else(|| RefError::BadDigest(s.into()))?;
+        if hex.len() != 64
+            || !hex
+                .bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+        {
             return Err(RefError::BadDigest(s.into()));
         }
         let components: Vec<&str> = name.split('/').collect();
         let valid_component = |c: &str| {
             !c.is_empty()
-                && c.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"._-".contains(&b))
+                && c.bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"._-".contains(&b))
         };
         let first = components[0];
         let has_host = components.len() > 1
@@ -58,12 +65,21 @@ impl ImageRef {
         if has_host {
             let (host, port) = first.split_once(':').unwrap_or((first, ""));
             let host_ok = !host.is_empty()
-                && host.bytes().all(|b| b.is_ascii_alphanumeric() || b".-".contains(&b));
-            if !host_ok || (first.contains(':') && (port.is_empty() || !port.bytes().all(|b| b.is_ascii_digit()))) {
+                && host
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b".-".contains(&b));
+            if !host_ok
+                || (first.contains(':')
+                    && (port.is_empty() || !port.bytes().all(|b| b.is_ascii_digit())))
+            {
                 return Err(RefError::BadName(s.into()));
             }
         }
-        let path = if has_host { &components[1..] } else { &components[..] };
+        let path = if has_host {
+            &components[1..]
+        } else {
+            &components[..]
+        };
         if path.is_empty() || !path.iter().all(|c| valid_component(c)) {
             // A tag before the digest (`name:tag@sha256:…`) lands here too.
             return Err(if path.last().is_some_and(|c| c.contains(':')) {
@@ -72,7 +88,11 @@ impl ImageRef {
                 RefError::BadName(s.into())
             });
         }
-        Ok(Self { full: s.into(), host_len: if has_host { first.len() } else { 0 }, at })
+        Ok(Self {
+            full: s.into(),
+            host_len: if has_host { first.len() } else { 0 },
+            at,
+        })
     }
 
     pub fn as_str(&self) -> &str {
@@ -82,12 +102,20 @@ impl ImageRef {
     /// The registry host (with port) credentials are looked up by; `docker.io` when the name
     /// has none.
     pub fn registry(&self) -> &str {
-        if self.host_len == 0 { "docker.io" } else { &self.full[..self.host_len] }
+        if self.host_len == 0 {
+            "docker.io"
+        } else {
+            &self.full[..self.host_len]
+        }
     }
 
     /// The repository path without the registry host.
     pub fn repository(&self) -> &str {
-        let start = if self.host_len == 0 { 0 } else { self.host_len + 1 };
+        let start = if self.host_len == 0 {
+            0
+        } else {
+            self.host_len + 1
+        };
         &self.full[start..self.at]
     }
 
@@ -111,7 +139,10 @@ mod tests {
 
     #[test]
     fn parses_digest_references() {
-        let r = ImageRef::parse(&format!("quay.io/openshift-release-dev/ocp-v4.0-art-dev@sha256:{D}")).unwrap();
+        let r = ImageRef::parse(&format!(
+            "quay.io/openshift-release-dev/ocp-v4.0-art-dev@sha256:{D}"
+        ))
+        .unwrap();
         assert_eq!(r.registry(), "quay.io");
         assert_eq!(r.repository(), "openshift-release-dev/ocp-v4.0-art-dev");
         assert_eq!(r.digest(), format!("sha256:{D}"));
@@ -119,20 +150,52 @@ mod tests {
         assert_eq!(local.registry(), "127.0.0.1:5000");
         assert_eq!(local.repository(), "pinset/a");
         let hub = ImageRef::parse(&format!("library/busybox@sha256:{D}")).unwrap();
-        assert_eq!((hub.registry(), hub.repository()), ("docker.io", "library/busybox"));
+        assert_eq!(
+            (hub.registry(), hub.repository()),
+            ("docker.io", "library/busybox")
+        );
     }
 
     #[test]
     fn refuses_tags_and_bad_digests_with_a_clear_error() {
-        assert!(matches!(ImageRef::parse("quay.io/a/b:latest"), Err(RefError::Tag(_))));
-        assert!(matches!(ImageRef::parse(&format!("quay.io/a/b:1.0@sha256:{D}")), Err(RefError::Tag(_))));
-        assert!(ImageRef::parse("quay.io/a/b:latest").unwrap_err().to_string().contains("by digest"));
-        assert!(matches!(ImageRef::parse("quay.io/a/b"), Err(RefError::NoDigest(_))));
-        assert!(matches!(ImageRef::parse("quay.io/a/b@sha256:abc"), Err(RefError::BadDigest(_))));
-        assert!(matches!(ImageRef::parse(&format!("quay.io/a/b@sha256:{}", D.to_uppercase())), Err(RefError::BadDigest(_))));
-        assert!(matches!(ImageRef::parse(&format!("quay.io/A/b@sha256:{D}")), Err(RefError::BadName(_))));
-        assert!(matches!(ImageRef::parse(&format!("@sha256:{D}")), Err(RefError::BadName(_))));
-        assert!(matches!(ImageRef::parse(&format!("q.io:x/a@sha256:{D}")), Err(RefError::BadName(_))));
+        assert!(matches!(
+            ImageRef::parse("quay.io/a/b:latest"),
+            Err(RefError::Tag(_))
+        ));
+        assert!(matches!(
+            ImageRef::parse(&format!("quay.io/a/b:1.0@sha256:{D}")),
+            Err(RefError::Tag(_))
+        ));
+        assert!(
+            ImageRef::parse("quay.io/a/b:latest")
+                .unwrap_err()
+                .to_string()
+                .contains("by digest")
+        );
+        assert!(matches!(
+            ImageRef::parse("quay.io/a/b"),
+            Err(RefError::NoDigest(_))
+        ));
+        assert!(matches!(
+            ImageRef::parse("quay.io/a/b@sha256:abc"),
+            Err(RefError::BadDigest(_))
+        ));
+        assert!(matches!(
+            ImageRef::parse(&format!("quay.io/a/b@sha256:{}", D.to_uppercase())),
+            Err(RefError::BadDigest(_))
+        ));
+        assert!(matches!(
+            ImageRef::parse(&format!("quay.io/A/b@sha256:{D}")),
+            Err(RefError::BadName(_))
+        ));
+        assert!(matches!(
+            ImageRef::parse(&format!("@sha256:{D}")),
+            Err(RefError::BadName(_))
+        ));
+        assert!(matches!(
+            ImageRef::parse(&format!("q.io:x/a@sha256:{D}")),
+            Err(RefError::BadName(_))
+        ));
         let long = format!("quay.io/{}@sha256:{D}", "a".repeat(400));
         assert!(matches!(ImageRef::parse(&long), Err(RefError::TooLong(_))));
     }

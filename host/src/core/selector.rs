@@ -37,7 +37,9 @@ impl LabelSelector {
     /// Whether `labels` satisfy every requirement. An empty selector matches everything (the
     /// Kubernetes meaning); callers that want "empty selects nothing" check [`Self::is_empty`].
     pub fn matches(&self, labels: &BTreeMap<String, String>) -> bool {
-        self.match_labels.iter().all(|(k, v)| labels.get(k) == Some(v))
+        self.match_labels
+            .iter()
+            .all(|(k, v)| labels.get(k) == Some(v))
             && self.match_expressions.iter().all(|r| {
                 let value = labels.get(&r.key);
                 match r.operator {
@@ -51,7 +53,10 @@ impl LabelSelector {
 
     pub fn labels(pairs: &[(&str, &str)]) -> Self {
         Self {
-            match_labels: pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+            match_labels: pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
             ..Default::default()
         }
     }
@@ -62,7 +67,10 @@ mod tests {
     use super::*;
 
     fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
-        pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
     }
 
     #[test]
@@ -77,13 +85,21 @@ mod tests {
         assert!(!sel.matches(&labels(&[(role, "master")])));
         assert!(!sel.matches(&labels(&[])));
         let not_in = LabelSelector {
-            match_expressions: vec![Requirement { key: "a".into(), operator: Operator::NotIn, values: vec!["x".into()] }],
+            match_expressions: vec![Requirement {
+                key: "a".into(),
+                operator: Operator::NotIn,
+                values: vec!["x".into()],
+            }],
             ..Default::default()
         };
         assert!(not_in.matches(&labels(&[])) && !not_in.matches(&labels(&[("a", "x")])));
         let exists = LabelSelector {
             match_labels: labels(&[("b", "1")]),
-            match_expressions: vec![Requirement { key: "a".into(), operator: Operator::Exists, values: vec![] }],
+            match_expressions: vec![Requirement {
+                key: "a".into(),
+                operator: Operator::Exists,
+                values: vec![],
+            }],
         };
         assert!(exists.matches(&labels(&[("a", ""), ("b", "1")])));
         assert!(!exists.matches(&labels(&[("a", ""), ("b", "2")])));

@@ -57,14 +57,23 @@ impl NodeStatus {
             .sets
             .iter()
             .map(|s| (s.name.as_str(), s.generation))
-            .chain(desired.invalid.iter().map(|s| (s.set.as_str(), s.generation)))
+            .chain(
+                desired
+                    .invalid
+                    .iter()
+                    .map(|s| (s.set.as_str(), s.generation)),
+            )
             .collect();
-        self.sets.retain(|name, _| wanted.iter().any(|(n, _)| n == name));
+        self.sets
+            .retain(|name, _| wanted.iter().any(|(n, _)| n == name));
         for (name, generation) in wanted {
-            let s = self.sets.entry(name.to_string()).or_insert_with(|| SetStatus {
-                name: name.to_string(),
-                ..Default::default()
-            });
+            let s = self
+                .sets
+                .entry(name.to_string())
+                .or_insert_with(|| SetStatus {
+                    name: name.to_string(),
+                    ..Default::default()
+                });
             // Generations never go backwards in status.
             s.desired_generation = s.desired_generation.max(generation);
         }
@@ -80,8 +89,10 @@ impl NodeStatus {
     }
 
     pub fn advance(&mut self, images: u64, bytes: u64) {
-        self.progress.images_done = (self.progress.images_done + images).min(self.progress.images_total);
-        self.progress.bytes_done = (self.progress.bytes_done + bytes).min(self.progress.bytes_total);
+        self.progress.images_done =
+            (self.progress.images_done + images).min(self.progress.images_total);
+        self.progress.bytes_done =
+            (self.progress.bytes_done + bytes).min(self.progress.bytes_total);
     }
 
     pub fn succeed(&mut self, set: &str, generation: i64) {
@@ -105,7 +116,9 @@ impl NodeStatus {
 
     /// Every set at its desired generation.
     pub fn done(&self) -> bool {
-        self.sets.values().all(|s| s.current_generation == Some(s.desired_generation))
+        self.sets
+            .values()
+            .all(|s| s.current_generation == Some(s.desired_generation))
     }
 }
 
@@ -126,7 +139,11 @@ mod tests {
         Desired {
             sets: sets
                 .iter()
-                .map(|(n, g)| DesiredSet { name: n.to_string(), generation: *g, images: vec![] })
+                .map(|(n, g)| DesiredSet {
+                    name: n.to_string(),
+                    generation: *g,
+                    images: vec![],
+                })
                 .collect(),
             ..Default::default()
         }
@@ -135,7 +152,14 @@ mod tests {
     #[test]
     fn generations_and_conditions() {
         let mut st = NodeStatus::default();
-        st.start(&desired(&[("a", 1), ("b", 3)]), Progress { images_total: 4, bytes_total: 40, ..Default::default() });
+        st.start(
+            &desired(&[("a", 1), ("b", 3)]),
+            Progress {
+                images_total: 4,
+                bytes_total: 40,
+                ..Default::default()
+            },
+        );
         assert!(st.progressing.is_some() && st.degraded.is_none());
         st.advance(1, 10);
         st.advance(9, 99);
@@ -153,10 +177,17 @@ mod tests {
         st.finish(None);
         assert!(st.done() && st.degraded.is_none());
         assert_eq!(st.sets.keys().collect::<Vec<_>>(), vec!["b"]);
-        assert_eq!(st.sets["b"].last_failed_generation, Some(3), "kept for history");
+        assert_eq!(
+            st.sets["b"].last_failed_generation,
+            Some(3),
+            "kept for history"
+        );
         let json = serde_json::to_value(&st.sets["b"]).unwrap();
         assert_eq!(json["desiredGeneration"], 4);
-        assert_eq!(json["lastFailedGenerationError"], "img x: connection refused");
+        assert_eq!(
+            json["lastFailedGenerationError"],
+            "img x: connection refused"
+        );
     }
 
     #[test]
@@ -171,8 +202,19 @@ mod tests {
         let mut st = NodeStatus::default();
         st.start(&d, Progress::default());
         let err = st.sets["bad"].last_failed_generation_error.clone().unwrap();
-        assert!(err.contains("PinnedImageSet bad") && err.contains("q.io/a:1"), "{err}");
+        assert!(
+            err.contains("PinnedImageSet bad") && err.contains("q.io/a:1"),
+            "{err}"
+        );
         st.fail("bad", 2, &"é".repeat(40_000));
-        assert_eq!(st.sets["bad"].last_failed_generation_error.as_ref().unwrap().chars().count(), MAX_ERROR_CHARS);
+        assert_eq!(
+            st.sets["bad"]
+                .last_failed_generation_error
+                .as_ref()
+                .unwrap()
+                .chars()
+                .count(),
+            MAX_ERROR_CHARS
+        );
     }
 }

@@ -42,9 +42,18 @@ pub enum CriError {
     #[error("CRI endpoint {endpoint:?}: only unix:// sockets are supported")]
     Endpoint { endpoint: String },
     #[error("CRI {call} on {socket}: {code:?}: {message}")]
-    Call { socket: PathBuf, call: &'static str, code: tonic::Code, message: String },
+    Call {
+        socket: PathBuf,
+        call: &'static str,
+        code: tonic::Code,
+        message: String,
+    },
     #[error("CRI {call} on {socket}: no answer within {after:?}")]
-    Timeout { socket: PathBuf, call: &'static str, after: Duration },
+    Timeout {
+        socket: PathBuf,
+        call: &'static str,
+        after: Duration,
+    },
 }
 
 impl CriError {
@@ -54,7 +63,13 @@ impl CriError {
     }
 
     pub fn is_not_found(&self) -> bool {
-        matches!(self, CriError::Call { code: tonic::Code::NotFound, .. })
+        matches!(
+            self,
+            CriError::Call {
+                code: tonic::Code::NotFound,
+                ..
+            }
+        )
     }
 }
 
@@ -70,21 +85,13 @@ impl CriClient {
     /// A client that connects on first use and reconnects when the connection breaks.
     pub fn new(config: CriConfig) -> Result<Self, CriError> {
         let socket = socket_path(&config.endpoint)?;
-        let path = socket.clone();
-        // The URI is required by the HTTP/2 layer but never resolved: the connector below
-        // always dials the unix socket.
-        let channel = Endpoint::from_static("http://cri.invalid")
-            .connect_timeout(config.connect_timeout)
-            .connect_with_connector_lazy(tower::service_fn(move |_: Uri| {
-                let path = path.clone();
-                async move {
-                    let stream = tokio::net::UnixStream::connect(path).await?;
-                    Ok::<_, std::io::Error>(TokioIo::new(stream))
-                }
-            }));
-        let inner = ImageServiceClient::new(channel)
-            .max_decoding_message_size(64 << 20);
-        Ok(Self { socket, config, inner })
+        let channel = unix_channel(&socket, config.connect_timeout);
+        let inner = ImageServiceClient::new(channel).max_decoding_message_size(64 << 20);
+        Ok(Self {
+            socket,
+            config,
+            inner,
+        })
     }
 
     pub fn socket(&self) -> &Path {
@@ -98,7 +105,11 @@ impl CriClient {
         fut: impl Future<Output = Result<tonic::Response<T>, tonic::Status>>,
     ) -> Result<T, CriError> {
         match tokio::time::timeout(after, fut).await {
-            Err(_) => Err(CriError::Timeout { socket: self.socket.clone(), call, after }),
+            Err(_) => Err(CriError::Timeout {
+                socket: self.socket.clone(),
+                call,
+                after,
+            }),
             Ok(Err(status)) => Err(CriError::Call {
                 socket: self.socket.clone(),
                 call,
@@ -113,7 +124,11 @@ impl CriClient {
     pub async fn list_images(&self) -> Result<Vec<proto::Image>, CriError> {
         let mut c = self.inner.clone();
         let r = self
-            .call("ListImages", self.config.call_timeout, c.list_images(ListImagesRequest { filter: None }))
+            .call(
+                "ListImages",
+                self.config.call_timeout,
+                c.list_images(ListImagesRequest { filter: None }),
+            )
             .await?;
         Ok(r.images)
     }
@@ -121,23 +136,41 @@ impl CriClient {
     /// One image's status; `None` when it is not present.
     pub async fn image_status(&self, image: &str) -> Result<Option<proto::Image>, CriError> {
         let mut c = self.inner.clone();
-        let req = ImageStatusRequest { image: Some(spec(image)), verbose: false };
-        let r = self.call("ImageStatus", self.config.call_timeout, c.image_status(req)).await?;
+        let req = ImageStatusRequest {
+            image: Some(spec(image)),
+            verbose: false,
+        };
+        let r = self
+            .call("ImageStatus", self.config.call_timeout, c.image_status(req))
+            .await?;
         Ok(r.image)
     }
 
     /// Pull `image`; returns the runtime's image reference (its id).
-    pub async fn pull_image(&self, image: &str, auth: Option<AuthConfig>) -> Result<String, CriError> {
+    pub async fn pull_image(
+        &self,
+        image: &str,
+        auth: Option<AuthConfig>,
+    ) -> Result<String, CriError> {
         let mut c = self.inner.clone();
-        let req = PullImageRequest { image: Some(spec(image)), auth, sandbox_config: None };
-        let r = self.call("PullImage", self.config.pull_timeout, c.pull_image(req)).await?;
+        let req = PullImageRequest {
+            image: Some(spec(image)),
+            auth,
+            sandbox_config: None,
+        };
+        let r = self
+            .call("PullImage", self.config.pull_timeout, c.pull_image(req))
+            .await?;
         Ok(r.image_ref)
     }
 
     pub async fn remove_image(&self, image: &str) -> Result<(), CriError> {
         let mut c = self.inner.clone();
-        let req = RemoveImageRequest { image: Some(spec(image)) };
-        self.call("RemoveImage", self.config.call_timeout, c.remove_image(req)).await?;
+        let req = RemoveImageRequest {
+            image: Some(spec(image)),
+        };
+        self.call("RemoveImage", self.config.call_timeout, c.remove_image(req))
+            .await?;
         Ok(())
     }
 
@@ -145,17 +178,41 @@ impl CriClient {
     pub async fn image_fs_info(&self) -> Result<Vec<FilesystemUsage>, CriError> {
         let mut c = self.inner.clone();
         let r = self
-            .call("ImageFsInfo", self.config.call_timeout, c.image_fs_info(ImageFsInfoRequest {}))
+            .call(
+                "ImageFsInfo",
+                self.config.call_timeout,
+                c.image_fs_info(ImageFsInfoRequest {}),
+            )
             .await?;
         Ok(r.image_filesystems)
     }
 }
 
-fn spec(image: &str) -> ImageSpec {
-    ImageSpec { image: image.to_string(), ..Default::default() }
+/// A gRPC channel to a unix socket that connects on first use and reconnects when the connection
+/// breaks.
+pub fn unix_channel(socket: &Path, connect_timeout: Duration) -> Channel {
+    let path = socket.to_path_buf();
+    // The URI is required by the HTTP/2 layer but never resolved: the connector always dials
+    // the unix socket.
+    Endpoint::from_static("http://unix.invalid")
+        .connect_timeout(connect_timeout)
+        .connect_with_connector_lazy(tower::service_fn(move |_: Uri| {
+            let path = path.clone();
+            async move {
+                let stream = tokio::net::UnixStream::connect(path).await?;
+                Ok::<_, std::io::Error>(TokioIo::new(stream))
+            }
+        }))
 }
 
-fn socket_path(endpoint: &str) -> Result<PathBuf, CriError> {
+fn spec(image: &str) -> ImageSpec {
+    ImageSpec {
+        image: image.to_string(),
+        ..Default::default()
+    }
+}
+
+pub fn socket_path(endpoint: &str) -> Result<PathBuf, CriError> {
     if let Some(path) = endpoint.strip_prefix("unix://") {
         if path.starts_with('/') {
             return Ok(PathBuf::from(path));
@@ -163,7 +220,9 @@ fn socket_path(endpoint: &str) -> Result<PathBuf, CriError> {
     } else if endpoint.starts_with('/') {
         return Ok(PathBuf::from(endpoint));
     }
-    Err(CriError::Endpoint { endpoint: endpoint.to_string() })
+    Err(CriError::Endpoint {
+        endpoint: endpoint.to_string(),
+    })
 }
 
 #[cfg(test)]
@@ -172,8 +231,14 @@ mod tests {
 
     #[test]
     fn endpoints() {
-        assert_eq!(socket_path("unix:///run/crio/crio.sock").unwrap(), PathBuf::from("/run/crio/crio.sock"));
-        assert_eq!(socket_path("/tmp/x.sock").unwrap(), PathBuf::from("/tmp/x.sock"));
+        assert_eq!(
+            socket_path("unix:///run/crio/crio.sock").unwrap(),
+            PathBuf::from("/run/crio/crio.sock")
+        );
+        assert_eq!(
+            socket_path("/tmp/x.sock").unwrap(),
+            PathBuf::from("/tmp/x.sock")
+        );
         assert!(socket_path("tcp://127.0.0.1:1").is_err());
         assert!(socket_path("unix://relative").is_err());
     }

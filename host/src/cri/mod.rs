@@ -13,3 +13,9 @@ pub mod sim;
 pub mod proto {
     tonic::include_proto!("runtime.v1");
 }
+
+/// Generated from `proto/containerd_images.proto`.
+#[allow(clippy::all, missing_docs)]
+pub mod containerd_proto {
+    tonic::include_proto!("containerd.services.images.v1");
+}

@@ -98,13 +98,25 @@ pub struct SimulatedRuntime {
 }
 
 fn image_id(reference: &str) -> String {
-    reference.rsplit_once('@').map_or_else(|| reference.to_string(), |(_, d)| d.to_string())
+    reference
+        .rsplit_once('@')
+        .map_or_else(|| reference.to_string(), |(_, d)| d.to_string())
 }
 
 impl SimulatedRuntime {
     pub fn new(config: SimConfig) -> Self {
-        let registry = config.registry.iter().map(|i| (i.reference.clone(), i.size)).collect();
-        Self { shared: Arc::new(Shared { config, registry, state: Mutex::new(State::default()) }) }
+        let registry = config
+            .registry
+            .iter()
+            .map(|i| (i.reference.clone(), i.size))
+            .collect();
+        Self {
+            shared: Arc::new(Shared {
+                config,
+                registry,
+                state: Mutex::new(State::default()),
+            }),
+        }
     }
 
     fn state(&self) -> std::sync::MutexGuard<'_, State> {
@@ -118,13 +130,21 @@ impl SimulatedRuntime {
         st.used += size;
         st.store.insert(
             reference.to_string(),
-            Stored { id: image_id(reference), reference: reference.into(), size },
+            Stored {
+                id: image_id(reference),
+                reference: reference.into(),
+                size,
+            },
         );
     }
 
     /// The next pulls of `reference` meet these faults, in order.
     pub fn inject(&self, reference: &str, faults: impl IntoIterator<Item = Fault>) {
-        self.state().faults.entry(reference.to_string()).or_default().extend(faults);
+        self.state()
+            .faults
+            .entry(reference.to_string())
+            .or_default()
+            .extend(faults);
     }
 
     pub fn stats(&self) -> SimStats {
@@ -144,8 +164,13 @@ impl SimulatedRuntime {
     }
 
     fn pinned_patterns(&self) -> Vec<String> {
-        let Some(path) = &self.shared.config.pin_drop_in else { return Vec::new() };
-        std::fs::read_to_string(path).ok().and_then(|s| crio::parse(&s).ok()).unwrap_or_default()
+        let Some(path) = &self.shared.config.pin_drop_in else {
+            return Vec::new();
+        };
+        std::fs::read_to_string(path)
+            .ok()
+            .and_then(|s| crio::parse(&s).ok())
+            .unwrap_or_default()
     }
 
     fn to_proto(stored: &Stored, patterns: &[String]) -> proto::Image {
@@ -154,7 +179,9 @@ impl SimulatedRuntime {
             repo_tags: Vec::new(),
             repo_digests: vec![stored.reference.clone()],
             size: stored.size,
-            pinned: patterns.iter().any(|p| crio::pattern_matches(p, &stored.reference)),
+            pinned: patterns
+                .iter()
+                .any(|p| crio::pattern_matches(p, &stored.reference)),
             ..Default::default()
         }
     }
@@ -174,7 +201,11 @@ impl SimulatedRuntime {
                 })
                 .await;
         });
-        Ok(SimServer { socket: socket.to_path_buf(), stop: Some(tx), task: Some(task) })
+        Ok(SimServer {
+            socket: socket.to_path_buf(),
+            stop: Some(tx),
+            task: Some(task),
+        })
     }
 }
 
@@ -244,18 +275,31 @@ impl SimulatedRuntime {
             });
             st.stats.pulls.len() - 1
         };
-        let mut guard = PullGuard { sim: self.clone(), index, done: false };
+        let mut guard = PullGuard {
+            sim: self.clone(),
+            index,
+            done: false,
+        };
         let result = self.pull_inner(&reference).await;
         guard.done = true;
         let mut st = self.state();
         let rec = &mut st.stats.pulls[index];
         rec.ended = Some(Instant::now());
-        rec.result = Some(result.as_ref().map(|_| ()).map_err(|s| s.message().to_string()));
+        rec.result = Some(
+            result
+                .as_ref()
+                .map(|_| ())
+                .map_err(|s| s.message().to_string()),
+        );
         result
     }
 
     async fn pull_inner(&self, reference: &str) -> Result<String, Status> {
-        let fault = self.state().faults.get_mut(reference).and_then(VecDeque::pop_front);
+        let fault = self
+            .state()
+            .faults
+            .get_mut(reference)
+            .and_then(VecDeque::pop_front);
         match fault {
             Some(Fault::Fail(code, message)) => return Err(Status::new(code, message)),
             Some(Fault::Hang) => std::future::pending::<()>().await,
@@ -283,12 +327,21 @@ impl SimulatedRuntime {
         }
         st.used += size;
         let id = image_id(reference);
-        st.store.insert(reference.to_string(), Stored { id: id.clone(), reference: reference.into(), size });
+        st.store.insert(
+            reference.to_string(),
+            Stored {
+                id: id.clone(),
+                reference: reference.into(),
+                size,
+            },
+        );
         Ok(id)
     }
 
     fn find<'a>(st: &'a State, image: &str) -> Option<&'a Stored> {
-        st.store.get(image).or_else(|| st.store.values().find(|s| s.id == image))
+        st.store
+            .get(image)
+            .or_else(|| st.store.values().find(|s| s.id == image))
     }
 }
 
@@ -301,7 +354,11 @@ impl ImageService for SimulatedRuntime {
         self.count("ListImages");
         let patterns = self.pinned_patterns();
         let st = self.state();
-        let images = st.store.values().map(|s| Self::to_proto(s, &patterns)).collect();
+        let images = st
+            .store
+            .values()
+            .map(|s| Self::to_proto(s, &patterns))
+            .collect();
         Ok(Response::new(ListImagesResponse { images }))
     }
 
@@ -310,11 +367,18 @@ impl ImageService for SimulatedRuntime {
         request: Request<ImageStatusRequest>,
     ) -> Result<Response<ImageStatusResponse>, Status> {
         self.count("ImageStatus");
-        let image = request.into_inner().image.map(|s| s.image).unwrap_or_default();
+        let image = request
+            .into_inner()
+            .image
+            .map(|s| s.image)
+            .unwrap_or_default();
         let patterns = self.pinned_patterns();
         let st = self.state();
         let found = Self::find(&st, &image).map(|s| Self::to_proto(s, &patterns));
-        Ok(Response::new(ImageStatusResponse { image: found, info: HashMap::new() }))
+        Ok(Response::new(ImageStatusResponse {
+            image: found,
+            info: HashMap::new(),
+        }))
     }
 
     async fn pull_image(
@@ -322,7 +386,11 @@ impl ImageService for SimulatedRuntime {
         request: Request<PullImageRequest>,
     ) -> Result<Response<PullImageResponse>, Status> {
         self.count("PullImage");
-        let image = request.into_inner().image.map(|s| s.image).unwrap_or_default();
+        let image = request
+            .into_inner()
+            .image
+            .map(|s| s.image)
+            .unwrap_or_default();
         let image_ref = self.pull(image).await?;
         Ok(Response::new(PullImageResponse { image_ref }))
     }
@@ -332,7 +400,11 @@ impl ImageService for SimulatedRuntime {
         request: Request<RemoveImageRequest>,
     ) -> Result<Response<RemoveImageResponse>, Status> {
         self.count("RemoveImage");
-        let image = request.into_inner().image.map(|s| s.image).unwrap_or_default();
+        let image = request
+            .into_inner()
+            .image
+            .map(|s| s.image)
+            .unwrap_or_default();
         let mut st = self.state();
         let key = Self::find(&st, &image).map(|s| s.reference.clone());
         if let Some(key) = key
@@ -356,7 +428,9 @@ impl ImageService for SimulatedRuntime {
         Ok(Response::new(ImageFsInfoResponse {
             image_filesystems: vec![FilesystemUsage {
                 timestamp: now,
-                fs_id: Some(FilesystemIdentifier { mountpoint: "/var/lib/containers/storage".into() }),
+                fs_id: Some(FilesystemIdentifier {
+                    mountpoint: "/var/lib/containers/storage".into(),
+                }),
                 used_bytes: Some(UInt64Value { value: used }),
                 inodes_used: None,
             }],
@@ -382,28 +456,50 @@ mod tests {
     use crate::cri::client::{CriClient, CriConfig};
 
     fn digest(n: u8) -> String {
-        format!("registry.sim/app/{n}@sha256:{}", format!("{n:02x}").repeat(32))
+        format!(
+            "registry.sim/app/{n}@sha256:{}",
+            format!("{n:02x}").repeat(32)
+        )
     }
 
     #[tokio::test]
     async fn serves_the_cri_image_api_over_a_unix_socket() {
         let dir = tempfile::tempdir().unwrap();
         let sim = SimulatedRuntime::new(SimConfig {
-            registry: vec![SimImage { reference: digest(1), size: 1000 }, SimImage { reference: digest(2), size: 500 }],
+            registry: vec![
+                SimImage {
+                    reference: digest(1),
+                    size: 1000,
+                },
+                SimImage {
+                    reference: digest(2),
+                    size: 500,
+                },
+            ],
             bandwidth: 1 << 30,
             disk_capacity: 1200,
             pin_drop_in: None,
         });
         let server = sim.serve(&dir.path().join("cri.sock")).await.unwrap();
-        let client = CriClient::new(CriConfig { endpoint: server.endpoint(), ..Default::default() }).unwrap();
+        let client = CriClient::new(CriConfig {
+            endpoint: server.endpoint(),
+            ..Default::default()
+        })
+        .unwrap();
         assert!(client.list_images().await.unwrap().is_empty());
         let id = client.pull_image(&digest(1), None).await.unwrap();
         assert_eq!(id, format!("sha256:{}", "01".repeat(32)));
         assert!(client.image_status(&digest(1)).await.unwrap().is_some());
-        assert!(client.image_status(&id).await.unwrap().is_some(), "found by id too");
+        assert!(
+            client.image_status(&id).await.unwrap().is_some(),
+            "found by id too"
+        );
         let full = client.pull_image(&digest(2), None).await.unwrap_err();
         assert!(full.is_no_space(), "{full}");
-        let missing = client.pull_image("registry.sim/none@sha256:00", None).await.unwrap_err();
+        let missing = client
+            .pull_image("registry.sim/none@sha256:00", None)
+            .await
+            .unwrap_err();
         assert!(missing.is_not_found(), "{missing}");
         let fs = client.image_fs_info().await.unwrap();
         assert_eq!(fs[0].used_bytes.as_ref().unwrap().value, 1000);

@@ -23,7 +23,10 @@ impl CrioPins {
     /// `reload` is the command (program and arguments) that makes CRI-O re-read its
     /// configuration, `systemctl reload crio` by default; empty for none.
     pub fn new(dir: impl Into<PathBuf>, reload: Vec<String>) -> Self {
-        Self { dir: dir.into(), reload }
+        Self {
+            dir: dir.into(),
+            reload,
+        }
     }
 
     pub fn default_reload() -> Vec<String> {
@@ -35,15 +38,24 @@ impl CrioPins {
     }
 
     async fn reload(&self) -> Result<(), PinError> {
-        let Some((program, args)) = self.reload.split_first() else { return Ok(()) };
-        let err = |why: String| PinError::Reload { command: self.reload.clone(), why };
+        let Some((program, args)) = self.reload.split_first() else {
+            return Ok(());
+        };
+        let err = |why: String| PinError::Reload {
+            command: self.reload.clone(),
+            why,
+        };
         let out = tokio::process::Command::new(program)
             .args(args)
             .output()
             .await
             .map_err(|e| err(e.to_string()))?;
         if !out.status.success() {
-            return Err(err(format!("{}: {}", out.status, String::from_utf8_lossy(&out.stderr).trim())));
+            return Err(err(format!(
+                "{}: {}",
+                out.status,
+                String::from_utf8_lossy(&out.stderr).trim()
+            )));
         }
         Ok(())
     }
@@ -51,7 +63,9 @@ impl CrioPins {
 
 /// The drop-in's content for `images` (sorted, one per line).
 pub fn render(images: &BTreeSet<String>) -> String {
-    let mut out = String::from("# Written by pinset: images the kubelet must never garbage collect.\n[crio.image]\npinned_images = [\n");
+    let mut out = String::from(
+        "# Written by pinset: images the kubelet must never garbage collect.\n[crio.image]\npinned_images = [\n",
+    );
     for image in images {
         out.push_str("  \"");
         for c in image.chars() {
@@ -84,7 +98,10 @@ pub fn parse(content: &str) -> Result<Vec<String>, String> {
         pinned_images: Vec<String>,
     }
     let f: File = toml::from_str(content).map_err(|e| e.to_string())?;
-    Ok(f.crio.and_then(|c| c.image).map(|i| i.pinned_images).unwrap_or_default())
+    Ok(f.crio
+        .and_then(|c| c.image)
+        .map(|i| i.pinned_images)
+        .unwrap_or_default())
 }
 
 /// Whether CRI-O's pattern pins `image`: exact, trailing `*` glob, or `*keyword*`.
@@ -123,14 +140,22 @@ impl PinBackend for CrioPins {
 
     async fn apply(&self, images: &BTreeSet<String>) -> Result<PinChange, PinError> {
         let path = self.path();
-        let file_err = |action, source| PinError::File { path: path.clone(), action, source };
+        let file_err = |action, source| PinError::File {
+            path: path.clone(),
+            action,
+            source,
+        };
         let old = match std::fs::read_to_string(&path) {
             Ok(s) => Some(s),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
             Err(e) => return Err(file_err("read", e)),
         };
-        let before: BTreeSet<String> =
-            old.as_deref().and_then(|s| parse(s).ok()).unwrap_or_default().into_iter().collect();
+        let before: BTreeSet<String> = old
+            .as_deref()
+            .and_then(|s| parse(s).ok())
+            .unwrap_or_default()
+            .into_iter()
+            .collect();
         let change = |applied| PinChange {
             pinned: images.difference(&before).cloned().collect(),
             unpinned: before.difference(images).cloned().collect(),
@@ -166,11 +191,20 @@ mod tests {
     /// A reload command that appends a line to a log, so tests can count reloads.
     fn recorder(dir: &Path) -> (Vec<String>, PathBuf) {
         let log = dir.join("reloads.log");
-        (vec!["sh".into(), "-c".into(), format!("echo reload >> {}", log.display())], log)
+        (
+            vec![
+                "sh".into(),
+                "-c".into(),
+                format!("echo reload >> {}", log.display()),
+            ],
+            log,
+        )
     }
 
     fn reloads(log: &Path) -> usize {
-        std::fs::read_to_string(log).map(|s| s.lines().count()).unwrap_or(0)
+        std::fs::read_to_string(log)
+            .map(|s| s.lines().count())
+            .unwrap_or(0)
     }
 
     #[tokio::test]
@@ -178,14 +212,23 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let (cmd, log) = recorder(dir.path());
         let pins = CrioPins::new(dir.path().join("crio.conf.d"), cmd);
-        let c = pins.apply(&set(&["q.io/b@sha256:2", "q.io/a@sha256:1"])).await.unwrap();
+        let c = pins
+            .apply(&set(&["q.io/b@sha256:2", "q.io/a@sha256:1"]))
+            .await
+            .unwrap();
         assert!(c.applied);
         assert_eq!(c.pinned, vec!["q.io/a@sha256:1", "q.io/b@sha256:2"]);
         let text = std::fs::read_to_string(pins.path()).unwrap();
-        assert_eq!(parse(&text).unwrap(), vec!["q.io/a@sha256:1", "q.io/b@sha256:2"]);
+        assert_eq!(
+            parse(&text).unwrap(),
+            vec!["q.io/a@sha256:1", "q.io/b@sha256:2"]
+        );
         assert_eq!(reloads(&log), 1);
 
-        let again = pins.apply(&set(&["q.io/a@sha256:1", "q.io/b@sha256:2"])).await.unwrap();
+        let again = pins
+            .apply(&set(&["q.io/a@sha256:1", "q.io/b@sha256:2"]))
+            .await
+            .unwrap();
         assert!(!again.applied, "unchanged content is not rewritten");
         assert_eq!(reloads(&log), 1, "and CRI-O is not reloaded");
 
@@ -198,22 +241,37 @@ mod tests {
         assert_eq!(reloads(&log), 3);
         assert!(!pins.apply(&BTreeSet::new()).await.unwrap().applied);
         assert_eq!(reloads(&log), 3);
-        let leftovers: Vec<_> = std::fs::read_dir(dir.path().join("crio.conf.d")).unwrap().collect();
+        let leftovers: Vec<_> = std::fs::read_dir(dir.path().join("crio.conf.d"))
+            .unwrap()
+            .collect();
         assert!(leftovers.is_empty(), "no temporary file left behind");
     }
 
     #[tokio::test]
     async fn a_failing_reload_is_an_error_that_names_the_command() {
         let dir = tempfile::tempdir().unwrap();
-        let pins = CrioPins::new(dir.path(), vec!["sh".into(), "-c".into(), "echo nope >&2; exit 3".into()]);
-        let e = pins.apply(&set(&["q.io/a@sha256:1"])).await.unwrap_err().to_string();
-        assert!(e.contains("pin reload command") && e.contains("nope"), "{e}");
+        let pins = CrioPins::new(
+            dir.path(),
+            vec!["sh".into(), "-c".into(), "echo nope >&2; exit 3".into()],
+        );
+        let e = pins
+            .apply(&set(&["q.io/a@sha256:1"]))
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("pin reload command") && e.contains("nope"),
+            "{e}"
+        );
     }
 
     #[test]
     fn rendering_escapes_and_round_trips() {
         let odd = set(&["q.io/a@sha256:1", "we\"ird\\name"]);
-        assert_eq!(parse(&render(&odd)).unwrap(), odd.into_iter().collect::<Vec<_>>());
+        assert_eq!(
+            parse(&render(&odd)).unwrap(),
+            odd.into_iter().collect::<Vec<_>>()
+        );
     }
 
     #[test]
@@ -223,17 +281,30 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join(DROP_IN);
         write_atomic(&path, render(&set(&["old@sha256:1"])).as_bytes()).unwrap();
-        std::fs::write(dir.path().join(format!(".{DROP_IN}.tmp-999")), "[crio.image]\npinned_images = [\n  \"new").unwrap();
-        assert_eq!(parse(&std::fs::read_to_string(&path).unwrap()).unwrap(), vec!["old@sha256:1"]);
+        std::fs::write(
+            dir.path().join(format!(".{DROP_IN}.tmp-999")),
+            "[crio.image]\npinned_images = [\n  \"new",
+        )
+        .unwrap();
+        assert_eq!(
+            parse(&std::fs::read_to_string(&path).unwrap()).unwrap(),
+            vec!["old@sha256:1"]
+        );
         write_atomic(&path, render(&set(&["new@sha256:2"])).as_bytes()).unwrap();
-        assert_eq!(parse(&std::fs::read_to_string(&path).unwrap()).unwrap(), vec!["new@sha256:2"]);
+        assert_eq!(
+            parse(&std::fs::read_to_string(&path).unwrap()).unwrap(),
+            vec!["new@sha256:2"]
+        );
     }
 
     #[test]
     fn crio_patterns() {
         assert!(pattern_matches("q.io/a@sha256:1", "q.io/a@sha256:1"));
         assert!(pattern_matches("q.io/*", "q.io/a@sha256:1"));
-        assert!(pattern_matches("*art-dev*", "quay.io/ocp-v4.0-art-dev@sha256:1"));
+        assert!(pattern_matches(
+            "*art-dev*",
+            "quay.io/ocp-v4.0-art-dev@sha256:1"
+        ));
         assert!(!pattern_matches("q.io/a", "q.io/a@sha256:1"));
     }
 }

@@ -1,8 +1,10 @@
 //! Pin back ends: how the runtime is told which images the kubelet must never collect.
 //!
 //! - [`crio::CrioPins`]: the CRI-O drop-in `50-pinned-images` + a reload command;
-//! - containerd pins with the image label `io.cri-containerd.pinned=pinned` (see `cri`).
+//! - [`containerd::ContainerdPins`]: the image label `io.cri-containerd.pinned=pinned`, set
+//!   through containerd's images API.
 
+pub mod containerd;
 pub mod crio;
 
 use std::collections::BTreeSet;
@@ -10,9 +12,20 @@ use std::collections::BTreeSet;
 #[derive(Debug, thiserror::Error)]
 pub enum PinError {
     #[error("pin drop-in {path}: {action}: {source}")]
-    File { path: std::path::PathBuf, action: &'static str, source: std::io::Error },
+    File {
+        path: std::path::PathBuf,
+        action: &'static str,
+        source: std::io::Error,
+    },
     #[error("pin reload command {command:?}: {why}")]
     Reload { command: Vec<String>, why: String },
+    #[error("containerd {call} on {socket} for image {image}: {message}")]
+    Containerd {
+        socket: std::path::PathBuf,
+        call: &'static str,
+        image: String,
+        message: String,
+    },
 }
 
 /// What applying a pin set changed.
@@ -28,5 +41,8 @@ pub struct PinChange {
 /// unpinned, never deleted.
 pub trait PinBackend: Send + Sync {
     fn name(&self) -> &'static str;
-    fn apply(&self, images: &BTreeSet<String>) -> impl Future<Output = Result<PinChange, PinError>> + Send;
+    fn apply(
+        &self,
+        images: &BTreeSet<String>,
+    ) -> impl Future<Output = Result<PinChange, PinError>> + Send;
 }

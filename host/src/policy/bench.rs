@@ -15,7 +15,10 @@ impl Stats {
         assert!(!samples.is_empty(), "no samples");
         samples.sort_unstable();
         let at = |q: f64| samples[((samples.len() - 1) as f64 * q).round() as usize];
-        Stats { median: at(0.5), p99: at(0.99) }
+        Stats {
+            median: at(0.5),
+            p99: at(0.99),
+        }
     }
 }
 
@@ -68,9 +71,15 @@ pub fn run(
     };
     let steps: [(Step, bool); 6] = [
         (Box::new(|p| p.admit(&request).map(drop)), false),
-        (Box::new(|p| p.order(node, &request.images).map(drop)), false),
+        (
+            Box::new(|p| p.order(node, &request.images).map(drop)),
+            false,
+        ),
         (Box::new(|p| p.concurrency(node).map(drop)), false),
-        (Box::new(|p| p.throttle(node, &outcome, &pressure).map(drop)), false),
+        (
+            Box::new(|p| p.throttle(node, &outcome, &pressure).map(drop)),
+            false,
+        ),
         (Box::new(|p| p.concurrency(node).map(drop)), true),
         (Box::new(reconcile), true),
     ];
@@ -101,7 +110,11 @@ pub fn run(
                 native_samples.push(native_time);
             }
         }
-        rows.push(Row { what, wasm: Stats::of(wasm_samples), native: Stats::of(native_samples) });
+        rows.push(Row {
+            what,
+            wasm: Stats::of(wasm_samples),
+            native: Stats::of(native_samples),
+        });
         tick(what);
     }
     Ok(rows)

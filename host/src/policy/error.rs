@@ -6,13 +6,29 @@ use std::time::Duration;
 #[derive(Debug, Clone, thiserror::Error, PartialEq)]
 pub enum PolicyError {
     #[error("policy {policy}: hook {hook} overran its {deadline:?} deadline")]
-    Deadline { policy: String, hook: Hook, deadline: Duration },
+    Deadline {
+        policy: String,
+        hook: Hook,
+        deadline: Duration,
+    },
     #[error("policy {policy}: hook {hook} exceeded the {cap_bytes}-byte memory cap")]
-    MemoryCap { policy: String, hook: Hook, cap_bytes: usize },
+    MemoryCap {
+        policy: String,
+        hook: Hook,
+        cap_bytes: usize,
+    },
     #[error("policy {policy}: hook {hook} trapped: {message}")]
-    Trap { policy: String, hook: Hook, message: String },
+    Trap {
+        policy: String,
+        hook: Hook,
+        message: String,
+    },
     #[error("policy {policy}: hook {hook} returned an invalid decision: {reason}")]
-    Invalid { policy: String, hook: Hook, reason: String },
+    Invalid {
+        policy: String,
+        hook: Hook,
+        reason: String,
+    },
 }
 
 impl PolicyError {
@@ -40,9 +56,16 @@ impl PolicyError {
 #[derive(Debug, thiserror::Error)]
 pub enum LoadError {
     #[error("policy module {path}: cannot read: {source}")]
-    Read { path: PathBuf, source: std::io::Error },
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     #[error("policy module {module}: sha256 is {actual}, expected {expected}; refusing to load it")]
-    Sha256Mismatch { module: String, expected: String, actual: String },
+    Sha256Mismatch {
+        module: String,
+        expected: String,
+        actual: String,
+    },
     #[error("policy module {module}: --policy-sha256 {value:?} is not 64 hex digits")]
     BadSha256 { module: String, value: String },
     #[error("policy module {module}: not a valid WebAssembly component: {cause}")]
@@ -51,7 +74,11 @@ pub enum LoadError {
         "policy module {module}: implements {found}, but this pinset implements {expected}; \
          rebuild the policy against wit/policy.wit of this release"
     )]
-    Contract { module: String, expected: String, found: String },
+    Contract {
+        module: String,
+        expected: String,
+        found: String,
+    },
     #[error("policy module {module}: imports what the sandbox does not offer: {cause}")]
     Link { module: String, cause: String },
     #[error("wasm engine: {0}")]

@@ -1,6 +1,4 @@
-use super::{
-    Hook, MAX_CONCURRENCY, NativePolicy, PolicyError, PolicyInstance, validate,
-};
+use super::{Hook, MAX_CONCURRENCY, NativePolicy, PolicyError, PolicyInstance, validate};
 use crate::metrics::Metrics;
 use pinset_policy_sdk::{
     Admission, AdmissionRequest, Images, NodeFacts, PolicyInfo, Pressure, PullOutcome,
@@ -21,7 +19,12 @@ pub struct Guarded {
 
 impl Guarded {
     pub fn new(primary: Box<dyn PolicyInstance>) -> Self {
-        Self { primary, reference: NativePolicy::reference(), fallbacks: Vec::new(), metrics: None }
+        Self {
+            primary,
+            reference: NativePolicy::reference(),
+            fallbacks: Vec::new(),
+            metrics: None,
+        }
     }
 
     pub fn with_metrics(mut self, metrics: Metrics) -> Self {
@@ -113,7 +116,12 @@ impl Guarded {
         n
     }
 
-    pub fn throttle(&mut self, node: &NodeFacts, outcome: &PullOutcome, pressure: &Pressure) -> Duration {
+    pub fn throttle(
+        &mut self,
+        node: &NodeFacts,
+        outcome: &PullOutcome,
+        pressure: &Pressure,
+    ) -> Duration {
         Duration::from_millis(self.decide(
             Hook::Throttle,
             |p| p.throttle(node, outcome, pressure),
@@ -154,7 +162,11 @@ mod tests {
         let metrics = Metrics::new();
         let mut g = Guarded::new(Box::new(NativePolicy::new("oob", OutOfBounds)))
             .with_metrics(metrics.clone());
-        let node = NodeFacts { control_plane: true, ready: true, ..Default::default() };
+        let node = NodeFacts {
+            control_plane: true,
+            ready: true,
+            ..Default::default()
+        };
         assert_eq!(g.concurrency(&node), 1);
         assert_eq!(
             g.throttle(&node, &PullOutcome::default(), &Pressure::default()),
@@ -163,12 +175,22 @@ mod tests {
         let mut images = Images::new();
         images.push("r@sha256:00", ["s"], false, None, &[]);
         assert_eq!(g.order(&node, &images), vec![0]);
-        let request = AdmissionRequest { node: node.clone(), ..Default::default() };
+        let request = AdmissionRequest {
+            node: node.clone(),
+            ..Default::default()
+        };
         // The reference rejects: allocatable unknown.
         assert_eq!(g.admit(&request).verdict, Verdict::Reject);
         let hooks: Vec<Hook> = g.fallbacks().iter().map(|f| f.hook()).collect();
-        assert_eq!(hooks, vec![Hook::Concurrency, Hook::Throttle, Hook::Order, Hook::Admit]);
-        assert!(g.fallbacks()[0].to_string().contains("policy oob: hook concurrency"));
+        assert_eq!(
+            hooks,
+            vec![Hook::Concurrency, Hook::Throttle, Hook::Order, Hook::Admit]
+        );
+        assert!(
+            g.fallbacks()[0]
+                .to_string()
+                .contains("policy oob: hook concurrency")
+        );
         let text = metrics.encode();
         assert!(
             text.contains(r#"pinset_policy_fallbacks_total{hook="concurrency",kind="invalid"} 1"#),

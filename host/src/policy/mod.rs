@@ -39,7 +39,13 @@ pub enum Hook {
 }
 
 impl Hook {
-    pub const ALL: [Hook; 5] = [Hook::Info, Hook::Admit, Hook::Order, Hook::Concurrency, Hook::Throttle];
+    pub const ALL: [Hook; 5] = [
+        Hook::Info,
+        Hook::Admit,
+        Hook::Order,
+        Hook::Concurrency,
+        Hook::Throttle,
+    ];
 
     pub fn as_str(self) -> &'static str {
         match self {
@@ -81,5 +87,6 @@ pub const MAX_CONCURRENCY: u32 = 64;
 pub const MAX_THROTTLE: Duration = Duration::from_secs(600);
 
 /// The default policy module, built from `policies/default` and embedded at build time.
-pub const EMBEDDED_DEFAULT: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/default-policy.wasm"));
+pub const EMBEDDED_DEFAULT: &[u8] =
+    include_bytes!(concat!(env!("OUT_DIR"), "/default-policy.wasm"));
 pub const EMBEDDED_DEFAULT_NAME: &str = "embedded:default";

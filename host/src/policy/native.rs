@@ -12,7 +12,10 @@ pub struct NativePolicy {
 
 impl NativePolicy {
     pub fn new(name: impl Into<String>, policy: impl Policy + Send + 'static) -> Self {
-        Self { name: name.into(), policy: Box::new(policy) }
+        Self {
+            name: name.into(),
+            policy: Box::new(policy),
+        }
     }
 
     /// The reference policy: the default policy's source compiled natively. It is the fallback

@@ -2,7 +2,9 @@
 //! of 1–3 sets each, with layers drawn partly from a shared base pool (as real images share
 //! base layers) and partly of their own.
 
-use pinset_policy_sdk::{AdmissionRequest, DiskFacts, GIB, Images, NodeFacts, Pressure, PullOutcome};
+use pinset_policy_sdk::{
+    AdmissionRequest, DiskFacts, GIB, Images, NodeFacts, Pressure, PullOutcome,
+};
 
 /// xorshift64*: deterministic, dependency-free.
 struct Rng(u64);
@@ -41,15 +43,19 @@ pub fn node(control_plane: bool) -> NodeFacts {
 pub fn request(n: usize, seed: u64) -> AdmissionRequest {
     let mut rng = Rng(seed.max(1));
     let mut images = Images::new();
-    let base: Vec<u32> =
-        (0..32).map(|_| images.add_layer(5_000_000 + rng.below(100_000_000))).collect();
+    let base: Vec<u32> = (0..32)
+        .map(|_| images.add_layer(5_000_000 + rng.below(100_000_000)))
+        .collect();
     let sets = ["release-payload", "operators", "workloads"];
     for i in 0..n {
         let mut layers = vec![base[rng.below(base.len() as u64) as usize]];
         for _ in 0..(2 + rng.below(6)) {
             layers.push(images.add_layer(100_000 + rng.below(50_000_000)));
         }
-        let size = layers.iter().map(|&l| images.layer_sizes()[l as usize]).sum();
+        let size = layers
+            .iter()
+            .map(|&l| images.layer_sizes()[l as usize])
+            .sum();
         let owning = 1 + rng.below(3) as usize;
         let reference = format!(
             "registry.example.internal:5000/release/component-{i}@sha256:{:016x}{:016x}{:016x}{:016x}",
@@ -58,7 +64,13 @@ pub fn request(n: usize, seed: u64) -> AdmissionRequest {
             rng.next(),
             rng.next()
         );
-        images.push(&reference, sets[..owning].iter().copied(), false, Some(size), &layers);
+        images.push(
+            &reference,
+            sets[..owning].iter().copied(),
+            false,
+            Some(size),
+            &layers,
+        );
     }
     AdmissionRequest {
         node: node(false),
@@ -81,7 +93,11 @@ pub fn outcome(request: &AdmissionRequest) -> (PullOutcome, Pressure) {
             duration_ms: 850,
             remaining: request.images.len().saturating_sub(1) as u32,
         },
-        Pressure { io: Some(3.5), cpu: Some(10.0), memory: Some(0.0) },
+        Pressure {
+            io: Some(3.5),
+            cpu: Some(10.0),
+            memory: Some(0.0),
+        },
     )
 }
 

@@ -7,11 +7,16 @@ use pinset_policy_sdk::Verdict;
 /// `order` must be a permutation of `0..len`.
 pub fn order(order: &[u32], len: usize) -> Result<(), String> {
     if order.len() != len {
-        return Err(format!("order has {} entries for {len} images", order.len()));
+        return Err(format!(
+            "order has {} entries for {len} images",
+            order.len()
+        ));
     }
     let mut seen = vec![false; len];
     for &i in order {
-        let slot = seen.get_mut(i as usize).ok_or_else(|| format!("order names image {i} of {len}"))?;
+        let slot = seen
+            .get_mut(i as usize)
+            .ok_or_else(|| format!("order names image {i} of {len}"))?;
         if std::mem::replace(slot, true) {
             return Err(format!("order names image {i} twice"));
         }
@@ -21,7 +26,9 @@ pub fn order(order: &[u32], len: usize) -> Result<(), String> {
 
 /// An admitted subset must name only given images, each once.
 pub fn verdict(verdict: &Verdict, images: usize) -> Result<(), String> {
-    let Verdict::AdmitSome(subset) = verdict else { return Ok(()) };
+    let Verdict::AdmitSome(subset) = verdict else {
+        return Ok(());
+    };
     let mut seen = vec![false; images];
     for &i in subset {
         let slot = seen
@@ -46,7 +53,10 @@ pub fn throttle_ms(ms: u64) -> Result<(), String> {
     if u128::from(ms) <= MAX_THROTTLE.as_millis() {
         Ok(())
     } else {
-        Err(format!("throttle {ms} ms exceeds {} ms", MAX_THROTTLE.as_millis()))
+        Err(format!(
+            "throttle {ms} ms exceeds {} ms",
+            MAX_THROTTLE.as_millis()
+        ))
     }
 }
 
@@ -58,7 +68,10 @@ mod tests {
     fn permutations() {
         assert!(order(&[2, 0, 1], 3).is_ok());
         assert!(order(&[], 0).is_ok());
-        assert_eq!(order(&[0, 0, 1], 3).unwrap_err(), "order names image 0 twice");
+        assert_eq!(
+            order(&[0, 0, 1], 3).unwrap_err(),
+            "order names image 0 twice"
+        );
         assert!(order(&[0, 1], 3).unwrap_err().contains("2 entries"));
         assert!(order(&[0, 1, 3], 3).unwrap_err().contains("image 3 of 3"));
     }

@@ -55,7 +55,10 @@ pub struct Limits {
 
 impl Default for Limits {
     fn default() -> Self {
-        Self { deadline: Duration::from_millis(100), memory_bytes: 32 << 20 }
+        Self {
+            deadline: Duration::from_millis(100),
+            memory_bytes: 32 << 20,
+        }
     }
 }
 
@@ -107,7 +110,11 @@ impl WasmRuntime {
                 }
             })
             .map_err(|e| LoadError::Engine(format!("starting the epoch ticker: {e}")))?;
-        Ok(Self { engine, linker: Arc::new(linker), ticker: Arc::new(Ticker { stop }) })
+        Ok(Self {
+            engine,
+            linker: Arc::new(linker),
+            ticker: Arc::new(Ticker { stop }),
+        })
     }
 
     /// Load a module from a file. `sha256`, when given, must match the file.
@@ -117,8 +124,10 @@ impl WasmRuntime {
         sha256: Option<&str>,
         limits: Limits,
     ) -> Result<PolicyModule, LoadError> {
-        let bytes = std::fs::read(path)
-            .map_err(|source| LoadError::Read { path: path.to_path_buf(), source })?;
+        let bytes = std::fs::read(path).map_err(|source| LoadError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
         self.load(&path.display().to_string(), &bytes, sha256, limits)
     }
 
@@ -134,7 +143,10 @@ impl WasmRuntime {
         if let Some(expected) = sha256 {
             let expected_norm = expected.trim().to_ascii_lowercase();
             if expected_norm.len() != 64 || !expected_norm.bytes().all(|b| b.is_ascii_hexdigit()) {
-                return Err(LoadError::BadSha256 { module: name.into(), value: expected.into() });
+                return Err(LoadError::BadSha256 {
+                    module: name.into(),
+                    value: expected.into(),
+                });
             }
             if expected_norm != actual {
                 return Err(LoadError::Sha256Mismatch {
@@ -144,13 +156,18 @@ impl WasmRuntime {
                 });
             }
         }
-        let component = Component::new(&self.engine, bytes)
-            .map_err(|e| LoadError::Compile { module: name.into(), cause: format!("{e:#}") })?;
+        let component = Component::new(&self.engine, bytes).map_err(|e| LoadError::Compile {
+            module: name.into(),
+            cause: format!("{e:#}"),
+        })?;
         check_contract(&self.engine, &component, name)?;
         let pre = self
             .linker
             .instantiate_pre(&component)
-            .map_err(|e| LoadError::Link { module: name.into(), cause: format!("{e:#}") })?;
+            .map_err(|e| LoadError::Link {
+                module: name.into(),
+                cause: format!("{e:#}"),
+            })?;
         let pre = bindings::PolicyPre::new(pre).map_err(|e| LoadError::Contract {
             module: name.into(),
             expected: CONTRACT.into(),
@@ -175,11 +192,23 @@ fn check_contract(engine: &Engine, component: &Component, name: &str) -> Result<
     let ty = component.component_type();
     let exports: Vec<String> = ty.exports(engine).map(|(n, _)| n.to_string()).collect();
     let wanted = version_of(CONTRACT).expect("CONTRACT has a version");
-    if exports.iter().filter_map(|e| version_of(e)).any(|v| compatible(v, wanted)) {
+    if exports
+        .iter()
+        .filter_map(|e| version_of(e))
+        .any(|v| compatible(v, wanted))
+    {
         return Ok(());
     }
-    let found = if exports.is_empty() { "no exports".to_string() } else { exports.join(", ") };
-    Err(LoadError::Contract { module: name.into(), expected: CONTRACT.into(), found })
+    let found = if exports.is_empty() {
+        "no exports".to_string()
+    } else {
+        exports.join(", ")
+    };
+    Err(LoadError::Contract {
+        module: name.into(),
+        expected: CONTRACT.into(),
+        found,
+    })
 }
 
 fn version_of(export: &str) -> Option<(u64, u64)> {
@@ -224,7 +253,10 @@ impl PolicyModule {
     }
     /// A fresh instance for one reconcile.
     pub fn instance(&self) -> WasmPolicy {
-        WasmPolicy { shared: self.shared.clone(), live: None }
+        WasmPolicy {
+            shared: self.shared.clone(),
+            live: None,
+        }
     }
 }
 
@@ -240,7 +272,10 @@ struct State {
 
 impl WasiView for State {
     fn ctx(&mut self) -> WasiCtxView<'_> {
-        WasiCtxView { ctx: &mut self.wasi, table: &mut self.table }
+        WasiCtxView {
+            ctx: &mut self.wasi,
+            table: &mut self.table,
+        }
     }
 }
 
@@ -345,7 +380,10 @@ impl WasmPolicy {
         let state = State {
             wasi,
             table: ResourceTable::new(),
-            limiter: CapLimiter { inner: limits, hit: false },
+            limiter: CapLimiter {
+                inner: limits,
+                hit: false,
+            },
             stderr,
             policy: Arc::from(s.name.as_str()),
             log_lines: 0,
@@ -392,22 +430,42 @@ impl WasmPolicy {
     fn classify(&self, hook: Hook, store: &Store<State>, e: wasmtime::Error) -> PolicyError {
         let policy = self.shared.name.clone();
         if store.data().limiter.hit {
-            return PolicyError::MemoryCap { policy, hook, cap_bytes: self.shared.limits.memory_bytes };
+            return PolicyError::MemoryCap {
+                policy,
+                hook,
+                cap_bytes: self.shared.limits.memory_bytes,
+            };
         }
         match e.downcast_ref::<Trap>() {
-            Some(Trap::Interrupt) => {
-                PolicyError::Deadline { policy, hook, deadline: self.shared.limits.deadline }
-            }
+            Some(Trap::Interrupt) => PolicyError::Deadline {
+                policy,
+                hook,
+                deadline: self.shared.limits.deadline,
+            },
             trap => {
                 let mut message = trap.map_or_else(|| format!("{e:#}"), |t| t.to_string());
                 let stderr = store.data().stderr.contents();
                 let stderr = String::from_utf8_lossy(&stderr);
                 if let Some(panic) = stderr.lines().find(|l| l.contains("panicked at")) {
-                    let detail: Vec<&str> =
-                        stderr.lines().skip_while(|l| !l.contains("panicked at")).take(2).collect();
-                    message = format!("{message} ({})", if detail.len() > 1 { detail.join(" ") } else { panic.to_string() });
+                    let detail: Vec<&str> = stderr
+                        .lines()
+                        .skip_while(|l| !l.contains("panicked at"))
+                        .take(2)
+                        .collect();
+                    message = format!(
+                        "{message} ({})",
+                        if detail.len() > 1 {
+                            detail.join(" ")
+                        } else {
+                            panic.to_string()
+                        }
+                    );
                 }
-                PolicyError::Trap { policy, hook, message }
+                PolicyError::Trap {
+                    policy,
+                    hook,
+                    message,
+                }
             }
         }
     }
@@ -420,7 +478,11 @@ impl PolicyInstance for WasmPolicy {
 
     fn info(&mut self) -> Result<sdk::PolicyInfo, PolicyError> {
         let i = self.call(Hook::Info, |s, p| p.pinset_policy_decisions().call_info(s))?;
-        Ok(sdk::PolicyInfo { name: i.name, version: i.version, description: i.description })
+        Ok(sdk::PolicyInfo {
+            name: i.name,
+            version: i.version,
+            description: i.description,
+        })
     }
 
     fn admit(&mut self, request: &sdk::AdmissionRequest) -> Result<sdk::Admission, PolicyError> {
@@ -433,24 +495,33 @@ impl PolicyInstance for WasmPolicy {
             },
             images: pack(&request.images),
         };
-        let a = self.call(Hook::Admit, |s, p| p.pinset_policy_decisions().call_admit(s, &request))?;
+        let a = self.call(Hook::Admit, |s, p| {
+            p.pinset_policy_decisions().call_admit(s, &request)
+        })?;
         let verdict = match a.verdict {
             wit::Verdict::AdmitAll => sdk::Verdict::AdmitAll,
             wit::Verdict::AdmitSome(v) => sdk::Verdict::AdmitSome(v),
             wit::Verdict::Reject => sdk::Verdict::Reject,
         };
-        Ok(sdk::Admission { verdict, reason: a.reason })
+        Ok(sdk::Admission {
+            verdict,
+            reason: a.reason,
+        })
     }
 
     fn order(&mut self, n: &sdk::NodeFacts, images: &sdk::Images) -> Result<Vec<u32>, PolicyError> {
         let n = node(n);
         let images = pack(images);
-        self.call(Hook::Order, |s, p| p.pinset_policy_decisions().call_order(s, &n, &images))
+        self.call(Hook::Order, |s, p| {
+            p.pinset_policy_decisions().call_order(s, &n, &images)
+        })
     }
 
     fn concurrency(&mut self, n: &sdk::NodeFacts) -> Result<u32, PolicyError> {
         let n = node(n);
-        self.call(Hook::Concurrency, |s, p| p.pinset_policy_decisions().call_concurrency(s, &n))
+        self.call(Hook::Concurrency, |s, p| {
+            p.pinset_policy_decisions().call_concurrency(s, &n)
+        })
     }
 
     fn throttle(
@@ -467,9 +538,14 @@ impl PolicyInstance for WasmPolicy {
             duration_ms: outcome.duration_ms,
             remaining: outcome.remaining,
         };
-        let pressure = wit::Pressure { io: pressure.io, cpu: pressure.cpu, memory: pressure.memory };
+        let pressure = wit::Pressure {
+            io: pressure.io,
+            cpu: pressure.cpu,
+            memory: pressure.memory,
+        };
         self.call(Hook::Throttle, |s, p| {
-            p.pinset_policy_decisions().call_throttle(s, &n, &outcome, pressure)
+            p.pinset_policy_decisions()
+                .call_throttle(s, &n, &outcome, pressure)
         })
     }
 }

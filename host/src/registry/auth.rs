@@ -10,11 +10,21 @@ use std::path::{Path, PathBuf};
 #[derive(Debug, thiserror::Error)]
 pub enum AuthError {
     #[error("registry credentials {path}: cannot read: {source}")]
-    Read { path: PathBuf, source: std::io::Error },
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     #[error("registry credentials {path}: not a config.json: {source}")]
-    Parse { path: PathBuf, source: serde_json::Error },
+    Parse {
+        path: PathBuf,
+        source: serde_json::Error,
+    },
     #[error("registry credentials {path}: entry {key:?}: {why}")]
-    Entry { path: PathBuf, key: String, why: String },
+    Entry {
+        path: PathBuf,
+        key: String,
+        why: String,
+    },
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -31,8 +41,10 @@ pub struct Credentials {
 
 impl Credentials {
     pub fn load(path: &Path) -> Result<Self, AuthError> {
-        let text = std::fs::read_to_string(path)
-            .map_err(|source| AuthError::Read { path: path.into(), source })?;
+        let text = std::fs::read_to_string(path).map_err(|source| AuthError::Read {
+            path: path.into(),
+            source,
+        })?;
         Self::parse(&text, path)
     }
 
@@ -48,21 +60,36 @@ impl Credentials {
             username: Option<String>,
             password: Option<String>,
         }
-        let file: File = serde_json::from_str(text)
-            .map_err(|source| AuthError::Parse { path: path.into(), source })?;
+        let file: File = serde_json::from_str(text).map_err(|source| AuthError::Parse {
+            path: path.into(),
+            source,
+        })?;
         let mut entries = BTreeMap::new();
         for (key, e) in file.auths {
-            let err = |why: String| AuthError::Entry { path: path.into(), key: key.clone(), why };
+            let err = |why: String| AuthError::Entry {
+                path: path.into(),
+                key: key.clone(),
+                why,
+            };
             let cred = match (e.auth, e.username, e.password) {
                 (Some(auth), _, _) => {
                     let raw = base64::engine::general_purpose::STANDARD
                         .decode(auth.trim())
                         .map_err(|e| err(format!("auth is not base64: {e}")))?;
-                    let text = String::from_utf8(raw).map_err(|_| err("auth is not UTF-8".into()))?;
-                    let (u, p) = text.split_once(':').ok_or_else(|| err("auth is not user:password".into()))?;
-                    Credential { username: u.into(), password: p.into() }
+                    let text =
+                        String::from_utf8(raw).map_err(|_| err("auth is not UTF-8".into()))?;
+                    let (u, p) = text
+                        .split_once(':')
+                        .ok_or_else(|| err("auth is not user:password".into()))?;
+                    Credential {
+                        username: u.into(),
+                        password: p.into(),
+                    }
                 }
-                (None, Some(u), Some(p)) => Credential { username: u, password: p },
+                (None, Some(u), Some(p)) => Credential {
+                    username: u,
+                    password: p,
+                },
                 _ => return Err(err("neither auth nor username and password".into())),
             };
             entries.insert(normalise(&key), cred);
@@ -92,11 +119,21 @@ impl Credentials {
 }
 
 fn normalise(key: &str) -> String {
-    let k = key.strip_prefix("https://").or_else(|| key.strip_prefix("http://")).unwrap_or(key);
+    let k = key
+        .strip_prefix("https://")
+        .or_else(|| key.strip_prefix("http://"))
+        .unwrap_or(key);
     let k = k.trim_end_matches('/');
     // Docker Hub's legacy key.
-    let k = k.strip_suffix("/v1").or_else(|| k.strip_suffix("/v2")).unwrap_or(k);
-    if k == "index.docker.io" { "docker.io".into() } else { k.into() }
+    let k = k
+        .strip_suffix("/v1")
+        .or_else(|| k.strip_suffix("/v2"))
+        .unwrap_or(k);
+    if k == "index.docker.io" {
+        "docker.io".into()
+    } else {
+        k.into()
+    }
 }
 
 #[cfg(test)]
@@ -122,18 +159,35 @@ mod tests {
         );
         let c = Credentials::parse(&text, Path::new("config.json")).unwrap();
         assert_eq!(c.lookup("quay.io", "other/img").unwrap().username, "any");
-        assert_eq!(c.lookup("quay.io", "openshift-release-dev/ocp").unwrap().username, "release");
-        assert_eq!(c.lookup("docker.io", "library/busybox").unwrap().username, "hub");
+        assert_eq!(
+            c.lookup("quay.io", "openshift-release-dev/ocp")
+                .unwrap()
+                .username,
+            "release"
+        );
+        assert_eq!(
+            c.lookup("docker.io", "library/busybox").unwrap().username,
+            "hub"
+        );
         let local = c.for_pull("127.0.0.1:5000", "a").unwrap();
-        assert_eq!((local.username.as_str(), local.password.as_str()), ("local", "three:with:colons"));
+        assert_eq!(
+            (local.username.as_str(), local.password.as_str()),
+            ("local", "three:with:colons")
+        );
         assert!(c.lookup("ghcr.io", "x").is_none());
     }
 
     #[test]
     fn bad_entries_name_file_and_key() {
-        let e = Credentials::parse(r#"{"auths": {"q.io": {"auth": "%%%"}}}"#, Path::new("/k/config.json"))
-            .unwrap_err()
-            .to_string();
-        assert!(e.contains("/k/config.json") && e.contains("q.io") && e.contains("base64"), "{e}");
+        let e = Credentials::parse(
+            r#"{"auths": {"q.io": {"auth": "%%%"}}}"#,
+            Path::new("/k/config.json"),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("/k/config.json") && e.contains("q.io") && e.contains("base64"),
+            "{e}"
+        );
     }
 }

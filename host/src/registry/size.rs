@@ -37,10 +37,13 @@ pub struct TableSizer {
 
 impl Sizer for TableSizer {
     async fn size(&self, image: &ImageRef) -> Result<ImageSize, SizeError> {
-        self.table.get(image.as_str()).cloned().ok_or_else(|| SizeError {
-            image: image.to_string(),
-            why: "not in the size table".into(),
-        })
+        self.table
+            .get(image.as_str())
+            .cloned()
+            .ok_or_else(|| SizeError {
+                image: image.to_string(),
+                why: "not in the size table".into(),
+            })
     }
 }
 
@@ -52,7 +55,10 @@ pub struct Cached<S> {
 
 impl<S: Sizer> Cached<S> {
     pub fn new(inner: S) -> Self {
-        Self { inner, cache: Mutex::new(HashMap::new()) }
+        Self {
+            inner,
+            cache: Mutex::new(HashMap::new()),
+        }
     }
 
     pub async fn size(&self, image: &ImageRef) -> Result<ImageSize, SizeError> {
@@ -60,7 +66,10 @@ impl<S: Sizer> Cached<S> {
             return Ok(hit.clone());
         }
         let size = self.inner.size(image).await?;
-        self.cache.lock().expect("size cache").insert(image.digest().to_string(), size.clone());
+        self.cache
+            .lock()
+            .expect("size cache")
+            .insert(image.digest().to_string(), size.clone());
         Ok(size)
     }
 
@@ -90,17 +99,28 @@ impl RegistrySizer {
             read_timeout: Some(std::time::Duration::from_secs(30)),
             ..Default::default()
         };
-        Self { client: oci_client::Client::new(config), credentials }
+        Self {
+            client: oci_client::Client::new(config),
+            credentials,
+        }
     }
 }
 
 impl Sizer for RegistrySizer {
     async fn size(&self, image: &ImageRef) -> Result<ImageSize, SizeError> {
-        let err = |why: String| SizeError { image: image.to_string(), why };
+        let err = |why: String| SizeError {
+            image: image.to_string(),
+            why,
+        };
         let reference: oci_client::Reference =
             image.as_str().parse().map_err(|e| err(format!("{e}")))?;
-        let auth = match self.credentials.lookup(image.registry(), image.repository()) {
-            Some(c) => oci_client::secrets::RegistryAuth::Basic(c.username.clone(), c.password.clone()),
+        let auth = match self
+            .credentials
+            .lookup(image.registry(), image.repository())
+        {
+            Some(c) => {
+                oci_client::secrets::RegistryAuth::Basic(c.username.clone(), c.password.clone())
+            }
             None => oci_client::secrets::RegistryAuth::Anonymous,
         };
         let (manifest, _digest) = self

@@ -18,10 +18,13 @@ pub struct AdmitWhatFits;
 pub fn budget(request: &AdmissionRequest) -> Option<(u64, &'static str)> {
     let disk = &request.disk;
     if let Some(available) = disk.available_bytes {
-        let reserve = disk
-            .capacity_bytes
-            .map_or(MIN_RESERVE_BYTES, |c| (c / 100 * RESERVE_PERCENT).max(MIN_RESERVE_BYTES));
-        return Some((available.saturating_sub(reserve), "image filesystem free space"));
+        let reserve = disk.capacity_bytes.map_or(MIN_RESERVE_BYTES, |c| {
+            (c / 100 * RESERVE_PERCENT).max(MIN_RESERVE_BYTES)
+        });
+        return Some((
+            available.saturating_sub(reserve),
+            "image filesystem free space",
+        ));
     }
     let allocatable = request.node.allocatable_ephemeral_bytes?;
     Some((
@@ -55,7 +58,9 @@ impl Policy for AdmitWhatFits {
         let mut admitted = Vec::new();
         let absent: Vec<u32> = images.absent().collect();
         for &i in &absent {
-            let image = images.get(i as usize).expect("absent() yields valid indices");
+            let image = images
+                .get(i as usize)
+                .expect("absent() yields valid indices");
             // Bytes of the layers not yet counted, each once even if listed twice.
             let mut bytes = 0u64;
             let mut fresh = Vec::new();
@@ -116,7 +121,11 @@ mod tests {
 
     fn request(available: u64, sizes: &[u64]) -> AdmissionRequest {
         AdmissionRequest {
-            node: NodeFacts { name: "w".into(), ready: true, ..Default::default() },
+            node: NodeFacts {
+                name: "w".into(),
+                ready: true,
+                ..Default::default()
+            },
             disk: DiskFacts {
                 capacity_bytes: Some(100 * GIB),
                 available_bytes: Some(available),
@@ -143,7 +152,13 @@ mod tests {
 
     #[test]
     fn all_or_nothing_edges() {
-        assert_eq!(AdmitWhatFits.admit(&request(20 * GIB, &[GIB])).verdict, Verdict::AdmitAll);
-        assert_eq!(AdmitWhatFits.admit(&request(20 * GIB, &[6 * GIB])).verdict, Verdict::Reject);
+        assert_eq!(
+            AdmitWhatFits.admit(&request(20 * GIB, &[GIB])).verdict,
+            Verdict::AdmitAll
+        );
+        assert_eq!(
+            AdmitWhatFits.admit(&request(20 * GIB, &[6 * GIB])).verdict,
+            Verdict::Reject
+        );
     }
 }

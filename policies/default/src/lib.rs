@@ -45,7 +45,11 @@ impl Policy for DefaultPolicy {
     }
 
     fn concurrency(&self, node: &NodeFacts) -> u32 {
-        if node.control_plane { CONTROL_PLANE_CONCURRENCY } else { WORKER_CONCURRENCY }
+        if node.control_plane {
+            CONTROL_PLANE_CONCURRENCY
+        } else {
+            WORKER_CONCURRENCY
+        }
     }
 
     fn throttle(&self, _node: &NodeFacts, _outcome: &PullOutcome, _pressure: &Pressure) -> u64 {
@@ -139,9 +143,19 @@ mod tests {
         let mut images = Images::new();
         for (i, &s) in sizes.iter().enumerate() {
             let layer = images.add_layer(s);
-            images.push(&format!("r/{i}@sha256:{i:064x}"), ["set"], false, Some(s), &[layer]);
+            images.push(
+                &format!("r/{i}@sha256:{i:064x}"),
+                ["set"],
+                false,
+                Some(s),
+                &[layer],
+            );
         }
-        AdmissionRequest { node: node(false, allocatable), images, ..Default::default() }
+        AdmissionRequest {
+            node: node(false, allocatable),
+            images,
+            ..Default::default()
+        }
     }
 
     #[test]
@@ -149,7 +163,11 @@ mod tests {
         // usable = 4 GiB; 2 × 2 GiB == 4 GiB is not strictly less: rejected.
         let at_limit = admit(&request(20 * GIB, &[GIB, GIB]));
         assert_eq!(at_limit.verdict, Verdict::Reject, "{}", at_limit.reason);
-        assert!(at_limit.reason.contains("not enough disk"), "{}", at_limit.reason);
+        assert!(
+            at_limit.reason.contains("not enough disk"),
+            "{}",
+            at_limit.reason
+        );
         let below = admit(&request(20 * GIB, &[GIB, GIB - 1]));
         assert_eq!(below.verdict, Verdict::AdmitAll, "{}", below.reason);
     }
@@ -174,7 +192,11 @@ mod tests {
         r.images.push("x@sha256:00", ["set"], false, None, &[]);
         let a = admit(&r);
         assert_eq!(a.verdict, Verdict::AdmitAll);
-        assert!(a.reason.contains("1 image(s) of unknown size"), "{}", a.reason);
+        assert!(
+            a.reason.contains("1 image(s) of unknown size"),
+            "{}",
+            a.reason
+        );
     }
 
     #[test]
@@ -182,6 +204,13 @@ mod tests {
         let p = DefaultPolicy;
         assert_eq!(p.concurrency(&node(true, 0)), 1);
         assert_eq!(p.concurrency(&node(false, 0)), 5);
-        assert_eq!(p.throttle(&node(true, 0), &PullOutcome::default(), &Pressure::default()), 1000);
+        assert_eq!(
+            p.throttle(
+                &node(true, 0),
+                &PullOutcome::default(),
+                &Pressure::default()
+            ),
+            1000
+        );
     }
 }

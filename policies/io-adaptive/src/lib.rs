@@ -13,8 +13,12 @@ pub const WORKER_CONCURRENCY: u32 = 4;
 pub const AFTER_FAILURE_MS: u64 = 2_000;
 
 /// (io pressure at least, pause on workers ms, pause on control-plane nodes ms), highest first.
-pub const PRESSURE_STEPS: [(f32, u64, u64); 4] =
-    [(50.0, 15_000, 30_000), (20.0, 5_000, 10_000), (5.0, 1_000, 3_000), (0.0, 0, 500)];
+pub const PRESSURE_STEPS: [(f32, u64, u64); 4] = [
+    (50.0, 15_000, 30_000),
+    (20.0, 5_000, 10_000),
+    (5.0, 1_000, 3_000),
+    (0.0, 0, 500),
+];
 
 /// Pause when the kernel gives no pressure information: the reference's 1 s.
 pub const NO_PSI_MS: u64 = 1_000;
@@ -40,7 +44,11 @@ impl Policy for IoAdaptive {
     }
 
     fn concurrency(&self, node: &NodeFacts) -> u32 {
-        if node.control_plane { CONTROL_PLANE_CONCURRENCY } else { WORKER_CONCURRENCY }
+        if node.control_plane {
+            CONTROL_PLANE_CONCURRENCY
+        } else {
+            WORKER_CONCURRENCY
+        }
     }
 
     fn throttle(&self, node: &NodeFacts, outcome: &PullOutcome, pressure: &Pressure) -> u64 {
@@ -58,9 +66,16 @@ impl Policy for IoAdaptive {
         if let Some(io) = pressure.io
             && by_pressure >= 5_000
         {
-            log(Level::Info, &format!("io pressure {io:.1}%: pausing {by_pressure} ms"));
+            log(
+                Level::Info,
+                &format!("io pressure {io:.1}%: pausing {by_pressure} ms"),
+            );
         }
-        if outcome.error.is_some() { by_pressure.max(AFTER_FAILURE_MS) } else { by_pressure }
+        if outcome.error.is_some() {
+            by_pressure.max(AFTER_FAILURE_MS)
+        } else {
+            by_pressure
+        }
     }
 }
 
@@ -71,9 +86,22 @@ mod tests {
     use super::*;
 
     fn at(io: Option<f32>, control_plane: bool, failed: bool) -> u64 {
-        let node = NodeFacts { control_plane, ..Default::default() };
-        let outcome = PullOutcome { error: failed.then(|| "boom".into()), ..Default::default() };
-        IoAdaptive.throttle(&node, &outcome, &Pressure { io, ..Default::default() })
+        let node = NodeFacts {
+            control_plane,
+            ..Default::default()
+        };
+        let outcome = PullOutcome {
+            error: failed.then(|| "boom".into()),
+            ..Default::default()
+        };
+        IoAdaptive.throttle(
+            &node,
+            &outcome,
+            &Pressure {
+                io,
+                ..Default::default()
+            },
+        )
     }
 
     #[test]

@@ -44,7 +44,11 @@ fn table(t: wit::Images) -> types::Images {
 
 pub fn info<P: Policy + Default>() -> wit::PolicyInfo {
     let i = P::default().info();
-    wit::PolicyInfo { name: i.name, version: i.version, description: i.description }
+    wit::PolicyInfo {
+        name: i.name,
+        version: i.version,
+        description: i.description,
+    }
 }
 
 pub fn admit<P: Policy + Default>(r: wit::AdmissionRequest) -> wit::Admission {
@@ -63,7 +67,10 @@ pub fn admit<P: Policy + Default>(r: wit::AdmissionRequest) -> wit::Admission {
         types::Verdict::AdmitSome(v) => wit::Verdict::AdmitSome(v),
         types::Verdict::Reject => wit::Verdict::Reject,
     };
-    wit::Admission { verdict, reason: a.reason }
+    wit::Admission {
+        verdict,
+        reason: a.reason,
+    }
 }
 
 pub fn order<P: Policy + Default>(n: wit::NodeFacts, images: wit::Images) -> Vec<u32> {
@@ -86,6 +93,10 @@ pub fn throttle<P: Policy + Default>(
         duration_ms: o.duration_ms,
         remaining: o.remaining,
     };
-    let pressure = types::Pressure { io: p.io, cpu: p.cpu, memory: p.memory };
+    let pressure = types::Pressure {
+        io: p.io,
+        cpu: p.cpu,
+        memory: p.memory,
+    };
     P::default().throttle(&node(n), &outcome, &pressure)
 }

@@ -7,26 +7,35 @@ pub const MIB: u64 = 1 << 20;
 pub const GIB: u64 = 1 << 30;
 
 /// Labels that make a node a control-plane node.
-pub const CONTROL_PLANE_LABELS: [&str; 2] =
-    ["node-role.kubernetes.io/master", "node-role.kubernetes.io/control-plane"];
+pub const CONTROL_PLANE_LABELS: [&str; 2] = [
+    "node-role.kubernetes.io/master",
+    "node-role.kubernetes.io/control-plane",
+];
 
 /// Prefix of the role labels (`node-role.kubernetes.io/<role>`).
 pub const ROLE_LABEL_PREFIX: &str = "node-role.kubernetes.io/";
 
 /// Whether a node with these label keys is a control-plane node.
 pub fn is_control_plane<'a>(label_keys: impl IntoIterator<Item = &'a str>) -> bool {
-    label_keys.into_iter().any(|k| CONTROL_PLANE_LABELS.contains(&k))
+    label_keys
+        .into_iter()
+        .any(|k| CONTROL_PLANE_LABELS.contains(&k))
 }
 
 impl NodeFacts {
     /// The value of label `key`, if the node has it.
     pub fn label(&self, key: &str) -> Option<&str> {
-        self.labels.iter().find(|(k, _)| k == key).map(|(_, v)| v.as_str())
+        self.labels
+            .iter()
+            .find(|(k, _)| k == key)
+            .map(|(_, v)| v.as_str())
     }
 
     /// The node's roles from its `node-role.kubernetes.io/<role>` labels.
     pub fn roles(&self) -> impl Iterator<Item = &str> {
-        self.labels.iter().filter_map(|(k, _)| k.strip_prefix(ROLE_LABEL_PREFIX))
+        self.labels
+            .iter()
+            .filter_map(|(k, _)| k.strip_prefix(ROLE_LABEL_PREFIX))
     }
 
     pub fn has_role(&self, role: &str) -> bool {
@@ -48,7 +57,11 @@ pub struct PullBytes {
 impl Images {
     /// Indices of the images that are not present.
     pub fn absent(&self) -> impl Iterator<Item = u32> + '_ {
-        self.present.iter().enumerate().filter(|(_, p)| **p == 0).map(|(i, _)| i as u32)
+        self.present
+            .iter()
+            .enumerate()
+            .filter(|(_, p)| **p == 0)
+            .map(|(i, _)| i as u32)
     }
 
     /// Compressed bytes that pulling the absent images among `indices` brings, a layer shared by
@@ -57,7 +70,9 @@ impl Images {
         let mut seen = vec![false; self.layer_sizes.len()];
         let mut out = PullBytes::default();
         for idx in indices {
-            let Some(image) = self.get(idx as usize) else { continue };
+            let Some(image) = self.get(idx as usize) else {
+                continue;
+            };
             if image.present {
                 continue;
             }
@@ -66,7 +81,9 @@ impl Images {
                 out.unknown_images += 1;
                 continue;
             }
-            out.known = out.known.saturating_add(self.new_layer_bytes(&image, &mut seen));
+            out.known = out
+                .known
+                .saturating_add(self.new_layer_bytes(&image, &mut seen));
         }
         out
     }
@@ -100,7 +117,11 @@ pub fn fmt_bytes(bytes: u64) -> String {
         value /= 1024.0;
         unit += 1;
     }
-    if unit == 0 { format!("{bytes} B") } else { format!("{value:.1} {}", UNITS[unit]) }
+    if unit == 0 {
+        format!("{bytes} B")
+    } else {
+        format!("{value:.1} {}", UNITS[unit])
+    }
 }
 
 #[cfg(test)]
@@ -116,7 +137,14 @@ mod tests {
         t.push("c", ["s2"], true, Some(100), &[l[3]]);
         t.push("d", [], false, None, &[]);
         let all = t.pull_bytes(0..4);
-        assert_eq!(all, PullBytes { known: 35, unknown_images: 1, images: 3 });
+        assert_eq!(
+            all,
+            PullBytes {
+                known: 35,
+                unknown_images: 1,
+                images: 3
+            }
+        );
         assert_eq!(t.pull_bytes([1]).known, 25);
         assert_eq!(t.pull_bytes([7]).images, 0, "out of range is skipped");
         assert_eq!(t.absent().collect::<Vec<_>>(), vec![0, 1, 3]);
@@ -129,14 +157,20 @@ mod tests {
         t.push("reg/a@sha256:00", ["x", "y"], true, Some(7), &[l]);
         t.push("reg/b@sha256:11", ["y"], false, None, &[]);
         let b = t.get(1).unwrap();
-        assert_eq!((b.index, b.reference, b.present, b.size_bytes), (1, "reg/b@sha256:11", false, None));
+        assert_eq!(
+            (b.index, b.reference, b.present, b.size_bytes),
+            (1, "reg/b@sha256:11", false, None)
+        );
         assert_eq!(b.sets().collect::<Vec<_>>(), vec!["y"]);
         let a = t.get(0).unwrap();
         assert_eq!(a.sets().collect::<Vec<_>>(), vec!["x", "y"]);
         assert_eq!(a.layers, &[0]);
         assert!(t.get(2).is_none());
         let sub = t.subset(&[1, 0]);
-        assert_eq!(sub.iter().map(|i| i.reference).collect::<Vec<_>>(), vec!["reg/b@sha256:11", "reg/a@sha256:00"]);
+        assert_eq!(
+            sub.iter().map(|i| i.reference).collect::<Vec<_>>(),
+            vec!["reg/b@sha256:11", "reg/a@sha256:00"]
+        );
         assert_eq!(sub.layer_sizes(), &[7]);
         assert_eq!(Images::from_columns(t.to_columns()), t);
     }
@@ -144,7 +178,10 @@ mod tests {
     #[test]
     fn control_plane_and_roles() {
         assert!(is_control_plane(["node-role.kubernetes.io/master"]));
-        assert!(is_control_plane(["a", "node-role.kubernetes.io/control-plane"]));
+        assert!(is_control_plane([
+            "a",
+            "node-role.kubernetes.io/control-plane"
+        ]));
         assert!(!is_control_plane(["node-role.kubernetes.io/worker"]));
         let node = NodeFacts {
             labels: vec![

@@ -114,7 +114,7 @@ macro_rules! export_policy {
                     $crate::guest::throttle::<$policy>(node, outcome, pressure)
                 }
             }
-            $crate::bindings::__export_decisions!(Exported with_types_in $crate::bindings);
+    $crate::bindings::__export_decisions!(Exported with_types_in $crate::bindings);
         };
     };
 }

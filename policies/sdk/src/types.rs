@@ -77,7 +77,9 @@ impl<'a> Image<'a> {
     /// The PinnedImageSets that want this image, in the order they were given.
     pub fn sets(&self) -> impl Iterator<Item = &'a str> + 'a {
         let names = self.set_names;
-        self.set_ids.iter().filter_map(move |&s| names.get(s as usize).map(String::as_str))
+        self.set_ids
+            .iter()
+            .filter_map(move |&s| names.get(s as usize).map(String::as_str))
     }
 }
 
@@ -181,9 +183,18 @@ impl Images {
 
     /// The images at `indices`, in that order, sharing this table's layer indices.
     pub fn subset(&self, indices: &[u32]) -> Images {
-        let mut out = Images { layer_sizes: self.layer_sizes.clone(), ..Images::default() };
+        let mut out = Images {
+            layer_sizes: self.layer_sizes.clone(),
+            ..Images::default()
+        };
         for image in indices.iter().filter_map(|&i| self.get(i as usize)) {
-            out.push(image.reference, image.sets(), image.present, image.size_bytes, image.layers);
+            out.push(
+                image.reference,
+                image.sets(),
+                image.present,
+                image.size_bytes,
+                image.layers,
+            );
         }
         out
     }
@@ -248,13 +259,22 @@ pub struct Admission {
 
 impl Admission {
     pub fn admit_all(reason: impl Into<String>) -> Self {
-        Self { verdict: Verdict::AdmitAll, reason: reason.into() }
+        Self {
+            verdict: Verdict::AdmitAll,
+            reason: reason.into(),
+        }
     }
     pub fn admit_some(images: Vec<u32>, reason: impl Into<String>) -> Self {
-        Self { verdict: Verdict::AdmitSome(images), reason: reason.into() }
+        Self {
+            verdict: Verdict::AdmitSome(images),
+            reason: reason.into(),
+        }
     }
     pub fn reject(reason: impl Into<String>) -> Self {
-        Self { verdict: Verdict::Reject, reason: reason.into() }
+        Self {
+            verdict: Verdict::Reject,
+            reason: reason.into(),
+        }
     }
 }
 
@@ -286,7 +306,11 @@ pub struct PolicyInfo {
 
 impl PolicyInfo {
     pub fn new(name: &str, version: &str, description: &str) -> Self {
-        Self { name: name.into(), version: version.into(), description: description.into() }
+        Self {
+            name: name.into(),
+            version: version.into(),
+            description: description.into(),
+        }
     }
 }
 

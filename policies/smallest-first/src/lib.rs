@@ -32,7 +32,12 @@ impl Policy for SmallestFirst {
     fn order(&self, _node: &NodeFacts, images: &Images) -> Vec<u32> {
         let mut order = identity_order(images);
         // Stable: equal sizes keep the sets' order. Unknown sizes go last.
-        order.sort_by_key(|&i| images.get(i as usize).and_then(|i| i.size_bytes).unwrap_or(u64::MAX));
+        order.sort_by_key(|&i| {
+            images
+                .get(i as usize)
+                .and_then(|i| i.size_bytes)
+                .unwrap_or(u64::MAX)
+        });
         order
     }
 
@@ -47,7 +52,11 @@ impl Policy for SmallestFirst {
     }
 
     fn throttle(&self, node: &NodeFacts, _outcome: &PullOutcome, _pressure: &Pressure) -> u64 {
-        if node.control_plane { CONTROL_PLANE_THROTTLE_MS } else { WORKER_THROTTLE_MS }
+        if node.control_plane {
+            CONTROL_PLANE_THROTTLE_MS
+        } else {
+            WORKER_THROTTLE_MS
+        }
     }
 }
 
@@ -60,10 +69,16 @@ mod tests {
     #[test]
     fn orders_by_size_with_unknown_last_and_stable_ties() {
         let mut images = Images::new();
-        for (i, size) in [Some(30), None, Some(10), Some(30), Some(5)].into_iter().enumerate() {
+        for (i, size) in [Some(30), None, Some(10), Some(30), Some(5)]
+            .into_iter()
+            .enumerate()
+        {
             images.push(&format!("img{i}"), ["s"], false, size, &[]);
         }
-        assert_eq!(SmallestFirst.order(&NodeFacts::default(), &images), vec![4, 2, 0, 3, 1]);
+        assert_eq!(
+            SmallestFirst.order(&NodeFacts::default(), &images),
+            vec![4, 2, 0, 3, 1]
+        );
     }
 
     #[test]

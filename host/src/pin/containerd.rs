@@ -1,0 +1,148 @@
+//! containerd pins an image that carries the label `io.cri-containerd.pinned=pinned`; its CRI
+//! plugin then reports `pinned: true` and the kubelet never collects the image.
+//!
+//! Labels are set and removed through containerd's images API in the `k8s.io` namespace (where
+//! the CRI plugin keeps its images). pinset also labels what it pinned as its own, so that it
+//! unpins only those: an image pinned by someone else is left alone.
+
+use super::{PinBackend, PinChange, PinError};
+use crate::cri::client::{socket_path, unix_channel};
+use crate::cri::containerd_proto::{
+    GetImageRequest, ListImagesRequest, UpdateImageRequest, images_client::ImagesClient,
+};
+use std::collections::BTreeSet;
+use std::path::PathBuf;
+use std::time::Duration;
+use tonic::transport::Channel;
+
+pub const PIN_LABEL: &str = "io.cri-containerd.pinned";
+pub const PIN_VALUE: &str = "pinned";
+/// Marks the pins pinset made.
+pub const MANAGED_LABEL: &str = "io.pinset.managed";
+pub const CRI_NAMESPACE: &str = "k8s.io";
+
+pub struct ContainerdPins {
+    socket: PathBuf,
+    namespace: String,
+    client: ImagesClient<Channel>,
+    timeout: Duration,
+}
+
+impl ContainerdPins {
+    /// `endpoint`: containerd's socket (`unix:///run/containerd/containerd.sock`), which also
+    /// serves CRI.
+    pub fn new(endpoint: &str) -> Result<Self, crate::cri::client::CriError> {
+        let socket = socket_path(endpoint)?;
+        let channel = unix_channel(&socket, Duration::from_secs(5));
+        Ok(Self {
+            socket,
+            namespace: CRI_NAMESPACE.into(),
+            client: ImagesClient::new(channel),
+            timeout: Duration::from_secs(30),
+        })
+    }
+
+    fn request<T>(&self, msg: T) -> tonic::Request<T> {
+        let mut r = tonic::Request::new(msg);
+        r.metadata_mut().insert(
+            "containerd-namespace",
+            self.namespace.parse().expect("namespace is ASCII"),
+        );
+        r.set_timeout(self.timeout);
+        r
+    }
+
+    fn error(&self, call: &'static str, image: &str, status: tonic::Status) -> PinError {
+        PinError::Containerd {
+            socket: self.socket.clone(),
+            call,
+            image: image.to_string(),
+            message: format!("{:?}: {}", status.code(), status.message()),
+        }
+    }
+
+    /// Images pinset pinned earlier.
+    pub async fn managed(&self) -> Result<BTreeSet<String>, PinError> {
+        let filter = format!("labels.\"{MANAGED_LABEL}\"==true");
+        let r = self
+            .client
+            .clone()
+            .list(self.request(ListImagesRequest {
+                filters: vec![filter],
+            }))
+            .await
+            .map_err(|s| self.error("List", "*", s))?;
+        Ok(r.into_inner().images.into_iter().map(|i| i.name).collect())
+    }
+
+    async fn set_labels(&self, image: &str, pin: bool) -> Result<(), PinError> {
+        // containerd's Update needs the whole record (it reads the target), so fetch it first.
+        let current = match self
+            .client
+            .clone()
+            .get(self.request(GetImageRequest { name: image.into() }))
+            .await
+        {
+            Ok(r) => r.into_inner().image,
+            // An image removed by hand has nothing left to unpin.
+            Err(s) if !pin && s.code() == tonic::Code::NotFound => return Ok(()),
+            Err(s) => return Err(self.error("Get", image, s)),
+        };
+        let Some(mut record) = current else {
+            return if pin {
+                Err(self.error("Get", image, tonic::Status::not_found("no image record")))
+            } else {
+                Ok(())
+            };
+        };
+        if pin {
+            record.labels.insert(PIN_LABEL.into(), PIN_VALUE.into());
+            record.labels.insert(MANAGED_LABEL.into(), "true".into());
+        } else {
+            record.labels.remove(PIN_LABEL);
+            record.labels.remove(MANAGED_LABEL);
+        }
+        // Only these two labels change; a named label path with no value removes the label.
+        let paths = vec![
+            format!("labels.{PIN_LABEL}"),
+            format!("labels.{MANAGED_LABEL}"),
+        ];
+        let req = UpdateImageRequest {
+            image: Some(record),
+            update_mask: Some(prost_types::FieldMask { paths }),
+        };
+        self.client
+            .clone()
+            .update(self.request(req))
+            .await
+            .map(drop)
+            .map_err(|s| self.error("Update", image, s))
+    }
+}
+
+impl PinBackend for ContainerdPins {
+    fn name(&self) -> &'static str {
+        "containerd"
+    }
+
+    async fn apply(&self, images: &BTreeSet<String>) -> Result<PinChange, PinError> {
+        let before = self.managed().await?;
+        let pinned: Vec<String> = images.difference(&before).cloned().collect();
+        let unpinned: Vec<String> = before.difference(images).cloned().collect();
+        for image in &pinned {
+            self.set_labels(image, true).await?;
+        }
+        for image in &unpinned {
+            self.set_labels(image, false).await?;
+        }
+        let applied = !pinned.is_empty() || !unpinned.is_empty();
+        if applied {
+            tracing::info!(pinned = pinned.len(), unpinned = unpinned.len(), socket = %self.socket.display(), "containerd pin labels updated");
+        }
+        Ok(PinChange {
+            pinned,
+            unpinned,
+            applied,
+        })
+    }
+}

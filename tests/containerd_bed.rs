@@ -1,0 +1,152 @@
+//! The node pipeline against a real containerd (1.7, CRI plugin) and a real registry, with images
+//! built and pushed here and the real default Wasm policy: pull, pin (containerd's pin label),
+//! no-op rerun, unpin on set removal.
+
+mod support;
+
+use pinset::core::desired::{self, NodeInfo, PinnedImageSet, ROLE_LABEL};
+use pinset::core::executor::Backoff;
+use pinset::core::status::NodeStatus;
+use pinset::cri::client::{CriClient, CriConfig};
+use pinset::node::Reconciler;
+use pinset::pin::containerd::ContainerdPins;
+use pinset::policy::{EMBEDDED_DEFAULT, Limits, WasmRuntime};
+use pinset::registry::auth::Credentials;
+use pinset::registry::size::{Cached, RegistrySizer};
+use pinset_policy_sdk::Pressure;
+use std::sync::Arc;
+use tokio_util::sync::CancellationToken;
+
+fn arch() -> &'static str {
+    if std::env::consts::ARCH == "aarch64" {
+        "arm64"
+    } else {
+        "amd64"
+    }
+}
+
+fn set(name: &str, generation: i64, images: &[&String]) -> PinnedImageSet {
+    PinnedImageSet {
+        name: name.into(),
+        generation,
+        labels: [(ROLE_LABEL.to_string(), "worker".to_string())].into(),
+        images: images.iter().map(|s| s.to_string()).collect(),
+    }
+}
+
+#[tokio::test]
+async fn pulls_and_pins_into_real_containerd_then_unpins_a_removed_set() {
+    let Some(registry) = support::Registry::start() else {
+        return;
+    };
+    let Some(containerd) = support::Containerd::start(&registry.host) else {
+        return;
+    };
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let client = registry.client();
+    let host = registry.host.clone();
+    let base = support::layer(10, 200_000);
+    let mut refs = Vec::new();
+    for (n, repo) in ["pinset/api", "pinset/web", "pinset/batch"]
+        .iter()
+        .enumerate()
+    {
+        let own = support::layer(20 + n as u64, 100_000 * (n + 1));
+        let (digest, _) =
+            support::push_image(&client, &host, repo, arch(), &[base.clone(), own]).await;
+        refs.push(format!("{host}/{repo}@{digest}"));
+    }
+
+    let cri = CriClient::new(CriConfig {
+        endpoint: containerd.endpoint(),
+        ..Default::default()
+    })
+    .unwrap();
+    let wasm = WasmRuntime::new().unwrap();
+    let policy = wasm
+        .load(
+            "embedded:default",
+            EMBEDDED_DEFAULT,
+            None,
+            Limits::default(),
+        )
+        .unwrap();
+    let credentials = Arc::new(Credentials::default());
+    let reconciler = Reconciler {
+        cri: cri.clone(),
+        sizer: Some(Arc::new(Cached::new(RegistrySizer::new(
+            vec![host.clone()],
+            credentials.clone(),
+        )))),
+        credentials,
+        pins: ContainerdPins::new(&containerd.endpoint()).unwrap(),
+        policy,
+        backoff: Backoff::default(),
+        pressure: Pressure::default,
+        metrics: None,
+    };
+    let node = NodeInfo {
+        name: "worker-0".into(),
+        labels: [("node-role.kubernetes.io/worker".to_string(), String::new())].into(),
+        ready: true,
+        disk_pressure: false,
+        allocatable_ephemeral_bytes: Some(100 << 30),
+    };
+    let pools = desired::standard_pools();
+    let both = desired::desired(
+        &node,
+        &pools,
+        &[
+            set("a", 1, &[&refs[0], &refs[1]]),
+            set("b", 1, &[&refs[1], &refs[2]]),
+        ],
+    );
+    let mut status = NodeStatus::default();
+    let report = reconciler
+        .reconcile(&both, &node, &mut status, CancellationToken::new(), None)
+        .await
+        .unwrap_or_else(|e| panic!("{e}\n{}", containerd.log()));
+    assert_eq!(
+        report.outcome.pulled.len(),
+        3,
+        "{report:?}\n{}",
+        containerd.log()
+    );
+    assert!(status.done(), "{status:?}");
+    // Sizes came from the registry: the policy's reason counts the shared base layer once.
+    let reason = &report.plan.as_ref().unwrap().admission.reason;
+    assert!(reason.contains("3 image(s) to pull"), "{reason}");
+    for r in &refs {
+        let image = cri
+            .image_status(r)
+            .await
+            .unwrap()
+            .unwrap_or_else(|| panic!("{r} present"));
+        assert!(image.pinned, "{r} pinned");
+    }
+
+    let again = reconciler
+        .reconcile(&both, &node, &mut status, CancellationToken::new(), None)
+        .await
+        .unwrap();
+    assert!(again.outcome.pulled.is_empty());
+    assert!(!again.pin.unwrap().applied, "nothing to change");
+
+    let only_b = desired::desired(&node, &pools, &[set("b", 1, &[&refs[1], &refs[2]])]);
+    let r = reconciler
+        .reconcile(&only_b, &node, &mut status, CancellationToken::new(), None)
+        .await
+        .unwrap();
+    assert_eq!(r.pin.unwrap().unpinned, vec![refs[0].clone()]);
+    let api = cri
+        .image_status(&refs[0])
+        .await
+        .unwrap()
+        .expect("unpinned, never deleted");
+    assert!(!api.pinned);
+    assert!(
+        cri.image_status(&refs[1]).await.unwrap().unwrap().pinned,
+        "still in set b"
+    );
+    assert!(cri.image_status(&refs[2]).await.unwrap().unwrap().pinned);
+}
