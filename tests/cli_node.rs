@@ -178,3 +178,72 @@ fn node_pulls_and_pins_against_a_runtime_and_refuses_a_tag_by_name() {
     assert_eq!(sim.stats().calls("PullImage"), 3, "nothing pulled twice");
     drop(server);
 }
+
+#[test]
+fn watch_restarts_on_a_changed_set_and_abandons_pulls_in_flight() {
+    use pinset::cri::sim::Fault;
+    use std::time::{Duration, Instant};
+    let dir = tempfile::tempdir().unwrap();
+    let images: Vec<String> = (1..=6).map(|n| format!("registry.test/w/{n}@sha256:{n:064x}")).collect();
+    let write_set = |generation: i64, refs: &[String]| {
+        let mut s = format!(
+            "kind: PinnedImageSet\nmetadata:\n  name: apps\n  generation: {generation}\n  labels: {{machineconfiguration.openshift.io/role: worker}}\nspec:\n  pinnedImages:\n"
+        );
+        for r in refs {
+            s.push_str(&format!("    - name: {r}\n"));
+        }
+        std::fs::write(dir.path().join("sets.yaml"), s).unwrap();
+    };
+    write_set(1, &images[..3]);
+    let node = dir.path().join("node.yaml");
+    std::fs::write(
+        &node,
+        "kind: Node\nmetadata: {name: w1, labels: {node-role.kubernetes.io/worker: ''}}\nstatus:\n  allocatable: {ephemeral-storage: 50Gi}\n  conditions: [{type: Ready, status: 'True'}]\n",
+    )
+    .unwrap();
+    let dropins = dir.path().join("crio.conf.d");
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let sim = SimulatedRuntime::new(SimConfig {
+        registry: images.iter().map(|r| SimImage { reference: r.clone(), size: 1 << 20 }).collect(),
+        bandwidth: 1 << 30,
+        disk_capacity: 1 << 40,
+        pin_drop_in: None,
+    });
+    for r in &images[..3] {
+        sim.inject(r, [Fault::Hang]);
+    }
+    let server = rt.block_on(sim.serve(&dir.path().join("cri.sock"))).unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_pinset"))
+        .args(["node", "--watch", "--no-sizing", "--crio-reload", "", "--sets"])
+        .arg(dir.path().join("sets.yaml"))
+        .arg("--node")
+        .arg(&node)
+        .args(["--cri", &server.endpoint(), "--crio-dropin-dir"])
+        .arg(&dropins)
+        .env("PINSET_LOG", "warn")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let wait_for = |what: &str, cond: &dyn Fn() -> bool| {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !cond() {
+            assert!(Instant::now() < deadline, "timed out waiting for {what}");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    };
+    wait_for("3 hanging pulls", &|| sim.stats().in_flight == 3);
+    // Generation 2 replaces the hanging images.
+    std::thread::sleep(Duration::from_millis(20));
+    write_set(2, &images[3..]);
+    let drop_in = dropins.join(crio::DROP_IN);
+    wait_for("generation 2 pinned", &|| {
+        std::fs::read_to_string(&drop_in).map(|s| crio::parse(&s).unwrap() == images[3..]).unwrap_or(false)
+    });
+    let stats = sim.stats();
+    assert_eq!(stats.pulls.iter().filter(|p| p.abandoned).count(), 3, "in-flight pulls of generation 1 abandoned");
+    assert_eq!(stats.in_flight, 0);
+    let _ = child.kill();
+    let _ = child.wait();
+    drop(server);
+}
