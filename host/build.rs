@@ -13,7 +13,7 @@ use std::process::Command;
 const TARGET: &str = "wasm32-wasip2";
 
 /// (package, file stem) of every policy built here.
-const POLICIES: [(&str, &str); 6] = [
+const POLICIES: [(&str, &str); 7] = [
     ("pinset-policy-default", "pinset_policy_default"),
     (
         "pinset-policy-smallest-first",
@@ -28,6 +28,10 @@ const POLICIES: [(&str, &str); 6] = [
     (
         "pinset-test-policy-future-contract",
         "pinset_test_policy_future_contract",
+    ),
+    (
+        "pinset-test-policy-unthrottled",
+        "pinset_test_policy_unthrottled",
     ),
 ];
 

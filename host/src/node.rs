@@ -17,6 +17,7 @@ use pinset_policy_sdk::{self as sdk, AdmissionRequest, DiskFacts, Images, NodeFa
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::path::Path;
 use std::sync::{Arc, Mutex};
+use std::time::Instant;
 use tokio::sync::mpsc::UnboundedSender;
 use tokio_util::sync::CancellationToken;
 
@@ -46,6 +47,8 @@ pub struct Report {
     pub pin: Option<PinChange>,
     /// Desired images present after the pulls.
     pub present_after: usize,
+    /// Wall time of each step, in order.
+    pub phases: Vec<(&'static str, std::time::Duration)>,
     pub cancelled: bool,
 }
 
@@ -66,15 +69,30 @@ pub fn node_facts(node: &NodeInfo, pools: &[String]) -> NodeFacts {
     }
 }
 
-/// Keys by which the runtime's images are found: ids, repo digests, repo tags.
-pub fn snapshot_keys(images: &[proto::Image]) -> HashSet<String> {
-    let mut keys = HashSet::with_capacity(images.len() * 2);
-    for i in images {
-        keys.insert(i.id.clone());
-        keys.extend(i.repo_digests.iter().cloned());
-        keys.extend(i.repo_tags.iter().cloned());
+/// One `ListImages` answer: the keys the runtime's images are found by (ids, repo digests,
+/// repo tags), and those of the images it reports pinned.
+#[derive(Clone, Debug, Default)]
+pub struct Snapshot {
+    pub keys: HashSet<String>,
+    pub pinned: HashSet<String>,
+}
+
+impl Snapshot {
+    pub fn of(images: &[proto::Image]) -> Self {
+        let mut s = Snapshot { keys: HashSet::with_capacity(images.len() * 2), pinned: HashSet::new() };
+        for i in images {
+            let keys = std::iter::once(&i.id).chain(&i.repo_digests).chain(&i.repo_tags);
+            if i.pinned {
+                s.pinned.extend(keys.clone().cloned());
+            }
+            s.keys.extend(keys.cloned());
+        }
+        s
     }
-    keys
+
+    pub fn contains(&self, reference: &str) -> bool {
+        self.keys.contains(reference)
+    }
 }
 
 /// Build the admission request from the desired state, what is present and the sizes.
@@ -221,14 +239,19 @@ impl<S: Sizer + 'static, B: PinBackend> Reconciler<S, B> {
         events: Option<UnboundedSender<Event>>,
     ) -> Result<Report, ReconcileError> {
         // 1. One snapshot of the store.
-        let keys = snapshot_keys(&self.cri.list_images().await?);
+        let started = Instant::now();
+        let snapshot = Snapshot::of(&self.cri.list_images().await?);
         let present: Vec<bool> = desired
             .images
             .iter()
-            .map(|w| keys.contains(w.reference.as_str()))
+            .map(|w| snapshot.contains(w.reference.as_str()))
             .collect();
+        let mut phases = vec![("snapshot", started.elapsed())];
         // 2–3. Sizes of what is missing; disk and node facts.
+        let started = Instant::now();
         let sizes = self.sizes(desired, &present).await;
+        phases.push(("sizing", started.elapsed()));
+        let started = Instant::now();
         let disk = self.disk().await?;
         let request = request(
             desired,
@@ -243,6 +266,7 @@ impl<S: Sizer + 'static, B: PinBackend> Reconciler<S, B> {
             guarded = guarded.with_metrics(m.clone());
         }
         let plan = plan::make(&mut guarded, &request);
+        phases.push(("facts + policy", started.elapsed()));
         let bytes_of = |i: u32| {
             request
                 .images
@@ -312,7 +336,9 @@ impl<S: Sizer + 'static, B: PinBackend> Reconciler<S, B> {
                 }
             }
         };
+        let started = Instant::now();
         let (outcome, ()) = tokio::join!(run, track);
+        phases.push(("pulls", started.elapsed()));
         let fallbacks = policy.lock().expect("policy lock").take_fallbacks();
         status.policy_fallbacks = fallbacks.iter().map(|f| f.to_string()).collect();
         let mut report = Report {
@@ -322,21 +348,24 @@ impl<S: Sizer + 'static, B: PinBackend> Reconciler<S, B> {
         };
         if report.outcome.cancelled || cancel.is_cancelled() {
             report.cancelled = true;
+            report.phases = phases;
             return Ok(report);
         }
+        let started = Instant::now();
 
         // 6. Verify with one more snapshot (none needed when nothing was pulled: the first one
         // is still the truth), then pin the sets that are complete.
-        let present_after: Vec<bool> = if report.outcome.pulled.is_empty() {
-            present.clone()
+        let after = if report.outcome.pulled.is_empty() {
+            snapshot
         } else {
-            let keys = snapshot_keys(&self.cri.list_images().await?);
-            desired
-                .images
-                .iter()
-                .map(|w| keys.contains(w.reference.as_str()))
-                .collect()
+            Snapshot::of(&self.cri.list_images().await?)
         };
+        let present_after: Vec<bool> = desired
+            .images
+            .iter()
+            .map(|w| after.contains(w.reference.as_str()))
+            .collect();
+        phases.push(("verify", started.elapsed()));
         report.present_after = present_after.iter().filter(|p| **p).count();
         let errors: HashMap<&str, &str> = report
             .outcome
@@ -369,7 +398,14 @@ impl<S: Sizer + 'static, B: PinBackend> Reconciler<S, B> {
         for invalid in &desired.invalid {
             failures.push(invalid.to_string());
         }
-        report.pin = Some(self.pins.apply(&pin).await?);
+        let started = Instant::now();
+        report.pin = Some(if self.pins.satisfied(&pin, &after.pinned) {
+            PinChange::default()
+        } else {
+            self.pins.apply(&pin).await?
+        });
+        phases.push(("pin", started.elapsed()));
+        report.phases = phases;
         status.finish((!failures.is_empty()).then(|| failures.join("; ")));
         Ok(report)
     }

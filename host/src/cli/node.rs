@@ -110,7 +110,7 @@ pub async fn plan_cmd(
                 endpoint: endpoint.clone(),
                 ..Default::default()
             })?;
-            let keys = node::snapshot_keys(&client.list_images().await?);
+            let keys = node::Snapshot::of(&client.list_images().await?);
             let present = desired
                 .images
                 .iter()
@@ -296,6 +296,11 @@ pub fn summary(node: &str, report: &Report, status: &NodeStatus) -> String {
     }
     for f in &status.policy_fallbacks {
         out.push_str(&format!("  policy fallback: {f}\n"));
+    }
+    if !report.phases.is_empty() {
+        let phases: Vec<String> =
+            report.phases.iter().map(|(name, d)| format!("{name} {:.1?}", d)).collect();
+        out.push_str(&format!("  time: {}\n", phases.join(", ")));
     }
     out
 }

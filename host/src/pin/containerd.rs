@@ -22,6 +22,8 @@ pub const MANAGED_LABEL: &str = "io.pinset.managed";
 pub const CRI_NAMESPACE: &str = "k8s.io";
 
 pub struct ContainerdPins {
+    /// The pins this process last applied; `None` until the first apply.
+    last: std::sync::Mutex<Option<BTreeSet<String>>>,
     socket: PathBuf,
     namespace: String,
     client: ImagesClient<Channel>,
@@ -35,6 +37,7 @@ impl ContainerdPins {
         let socket = socket_path(endpoint)?;
         let channel = unix_channel(&socket, Duration::from_secs(5));
         Ok(Self {
+            last: std::sync::Mutex::new(None),
             socket,
             namespace: CRI_NAMESPACE.into(),
             client: ImagesClient::new(channel),
@@ -61,8 +64,8 @@ impl ContainerdPins {
         }
     }
 
-    /// Images pinset pinned earlier.
-    pub async fn managed(&self) -> Result<BTreeSet<String>, PinError> {
+    /// Images pinset labelled earlier, and among them those still carrying the pin label.
+    pub async fn managed(&self) -> Result<(BTreeSet<String>, BTreeSet<String>), PinError> {
         let filter = format!("labels.\"{MANAGED_LABEL}\"==true");
         let r = self
             .client
@@ -72,7 +75,13 @@ impl ContainerdPins {
             }))
             .await
             .map_err(|s| self.error("List", "*", s))?;
-        Ok(r.into_inner().images.into_iter().map(|i| i.name).collect())
+        let images = r.into_inner().images;
+        let pinned = images
+            .iter()
+            .filter(|i| i.labels.get(PIN_LABEL).map(String::as_str) == Some(PIN_VALUE))
+            .map(|i| i.name.clone())
+            .collect();
+        Ok((images.into_iter().map(|i| i.name).collect(), pinned))
     }
 
     async fn set_labels(&self, image: &str, pin: bool) -> Result<(), PinError> {
@@ -125,16 +134,24 @@ impl PinBackend for ContainerdPins {
         "containerd"
     }
 
+    /// The same pins as last applied, and the runtime still reports every one of them pinned
+    /// (a label removed by hand shows as not pinned, and is put back by `apply`).
+    fn satisfied(&self, images: &BTreeSet<String>, runtime_pinned: &std::collections::HashSet<String>) -> bool {
+        let last = self.last.lock().expect("pin cache");
+        last.as_ref() == Some(images) && images.iter().all(|i| runtime_pinned.contains(i))
+    }
+
     async fn apply(&self, images: &BTreeSet<String>) -> Result<PinChange, PinError> {
-        let before = self.managed().await?;
-        let pinned: Vec<String> = images.difference(&before).cloned().collect();
-        let unpinned: Vec<String> = before.difference(images).cloned().collect();
+        let (managed, still_pinned) = self.managed().await?;
+        let pinned: Vec<String> = images.difference(&still_pinned).cloned().collect();
+        let unpinned: Vec<String> = managed.difference(images).cloned().collect();
         for image in &pinned {
             self.set_labels(image, true).await?;
         }
         for image in &unpinned {
             self.set_labels(image, false).await?;
         }
+        *self.last.lock().expect("pin cache") = Some(images.clone());
         let applied = !pinned.is_empty() || !unpinned.is_empty();
         if applied {
             tracing::info!(pinned = pinned.len(), unpinned = unpinned.len(), socket = %self.socket.display(), "containerd pin labels updated");

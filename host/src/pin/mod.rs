@@ -41,6 +41,14 @@ pub struct PinChange {
 /// unpinned, never deleted.
 pub trait PinBackend: Send + Sync {
     fn name(&self) -> &'static str;
+
+    /// Whether `images` are already exactly the pins, judging by what the runtime reported
+    /// pinned in the last snapshot, so [`PinBackend::apply`] can be skipped. Default: never.
+    fn satisfied(&self, images: &BTreeSet<String>, runtime_pinned: &std::collections::HashSet<String>) -> bool {
+        let _ = (images, runtime_pinned);
+        false
+    }
+
     fn apply(
         &self,
         images: &BTreeSet<String>,

@@ -1,0 +1,244 @@
+//! Pulls into real containerd from a real registry (release build):
+//!
+//! 1. Makespan of 20 images × 8 MiB distinct layers: (a) raw sequential CRI pulls, (b) raw 5-way
+//!    parallel CRI pulls, (c) pinset with a policy of 5 at once and no throttle, (d) the default
+//!    worker policy, (e) the default control-plane policy. Each run starts from an empty
+//!    containerd; runs are repeated and interleaved.
+//! 2. No-op reconcile of 500 present images: pinset against one ImageStatus per image.
+//! 3. Cancellation latency: a reconcile pulling large images is cancelled once pulls are in
+//!    flight; time until the reconcile has returned, over 20 trials.
+//!
+//! `cargo bench --bench containerd` (needs the test bed: `bash scripts/test.sh` installs it).
+//! `REPEATS` (default 3) sets the repetitions of part 1.
+
+#[path = "../tests/support/mod.rs"]
+mod support;
+
+use pinset::core::desired::{self, Desired, NodeInfo, PinnedImageSet, ROLE_LABEL};
+use pinset::core::executor::Backoff;
+use pinset::core::status::NodeStatus;
+use pinset::cri::client::{CriClient, CriConfig};
+use pinset::node::Reconciler;
+use pinset::pin::containerd::ContainerdPins;
+use pinset::policy::bench::Stats;
+use pinset::policy::{EMBEDDED_DEFAULT, Limits, PolicyModule, WasmRuntime};
+use pinset::registry::auth::Credentials;
+use pinset::registry::size::{Cached, RegistrySizer};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio_util::sync::CancellationToken;
+
+const IMAGES: usize = 20;
+const LAYER: usize = 8 << 20;
+
+fn arch() -> &'static str {
+    if std::env::consts::ARCH == "aarch64" { "arm64" } else { "amd64" }
+}
+
+fn node(role: &str) -> NodeInfo {
+    NodeInfo {
+        name: format!("{role}-0"),
+        labels: [(format!("node-role.kubernetes.io/{role}"), String::new())].into(),
+        ready: true,
+        disk_pressure: false,
+        allocatable_ephemeral_bytes: Some(500 << 30),
+    }
+}
+
+fn desired_for(node: &NodeInfo, role: &str, refs: &[String]) -> Desired {
+    let set = PinnedImageSet {
+        name: "bench".into(),
+        generation: 1,
+        labels: [(ROLE_LABEL.to_string(), role.to_string())].into(),
+        images: refs.to_vec(),
+    };
+    desired::desired(node, &desired::standard_pools(), &[set])
+}
+
+fn reconciler(c: &support::Containerd, host: &str, policy: PolicyModule) -> Reconciler<RegistrySizer, ContainerdPins> {
+    let credentials = Arc::new(Credentials::default());
+    Reconciler {
+        cri: CriClient::new(CriConfig { endpoint: c.endpoint(), ..Default::default() }).unwrap(),
+        sizer: Some(Arc::new(Cached::new(RegistrySizer::new(vec![host.to_string()], credentials.clone())))),
+        credentials,
+        pins: ContainerdPins::new(&c.endpoint()).unwrap(),
+        policy,
+        backoff: Backoff::default(),
+        pressure: pinset::os::pressure,
+        metrics: None,
+    }
+}
+
+async fn push_images(registry: &support::Registry, prefix: &str, count: usize, layer: usize, seed: u64) -> Vec<String> {
+    let client = registry.client();
+    let mut refs = Vec::new();
+    for i in 0..count {
+        let l = support::layer(seed + i as u64, layer);
+        let repo = format!("bench/{prefix}{i}");
+        let (digest, _) = support::push_image(&client, &registry.host, &repo, arch(), &[l]).await;
+        refs.push(format!("{}/{repo}@{digest}", registry.host));
+    }
+    refs
+}
+
+#[tokio::main]
+async fn main() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let Some(registry) = support::Registry::start() else { return };
+    if support::containerd_binary().is_none() {
+        support::skip_or_fail("containerd is not installed");
+        return;
+    }
+    let repeats: usize = std::env::var("REPEATS").ok().and_then(|v| v.parse().ok()).unwrap_or(3);
+    let wasm = WasmRuntime::new().unwrap();
+    let default = wasm.load("embedded:default", EMBEDDED_DEFAULT, None, Limits::default()).unwrap();
+    let dir = std::path::PathBuf::from(env!("PINSET_WASM_POLICY_DIR"));
+    let unthrottled = wasm
+        .load_file(&dir.join("pinset_test_policy_unthrottled.wasm"), None, Limits::default())
+        .unwrap();
+
+    println!("pushing {IMAGES} images of one {} MiB layer each to {}", LAYER >> 20, registry.host);
+    let refs = push_images(&registry, "img", IMAGES, LAYER, 1000).await;
+
+    // 1. Makespan.
+    let cases = ["a raw sequential", "b raw 5-way", "c pinset 5-way, no throttle", "d pinset default worker", "e pinset default control-plane"];
+    let mut times: BTreeMap<&str, Vec<Duration>> = BTreeMap::new();
+    for rep in 0..repeats {
+        for case in cases {
+            let c = support::Containerd::start(&registry.host).unwrap();
+            let cri = CriClient::new(CriConfig { endpoint: c.endpoint(), ..Default::default() }).unwrap();
+            let started = Instant::now();
+            match &case[..1] {
+                "a" => {
+                    for r in &refs {
+                        cri.pull_image(r, None).await.unwrap();
+                    }
+                }
+                "b" => {
+                    let queue = Arc::new(std::sync::Mutex::new(refs.clone()));
+                    let mut tasks = tokio::task::JoinSet::new();
+                    for _ in 0..5 {
+                        let (cri, queue) = (cri.clone(), queue.clone());
+                        tasks.spawn(async move {
+                            loop {
+                                let next = queue.lock().unwrap().pop();
+                                let Some(r) = next else { return };
+                                cri.pull_image(&r, None).await.unwrap();
+                            }
+                        });
+                    }
+                    while tasks.join_next().await.is_some() {}
+                }
+                k => {
+                    let (policy, role) = match k {
+                        "c" => (unthrottled.clone(), "worker"),
+                        "d" => (default.clone(), "worker"),
+                        _ => (default.clone(), "master"),
+                    };
+                    let n = node(role);
+                    let d = desired_for(&n, role, &refs);
+                    let rec = reconciler(&c, &registry.host, policy);
+                    let mut status = NodeStatus::default();
+                    let report = rec.reconcile(&d, &n, &mut status, CancellationToken::new(), None).await.unwrap();
+                    assert_eq!(report.outcome.pulled.len(), IMAGES, "{case}");
+                    let phases: Vec<String> =
+                        report.phases.iter().map(|(p, d)| format!("{p} {:.1?}", d)).collect();
+                    println!("    phases: {}", phases.join(", "));
+                }
+            }
+            let t = started.elapsed();
+            println!("  run {} {case}: {:.2} s", rep + 1, t.as_secs_f64());
+            times.entry(case).or_default().push(t);
+        }
+    }
+    let median = |case: &str| Stats::of(times[case].clone()).median.as_secs_f64();
+    println!("\nmakespan, {IMAGES} images × {} MiB, median of {repeats}:", LAYER >> 20);
+    for case in cases {
+        let all: Vec<String> = times[case].iter().map(|t| format!("{:.2}", t.as_secs_f64())).collect();
+        println!("  {case:<32} {:>6.2} s   (runs: {})", median(case), all.join(", "));
+    }
+    println!("  (b)/(a) = {:.2}   (c)/(b) = {:.2}   (d)/(b) = {:.2}   (e)/(a) = {:.2}",
+        median("b raw 5-way") / median("a raw sequential"),
+        median("c pinset 5-way, no throttle") / median("b raw 5-way"),
+        median("d pinset default worker") / median("b raw 5-way"),
+        median("e pinset default control-plane") / median("a raw sequential"));
+
+    // 2. No-op reconcile of 500 present images.
+    let c = support::Containerd::start(&registry.host).unwrap();
+    let many = push_images(&registry, "small", 500, 4096, 50_000).await;
+    let n = node("worker");
+    let d = desired_for(&n, "worker", &many);
+    let rec = reconciler(&c, &registry.host, unthrottled.clone());
+    let mut status = NodeStatus::default();
+    let first = rec.reconcile(&d, &n, &mut status, CancellationToken::new(), None).await.unwrap();
+    assert_eq!(first.outcome.pulled.len(), 500);
+    let (mut ours, mut reference) = (Vec::new(), Vec::new());
+    for i in 0..10 {
+        let t = Instant::now();
+        let r = rec.reconcile(&d, &n, &mut status, CancellationToken::new(), None).await.unwrap();
+        ours.push(t.elapsed());
+        assert!(r.outcome.pulled.is_empty());
+        if i == 0 {
+            let phases: Vec<String> = r.phases.iter().map(|(p, d)| format!("{p} {:.1?}", d)).collect();
+            println!("  no-op phases: {}", phases.join(", "));
+        }
+        let t = Instant::now();
+        for r in &many {
+            assert!(rec.cri.image_status(r).await.unwrap().is_some());
+        }
+        reference.push(t.elapsed());
+    }
+    let (a, b) = (Stats::of(ours), Stats::of(reference));
+    println!(
+        "\nno-op reconcile of 500 present images (10 runs): pinset {:.2} ms, ImageStatus per image {:.2} ms, ratio {:.1}x",
+        a.median.as_secs_f64() * 1e3,
+        b.median.as_secs_f64() * 1e3,
+        b.median.as_secs_f64() / a.median.as_secs_f64()
+    );
+    drop(c);
+
+    // 3. Cancellation latency.
+    let big = push_images(&registry, "big", 5, 96 << 20, 90_000).await;
+    let mut latencies = Vec::new();
+    for _ in 0..20 {
+        let c = support::Containerd::start(&registry.host).unwrap();
+        let n = node("worker");
+        let d = desired_for(&n, "worker", &big);
+        let rec = reconciler(&c, &registry.host, unthrottled.clone());
+        let cancel = CancellationToken::new();
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let trigger = {
+            let cancel = cancel.clone();
+            tokio::spawn(async move {
+                let mut started = 0;
+                while let Some(e) = rx.recv().await {
+                    if matches!(e, pinset::core::executor::Event::Started { .. }) {
+                        started += 1;
+                        if started == 5 {
+                            tokio::time::sleep(Duration::from_millis(50)).await;
+                            let at = Instant::now();
+                            cancel.cancel();
+                            return Some(at);
+                        }
+                    }
+                }
+                None
+            })
+        };
+        let mut status = NodeStatus::default();
+        let r = rec.reconcile(&d, &n, &mut status, cancel, Some(tx)).await.unwrap();
+        let returned = Instant::now();
+        if let Some(at) = trigger.await.unwrap() {
+            assert!(r.cancelled);
+            latencies.push(returned.duration_since(at));
+        }
+    }
+    latencies.sort();
+    println!(
+        "\ncancellation with 5 pulls of 96 MiB in flight ({} trials): median {:.2} ms, max {:.2} ms",
+        latencies.len(),
+        latencies[latencies.len() / 2].as_secs_f64() * 1e3,
+        latencies.last().unwrap().as_secs_f64() * 1e3
+    );
+}
