@@ -33,7 +33,11 @@ const IMAGES: usize = 20;
 const LAYER: usize = 8 << 20;
 
 fn arch() -> &'static str {
-    if std::env::consts::ARCH == "aarch64" { "arm64" } else { "amd64" }
+    if std::env::consts::ARCH == "aarch64" {
+        "arm64"
+    } else {
+        "amd64"
+    }
 }
 
 fn node(role: &str) -> NodeInfo {
@@ -56,11 +60,22 @@ fn desired_for(node: &NodeInfo, role: &str, refs: &[String]) -> Desired {
     desired::desired(node, &desired::standard_pools(), &[set])
 }
 
-fn reconciler(c: &support::Containerd, host: &str, policy: PolicyModule) -> Reconciler<RegistrySizer, ContainerdPins> {
+fn reconciler(
+    c: &support::Containerd,
+    host: &str,
+    policy: PolicyModule,
+) -> Reconciler<RegistrySizer, ContainerdPins> {
     let credentials = Arc::new(Credentials::default());
     Reconciler {
-        cri: CriClient::new(CriConfig { endpoint: c.endpoint(), ..Default::default() }).unwrap(),
-        sizer: Some(Arc::new(Cached::new(RegistrySizer::new(vec![host.to_string()], credentials.clone())))),
+        cri: CriClient::new(CriConfig {
+            endpoint: c.endpoint(),
+            ..Default::default()
+        })
+        .unwrap(),
+        sizer: Some(Arc::new(Cached::new(RegistrySizer::new(
+            vec![host.to_string()],
+            credentials.clone(),
+        )))),
         credentials,
         pins: ContainerdPins::new(&c.endpoint()).unwrap(),
         policy,
@@ -70,7 +85,13 @@ fn reconciler(c: &support::Containerd, host: &str, policy: PolicyModule) -> Reco
     }
 }
 
-async fn push_images(registry: &support::Registry, prefix: &str, count: usize, layer: usize, seed: u64) -> Vec<String> {
+async fn push_images(
+    registry: &support::Registry,
+    prefix: &str,
+    count: usize,
+    layer: usize,
+    seed: u64,
+) -> Vec<String> {
     let client = registry.client();
     let mut refs = Vec::new();
     for i in 0..count {
@@ -85,29 +106,59 @@ async fn push_images(registry: &support::Registry, prefix: &str, count: usize, l
 #[tokio::main]
 async fn main() {
     let _ = rustls::crypto::ring::default_provider().install_default();
-    let Some(registry) = support::Registry::start() else { return };
+    let Some(registry) = support::Registry::start() else {
+        return;
+    };
     if support::containerd_binary().is_none() {
         support::skip_or_fail("containerd is not installed");
         return;
     }
-    let repeats: usize = std::env::var("REPEATS").ok().and_then(|v| v.parse().ok()).unwrap_or(3);
+    let repeats: usize = std::env::var("REPEATS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(3);
     let wasm = WasmRuntime::new().unwrap();
-    let default = wasm.load("embedded:default", EMBEDDED_DEFAULT, None, Limits::default()).unwrap();
+    let default = wasm
+        .load(
+            "embedded:default",
+            EMBEDDED_DEFAULT,
+            None,
+            Limits::default(),
+        )
+        .unwrap();
     let dir = std::path::PathBuf::from(env!("PINSET_WASM_POLICY_DIR"));
     let unthrottled = wasm
-        .load_file(&dir.join("pinset_test_policy_unthrottled.wasm"), None, Limits::default())
+        .load_file(
+            &dir.join("pinset_test_policy_unthrottled.wasm"),
+            None,
+            Limits::default(),
+        )
         .unwrap();
 
-    println!("pushing {IMAGES} images of one {} MiB layer each to {}", LAYER >> 20, registry.host);
+    println!(
+        "pushing {IMAGES} images of one {} MiB layer each to {}",
+        LAYER >> 20,
+        registry.host
+    );
     let refs = push_images(&registry, "img", IMAGES, LAYER, 1000).await;
 
     // 1. Makespan.
-    let cases = ["a raw sequential", "b raw 5-way", "c pinset 5-way, no throttle", "d pinset default worker", "e pinset default control-plane"];
+    let cases = [
+        "a raw sequential",
+        "b raw 5-way",
+        "c pinset 5-way, no throttle",
+        "d pinset default worker",
+        "e pinset default control-plane",
+    ];
     let mut times: BTreeMap<&str, Vec<Duration>> = BTreeMap::new();
     for rep in 0..repeats {
         for case in cases {
             let c = support::Containerd::start(&registry.host).unwrap();
-            let cri = CriClient::new(CriConfig { endpoint: c.endpoint(), ..Default::default() }).unwrap();
+            let cri = CriClient::new(CriConfig {
+                endpoint: c.endpoint(),
+                ..Default::default()
+            })
+            .unwrap();
             let started = Instant::now();
             match &case[..1] {
                 "a" => {
@@ -140,10 +191,16 @@ async fn main() {
                     let d = desired_for(&n, role, &refs);
                     let rec = reconciler(&c, &registry.host, policy);
                     let mut status = NodeStatus::default();
-                    let report = rec.reconcile(&d, &n, &mut status, CancellationToken::new(), None).await.unwrap();
+                    let report = rec
+                        .reconcile(&d, &n, &mut status, CancellationToken::new(), None)
+                        .await
+                        .unwrap();
                     assert_eq!(report.outcome.pulled.len(), IMAGES, "{case}");
-                    let phases: Vec<String> =
-                        report.phases.iter().map(|(p, d)| format!("{p} {:.1?}", d)).collect();
+                    let phases: Vec<String> = report
+                        .phases
+                        .iter()
+                        .map(|(p, d)| format!("{p} {:.1?}", d))
+                        .collect();
                     println!("    phases: {}", phases.join(", "));
                 }
             }
@@ -153,16 +210,28 @@ async fn main() {
         }
     }
     let median = |case: &str| Stats::of(times[case].clone()).median.as_secs_f64();
-    println!("\nmakespan, {IMAGES} images × {} MiB, median of {repeats}:", LAYER >> 20);
+    println!(
+        "\nmakespan, {IMAGES} images × {} MiB, median of {repeats}:",
+        LAYER >> 20
+    );
     for case in cases {
-        let all: Vec<String> = times[case].iter().map(|t| format!("{:.2}", t.as_secs_f64())).collect();
-        println!("  {case:<32} {:>6.2} s   (runs: {})", median(case), all.join(", "));
+        let all: Vec<String> = times[case]
+            .iter()
+            .map(|t| format!("{:.2}", t.as_secs_f64()))
+            .collect();
+        println!(
+            "  {case:<32} {:>6.2} s   (runs: {})",
+            median(case),
+            all.join(", ")
+        );
     }
-    println!("  (b)/(a) = {:.2}   (c)/(b) = {:.2}   (d)/(b) = {:.2}   (e)/(a) = {:.2}",
+    println!(
+        "  (b)/(a) = {:.2}   (c)/(b) = {:.2}   (d)/(b) = {:.2}   (e)/(a) = {:.2}",
         median("b raw 5-way") / median("a raw sequential"),
         median("c pinset 5-way, no throttle") / median("b raw 5-way"),
         median("d pinset default worker") / median("b raw 5-way"),
-        median("e pinset default control-plane") / median("a raw sequential"));
+        median("e pinset default control-plane") / median("a raw sequential")
+    );
 
     // 2. No-op reconcile of 500 present images.
     let c = support::Containerd::start(&registry.host).unwrap();
@@ -171,16 +240,26 @@ async fn main() {
     let d = desired_for(&n, "worker", &many);
     let rec = reconciler(&c, &registry.host, unthrottled.clone());
     let mut status = NodeStatus::default();
-    let first = rec.reconcile(&d, &n, &mut status, CancellationToken::new(), None).await.unwrap();
+    let first = rec
+        .reconcile(&d, &n, &mut status, CancellationToken::new(), None)
+        .await
+        .unwrap();
     assert_eq!(first.outcome.pulled.len(), 500);
     let (mut ours, mut reference) = (Vec::new(), Vec::new());
     for i in 0..10 {
         let t = Instant::now();
-        let r = rec.reconcile(&d, &n, &mut status, CancellationToken::new(), None).await.unwrap();
+        let r = rec
+            .reconcile(&d, &n, &mut status, CancellationToken::new(), None)
+            .await
+            .unwrap();
         ours.push(t.elapsed());
         assert!(r.outcome.pulled.is_empty());
         if i == 0 {
-            let phases: Vec<String> = r.phases.iter().map(|(p, d)| format!("{p} {:.1?}", d)).collect();
+            let phases: Vec<String> = r
+                .phases
+                .iter()
+                .map(|(p, d)| format!("{p} {:.1?}", d))
+                .collect();
             println!("  no-op phases: {}", phases.join(", "));
         }
         let t = Instant::now();
@@ -227,7 +306,10 @@ async fn main() {
             })
         };
         let mut status = NodeStatus::default();
-        let r = rec.reconcile(&d, &n, &mut status, cancel, Some(tx)).await.unwrap();
+        let r = rec
+            .reconcile(&d, &n, &mut status, cancel, Some(tx))
+            .await
+            .unwrap();
         let returned = Instant::now();
         if let Some(at) = trigger.await.unwrap() {
             assert!(r.cancelled);

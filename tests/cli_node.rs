@@ -184,7 +184,9 @@ fn watch_restarts_on_a_changed_set_and_abandons_pulls_in_flight() {
     use pinset::cri::sim::Fault;
     use std::time::{Duration, Instant};
     let dir = tempfile::tempdir().unwrap();
-    let images: Vec<String> = (1..=6).map(|n| format!("registry.test/w/{n}@sha256:{n:064x}")).collect();
+    let images: Vec<String> = (1..=6)
+        .map(|n| format!("registry.test/w/{n}@sha256:{n:064x}"))
+        .collect();
     let write_set = |generation: i64, refs: &[String]| {
         let mut s = format!(
             "kind: PinnedImageSet\nmetadata:\n  name: apps\n  generation: {generation}\n  labels: {{machineconfiguration.openshift.io/role: worker}}\nspec:\n  pinnedImages:\n"
@@ -204,7 +206,13 @@ fn watch_restarts_on_a_changed_set_and_abandons_pulls_in_flight() {
     let dropins = dir.path().join("crio.conf.d");
     let rt = tokio::runtime::Runtime::new().unwrap();
     let sim = SimulatedRuntime::new(SimConfig {
-        registry: images.iter().map(|r| SimImage { reference: r.clone(), size: 1 << 20 }).collect(),
+        registry: images
+            .iter()
+            .map(|r| SimImage {
+                reference: r.clone(),
+                size: 1 << 20,
+            })
+            .collect(),
         bandwidth: 1 << 30,
         disk_capacity: 1 << 40,
         pin_drop_in: None,
@@ -212,9 +220,18 @@ fn watch_restarts_on_a_changed_set_and_abandons_pulls_in_flight() {
     for r in &images[..3] {
         sim.inject(r, [Fault::Hang]);
     }
-    let server = rt.block_on(sim.serve(&dir.path().join("cri.sock"))).unwrap();
+    let server = rt
+        .block_on(sim.serve(&dir.path().join("cri.sock")))
+        .unwrap();
     let mut child = Command::new(env!("CARGO_BIN_EXE_pinset"))
-        .args(["node", "--watch", "--no-sizing", "--crio-reload", "", "--sets"])
+        .args([
+            "node",
+            "--watch",
+            "--no-sizing",
+            "--crio-reload",
+            "",
+            "--sets",
+        ])
         .arg(dir.path().join("sets.yaml"))
         .arg("--node")
         .arg(&node)
@@ -238,10 +255,16 @@ fn watch_restarts_on_a_changed_set_and_abandons_pulls_in_flight() {
     write_set(2, &images[3..]);
     let drop_in = dropins.join(crio::DROP_IN);
     wait_for("generation 2 pinned", &|| {
-        std::fs::read_to_string(&drop_in).map(|s| crio::parse(&s).unwrap() == images[3..]).unwrap_or(false)
+        std::fs::read_to_string(&drop_in)
+            .map(|s| crio::parse(&s).unwrap() == images[3..])
+            .unwrap_or(false)
     });
     let stats = sim.stats();
-    assert_eq!(stats.pulls.iter().filter(|p| p.abandoned).count(), 3, "in-flight pulls of generation 1 abandoned");
+    assert_eq!(
+        stats.pulls.iter().filter(|p| p.abandoned).count(),
+        3,
+        "in-flight pulls of generation 1 abandoned"
+    );
     assert_eq!(stats.in_flight, 0);
     let _ = child.kill();
     let _ = child.wait();

@@ -79,9 +79,14 @@ pub struct Snapshot {
 
 impl Snapshot {
     pub fn of(images: &[proto::Image]) -> Self {
-        let mut s = Snapshot { keys: HashSet::with_capacity(images.len() * 2), pinned: HashSet::new() };
+        let mut s = Snapshot {
+            keys: HashSet::with_capacity(images.len() * 2),
+            pinned: HashSet::new(),
+        };
         for i in images {
-            let keys = std::iter::once(&i.id).chain(&i.repo_digests).chain(&i.repo_tags);
+            let keys = std::iter::once(&i.id)
+                .chain(&i.repo_digests)
+                .chain(&i.repo_tags);
             if i.pinned {
                 s.pinned.extend(keys.clone().cloned());
             }

@@ -93,20 +93,25 @@ struct Condition {
     status: String,
 }
 
+/// The `*.yaml` and `*.yml` files of a directory, sorted.
+pub fn yaml_files(dir: &Path) -> std::io::Result<Vec<PathBuf>> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| matches!(p.extension().and_then(|e| e.to_str()), Some("yaml" | "yml")))
+        .collect();
+    files.sort();
+    Ok(files)
+}
+
 /// Read every object of `paths` (files or directories).
 pub fn load(paths: &[PathBuf]) -> Result<Objects, ObjectError> {
     let mut out = Objects::default();
     for path in paths {
         if path.is_dir() {
-            let entries = std::fs::read_dir(path).map_err(|source| ObjectError::Read {
+            let files = yaml_files(path).map_err(|source| ObjectError::Read {
                 path: path.clone(),
                 source,
             })?;
-            let mut files: Vec<PathBuf> = entries
-                .filter_map(|e| e.ok().map(|e| e.path()))
-                .filter(|p| matches!(p.extension().and_then(|e| e.to_str()), Some("yaml" | "yml")))
-                .collect();
-            files.sort();
             for f in files {
                 load_file(&f, &mut out)?;
             }

@@ -182,18 +182,13 @@ pub fn collect(paths: &[PathBuf]) -> Result<Vec<PathBuf>, ScenarioError> {
     let mut out = Vec::new();
     for path in paths {
         if path.is_dir() {
-            let entries = std::fs::read_dir(path).map_err(|source| ScenarioError::Read {
+            let found = crate::objects::yaml_files(path).map_err(|source| ScenarioError::Read {
                 path: path.clone(),
                 source,
             })?;
-            let mut found: Vec<PathBuf> = entries
-                .filter_map(|e| e.ok().map(|e| e.path()))
-                .filter(|p| matches!(p.extension().and_then(|e| e.to_str()), Some("yaml" | "yml")))
-                .collect();
             if found.is_empty() {
                 return Err(ScenarioError::Empty { path: path.clone() });
             }
-            found.sort();
             out.extend(found);
         } else {
             out.push(path.clone());

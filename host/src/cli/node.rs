@@ -298,8 +298,11 @@ pub fn summary(node: &str, report: &Report, status: &NodeStatus) -> String {
         out.push_str(&format!("  policy fallback: {f}\n"));
     }
     if !report.phases.is_empty() {
-        let phases: Vec<String> =
-            report.phases.iter().map(|(name, d)| format!("{name} {:.1?}", d)).collect();
+        let phases: Vec<String> = report
+            .phases
+            .iter()
+            .map(|(name, d)| format!("{name} {:.1?}", d))
+            .collect();
         out.push_str(&format!("  time: {}\n", phases.join(", ")));
     }
     out
@@ -334,34 +337,60 @@ pub async fn node_cmd(
             credentials.clone(),
         )))
     });
+    let reconciler = |pins| Reconciler {
+        cri,
+        sizer,
+        credentials,
+        pins,
+        policy: module,
+        backoff: Backoff::default(),
+        pressure: crate::os::pressure,
+        metrics: None,
+    };
     match runtime.pin {
         PinKind::Crio => {
-            let pins = CrioPins::new(&runtime.crio_dropin_dir, reload);
-            let reconciler = Reconciler {
-                cri,
-                sizer,
-                credentials,
-                pins,
-                policy: module,
-                backoff: Backoff::default(),
-                pressure: crate::os::pressure,
-                metrics: None,
-            };
-            node_loop(inputs, &reconciler, watch).await
+            let pins = Pins::Crio(CrioPins::new(&runtime.crio_dropin_dir, reload));
+            node_loop(inputs, &reconciler(pins), watch).await
         }
         PinKind::Containerd => {
-            let pins = crate::pin::containerd::ContainerdPins::new(&runtime.cri)?;
-            let reconciler = Reconciler {
-                cri,
-                sizer,
-                credentials,
-                pins,
-                policy: module,
-                backoff: Backoff::default(),
-                pressure: crate::os::pressure,
-                metrics: None,
-            };
-            node_loop(inputs, &reconciler, watch).await
+            let pins = Pins::Containerd(crate::pin::containerd::ContainerdPins::new(&runtime.cri)?);
+            node_loop(inputs, &reconciler(pins), watch).await
+        }
+    }
+}
+
+/// The back end chosen with `--pin`.
+enum Pins {
+    Crio(CrioPins),
+    Containerd(crate::pin::containerd::ContainerdPins),
+}
+
+impl crate::pin::PinBackend for Pins {
+    fn name(&self) -> &'static str {
+        match self {
+            Pins::Crio(p) => p.name(),
+            Pins::Containerd(p) => p.name(),
+        }
+    }
+
+    fn satisfied(
+        &self,
+        images: &std::collections::BTreeSet<String>,
+        runtime_pinned: &std::collections::HashSet<String>,
+    ) -> bool {
+        match self {
+            Pins::Crio(p) => p.satisfied(images, runtime_pinned),
+            Pins::Containerd(p) => p.satisfied(images, runtime_pinned),
+        }
+    }
+
+    async fn apply(
+        &self,
+        images: &std::collections::BTreeSet<String>,
+    ) -> Result<crate::pin::PinChange, crate::pin::PinError> {
+        match self {
+            Pins::Crio(p) => p.apply(images).await,
+            Pins::Containerd(p) => p.apply(images).await,
         }
     }
 }

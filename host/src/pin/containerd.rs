@@ -136,7 +136,11 @@ impl PinBackend for ContainerdPins {
 
     /// The same pins as last applied, and the runtime still reports every one of them pinned
     /// (a label removed by hand shows as not pinned, and is put back by `apply`).
-    fn satisfied(&self, images: &BTreeSet<String>, runtime_pinned: &std::collections::HashSet<String>) -> bool {
+    fn satisfied(
+        &self,
+        images: &BTreeSet<String>,
+        runtime_pinned: &std::collections::HashSet<String>,
+    ) -> bool {
         let last = self.last.lock().expect("pin cache");
         last.as_ref() == Some(images) && images.iter().all(|i| runtime_pinned.contains(i))
     }

@@ -44,7 +44,11 @@ pub trait PinBackend: Send + Sync {
 
     /// Whether `images` are already exactly the pins, judging by what the runtime reported
     /// pinned in the last snapshot, so [`PinBackend::apply`] can be skipped. Default: never.
-    fn satisfied(&self, images: &BTreeSet<String>, runtime_pinned: &std::collections::HashSet<String>) -> bool {
+    fn satisfied(
+        &self,
+        images: &BTreeSet<String>,
+        runtime_pinned: &std::collections::HashSet<String>,
+    ) -> bool {
         let _ = (images, runtime_pinned);
         false
     }

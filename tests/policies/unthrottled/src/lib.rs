@@ -11,7 +11,11 @@ struct Unthrottled;
 
 impl Policy for Unthrottled {
     fn info(&self) -> PolicyInfo {
-        PolicyInfo::new("unthrottled", "0.0.0", "5 pulls at once, no throttle (benchmarks only)")
+        PolicyInfo::new(
+            "unthrottled",
+            "0.0.0",
+            "5 pulls at once, no throttle (benchmarks only)",
+        )
     }
     fn admit(&self, request: &AdmissionRequest) -> Admission {
         DefaultPolicy.admit(request)
