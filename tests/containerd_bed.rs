@@ -150,3 +150,222 @@ async fn pulls_and_pins_into_real_containerd_then_unpins_a_removed_set() {
     );
     assert!(cri.image_status(&refs[2]).await.unwrap().unwrap().pinned);
 }
+
+#[tokio::test]
+async fn registry_down_fails_each_image_clearly_and_the_next_reconcile_completes() {
+    let Some(mut registry) = support::Registry::start() else {
+        return;
+    };
+    let Some(containerd) = support::Containerd::start(&registry.host) else {
+        return;
+    };
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let client = registry.client();
+    let host = registry.host.clone();
+    let mut refs = Vec::new();
+    for (n, repo) in ["pinset/down1", "pinset/down2"].iter().enumerate() {
+        let (digest, _) = support::push_image(
+            &client,
+            &host,
+            repo,
+            arch(),
+            &[support::layer(40 + n as u64, 64_000)],
+        )
+        .await;
+        refs.push(format!("{host}/{repo}@{digest}"));
+    }
+    let wasm = WasmRuntime::new().unwrap();
+    let credentials = Arc::new(Credentials::default());
+    let reconciler = Reconciler {
+        cri: CriClient::new(CriConfig {
+            endpoint: containerd.endpoint(),
+            ..Default::default()
+        })
+        .unwrap(),
+        sizer: Some(Arc::new(Cached::new(RegistrySizer::new(
+            vec![host.clone()],
+            credentials.clone(),
+        )))),
+        credentials,
+        pins: ContainerdPins::new(&containerd.endpoint()).unwrap(),
+        policy: wasm
+            .load(
+                "embedded:default",
+                EMBEDDED_DEFAULT,
+                None,
+                Limits::default(),
+            )
+            .unwrap(),
+        backoff: Backoff {
+            attempts: 5,
+            first: std::time::Duration::from_millis(20),
+            cap: std::time::Duration::from_millis(100),
+        },
+        pressure: Pressure::default,
+        metrics: None,
+    };
+    let node = NodeInfo {
+        name: "worker-0".into(),
+        labels: [("node-role.kubernetes.io/worker".to_string(), String::new())].into(),
+        ready: true,
+        disk_pressure: false,
+        allocatable_ephemeral_bytes: Some(100 << 30),
+    };
+    let d = desired::desired(
+        &node,
+        &desired::standard_pools(),
+        &[set("s", 1, &[&refs[0], &refs[1]])],
+    );
+    registry.stop();
+    let mut status = NodeStatus::default();
+    let r = reconciler
+        .reconcile(&d, &node, &mut status, CancellationToken::new(), None)
+        .await
+        .unwrap();
+    assert_eq!(r.outcome.failed.len(), 2, "{r:?}");
+    let err = status.sets["s"]
+        .last_failed_generation_error
+        .clone()
+        .unwrap();
+    assert!(err.contains(&refs[0]) && err.contains(&refs[1]), "{err}");
+    assert!(status.degraded.is_some());
+    assert!(
+        r.plan
+            .as_ref()
+            .unwrap()
+            .admission
+            .reason
+            .contains("2 image(s) of unknown size"),
+        "the registry is down: sizes are unknown, not 0"
+    );
+
+    registry.restart();
+    let r = reconciler
+        .reconcile(&d, &node, &mut status, CancellationToken::new(), None)
+        .await
+        .unwrap();
+    assert_eq!(r.outcome.pulled.len(), 2);
+    assert!(status.done() && status.degraded.is_none());
+    for reference in &refs {
+        assert!(
+            reconciler
+                .cri
+                .image_status(reference)
+                .await
+                .unwrap()
+                .unwrap()
+                .pinned
+        );
+    }
+}
+
+#[tokio::test]
+async fn cancelling_stops_pulls_in_flight_in_real_containerd() {
+    let Some(registry) = support::Registry::start() else {
+        return;
+    };
+    let Some(containerd) = support::Containerd::start(&registry.host) else {
+        return;
+    };
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let client = registry.client();
+    let host = registry.host.clone();
+    let mut refs = Vec::new();
+    for n in 0..3u64 {
+        let repo = format!("pinset/big{n}");
+        let (digest, _) = support::push_image(
+            &client,
+            &host,
+            &repo,
+            arch(),
+            &[support::layer(60 + n, 64 << 20)],
+        )
+        .await;
+        refs.push(format!("{host}/{repo}@{digest}"));
+    }
+    let wasm = WasmRuntime::new().unwrap();
+    let credentials = Arc::new(Credentials::default());
+    let cri = CriClient::new(CriConfig {
+        endpoint: containerd.endpoint(),
+        ..Default::default()
+    })
+    .unwrap();
+    let reconciler = Reconciler {
+        cri: cri.clone(),
+        sizer: None::<Arc<Cached<RegistrySizer>>>,
+        credentials,
+        pins: ContainerdPins::new(&containerd.endpoint()).unwrap(),
+        policy: wasm
+            .load(
+                "embedded:default",
+                EMBEDDED_DEFAULT,
+                None,
+                Limits::default(),
+            )
+            .unwrap(),
+        backoff: Backoff::default(),
+        pressure: Pressure::default,
+        metrics: None,
+    };
+    let node = NodeInfo {
+        name: "worker-0".into(),
+        labels: [("node-role.kubernetes.io/worker".to_string(), String::new())].into(),
+        ready: true,
+        disk_pressure: false,
+        allocatable_ephemeral_bytes: Some(100 << 30),
+    };
+    fn refs_of(r: &[String]) -> Vec<&String> {
+        r.iter().collect()
+    }
+    let gen1 = desired::desired(
+        &node,
+        &desired::standard_pools(),
+        &[set("s", 1, &refs_of(&refs))],
+    );
+    let cancel = CancellationToken::new();
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let trigger = {
+        let cancel = cancel.clone();
+        tokio::spawn(async move {
+            let mut started = 0;
+            while let Some(e) = rx.recv().await {
+                if matches!(e, pinset::core::executor::Event::Started { .. }) {
+                    started += 1;
+                    if started == 3 {
+                        tokio::time::sleep(std::time::Duration::from_millis(30)).await;
+                        cancel.cancel();
+                        return Some(std::time::Instant::now());
+                    }
+                }
+            }
+            None
+        })
+    };
+    let mut status = NodeStatus::default();
+    let r = reconciler
+        .reconcile(&gen1, &node, &mut status, cancel, Some(tx))
+        .await
+        .unwrap();
+    let returned = std::time::Instant::now();
+    let at = trigger.await.unwrap().expect("three pulls started");
+    assert!(r.cancelled);
+    assert!(returned.duration_since(at) < std::time::Duration::from_millis(250));
+    assert!(
+        status.sets["s"].current_generation.is_none(),
+        "a cancelled generation is not done"
+    );
+
+    // The next generation completes from a fresh snapshot.
+    let gen2 = desired::desired(
+        &node,
+        &desired::standard_pools(),
+        &[set("s", 2, &refs_of(&refs[..1]))],
+    );
+    let r = reconciler
+        .reconcile(&gen2, &node, &mut status, CancellationToken::new(), None)
+        .await
+        .unwrap();
+    assert!(r.outcome.failed.is_empty());
+    assert_eq!(status.sets["s"].current_generation, Some(2));
+    assert!(cri.image_status(&refs[0]).await.unwrap().unwrap().pinned);
+}

@@ -49,6 +49,8 @@ fn free_port() -> u16 {
 pub struct Registry {
     pub host: String,
     child: Child,
+    binary: PathBuf,
+    config: PathBuf,
     _dir: tempfile::TempDir,
 }
 
@@ -73,27 +75,42 @@ impl Registry {
             ),
         )
         .unwrap();
-        let child = Command::new(binary)
-            .args(["serve", config.to_str().unwrap()])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start docker-registry");
+        let child = spawn_registry(&binary, &config);
         let host = format!("127.0.0.1:{port}");
         let registry = Registry {
-            host: host.clone(),
+            host,
             child,
+            binary,
+            config,
             _dir: dir,
         };
+        registry.wait_ready();
+        Some(registry)
+    }
+
+    fn wait_ready(&self) {
         let deadline = Instant::now() + Duration::from_secs(10);
-        while std::net::TcpStream::connect(&host).is_err() {
+        while std::net::TcpStream::connect(&self.host).is_err() {
             assert!(
                 Instant::now() < deadline,
-                "docker-registry did not listen on {host} within 10 s"
+                "docker-registry did not listen on {} within 10 s",
+                self.host
             );
             std::thread::sleep(Duration::from_millis(20));
         }
-        Some(registry)
+    }
+
+    /// Stop serving (kill by PID); the storage is kept for [`Registry::restart`].
+    pub fn stop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// Serve again on the same address with the same storage.
+    pub fn restart(&mut self) {
+        self.stop();
+        self.child = spawn_registry(&self.binary, &self.config);
+        self.wait_ready();
     }
 
     pub fn pid(&self) -> u32 {
@@ -106,6 +123,15 @@ impl Registry {
             ..Default::default()
         })
     }
+}
+
+fn spawn_registry(binary: &std::path::Path, config: &std::path::Path) -> Child {
+    Command::new(binary)
+        .args(["serve", config.to_str().unwrap()])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start docker-registry")
 }
 
 impl Drop for Registry {
