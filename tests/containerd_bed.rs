@@ -369,3 +369,102 @@ async fn cancelling_stops_pulls_in_flight_in_real_containerd() {
     assert_eq!(status.sets["s"].current_generation, Some(2));
     assert!(cri.image_status(&refs[0]).await.unwrap().unwrap().pinned);
 }
+
+#[tokio::test]
+async fn a_containerd_restart_mid_run_is_retried_and_the_reconcile_completes() {
+    let Some(registry) = support::Registry::start() else {
+        return;
+    };
+    let Some(containerd) = support::Containerd::start(&registry.host) else {
+        return;
+    };
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let client = registry.client();
+    let host = registry.host.clone();
+    let mut refs = Vec::new();
+    for n in 0..3u64 {
+        let repo = format!("pinset/restart{n}");
+        let (digest, _) = support::push_image(
+            &client,
+            &host,
+            &repo,
+            arch(),
+            &[support::layer(80 + n, 32 << 20)],
+        )
+        .await;
+        refs.push(format!("{host}/{repo}@{digest}"));
+    }
+    let endpoint = containerd.endpoint();
+    let wasm = WasmRuntime::new().unwrap();
+    let cri = CriClient::new(CriConfig {
+        endpoint: endpoint.clone(),
+        ..Default::default()
+    })
+    .unwrap();
+    let reconciler = Reconciler {
+        cri: cri.clone(),
+        sizer: None::<Arc<Cached<RegistrySizer>>>,
+        credentials: Arc::new(Credentials::default()),
+        pins: ContainerdPins::new(&endpoint).unwrap(),
+        policy: wasm
+            .load(
+                "embedded:default",
+                EMBEDDED_DEFAULT,
+                None,
+                Limits::default(),
+            )
+            .unwrap(),
+        backoff: Backoff {
+            attempts: 5,
+            first: std::time::Duration::from_millis(250),
+            cap: std::time::Duration::from_secs(2),
+        },
+        pressure: Pressure::default,
+        metrics: None,
+    };
+    let node = NodeInfo {
+        name: "worker-0".into(),
+        labels: [("node-role.kubernetes.io/worker".to_string(), String::new())].into(),
+        ready: true,
+        disk_pressure: false,
+        allocatable_ephemeral_bytes: Some(100 << 30),
+    };
+    let all: Vec<&String> = refs.iter().collect();
+    let d = desired::desired(&node, &desired::standard_pools(), &[set("s", 1, &all)]);
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    // Restart containerd as soon as the pulls are under way; collect the retries seen.
+    let restarter = tokio::spawn(async move {
+        let mut containerd = containerd;
+        let mut retries = 0;
+        let mut restarted = false;
+        while let Some(e) = rx.recv().await {
+            match e {
+                pinset::core::executor::Event::Started { .. } if !restarted => {
+                    restarted = true;
+                    tokio::time::sleep(std::time::Duration::from_millis(30)).await;
+                    containerd = tokio::task::spawn_blocking(move || {
+                        containerd.restart();
+                        containerd
+                    })
+                    .await
+                    .unwrap();
+                }
+                pinset::core::executor::Event::Retrying { .. } => retries += 1,
+                _ => {}
+            }
+        }
+        (containerd, retries)
+    });
+    let mut status = NodeStatus::default();
+    let r = reconciler
+        .reconcile(&d, &node, &mut status, CancellationToken::new(), Some(tx))
+        .await
+        .unwrap();
+    let (containerd, retries) = restarter.await.unwrap();
+    assert_eq!(r.outcome.pulled.len(), 3, "{r:?}\n{}", containerd.log());
+    assert!(retries >= 1, "pulls cut by the restart were retried");
+    assert!(status.done(), "{status:?}");
+    for reference in &refs {
+        assert!(cri.image_status(reference).await.unwrap().unwrap().pinned);
+    }
+}

@@ -300,6 +300,8 @@ pub fn containerd_binary() -> Option<PathBuf> {
 pub struct Containerd {
     pub socket: PathBuf,
     child: Child,
+    binary: PathBuf,
+    config: PathBuf,
     dir: tempfile::TempDir,
 }
 
@@ -334,29 +336,38 @@ impl Containerd {
             ),
         )
         .unwrap();
-        let log = std::fs::File::create(d.join("containerd.log")).unwrap();
-        let child = Command::new(binary)
-            .args(["--config", config.to_str().unwrap()])
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .expect("start containerd");
+        let child = spawn_containerd(&binary, &config, d);
         let c = Containerd {
-            socket: socket.clone(),
+            socket,
             child,
+            binary,
+            config,
             dir,
         };
+        c.wait_ready();
+        Some(c)
+    }
+
+    fn wait_ready(&self) {
         let deadline = Instant::now() + Duration::from_secs(15);
-        while std::os::unix::net::UnixStream::connect(&socket).is_err() {
+        while std::os::unix::net::UnixStream::connect(&self.socket).is_err() {
             assert!(
                 Instant::now() < deadline,
                 "containerd did not serve {} within 15 s: {}",
-                socket.display(),
-                c.log()
+                self.socket.display(),
+                self.log()
             );
             std::thread::sleep(Duration::from_millis(20));
         }
-        Some(c)
+    }
+
+    /// Kill containerd (by PID) and start it again on the same socket, root and state.
+    pub fn restart(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_file(&self.socket);
+        self.child = spawn_containerd(&self.binary, &self.config, self.dir.path());
+        self.wait_ready();
     }
 
     pub fn endpoint(&self) -> String {
@@ -366,6 +377,24 @@ impl Containerd {
     pub fn log(&self) -> String {
         std::fs::read_to_string(self.dir.path().join("containerd.log")).unwrap_or_default()
     }
+}
+
+fn spawn_containerd(
+    binary: &std::path::Path,
+    config: &std::path::Path,
+    dir: &std::path::Path,
+) -> Child {
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(dir.join("containerd.log"))
+        .unwrap();
+    Command::new(binary)
+        .args(["--config", config.to_str().unwrap()])
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .expect("start containerd")
 }
 
 impl Drop for Containerd {
