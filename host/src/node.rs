@@ -272,13 +272,11 @@ impl<S: Sizer + 'static, B: PinBackend> Reconciler<S, B> {
         }
         let plan = plan::make(&mut guarded, &request);
         phases.push(("facts + policy", started.elapsed()));
-        let bytes_of = |i: u32| {
-            request
-                .images
-                .get(i as usize)
-                .and_then(|i| i.size_bytes)
-                .unwrap_or(0)
-        };
+        let planned_bytes: u64 = plan
+            .pulls
+            .iter()
+            .filter_map(|&i| request.images.get(i as usize).and_then(|i| i.size_bytes))
+            .sum();
         let done = present.iter().filter(|p| **p).count() as u64;
         status.start(
             desired,
@@ -286,7 +284,7 @@ impl<S: Sizer + 'static, B: PinBackend> Reconciler<S, B> {
                 images_done: done,
                 images_total: desired.images.len() as u64,
                 bytes_done: 0,
-                bytes_total: plan.pulls.iter().map(|&i| bytes_of(i)).sum(),
+                bytes_total: planned_bytes,
             },
         );
         tracing::info!(
@@ -300,6 +298,12 @@ impl<S: Sizer + 'static, B: PinBackend> Reconciler<S, B> {
         );
 
         // 5. Pulls.
+        if let Some(out) = &events {
+            let _ = out.send(Event::Planned {
+                pulls: plan.pulls.len() as u64,
+                bytes: planned_bytes,
+            });
+        }
         let jobs: Vec<Job> = plan
             .pulls
             .iter()

@@ -222,14 +222,18 @@ pub fn progress_bar(total_images: u64, label: &str) -> ProgressBar {
 }
 
 /// Print executor events above `bar` and advance it.
-pub async fn show_events(
-    mut rx: tokio::sync::mpsc::UnboundedReceiver<Event>,
-    bar: ProgressBar,
-    total_bytes: u64,
-) {
-    let mut bytes = 0u64;
+pub async fn show_events(mut rx: tokio::sync::mpsc::UnboundedReceiver<Event>, bar: ProgressBar) {
+    let (mut bytes, mut total_bytes) = (0u64, 0u64);
     while let Some(e) = rx.recv().await {
         match e {
+            Event::Planned {
+                pulls,
+                bytes: planned,
+            } => {
+                bar.set_length(pulls);
+                total_bytes = planned;
+                bar.set_message(format!("0 B / {}", fmt_bytes(total_bytes)));
+            }
             Event::Pulled {
                 reference,
                 bytes: b,
@@ -443,7 +447,7 @@ pub async fn run_with_progress<
 ) -> Result<Report, node::ReconcileError> {
     let bar = progress_bar(desired.images.len() as u64, &node.name);
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-    let shower = tokio::spawn(show_events(rx, bar.clone(), 0));
+    let shower = tokio::spawn(show_events(rx, bar.clone()));
     let report = reconciler
         .reconcile(desired, node, status, cancel, Some(tx))
         .await;

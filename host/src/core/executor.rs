@@ -74,6 +74,12 @@ pub struct Job {
 /// What happens, as it happens.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Event {
+    /// The plan is made: this many pulls of this many known compressed bytes (sent by the
+    /// reconcile before the executor starts).
+    Planned {
+        pulls: u64,
+        bytes: u64,
+    },
     Started {
         reference: String,
     },
