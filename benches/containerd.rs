@@ -22,8 +22,8 @@ use pinset::node::Reconciler;
 use pinset::pin::containerd::ContainerdPins;
 use pinset::policy::bench::Stats;
 use pinset::policy::{EMBEDDED_DEFAULT, Limits, PolicyModule, WasmRuntime};
-use pinset::registry::auth::Credentials;
-use pinset::registry::size::{Cached, RegistrySizer};
+
+use pinset::registry::size::RegistrySizer;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -31,24 +31,6 @@ use tokio_util::sync::CancellationToken;
 
 const IMAGES: usize = 20;
 const LAYER: usize = 8 << 20;
-
-fn arch() -> &'static str {
-    if std::env::consts::ARCH == "aarch64" {
-        "arm64"
-    } else {
-        "amd64"
-    }
-}
-
-fn node(role: &str) -> NodeInfo {
-    NodeInfo {
-        name: format!("{role}-0"),
-        labels: [(format!("node-role.kubernetes.io/{role}"), String::new())].into(),
-        ready: true,
-        disk_pressure: false,
-        allocatable_ephemeral_bytes: Some(500 << 30),
-    }
-}
 
 fn desired_for(node: &NodeInfo, role: &str, refs: &[String]) -> Desired {
     let set = PinnedImageSet {
@@ -65,42 +47,7 @@ fn reconciler(
     host: &str,
     policy: PolicyModule,
 ) -> Reconciler<RegistrySizer, ContainerdPins> {
-    let credentials = Arc::new(Credentials::default());
-    Reconciler {
-        cri: CriClient::new(CriConfig {
-            endpoint: c.endpoint(),
-            ..Default::default()
-        })
-        .unwrap(),
-        sizer: Some(Arc::new(Cached::new(RegistrySizer::new(
-            vec![host.to_string()],
-            credentials.clone(),
-        )))),
-        credentials,
-        pins: ContainerdPins::new(&c.endpoint()).unwrap(),
-        policy,
-        backoff: Backoff::default(),
-        pressure: pinset::os::pressure,
-        metrics: None,
-    }
-}
-
-async fn push_images(
-    registry: &support::Registry,
-    prefix: &str,
-    count: usize,
-    layer: usize,
-    seed: u64,
-) -> Vec<String> {
-    let client = registry.client();
-    let mut refs = Vec::new();
-    for i in 0..count {
-        let l = support::layer(seed + i as u64, layer);
-        let repo = format!("bench/{prefix}{i}");
-        let (digest, _) = support::push_image(&client, &registry.host, &repo, arch(), &[l]).await;
-        refs.push(format!("{}/{repo}@{digest}", registry.host));
-    }
-    refs
+    support::reconciler(c, host, policy, Backoff::default(), true)
 }
 
 #[tokio::main]
@@ -140,7 +87,7 @@ async fn main() {
         LAYER >> 20,
         registry.host
     );
-    let refs = push_images(&registry, "img", IMAGES, LAYER, 1000).await;
+    let refs = support::push_images(&registry, "img", IMAGES, LAYER, 1000).await;
 
     // 1. Makespan.
     let cases = [
@@ -187,7 +134,7 @@ async fn main() {
                         "d" => (default.clone(), "worker"),
                         _ => (default.clone(), "master"),
                     };
-                    let n = node(role);
+                    let n = support::node(role);
                     let d = desired_for(&n, role, &refs);
                     let rec = reconciler(&c, &registry.host, policy);
                     let mut status = NodeStatus::default();
@@ -235,8 +182,8 @@ async fn main() {
 
     // 2. No-op reconcile of 500 present images.
     let c = support::Containerd::start(&registry.host).unwrap();
-    let many = push_images(&registry, "small", 500, 4096, 50_000).await;
-    let n = node("worker");
+    let many = support::push_images(&registry, "small", 500, 4096, 50_000).await;
+    let n = support::node("worker");
     let d = desired_for(&n, "worker", &many);
     let rec = reconciler(&c, &registry.host, unthrottled.clone());
     let mut status = NodeStatus::default();
@@ -278,11 +225,11 @@ async fn main() {
     drop(c);
 
     // 3. Cancellation latency.
-    let big = push_images(&registry, "big", 5, 96 << 20, 90_000).await;
+    let big = support::push_images(&registry, "big", 5, 96 << 20, 90_000).await;
     let mut latencies = Vec::new();
     for _ in 0..20 {
         let c = support::Containerd::start(&registry.host).unwrap();
-        let n = node("worker");
+        let n = support::node("worker");
         let d = desired_for(&n, "worker", &big);
         let rec = reconciler(&c, &registry.host, unthrottled.clone());
         let cancel = CancellationToken::new();

@@ -215,7 +215,7 @@ fn watch_restarts_on_a_changed_set_and_abandons_pulls_in_flight() {
             .collect(),
         bandwidth: 1 << 30,
         disk_capacity: 1 << 40,
-        pin_drop_in: None,
+        pin_drop_in: Some(dropins.join(crio::DROP_IN)),
     });
     for r in &images[..3] {
         sim.inject(r, [Fault::Hang]);

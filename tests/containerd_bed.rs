@@ -1,38 +1,34 @@
 //! The node pipeline against a real containerd (1.7, CRI plugin) and a real registry, with images
 //! built and pushed here and the real default Wasm policy: pull, pin (containerd's pin label),
-//! no-op rerun, unpin on set removal.
+//! no-op rerun, unpin on set removal, registry down, cancellation, containerd restart.
 
 mod support;
 
-use pinset::core::desired::{self, NodeInfo, PinnedImageSet, ROLE_LABEL};
-use pinset::core::executor::Backoff;
+use pinset::core::desired::{self, Desired, NodeInfo, PinnedImageSet, ROLE_LABEL};
+use pinset::core::executor::{Backoff, Event};
 use pinset::core::status::NodeStatus;
-use pinset::cri::client::{CriClient, CriConfig};
-use pinset::node::Reconciler;
-use pinset::pin::containerd::ContainerdPins;
-use pinset::policy::{EMBEDDED_DEFAULT, Limits, WasmRuntime};
-use pinset::registry::auth::Credentials;
-use pinset::registry::size::{Cached, RegistrySizer};
-use pinset_policy_sdk::Pressure;
-use std::sync::Arc;
+use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 
-fn arch() -> &'static str {
-    if std::env::consts::ARCH == "aarch64" {
-        "arm64"
-    } else {
-        "amd64"
-    }
-}
-
-fn set(name: &str, generation: i64, images: &[&String]) -> PinnedImageSet {
+fn set(name: &str, generation: i64, images: &[String]) -> PinnedImageSet {
     PinnedImageSet {
         name: name.into(),
         generation,
         labels: [(ROLE_LABEL.to_string(), "worker".to_string())].into(),
-        images: images.iter().map(|s| s.to_string()).collect(),
+        images: images.to_vec(),
     }
 }
+
+fn desired_of(node: &NodeInfo, sets: &[PinnedImageSet]) -> Desired {
+    desired::desired(node, &desired::standard_pools(), sets)
+}
+
+/// Short waits so that five failing tries take well under a second.
+const QUICK: Backoff = Backoff {
+    attempts: 5,
+    first: Duration::from_millis(20),
+    cap: Duration::from_millis(100),
+};
 
 #[tokio::test]
 async fn pulls_and_pins_into_real_containerd_then_unpins_a_removed_set() {
@@ -42,7 +38,13 @@ async fn pulls_and_pins_into_real_containerd_then_unpins_a_removed_set() {
     let Some(containerd) = support::Containerd::start(&registry.host) else {
         return;
     };
-    let _ = rustls::crypto::ring::default_provider().install_default();
+    let reconciler = support::reconciler(
+        &containerd,
+        &registry.host,
+        support::default_policy(),
+        Backoff::default(),
+        true,
+    );
     let client = registry.client();
     let host = registry.host.clone();
     let base = support::layer(10, 200_000);
@@ -53,54 +55,12 @@ async fn pulls_and_pins_into_real_containerd_then_unpins_a_removed_set() {
     {
         let own = support::layer(20 + n as u64, 100_000 * (n + 1));
         let (digest, _) =
-            support::push_image(&client, &host, repo, arch(), &[base.clone(), own]).await;
+            support::push_image(&client, &host, repo, support::arch(), &[base.clone(), own]).await;
         refs.push(format!("{host}/{repo}@{digest}"));
     }
-
-    let cri = CriClient::new(CriConfig {
-        endpoint: containerd.endpoint(),
-        ..Default::default()
-    })
-    .unwrap();
-    let wasm = WasmRuntime::new().unwrap();
-    let policy = wasm
-        .load(
-            "embedded:default",
-            EMBEDDED_DEFAULT,
-            None,
-            Limits::default(),
-        )
-        .unwrap();
-    let credentials = Arc::new(Credentials::default());
-    let reconciler = Reconciler {
-        cri: cri.clone(),
-        sizer: Some(Arc::new(Cached::new(RegistrySizer::new(
-            vec![host.clone()],
-            credentials.clone(),
-        )))),
-        credentials,
-        pins: ContainerdPins::new(&containerd.endpoint()).unwrap(),
-        policy,
-        backoff: Backoff::default(),
-        pressure: Pressure::default,
-        metrics: None,
-    };
-    let node = NodeInfo {
-        name: "worker-0".into(),
-        labels: [("node-role.kubernetes.io/worker".to_string(), String::new())].into(),
-        ready: true,
-        disk_pressure: false,
-        allocatable_ephemeral_bytes: Some(100 << 30),
-    };
-    let pools = desired::standard_pools();
-    let both = desired::desired(
-        &node,
-        &pools,
-        &[
-            set("a", 1, &[&refs[0], &refs[1]]),
-            set("b", 1, &[&refs[1], &refs[2]]),
-        ],
-    );
+    let cri = reconciler.cri.clone();
+    let node = support::node("worker");
+    let both = desired_of(&node, &[set("a", 1, &refs[..2]), set("b", 1, &refs[1..])]);
     let mut status = NodeStatus::default();
     let report = reconciler
         .reconcile(&both, &node, &mut status, CancellationToken::new(), None)
@@ -132,7 +92,7 @@ async fn pulls_and_pins_into_real_containerd_then_unpins_a_removed_set() {
     assert!(again.outcome.pulled.is_empty());
     assert!(!again.pin.unwrap().applied, "nothing to change");
 
-    let only_b = desired::desired(&node, &pools, &[set("b", 1, &[&refs[1], &refs[2]])]);
+    let only_b = desired_of(&node, &[set("b", 1, &refs[1..])]);
     let r = reconciler
         .reconcile(&only_b, &node, &mut status, CancellationToken::new(), None)
         .await
@@ -159,63 +119,16 @@ async fn registry_down_fails_each_image_clearly_and_the_next_reconcile_completes
     let Some(containerd) = support::Containerd::start(&registry.host) else {
         return;
     };
-    let _ = rustls::crypto::ring::default_provider().install_default();
-    let client = registry.client();
-    let host = registry.host.clone();
-    let mut refs = Vec::new();
-    for (n, repo) in ["pinset/down1", "pinset/down2"].iter().enumerate() {
-        let (digest, _) = support::push_image(
-            &client,
-            &host,
-            repo,
-            arch(),
-            &[support::layer(40 + n as u64, 64_000)],
-        )
-        .await;
-        refs.push(format!("{host}/{repo}@{digest}"));
-    }
-    let wasm = WasmRuntime::new().unwrap();
-    let credentials = Arc::new(Credentials::default());
-    let reconciler = Reconciler {
-        cri: CriClient::new(CriConfig {
-            endpoint: containerd.endpoint(),
-            ..Default::default()
-        })
-        .unwrap(),
-        sizer: Some(Arc::new(Cached::new(RegistrySizer::new(
-            vec![host.clone()],
-            credentials.clone(),
-        )))),
-        credentials,
-        pins: ContainerdPins::new(&containerd.endpoint()).unwrap(),
-        policy: wasm
-            .load(
-                "embedded:default",
-                EMBEDDED_DEFAULT,
-                None,
-                Limits::default(),
-            )
-            .unwrap(),
-        backoff: Backoff {
-            attempts: 5,
-            first: std::time::Duration::from_millis(20),
-            cap: std::time::Duration::from_millis(100),
-        },
-        pressure: Pressure::default,
-        metrics: None,
-    };
-    let node = NodeInfo {
-        name: "worker-0".into(),
-        labels: [("node-role.kubernetes.io/worker".to_string(), String::new())].into(),
-        ready: true,
-        disk_pressure: false,
-        allocatable_ephemeral_bytes: Some(100 << 30),
-    };
-    let d = desired::desired(
-        &node,
-        &desired::standard_pools(),
-        &[set("s", 1, &[&refs[0], &refs[1]])],
+    let reconciler = support::reconciler(
+        &containerd,
+        &registry.host,
+        support::default_policy(),
+        QUICK,
+        true,
     );
+    let refs = support::push_images(&registry, "down", 2, 64_000, 40).await;
+    let node = support::node("worker");
+    let d = desired_of(&node, &[set("s", 1, &refs)]);
     registry.stop();
     let mut status = NodeStatus::default();
     let r = reconciler
@@ -267,61 +180,16 @@ async fn cancelling_stops_pulls_in_flight_in_real_containerd() {
     let Some(containerd) = support::Containerd::start(&registry.host) else {
         return;
     };
-    let _ = rustls::crypto::ring::default_provider().install_default();
-    let client = registry.client();
-    let host = registry.host.clone();
-    let mut refs = Vec::new();
-    for n in 0..3u64 {
-        let repo = format!("pinset/big{n}");
-        let (digest, _) = support::push_image(
-            &client,
-            &host,
-            &repo,
-            arch(),
-            &[support::layer(60 + n, 64 << 20)],
-        )
-        .await;
-        refs.push(format!("{host}/{repo}@{digest}"));
-    }
-    let wasm = WasmRuntime::new().unwrap();
-    let credentials = Arc::new(Credentials::default());
-    let cri = CriClient::new(CriConfig {
-        endpoint: containerd.endpoint(),
-        ..Default::default()
-    })
-    .unwrap();
-    let reconciler = Reconciler {
-        cri: cri.clone(),
-        sizer: None::<Arc<Cached<RegistrySizer>>>,
-        credentials,
-        pins: ContainerdPins::new(&containerd.endpoint()).unwrap(),
-        policy: wasm
-            .load(
-                "embedded:default",
-                EMBEDDED_DEFAULT,
-                None,
-                Limits::default(),
-            )
-            .unwrap(),
-        backoff: Backoff::default(),
-        pressure: Pressure::default,
-        metrics: None,
-    };
-    let node = NodeInfo {
-        name: "worker-0".into(),
-        labels: [("node-role.kubernetes.io/worker".to_string(), String::new())].into(),
-        ready: true,
-        disk_pressure: false,
-        allocatable_ephemeral_bytes: Some(100 << 30),
-    };
-    fn refs_of(r: &[String]) -> Vec<&String> {
-        r.iter().collect()
-    }
-    let gen1 = desired::desired(
-        &node,
-        &desired::standard_pools(),
-        &[set("s", 1, &refs_of(&refs))],
+    let reconciler = support::reconciler(
+        &containerd,
+        &registry.host,
+        support::default_policy(),
+        Backoff::default(),
+        false,
     );
+    let refs = support::push_images(&registry, "big", 3, 64 << 20, 60).await;
+    let node = support::node("worker");
+    let gen1 = desired_of(&node, &[set("s", 1, &refs)]);
     let cancel = CancellationToken::new();
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
     let trigger = {
@@ -329,12 +197,12 @@ async fn cancelling_stops_pulls_in_flight_in_real_containerd() {
         tokio::spawn(async move {
             let mut started = 0;
             while let Some(e) = rx.recv().await {
-                if matches!(e, pinset::core::executor::Event::Started { .. }) {
+                if matches!(e, Event::Started { .. }) {
                     started += 1;
                     if started == 3 {
-                        tokio::time::sleep(std::time::Duration::from_millis(30)).await;
+                        tokio::time::sleep(Duration::from_millis(30)).await;
                         cancel.cancel();
-                        return Some(std::time::Instant::now());
+                        return Some(Instant::now());
                     }
                 }
             }
@@ -346,28 +214,32 @@ async fn cancelling_stops_pulls_in_flight_in_real_containerd() {
         .reconcile(&gen1, &node, &mut status, cancel, Some(tx))
         .await
         .unwrap();
-    let returned = std::time::Instant::now();
+    let returned = Instant::now();
     let at = trigger.await.unwrap().expect("three pulls started");
     assert!(r.cancelled);
-    assert!(returned.duration_since(at) < std::time::Duration::from_millis(250));
+    assert!(returned.duration_since(at) < Duration::from_millis(250));
     assert!(
         status.sets["s"].current_generation.is_none(),
         "a cancelled generation is not done"
     );
 
     // The next generation completes from a fresh snapshot.
-    let gen2 = desired::desired(
-        &node,
-        &desired::standard_pools(),
-        &[set("s", 2, &refs_of(&refs[..1]))],
-    );
+    let gen2 = desired_of(&node, &[set("s", 2, &refs[..1])]);
     let r = reconciler
         .reconcile(&gen2, &node, &mut status, CancellationToken::new(), None)
         .await
         .unwrap();
     assert!(r.outcome.failed.is_empty());
     assert_eq!(status.sets["s"].current_generation, Some(2));
-    assert!(cri.image_status(&refs[0]).await.unwrap().unwrap().pinned);
+    assert!(
+        reconciler
+            .cri
+            .image_status(&refs[0])
+            .await
+            .unwrap()
+            .unwrap()
+            .pinned
+    );
 }
 
 #[tokio::test]
@@ -378,70 +250,32 @@ async fn a_containerd_restart_mid_run_is_retried_and_the_reconcile_completes() {
     let Some(containerd) = support::Containerd::start(&registry.host) else {
         return;
     };
-    let _ = rustls::crypto::ring::default_provider().install_default();
-    let client = registry.client();
-    let host = registry.host.clone();
-    let mut refs = Vec::new();
-    for n in 0..3u64 {
-        let repo = format!("pinset/restart{n}");
-        let (digest, _) = support::push_image(
-            &client,
-            &host,
-            &repo,
-            arch(),
-            &[support::layer(80 + n, 32 << 20)],
-        )
-        .await;
-        refs.push(format!("{host}/{repo}@{digest}"));
-    }
-    let endpoint = containerd.endpoint();
-    let wasm = WasmRuntime::new().unwrap();
-    let cri = CriClient::new(CriConfig {
-        endpoint: endpoint.clone(),
-        ..Default::default()
-    })
-    .unwrap();
-    let reconciler = Reconciler {
-        cri: cri.clone(),
-        sizer: None::<Arc<Cached<RegistrySizer>>>,
-        credentials: Arc::new(Credentials::default()),
-        pins: ContainerdPins::new(&endpoint).unwrap(),
-        policy: wasm
-            .load(
-                "embedded:default",
-                EMBEDDED_DEFAULT,
-                None,
-                Limits::default(),
-            )
-            .unwrap(),
-        backoff: Backoff {
-            attempts: 5,
-            first: std::time::Duration::from_millis(250),
-            cap: std::time::Duration::from_secs(2),
-        },
-        pressure: Pressure::default,
-        metrics: None,
+    let backoff = Backoff {
+        attempts: 5,
+        first: Duration::from_millis(250),
+        cap: Duration::from_secs(2),
     };
-    let node = NodeInfo {
-        name: "worker-0".into(),
-        labels: [("node-role.kubernetes.io/worker".to_string(), String::new())].into(),
-        ready: true,
-        disk_pressure: false,
-        allocatable_ephemeral_bytes: Some(100 << 30),
-    };
-    let all: Vec<&String> = refs.iter().collect();
-    let d = desired::desired(&node, &desired::standard_pools(), &[set("s", 1, &all)]);
+    let reconciler = support::reconciler(
+        &containerd,
+        &registry.host,
+        support::default_policy(),
+        backoff,
+        false,
+    );
+    let refs = support::push_images(&registry, "restart", 3, 32 << 20, 80).await;
+    let node = support::node("worker");
+    let d = desired_of(&node, &[set("s", 1, &refs)]);
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-    // Restart containerd as soon as the pulls are under way; collect the retries seen.
+    // Restart containerd as soon as the pulls are under way; count the retries seen.
     let restarter = tokio::spawn(async move {
         let mut containerd = containerd;
         let mut retries = 0;
         let mut restarted = false;
         while let Some(e) = rx.recv().await {
             match e {
-                pinset::core::executor::Event::Started { .. } if !restarted => {
+                Event::Started { .. } if !restarted => {
                     restarted = true;
-                    tokio::time::sleep(std::time::Duration::from_millis(30)).await;
+                    tokio::time::sleep(Duration::from_millis(30)).await;
                     containerd = tokio::task::spawn_blocking(move || {
                         containerd.restart();
                         containerd
@@ -449,7 +283,7 @@ async fn a_containerd_restart_mid_run_is_retried_and_the_reconcile_completes() {
                     .await
                     .unwrap();
                 }
-                pinset::core::executor::Event::Retrying { .. } => retries += 1,
+                Event::Retrying { .. } => retries += 1,
                 _ => {}
             }
         }
@@ -465,6 +299,14 @@ async fn a_containerd_restart_mid_run_is_retried_and_the_reconcile_completes() {
     assert!(retries >= 1, "pulls cut by the restart were retried");
     assert!(status.done(), "{status:?}");
     for reference in &refs {
-        assert!(cri.image_status(reference).await.unwrap().unwrap().pinned);
+        assert!(
+            reconciler
+                .cri
+                .image_status(reference)
+                .await
+                .unwrap()
+                .unwrap()
+                .pinned
+        );
     }
 }

@@ -384,6 +384,7 @@ impl<S: Sizer + 'static, B: PinBackend> Reconciler<S, B> {
             .collect();
         let mut pin = BTreeSet::new();
         let mut failures = Vec::new();
+        let mut complete = Vec::new();
         for set in &desired.sets {
             let missing: Vec<&str> = set
                 .images
@@ -397,7 +398,7 @@ impl<S: Sizer + 'static, B: PinBackend> Reconciler<S, B> {
                         .iter()
                         .map(|&i| desired.images[i].reference.to_string()),
                 );
-                status.succeed(&set.name, set.generation);
+                complete.push(set);
                 continue;
             }
             let why = missing_reason(&missing, &errors, &plan, &report.outcome);
@@ -408,15 +409,75 @@ impl<S: Sizer + 'static, B: PinBackend> Reconciler<S, B> {
             failures.push(invalid.to_string());
         }
         let started = Instant::now();
-        report.pin = Some(if self.pins.satisfied(&pin, &after.pinned) {
+        let change = if self.pins.satisfied(&pin, &after.pinned) {
             PinChange::default()
         } else {
             self.pins.apply(&pin).await?
-        });
+        };
+        // A set is done when the runtime itself reports its images pinned.
+        let unconfirmed = if change.applied {
+            self.confirm_pins(&pin, &change.unpinned).await?
+        } else {
+            BTreeSet::new()
+        };
+        for set in complete {
+            let not_pinned: Vec<&str> = set
+                .images
+                .iter()
+                .map(|&i| desired.images[i].reference.as_str())
+                .filter(|r| unconfirmed.contains(*r))
+                .collect();
+            if not_pinned.is_empty() {
+                status.succeed(&set.name, set.generation);
+            } else {
+                let why = format!(
+                    "the {} back end pinned {} image(s) but the runtime does not report them pinned after {:?}: {}",
+                    self.pins.name(),
+                    not_pinned.len(),
+                    PIN_CONFIRM_TIMEOUT,
+                    not_pinned.join(", ")
+                );
+                status.fail(&set.name, set.generation, &why);
+                failures.push(format!("PinnedImageSet {}: {why}", set.name));
+            }
+        }
+        report.pin = Some(change);
         phases.push(("pin", started.elapsed()));
         report.phases = phases;
         status.finish((!failures.is_empty()).then(|| failures.join("; ")));
         Ok(report)
+    }
+}
+
+/// How long the runtime may take to report a pin change (containerd's CRI plugin learns of
+/// label changes from its event stream; CRI-O re-reads its configuration on reload).
+pub const PIN_CONFIRM_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
+impl<S: Sizer + 'static, B: PinBackend> Reconciler<S, B> {
+    /// Wait until the runtime reports `pinned` pinned and `unpinned` not; returns the images
+    /// still not reported pinned when [`PIN_CONFIRM_TIMEOUT`] runs out.
+    async fn confirm_pins(
+        &self,
+        pinned: &BTreeSet<String>,
+        unpinned: &[String],
+    ) -> Result<BTreeSet<String>, CriError> {
+        let deadline = Instant::now() + PIN_CONFIRM_TIMEOUT;
+        loop {
+            let snapshot = Snapshot::of(&self.cri.list_images().await?);
+            let missing: BTreeSet<String> = pinned
+                .iter()
+                .filter(|i| !snapshot.pinned.contains(*i))
+                .cloned()
+                .collect();
+            let lingering = unpinned.iter().any(|i| snapshot.pinned.contains(i));
+            if (missing.is_empty() && !lingering) || Instant::now() >= deadline {
+                if lingering {
+                    tracing::warn!("the runtime still reports unpinned images as pinned");
+                }
+                return Ok(missing);
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
     }
 }
 

@@ -403,3 +403,92 @@ impl Drop for Containerd {
         let _ = self.child.wait();
     }
 }
+
+/// The registry's name for this machine's architecture.
+pub fn arch() -> &'static str {
+    if std::env::consts::ARCH == "aarch64" {
+        "arm64"
+    } else {
+        "amd64"
+    }
+}
+
+/// A Ready node with `node-role.kubernetes.io/<role>` and 100 GiB allocatable.
+pub fn node(role: &str) -> pinset::core::desired::NodeInfo {
+    pinset::core::desired::NodeInfo {
+        name: format!("{role}-0"),
+        labels: [(format!("node-role.kubernetes.io/{role}"), String::new())].into(),
+        ready: true,
+        disk_pressure: false,
+        allocatable_ephemeral_bytes: Some(100 << 30),
+    }
+}
+
+/// The embedded default policy, compiled.
+pub fn default_policy() -> pinset::policy::PolicyModule {
+    let wasm = pinset::policy::WasmRuntime::new().unwrap();
+    wasm.load(
+        "embedded:default",
+        pinset::policy::EMBEDDED_DEFAULT,
+        None,
+        pinset::policy::Limits::default(),
+    )
+    .unwrap()
+}
+
+/// The bed wired as a node agent would be: CRI and pins on containerd's socket, sizes from the
+/// registry when `sizing`, the given policy and retry schedule.
+pub fn reconciler(
+    containerd: &Containerd,
+    registry: &str,
+    policy: pinset::policy::PolicyModule,
+    backoff: pinset::core::executor::Backoff,
+    sizing: bool,
+) -> pinset::node::Reconciler<
+    pinset::registry::size::RegistrySizer,
+    pinset::pin::containerd::ContainerdPins,
+> {
+    use pinset::registry::size::{Cached, RegistrySizer};
+    use std::sync::Arc;
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let credentials = Arc::new(pinset::registry::auth::Credentials::default());
+    let endpoint = containerd.endpoint();
+    pinset::node::Reconciler {
+        cri: pinset::cri::client::CriClient::new(pinset::cri::client::CriConfig {
+            endpoint: endpoint.clone(),
+            ..Default::default()
+        })
+        .unwrap(),
+        sizer: sizing.then(|| {
+            Arc::new(Cached::new(RegistrySizer::new(
+                vec![registry.to_string()],
+                credentials.clone(),
+            )))
+        }),
+        credentials,
+        pins: pinset::pin::containerd::ContainerdPins::new(&endpoint).unwrap(),
+        policy,
+        backoff,
+        pressure: pinset_policy_sdk::Pressure::default,
+        metrics: None,
+    }
+}
+
+/// Push `count` images of one random layer of about `layer_bytes` each; their digest references.
+pub async fn push_images(
+    registry: &Registry,
+    prefix: &str,
+    count: usize,
+    layer_bytes: usize,
+    seed: u64,
+) -> Vec<String> {
+    let client = registry.client();
+    let mut refs = Vec::with_capacity(count);
+    for i in 0..count {
+        let repo = format!("pinset/{prefix}{i}");
+        let l = layer(seed + i as u64, layer_bytes);
+        let (digest, _) = push_image(&client, &registry.host, &repo, arch(), &[l]).await;
+        refs.push(format!("{}/{repo}@{digest}", registry.host));
+    }
+    refs
+}

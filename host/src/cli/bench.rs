@@ -74,7 +74,11 @@ async fn noop(
                     .collect(),
                 bandwidth: 1 << 30,
                 disk_capacity: u64::MAX / 2,
-                pin_drop_in: None,
+                pin_drop_in: Some(
+                    dir.path()
+                        .join("crio.conf.d")
+                        .join(crate::pin::crio::DROP_IN),
+                ),
             });
             refs.iter().for_each(|r| s.preload(r));
             let server = s.serve(&dir.path().join("cri.sock")).await?;
