@@ -1,29 +1,12 @@
 //! The `pinset` binary: `demo`, `plan` and `node` as a user runs them.
 
+mod support;
+
 use pinset::cri::sim::{SimConfig, SimImage, SimulatedRuntime};
 use pinset::pin::crio;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
-
-fn workspace() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .unwrap()
-        .to_path_buf()
-}
-
-fn pinset(args: &[&str]) -> (i32, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_pinset"))
-        .args(args)
-        .env("PINSET_LOG", "warn")
-        .output()
-        .expect("run pinset");
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
+use support::{pinset, workspace};
 
 #[test]
 fn demo_runs_both_nodes_and_pins_everything() {

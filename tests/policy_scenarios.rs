@@ -1,21 +1,15 @@
 //! Every shipped scenario passes against the real compiled policies, the embedded default module
 //! answers exactly like the native reference policy, and `pinset policy test` reports failures.
 
+mod support;
+
 use pinset::policy::{
-    EMBEDDED_DEFAULT, Guarded, Limits, NativePolicy, PolicyInstance, PolicyModule, WasmRuntime,
-    synth,
+    Guarded, Limits, NativePolicy, PolicyInstance, PolicyModule, WasmRuntime, synth,
 };
 use pinset::scenario;
 use pinset_policy_sdk::{GIB, Pressure, PullOutcome};
 use std::path::{Path, PathBuf};
-use std::process::Command;
-
-fn workspace() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .unwrap()
-        .to_path_buf()
-}
+use support::{pinset, workspace};
 
 fn load(runtime: &WasmRuntime, stem: &str) -> PolicyModule {
     let path = PathBuf::from(env!("PINSET_WASM_POLICY_DIR")).join(format!("{stem}.wasm"));
@@ -43,15 +37,7 @@ fn run_dir(dir: &Path, mut make: impl FnMut() -> Box<dyn PolicyInstance>) -> (us
 
 #[test]
 fn default_scenarios_pass_in_wasm_and_native() {
-    let runtime = WasmRuntime::new().unwrap();
-    let module = runtime
-        .load(
-            "embedded:default",
-            EMBEDDED_DEFAULT,
-            None,
-            Limits::default(),
-        )
-        .unwrap();
+    let module = support::default_policy();
     let dir = workspace().join("examples/scenarios");
     let (count, failures) = run_dir(&dir, || Box::new(module.instance()));
     assert!(count >= 10, "only {count} scenarios");
@@ -78,15 +64,7 @@ fn example_policies_pass_their_scenarios() {
 #[test]
 fn an_example_policy_decides_differently_from_the_default() {
     // A scenario of one policy must not pass trivially under another: the expectations bite.
-    let runtime = WasmRuntime::new().unwrap();
-    let module = runtime
-        .load(
-            "embedded:default",
-            EMBEDDED_DEFAULT,
-            None,
-            Limits::default(),
-        )
-        .unwrap();
+    let module = support::default_policy();
     let dir = workspace().join("policies/smallest-first/scenarios");
     let (count, failures) = run_dir(&dir, || Box::new(module.instance()));
     assert_eq!(failures.len(), count, "{failures:#?}");
@@ -94,15 +72,7 @@ fn an_example_policy_decides_differently_from_the_default() {
 
 #[test]
 fn embedded_default_matches_the_native_reference_on_synthetic_inputs() {
-    let runtime = WasmRuntime::new().unwrap();
-    let module = runtime
-        .load(
-            "embedded:default",
-            EMBEDDED_DEFAULT,
-            None,
-            Limits::default(),
-        )
-        .unwrap();
+    let module = support::default_policy();
     for seed in 1..=40u64 {
         let mut request = synth::request((seed * 7 % 60) as usize, seed);
         request.node = synth::node(seed % 3 == 0);
@@ -159,19 +129,6 @@ fn embedded_default_matches_the_native_reference_on_synthetic_inputs() {
             native.throttle(node, &outcome, &pressure).unwrap()
         );
     }
-}
-
-fn pinset(args: &[&str]) -> (i32, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_pinset"))
-        .args(args)
-        .env("PINSET_LOG", "warn")
-        .output()
-        .expect("run pinset");
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
 }
 
 #[test]

@@ -492,3 +492,25 @@ pub async fn push_images(
     }
     refs
 }
+
+/// The workspace root.
+pub fn workspace() -> PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_path_buf()
+}
+
+/// Run the `pinset` binary with `args`: (exit code, stdout, stderr).
+pub fn pinset(args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_pinset"))
+        .args(args)
+        .env("PINSET_LOG", "warn")
+        .output()
+        .expect("run pinset");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
