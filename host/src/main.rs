@@ -49,6 +49,26 @@ enum Command {
     /// Test, benchmark and inspect pull policies offline.
     #[command(subcommand)]
     Policy(PolicyCommand),
+    /// Print the CustomResourceDefinitions pinset serves (PinnedImageSet, MachineConfigPool,
+    /// MachineConfigNode) as YAML.
+    Crds,
+    /// Run the pool controller: each pool's PinnedImageSets and node counts.
+    Controller {
+        #[command(flatten)]
+        cluster: cli::kube::ClusterOpts,
+    },
+    /// Run the node agent (one per node): pull and pin the node's sets, report on its
+    /// MachineConfigNode.
+    Agent {
+        #[command(flatten)]
+        cluster: cli::kube::ClusterOpts,
+        #[command(flatten)]
+        agent: cli::kube::AgentOpts,
+        #[command(flatten)]
+        runtime: RuntimeOpts,
+        #[command(flatten)]
+        policy: PolicyOpts,
+    },
     /// Measure the node pipeline (use a release build).
     #[command(subcommand)]
     Bench(cli::bench::BenchCommand),
@@ -87,5 +107,13 @@ fn run(args: Args) -> Result<ExitCode> {
             policy,
         } => rt()?.block_on(cli::node::plan_cmd(&inputs, cri, &policy)),
         Command::Bench(cmd) => rt()?.block_on(cli::bench::run(cmd)),
+        Command::Crds => Ok(cli::kube::crds()),
+        Command::Controller { cluster } => rt()?.block_on(cli::kube::controller(&cluster)),
+        Command::Agent {
+            cluster,
+            agent,
+            runtime,
+            policy,
+        } => rt()?.block_on(cli::kube::agent(&cluster, &agent, &runtime, &policy)),
     }
 }

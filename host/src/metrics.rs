@@ -20,10 +20,22 @@ struct FallbackLabels {
     kind: &'static str,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct KindLabels {
+    kind: &'static str,
+}
+
 struct Inner {
     registry: Registry,
     policy_call_seconds: Family<HookLabels, Histogram>,
     policy_fallbacks: Family<FallbackLabels, Counter>,
+    images_pulled: Counter,
+    image_pull_failures: Counter,
+    bytes_pulled: Counter,
+    pull_seconds: Histogram,
+    reconcile_seconds: Family<KindLabels, Histogram>,
+    reconcile_errors: Family<KindLabels, Counter>,
+    api_writes: Family<KindLabels, Counter>,
 }
 
 /// pinset's metrics. Cheap to clone; clones share the same registry.
@@ -56,11 +68,64 @@ impl Metrics {
             "Policy decisions answered by the built-in reference policy because the policy failed",
             policy_fallbacks.clone(),
         );
+        let images_pulled = Counter::default();
+        let image_pull_failures = Counter::default();
+        let bytes_pulled = Counter::default();
+        // 10 ms .. ~45 min.
+        let pull_seconds = Histogram::new(exponential_buckets(0.01, 3.0, 12));
+        // 100 µs .. ~4 h.
+        let reconcile_seconds = Family::<KindLabels, Histogram>::new_with_constructor(|| {
+            Histogram::new(exponential_buckets(1e-4, 4.0, 14))
+        });
+        let reconcile_errors = Family::<KindLabels, Counter>::default();
+        let api_writes = Family::<KindLabels, Counter>::default();
+        registry.register(
+            "images_pulled",
+            "Images pulled into the container runtime",
+            images_pulled.clone(),
+        );
+        registry.register(
+            "image_pull_failures",
+            "Images that failed to pull after every retry",
+            image_pull_failures.clone(),
+        );
+        registry.register(
+            "pulled_bytes",
+            "Compressed bytes of the pulled images whose size is known",
+            bytes_pulled.clone(),
+        );
+        registry.register(
+            "image_pull_seconds",
+            "Duration of successful pulls, retries included",
+            pull_seconds.clone(),
+        );
+        registry.register(
+            "reconcile_seconds",
+            "Duration of reconciles (kind: node, pool, set)",
+            reconcile_seconds.clone(),
+        );
+        registry.register(
+            "reconcile_errors",
+            "Reconciles that ended in an error (kind: node, pool, set)",
+            reconcile_errors.clone(),
+        );
+        registry.register(
+            "api_writes",
+            "Writes to the Kubernetes API (kind: the object and part written)",
+            api_writes.clone(),
+        );
         Self {
             inner: Arc::new(Inner {
                 registry,
                 policy_call_seconds,
                 policy_fallbacks,
+                images_pulled,
+                image_pull_failures,
+                bytes_pulled,
+                pull_seconds,
+                reconcile_seconds,
+                reconcile_errors,
+                api_writes,
             }),
         }
     }
@@ -82,6 +147,46 @@ impl Metrics {
                 kind,
             })
             .inc();
+    }
+
+    /// A pull finished: `Ok(bytes)` pulled in `elapsed`, or failed after every retry.
+    pub fn observe_pull(&self, result: Result<Option<u64>, ()>, elapsed: Duration) {
+        match result {
+            Ok(bytes) => {
+                self.inner.images_pulled.inc();
+                self.inner.bytes_pulled.inc_by(bytes.unwrap_or(0));
+                self.inner.pull_seconds.observe(elapsed.as_secs_f64());
+            }
+            Err(()) => {
+                self.inner.image_pull_failures.inc();
+            }
+        }
+    }
+
+    pub fn observe_reconcile(&self, kind: &'static str, elapsed: Duration, ok: bool) {
+        let labels = KindLabels { kind };
+        self.inner
+            .reconcile_seconds
+            .get_or_create(&labels)
+            .observe(elapsed.as_secs_f64());
+        if !ok {
+            self.inner.reconcile_errors.get_or_create(&labels).inc();
+        }
+    }
+
+    pub fn count_api_write(&self, kind: &'static str) {
+        self.inner
+            .api_writes
+            .get_or_create(&KindLabels { kind })
+            .inc();
+    }
+
+    /// Writes made so far of `kind`.
+    pub fn api_writes(&self, kind: &'static str) -> u64 {
+        self.inner
+            .api_writes
+            .get_or_create(&KindLabels { kind })
+            .get()
     }
 
     /// The text exposition of every metric.

@@ -302,6 +302,7 @@ impl<S: Sizer + 'static, B: PinBackend> Reconciler<S, B> {
             let _ = out.send(Event::Planned {
                 pulls: plan.pulls.len() as u64,
                 bytes: planned_bytes,
+                present: done,
             });
         }
         let jobs: Vec<Job> = plan
@@ -337,8 +338,21 @@ impl<S: Sizer + 'static, B: PinBackend> Reconciler<S, B> {
         );
         let track = async {
             while let Some(event) = rx.recv().await {
-                if let Event::Pulled { bytes, .. } = &event {
-                    status.advance(1, bytes.unwrap_or(0));
+                match &event {
+                    Event::Pulled {
+                        bytes, duration, ..
+                    } => {
+                        status.advance(1, bytes.unwrap_or(0));
+                        if let Some(m) = &self.metrics {
+                            m.observe_pull(Ok(*bytes), *duration);
+                        }
+                    }
+                    Event::Failed { .. } => {
+                        if let Some(m) = &self.metrics {
+                            m.observe_pull(Err(()), std::time::Duration::ZERO);
+                        }
+                    }
+                    _ => {}
                 }
                 if let Some(out) = &events {
                     let _ = out.send(event);

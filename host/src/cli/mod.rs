@@ -2,6 +2,7 @@
 
 pub mod bench;
 pub mod demo;
+pub mod kube;
 pub mod node;
 pub mod policy;
 

@@ -9,6 +9,7 @@ use crate::core::status::NodeStatus;
 use crate::cri::client::{CriClient, CriConfig};
 use crate::node::{self, Reconciler, Report};
 use crate::objects::{self, Objects};
+use crate::pin::AnyPins;
 use crate::pin::crio::{self, CrioPins};
 use crate::policy::Guarded;
 use crate::registry::auth::Credentials;
@@ -229,6 +230,7 @@ pub async fn show_events(mut rx: tokio::sync::mpsc::UnboundedReceiver<Event>, ba
             Event::Planned {
                 pulls,
                 bytes: planned,
+                ..
             } => {
                 bar.set_length(pulls);
                 total_bytes = planned;
@@ -321,87 +323,58 @@ pub async fn node_cmd(
     watch: bool,
 ) -> Result<ExitCode> {
     let (_wasm, module) = load_policy(policy)?;
-    let cri = CriClient::new(CriConfig {
-        endpoint: runtime.cri.clone(),
-        ..Default::default()
-    })?;
-    let credentials = match &runtime.auth {
-        Some(path) => Credentials::load(path)?,
-        None => Credentials::default(),
-    };
-    let reload: Vec<String> = runtime
-        .crio_reload
-        .split_whitespace()
-        .map(String::from)
-        .collect();
-    let credentials = Arc::new(credentials);
-    let sizer = (!runtime.no_sizing).then(|| {
-        Arc::new(Cached::new(RegistrySizer::new(
-            runtime.insecure_registry.clone(),
-            credentials.clone(),
-        )))
-    });
-    let reconciler = |pins| Reconciler {
-        cri,
-        sizer,
-        credentials,
-        pins,
-        policy: module,
-        backoff: Backoff::default(),
-        pressure: crate::os::pressure,
-        metrics: None,
-    };
-    match runtime.pin {
-        PinKind::Crio => {
-            let pins = Pins::Crio(CrioPins::new(&runtime.crio_dropin_dir, reload));
-            node_loop(inputs, &reconciler(pins), watch).await
-        }
-        PinKind::Containerd => {
-            let pins = Pins::Containerd(crate::pin::containerd::ContainerdPins::new(&runtime.cri)?);
-            node_loop(inputs, &reconciler(pins), watch).await
-        }
-    }
+    let reconciler = runtime.reconciler(module, None)?;
+    node_loop(inputs, &reconciler, watch).await
 }
 
-/// The back end chosen with `--pin`.
-enum Pins {
-    Crio(CrioPins),
-    Containerd(crate::pin::containerd::ContainerdPins),
-}
-
-impl crate::pin::PinBackend for Pins {
-    fn name(&self) -> &'static str {
-        match self {
-            Pins::Crio(p) => p.name(),
-            Pins::Containerd(p) => p.name(),
-        }
-    }
-
-    fn satisfied(
+impl RuntimeOpts {
+    /// The node pipeline these options describe, deciding with `policy`.
+    pub fn reconciler(
         &self,
-        images: &std::collections::BTreeSet<String>,
-        runtime_pinned: &std::collections::HashSet<String>,
-    ) -> bool {
-        match self {
-            Pins::Crio(p) => p.satisfied(images, runtime_pinned),
-            Pins::Containerd(p) => p.satisfied(images, runtime_pinned),
-        }
-    }
-
-    async fn apply(
-        &self,
-        images: &std::collections::BTreeSet<String>,
-    ) -> Result<crate::pin::PinChange, crate::pin::PinError> {
-        match self {
-            Pins::Crio(p) => p.apply(images).await,
-            Pins::Containerd(p) => p.apply(images).await,
-        }
+        policy: crate::policy::PolicyModule,
+        metrics: Option<crate::metrics::Metrics>,
+    ) -> Result<Reconciler<RegistrySizer, AnyPins>> {
+        let cri = CriClient::new(CriConfig {
+            endpoint: self.cri.clone(),
+            ..Default::default()
+        })?;
+        let credentials = Arc::new(match &self.auth {
+            Some(path) => Credentials::load(path)?,
+            None => Credentials::default(),
+        });
+        let reload: Vec<String> = self
+            .crio_reload
+            .split_whitespace()
+            .map(String::from)
+            .collect();
+        let sizer = (!self.no_sizing).then(|| {
+            Arc::new(Cached::new(RegistrySizer::new(
+                self.insecure_registry.clone(),
+                credentials.clone(),
+            )))
+        });
+        let pins = match self.pin {
+            PinKind::Crio => AnyPins::Crio(CrioPins::new(&self.crio_dropin_dir, reload)),
+            PinKind::Containerd => {
+                AnyPins::Containerd(crate::pin::containerd::ContainerdPins::new(&self.cri)?)
+            }
+        };
+        Ok(Reconciler {
+            cri,
+            sizer,
+            credentials,
+            pins,
+            policy,
+            backoff: Backoff::default(),
+            pressure: crate::os::pressure,
+            metrics,
+        })
     }
 }
 
-async fn node_loop<B: crate::pin::PinBackend>(
+async fn node_loop(
     inputs: &Inputs,
-    reconciler: &Reconciler<RegistrySizer, B>,
+    reconciler: &Reconciler<RegistrySizer, AnyPins>,
     watch: bool,
 ) -> Result<ExitCode> {
     let mut status = NodeStatus::default();

@@ -79,6 +79,8 @@ pub enum Event {
     Planned {
         pulls: u64,
         bytes: u64,
+        /// Images of the desired state already present before any pull.
+        present: u64,
     },
     Started {
         reference: String,

@@ -3,6 +3,7 @@
 pub mod desired;
 pub mod executor;
 pub mod plan;
+pub mod pool;
 pub mod quantity;
 pub mod reference;
 pub mod selector;

@@ -58,3 +58,39 @@ pub trait PinBackend: Send + Sync {
         images: &BTreeSet<String>,
     ) -> impl Future<Output = Result<PinChange, PinError>> + Send;
 }
+
+/// A back end chosen at run time (`--pin`).
+pub enum AnyPins {
+    Crio(crio::CrioPins),
+    Containerd(containerd::ContainerdPins),
+}
+
+impl PinBackend for AnyPins {
+    fn name(&self) -> &'static str {
+        match self {
+            AnyPins::Crio(p) => p.name(),
+            AnyPins::Containerd(p) => p.name(),
+        }
+    }
+
+    fn satisfied(
+        &self,
+        images: &std::collections::BTreeSet<String>,
+        runtime_pinned: &std::collections::HashSet<String>,
+    ) -> bool {
+        match self {
+            AnyPins::Crio(p) => p.satisfied(images, runtime_pinned),
+            AnyPins::Containerd(p) => p.satisfied(images, runtime_pinned),
+        }
+    }
+
+    async fn apply(
+        &self,
+        images: &std::collections::BTreeSet<String>,
+    ) -> Result<PinChange, PinError> {
+        match self {
+            AnyPins::Crio(p) => p.apply(images).await,
+            AnyPins::Containerd(p) => p.apply(images).await,
+        }
+    }
+}

@@ -1,0 +1,326 @@
+//! The Kubernetes API pinset serves and reads, in the group `machineconfiguration.openshift.io` so
+//! that objects written for the reference system apply unchanged. Only the fields pinset uses
+//! are modelled; unknown fields of objects written by other controllers are ignored on read and
+//! never touched on write (writes are patches of pinset's own fields).
+//!
+//! Validation lives in the CRD schema, so the API server itself refuses bad input: digest-only
+//! image names, 1..500 unique images per set, bounded names, and the generation rules of the
+//! node status (including "generations never decrease" as transition rules).
+
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, LabelSelector};
+use kube::{CustomResource, CustomResourceExt};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+pub const GROUP: &str = "machineconfiguration.openshift.io";
+/// The synchronizer type pinset reports in a pool's `poolSynchronizersStatus`.
+pub const SYNCHRONIZER: &str = "PinnedImageSets";
+pub const CONDITION_PROGRESSING: &str = "PinnedImageSetsProgressing";
+pub const CONDITION_DEGRADED: &str = "PinnedImageSetsDegraded";
+/// pinset's addition: a policy decision was answered by the built-in reference policy.
+pub const CONDITION_POLICY_FALLBACK: &str = "PinnedImageSetsPolicyFallback";
+
+/// Images that must be present and pinned on the nodes of every pool whose
+/// `machineConfigSelector` matches the set's labels.
+#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[kube(
+    group = "machineconfiguration.openshift.io",
+    version = "v1",
+    kind = "PinnedImageSet",
+    plural = "pinnedimagesets",
+    singular = "pinnedimageset",
+    shortname = "pis",
+    status = "PinnedImageSetStatus",
+    doc = "Container images, by digest, to pre-pull and pin on the nodes of the pools whose machineConfigSelector matches this set's labels",
+    printcolumn(
+        name = "Images",
+        type_ = "integer",
+        json_path = ".status.imageCount",
+        description = "Number of images in the set"
+    ),
+    printcolumn(
+        name = "Pools",
+        type_ = "string",
+        json_path = ".status.pools",
+        description = "Pools that select the set"
+    ),
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    )
+)]
+#[serde(rename_all = "camelCase")]
+pub struct PinnedImageSetSpec {
+    /// The images, each by digest, unique by name.
+    #[schemars(length(min = 1, max = 500))]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["name"]))]
+    pub pinned_images: Vec<PinnedImageRef>,
+}
+
+/// One image of a set.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+pub struct PinnedImageRef {
+    /// Image reference by digest: `host[:port]/path@sha256:<64 lowercase hex digits>`.
+    #[schemars(length(min = 1, max = 447))]
+    #[schemars(extend("x-kubernetes-validations" = [
+        {
+            "rule": "self.contains('@')",
+            "message": "must reference the image by digest (host[:port]/path@sha256:<64 hex digits>): tags are not allowed, because a tag can move after the image is pinned; resolve the tag to its digest"
+        },
+        {
+            "rule": "!self.contains('@') || self.matches('^[^@]+@sha256:[a-f0-9]{64}$')",
+            "message": "the digest must be sha256: followed by 64 lowercase hexadecimal digits, after a single '@'"
+        },
+        {
+            "rule": "!self.contains('@') || self.split('@')[0].matches('^[a-zA-Z0-9][a-zA-Z0-9.-]*(:[0-9]+)?/[a-z0-9]+([._/-]+[a-z0-9]+)*$')",
+            "message": "the name before '@' must be host[:port]/path with a registry host and a lowercase repository path"
+        }
+    ]))]
+    pub name: String,
+}
+
+/// Written by the controller: how big the set is and which pools select it.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PinnedImageSetStatus {
+    #[serde(default)]
+    pub image_count: u32,
+    /// Names of the pools whose `spec.pinnedImageSets` lists this set, sorted.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub pools: Vec<String>,
+}
+
+/// The fields of a MachineConfigPool that pinset reads and writes.
+#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[kube(
+    group = "machineconfiguration.openshift.io",
+    version = "v1",
+    kind = "MachineConfigPool",
+    plural = "machineconfigpools",
+    singular = "machineconfigpool",
+    shortname = "mcp",
+    status = "MachineConfigPoolStatus",
+    doc = "A pool of nodes and the configuration (here: PinnedImageSets) selected for them",
+    printcolumn(
+        name = "Sets",
+        type_ = "string",
+        json_path = ".spec.pinnedImageSets[*].name",
+        description = "PinnedImageSets of the pool"
+    ),
+    printcolumn(
+        name = "Nodes",
+        type_ = "integer",
+        json_path = ".status.poolSynchronizersStatus[?(@.poolSynchronizerType==\"PinnedImageSets\")].machineCount"
+    ),
+    printcolumn(
+        name = "Pinned",
+        type_ = "integer",
+        json_path = ".status.poolSynchronizersStatus[?(@.poolSynchronizerType==\"PinnedImageSets\")].updatedMachineCount",
+        description = "Nodes with every set of the pool pulled and pinned"
+    ),
+    printcolumn(
+        name = "Degraded",
+        type_ = "string",
+        json_path = ".status.conditions[?(@.type==\"PinnedImageSetsDegraded\")].status"
+    ),
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    )
+)]
+#[serde(rename_all = "camelCase")]
+pub struct MachineConfigPoolSpec {
+    /// Selects the PinnedImageSets (and MachineConfigs) of the pool by their labels. Empty
+    /// selects nothing.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub machine_config_selector: Option<LabelSelector>,
+    /// Selects the nodes of the pool. Empty selects no node.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_selector: Option<LabelSelector>,
+    /// Written by the controller: the selected sets, sorted by name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 100))]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["name"]))]
+    pub pinned_image_sets: Option<Vec<SetRef>>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+pub struct SetRef {
+    #[schemars(length(min = 1, max = 253))]
+    pub name: String,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct MachineConfigPoolStatus {
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["poolSynchronizerType"]))]
+    pub pool_synchronizers_status: Vec<PoolSynchronizerStatus>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
+    pub conditions: Vec<Condition>,
+}
+
+/// Node counts of one synchronizer of a pool.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PoolSynchronizerStatus {
+    pub pool_synchronizer_type: String,
+    /// Nodes in the pool.
+    pub machine_count: i64,
+    /// Nodes with every set of the pool at its current generation, pulled and pinned.
+    pub updated_machine_count: i64,
+    /// Updated nodes that are not degraded.
+    pub ready_machine_count: i64,
+    pub available_machine_count: i64,
+    /// Nodes whose PinnedImageSetsDegraded condition is True.
+    pub unavailable_machine_count: i64,
+    /// The pool generation these counts were computed for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+}
+
+/// One node's configuration state; pinset's agent writes the PinnedImageSet parts.
+#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[kube(
+    group = "machineconfiguration.openshift.io",
+    version = "v1",
+    kind = "MachineConfigNode",
+    plural = "machineconfignodes",
+    singular = "machineconfignode",
+    shortname = "mcn",
+    status = "MachineConfigNodeStatus",
+    doc = "The state of one node; named like the node",
+    printcolumn(name = "Pool", type_ = "string", json_path = ".spec.pool.name"),
+    printcolumn(
+        name = "Images",
+        type_ = "string",
+        json_path = ".status.pinnedImageProgress.summary",
+        description = "Images present of images wanted, and bytes pulled"
+    ),
+    printcolumn(
+        name = "Progressing",
+        type_ = "string",
+        json_path = ".status.conditions[?(@.type==\"PinnedImageSetsProgressing\")].status"
+    ),
+    printcolumn(
+        name = "Degraded",
+        type_ = "string",
+        json_path = ".status.conditions[?(@.type==\"PinnedImageSetsDegraded\")].status"
+    ),
+    printcolumn(
+        name = "Fallback",
+        type_ = "string",
+        json_path = ".status.conditions[?(@.type==\"PinnedImageSetsPolicyFallback\")].status",
+        priority = 1
+    ),
+    printcolumn(
+        name = "Reason",
+        type_ = "string",
+        json_path = ".status.conditions[?(@.type==\"PinnedImageSetsDegraded\")].message",
+        priority = 1
+    )
+)]
+#[kube(validation = "self.metadata.name == self.spec.node.name")]
+#[serde(rename_all = "camelCase")]
+pub struct MachineConfigNodeSpec {
+    pub node: NameRef,
+    /// The node's primary pool.
+    pub pool: NameRef,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub struct NameRef {
+    #[schemars(length(min = 1, max = 253))]
+    pub name: String,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct MachineConfigNodeStatus {
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
+    pub conditions: Vec<Condition>,
+    /// Every set of every pool of the node, each once.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 100))]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["name"]))]
+    pub pinned_image_sets: Vec<NodeSetStatus>,
+    /// pinset's addition: how far the node is.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pinned_image_progress: Option<NodeProgress>,
+}
+
+/// One set on one node. Generations are at least 1 and never decrease.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+#[schemars(extend("x-kubernetes-validations" = [
+    {
+        "rule": "!has(self.currentGeneration) || self.desiredGeneration >= self.currentGeneration",
+        "message": "desiredGeneration must be greater than or equal to currentGeneration"
+    },
+    {
+        "rule": "!has(self.lastFailedGeneration) || self.desiredGeneration >= self.lastFailedGeneration",
+        "message": "desiredGeneration must be greater than or equal to lastFailedGeneration"
+    },
+    {
+        "rule": "!has(self.lastFailedGeneration) || has(self.lastFailedGenerationError)",
+        "message": "lastFailedGenerationError is required with lastFailedGeneration"
+    },
+    {
+        "rule": "!has(oldSelf.currentGeneration) || (has(self.currentGeneration) && self.currentGeneration >= oldSelf.currentGeneration)",
+        "message": "currentGeneration must not decrease"
+    }
+]))]
+pub struct NodeSetStatus {
+    #[schemars(length(min = 1, max = 253))]
+    pub name: String,
+    #[schemars(range(min = 1))]
+    #[schemars(extend("x-kubernetes-validations" = [
+        {"rule": "self >= oldSelf", "message": "desiredGeneration must not decrease"}
+    ]))]
+    pub desired_generation: i64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub current_generation: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub last_failed_generation: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 32768))]
+    pub last_failed_generation_error: Option<String>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeProgress {
+    pub images_done: u64,
+    pub images_total: u64,
+    pub bytes_done: u64,
+    pub bytes_total: u64,
+    /// `images_done/images_total` and the bytes, for `kubectl get`.
+    pub summary: String,
+}
+
+/// The CRDs pinset serves. PinnedImageSet is served as `v1` (stored) and `v1alpha1` (same schema,
+/// so objects written for either apply unchanged).
+pub fn crds() -> Vec<CustomResourceDefinition> {
+    let mut sets = PinnedImageSet::crd();
+    let mut alpha = sets.spec.versions[0].clone();
+    alpha.name = "v1alpha1".into();
+    alpha.storage = false;
+    sets.spec.versions.push(alpha);
+    vec![sets, MachineConfigPool::crd(), MachineConfigNode::crd()]
+}
+
+/// The CRDs as one multi-document YAML stream (`pinset crds`).
+pub fn crds_yaml() -> String {
+    crds()
+        .iter()
+        .map(|crd| serde_yaml::to_string(crd).expect("a CRD serializes"))
+        .collect::<Vec<_>>()
+        .join("---\n")
+}

@@ -1,0 +1,80 @@
+//! Status conditions: built so that `lastTransitionTime` moves only when the status does, and
+//! compared without it so that an unchanged condition is never written again.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+
+/// The condition `type_` as it should be now, keeping the transition time of `existing` when the
+/// status did not change.
+pub fn make(
+    existing: &[Condition],
+    type_: &str,
+    status: bool,
+    reason: &str,
+    message: &str,
+    observed_generation: Option<i64>,
+) -> Condition {
+    let status = if status { "True" } else { "False" };
+    let since = existing
+        .iter()
+        .find(|c| c.type_ == type_ && c.status == status)
+        .map(|c| c.last_transition_time.clone())
+        .unwrap_or_else(|| Time(k8s_openapi::jiff::Timestamp::now()));
+    Condition {
+        type_: type_.into(),
+        status: status.into(),
+        reason: reason.into(),
+        message: message.into(),
+        last_transition_time: since,
+        observed_generation,
+    }
+}
+
+/// Equal in everything but the transition time.
+pub fn same(a: &Condition, b: &Condition) -> bool {
+    a.type_ == b.type_
+        && a.status == b.status
+        && a.reason == b.reason
+        && a.message == b.message
+        && a.observed_generation == b.observed_generation
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_transition_time_moves_only_with_the_status() {
+        let first = make(&[], "Degraded", true, "Failed", "image x", Some(1));
+        let again = make(
+            std::slice::from_ref(&first),
+            "Degraded",
+            true,
+            "Failed",
+            "image y",
+            Some(1),
+        );
+        assert_eq!(again.last_transition_time, first.last_transition_time);
+        assert!(!same(&first, &again), "the message changed");
+        assert!(same(
+            &first,
+            &make(
+                std::slice::from_ref(&first),
+                "Degraded",
+                true,
+                "Failed",
+                "image x",
+                Some(1)
+            )
+        ));
+        std::thread::sleep(std::time::Duration::from_millis(2));
+        let cleared = make(
+            std::slice::from_ref(&first),
+            "Degraded",
+            false,
+            "AsExpected",
+            "",
+            Some(1),
+        );
+        assert!(cleared.last_transition_time.0 > first.last_transition_time.0);
+    }
+}

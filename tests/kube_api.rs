@@ -1,0 +1,174 @@
+//! pinset's CRDs served by a real API server (apiextensions-apiserver + etcd): the server itself
+//! refuses bad objects with messages a user understands, and serves the seed's example unchanged.
+
+mod support;
+
+use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
+use kube::core::{ApiResource, GroupVersionKind};
+use pinset::k8s::api::{MachineConfigNode, PinnedImageSet};
+use serde_json::json;
+
+const DIGEST: &str = "86d26e7ebcccd6f07a75db5b1e56283b25c2ee1c6a755d6ffc5a4d59beb9c504";
+
+fn image(n: usize) -> String {
+    format!("quay.io/pinset/img{n}@sha256:{DIGEST}")
+}
+
+fn set(name: &str, images: &[String]) -> serde_json::Value {
+    json!({
+        "apiVersion": "machineconfiguration.openshift.io/v1",
+        "kind": "PinnedImageSet",
+        "metadata": {"name": name, "labels": {"machineconfiguration.openshift.io/role": "worker"}},
+        "spec": {"pinnedImages": images.iter().map(|n| json!({"name": n})).collect::<Vec<_>>()}
+    })
+}
+
+async fn create_err(api: &Api<PinnedImageSet>, obj: serde_json::Value) -> String {
+    let obj: PinnedImageSet = serde_json::from_value(obj).unwrap();
+    match api.create(&PostParams::default(), &obj).await {
+        Ok(_) => panic!("the server accepted {}", obj.metadata.name.unwrap()),
+        Err(e) => e.to_string(),
+    }
+}
+
+#[tokio::test]
+async fn the_server_validates_sets_and_node_status() {
+    let Some(server) = support::apiserver::ApiServer::start().await else {
+        return;
+    };
+    server.install_crds().await;
+    let client = server.client().await;
+    let sets: Api<PinnedImageSet> = Api::all(client.clone());
+
+    // The seed's example, as written (v1alpha1), is served and read back as v1.
+    let alpha = ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk(
+            "machineconfiguration.openshift.io",
+            "v1alpha1",
+            "PinnedImageSet",
+        ),
+        "pinnedimagesets",
+    );
+    let seed: DynamicObject = serde_yaml::from_str(&format!(
+        "apiVersion: machineconfiguration.openshift.io/v1alpha1\nkind: PinnedImageSet\nmetadata:\n  name: test-pinned\n  labels:\n    machineconfiguration.openshift.io/role: \"master\"\nspec:\n  pinnedImages:\n   - name: quay.io/openshift-release-dev/ocp-v4.0-art-dev@sha256:{DIGEST}\n"
+    ))
+    .unwrap();
+    Api::<DynamicObject>::all_with(client.clone(), &alpha)
+        .create(&PostParams::default(), &seed)
+        .await
+        .unwrap_or_else(|e| panic!("the seed example: {e}\n{}", server.log()));
+    let back = sets.get("test-pinned").await.unwrap();
+    assert_eq!(back.spec.pinned_images.len(), 1);
+
+    let tag = create_err(
+        &sets,
+        set("tagged", &["quay.io/openshift/origin-cli:latest".into()]),
+    )
+    .await;
+    assert!(
+        tag.contains("tags are not allowed") && tag.contains("spec.pinnedImages[0].name"),
+        "{tag}"
+    );
+    let short = create_err(&sets, set("short", &["quay.io/x/y@sha256:abc".into()])).await;
+    assert!(short.contains("64 lowercase hexadecimal digits"), "{short}");
+    let upper = create_err(
+        &sets,
+        set(
+            "upper",
+            &[format!("quay.io/x/y@sha256:{}", DIGEST.to_uppercase())],
+        ),
+    )
+    .await;
+    assert!(upper.contains("64 lowercase hexadecimal digits"), "{upper}");
+    let dup = create_err(&sets, set("dup", &[image(1), image(2), image(1)])).await;
+    assert!(dup.contains("Duplicate value"), "{dup}");
+    let many: Vec<String> = (0..501).map(image).collect();
+    let too_many = create_err(&sets, set("too-many", &many)).await;
+    assert!(too_many.contains("500"), "{too_many}");
+    let empty = create_err(&sets, set("empty", &[])).await;
+    assert!(empty.contains("spec.pinnedImages"), "{empty}");
+    let long = format!("quay.io/{}/y@sha256:{DIGEST}", "a".repeat(400));
+    let long = create_err(&sets, set("long", &[long])).await;
+    assert!(long.contains("447"), "{long}");
+    // 500 unique images is the limit, and it is accepted.
+    let limit: PinnedImageSet = serde_json::from_value(set("limit", &many[..500])).unwrap();
+    sets.create(&PostParams::default(), &limit).await.unwrap();
+
+    // MachineConfigNode: named like its node; generation rules on the status.
+    let nodes: Api<MachineConfigNode> = Api::all(client.clone());
+    let mcn = |name: &str, node: &str| -> MachineConfigNode {
+        serde_json::from_value(json!({
+            "apiVersion": "machineconfiguration.openshift.io/v1",
+            "kind": "MachineConfigNode",
+            "metadata": {"name": name},
+            "spec": {"node": {"name": node}, "pool": {"name": "worker"}}
+        }))
+        .unwrap()
+    };
+    let e = nodes
+        .create(&PostParams::default(), &mcn("w-1", "w-2"))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("self.metadata.name == self.spec.node.name"),
+        "{e}"
+    );
+    nodes
+        .create(&PostParams::default(), &mcn("w-1", "w-1"))
+        .await
+        .unwrap();
+    let status = |entry: serde_json::Value| {
+        json!({
+            "apiVersion": "machineconfiguration.openshift.io/v1",
+            "kind": "MachineConfigNode",
+            "metadata": {"name": "w-1"},
+            "status": {"pinnedImageSets": [entry]}
+        })
+    };
+    let apply = |v: serde_json::Value| {
+        let nodes = nodes.clone();
+        async move {
+            nodes
+                .patch_status(
+                    "w-1",
+                    &PatchParams::apply("test").force(),
+                    &Patch::Apply(&v),
+                )
+                .await
+                .map(drop)
+                .map_err(|e| e.to_string())
+        }
+    };
+    apply(status(
+        json!({"name": "a", "desiredGeneration": 3, "currentGeneration": 2}),
+    ))
+    .await
+    .unwrap();
+    let e = apply(status(
+        json!({"name": "a", "desiredGeneration": 1, "currentGeneration": 2}),
+    ))
+    .await
+    .unwrap_err();
+    assert!(
+        e.contains("greater than or equal to currentGeneration"),
+        "{e}"
+    );
+    let e = apply(status(json!({"name": "a", "desiredGeneration": 2})))
+        .await
+        .unwrap_err();
+    assert!(e.contains("desiredGeneration must not decrease"), "{e}");
+    let e = apply(status(
+        json!({"name": "a", "desiredGeneration": 3, "currentGeneration": 1}),
+    ))
+    .await
+    .unwrap_err();
+    assert!(e.contains("currentGeneration must not decrease"), "{e}");
+    let e = apply(status(json!({"name": "a", "desiredGeneration": 3, "currentGeneration": 2, "lastFailedGeneration": 3}))).await.unwrap_err();
+    assert!(e.contains("lastFailedGenerationError is required"), "{e}");
+    let e = apply(status(json!({"name": "a", "desiredGeneration": 0})))
+        .await
+        .unwrap_err();
+    assert!(e.contains("desiredGeneration"), "{e}");
+    apply(status(json!({"name": "a", "desiredGeneration": 4, "currentGeneration": 2, "lastFailedGeneration": 4, "lastFailedGenerationError": "q.io/x@sha256:00: not found"}))).await.unwrap();
+}
