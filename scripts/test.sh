@@ -15,5 +15,8 @@ if ! command -v docker-registry >/dev/null; then
 fi
 bash tests/bed/fetch-containerd.sh /opt/pinset-bed/containerd
 
+echo "==> test bed: etcd and the real apiextensions-apiserver (built from Debian sources)"
+bash tests/bed/fetch-apiserver.sh /opt/pinset-bed/apiserver
+
 echo "==> cargo test --workspace"
 cargo test --workspace --locked

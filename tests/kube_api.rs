@@ -172,3 +172,130 @@ async fn the_server_validates_sets_and_node_status() {
     assert!(e.contains("desiredGeneration"), "{e}");
     apply(status(json!({"name": "a", "desiredGeneration": 4, "currentGeneration": 2, "lastFailedGeneration": 4, "lastFailedGenerationError": "q.io/x@sha256:00: not found"}))).await.unwrap();
 }
+
+fn pool(name: &str, roles: &[&str]) -> pinset::k8s::api::MachineConfigPool {
+    serde_json::from_value(json!({
+        "apiVersion": "machineconfiguration.openshift.io/v1",
+        "kind": "MachineConfigPool",
+        "metadata": {"name": name},
+        "spec": {
+            "machineConfigSelector": {"matchExpressions": [
+                {"key": "machineconfiguration.openshift.io/role", "operator": "In", "values": roles}
+            ]},
+            "nodeSelector": {"matchLabels": {format!("node-role.kubernetes.io/{name}"): ""}}
+        }
+    }))
+    .unwrap()
+}
+
+/// Run the controller in this process until `done` holds, then stop it; its metrics.
+async fn run_controller_until<F, Fut>(client: kube::Client, mut done: F) -> pinset::metrics::Metrics
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    pinset::cli::init_logging(&std::env::var("PINSET_TEST_LOG").unwrap_or_else(|_| "warn".into()));
+    let metrics = pinset::metrics::Metrics::new();
+    let stop = tokio_util::sync::CancellationToken::new();
+    let ready = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let task = tokio::spawn(pinset::k8s::controller::run(
+        client,
+        metrics.clone(),
+        ready.clone(),
+        stop.clone(),
+    ));
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while !done().await {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the controller did not converge in 60 s"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    stop.cancel();
+    tokio::time::timeout(std::time::Duration::from_secs(10), task)
+        .await
+        .expect("the controller stops")
+        .unwrap()
+        .unwrap();
+    metrics
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_controller_writes_pool_selections_once() {
+    let Some(server) = support::apiserver::ApiServer::start().await else {
+        return;
+    };
+    server.install_crds().await;
+    let client = server.client().await;
+    let pools: Api<pinset::k8s::api::MachineConfigPool> = Api::all(client.clone());
+    let sets: Api<PinnedImageSet> = Api::all(client.clone());
+    let pp = PostParams::default();
+    pools
+        .create(&pp, &pool("worker", &["worker"]))
+        .await
+        .unwrap();
+    pools
+        .create(&pp, &pool("infra", &["worker", "infra"]))
+        .await
+        .unwrap();
+    sets.create(&pp, &serde_json::from_value(set("w", &[image(1)])).unwrap())
+        .await
+        .unwrap();
+    let mut infra_set: PinnedImageSet =
+        serde_json::from_value(set("i", &[image(2), image(3)])).unwrap();
+    infra_set.metadata.labels = Some(
+        [(
+            "machineconfiguration.openshift.io/role".to_string(),
+            "infra".to_string(),
+        )]
+        .into(),
+    );
+    sets.create(&pp, &infra_set).await.unwrap();
+
+    let selection = |name: &'static str| {
+        let pools = pools.clone();
+        async move {
+            pools
+                .get(name)
+                .await
+                .ok()
+                .and_then(|p| p.spec.pinned_image_sets)
+                .map(|v| v.into_iter().map(|s| s.name).collect::<Vec<_>>())
+        }
+    };
+    let converged = || async {
+        selection("worker").await == Some(vec!["w".to_string()])
+            && selection("infra").await == Some(vec!["i".to_string(), "w".to_string()])
+            && sets
+                .get("i")
+                .await
+                .ok()
+                .and_then(|s| s.status)
+                .is_some_and(|s| s.image_count == 2 && s.pools == vec!["infra"])
+            && sets
+                .get("w")
+                .await
+                .ok()
+                .and_then(|s| s.status)
+                .is_some_and(|s| s.pools == vec!["infra", "worker"])
+    };
+    let first = run_controller_until(client.clone(), converged).await;
+    assert_eq!(first.api_writes("pool_spec"), 2);
+    assert_eq!(first.api_writes("set_status"), 2);
+
+    // A fresh controller on a converged cluster writes nothing.
+    let quiet = run_controller_until(client.clone(), || async {
+        tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+        true
+    })
+    .await;
+    assert_eq!(
+        quiet.api_writes("pool_spec")
+            + quiet.api_writes("set_status")
+            + quiet.api_writes("pool_status"),
+        0,
+        "{}",
+        quiet.encode()
+    );
+}

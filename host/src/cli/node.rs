@@ -355,9 +355,9 @@ impl RuntimeOpts {
         });
         let pins = match self.pin {
             PinKind::Crio => AnyPins::Crio(CrioPins::new(&self.crio_dropin_dir, reload)),
-            PinKind::Containerd => {
-                AnyPins::Containerd(crate::pin::containerd::ContainerdPins::new(&self.cri)?)
-            }
+            PinKind::Containerd => AnyPins::Containerd(Box::new(
+                crate::pin::containerd::ContainerdPins::new(&self.cri)?,
+            )),
         };
         Ok(Reconciler {
             cri,

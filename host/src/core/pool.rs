@@ -218,11 +218,10 @@ mod tests {
         assert!(select_sets(&standard_pools()[1], &sets[..100]).is_ok());
     }
 
-    fn node(
-        name: &str,
-        pool: &str,
-        sets: &[(&str, i64, Option<i64>, Option<(i64, &str)>)],
-    ) -> NodeReport {
+    /// (set, desired, current, last failure (generation, error)).
+    type Row<'a> = (&'a str, i64, Option<i64>, Option<(i64, &'a str)>);
+
+    fn node(name: &str, pool: &str, sets: &[Row]) -> NodeReport {
         NodeReport {
             name: name.into(),
             pool: pool.into(),

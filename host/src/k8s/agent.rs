@@ -474,7 +474,7 @@ where
 {
     let (reader, writer) = reflector::store();
     let api: Api<K> = Api::all(client);
-    let stream = watcher(api, watcher::Config::default())
+    let stream = watcher(api, super::watcher_config())
         .default_backoff()
         .reflect(writer);
     tokio::spawn(async move {

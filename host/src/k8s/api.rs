@@ -7,6 +7,9 @@
 //! image names, 1..500 unique images per set, bounded names, and the generation rules of the
 //! node status (including "generations never decrease" as transition rules).
 
+// Several `printcolumn(...)` attributes repeat the same keys by design.
+#![allow(clippy::duplicated_attributes)]
+
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, LabelSelector};
 use kube::{CustomResource, CustomResourceExt};

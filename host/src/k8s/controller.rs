@@ -9,6 +9,7 @@ use super::api::{
     CONDITION_DEGRADED, MachineConfigNode, MachineConfigPool, PinnedImageSet, PinnedImageSetStatus,
     PoolSynchronizerStatus, SYNCHRONIZER,
 };
+use super::watcher_config;
 use super::{condition, convert};
 use crate::core::pool::{self, PoolError};
 use crate::metrics::Metrics;
@@ -65,15 +66,23 @@ pub struct Context {
     pub sets: Store<PinnedImageSet>,
     pub nodes: Store<MachineConfigNode>,
     pub metrics: Metrics,
-    /// Each pool's selection as last computed (sets read it for their status).
+    /// Each pool's selection as last computed (to trigger the sets that join or leave a pool).
     selections: Mutex<HashMap<String, Vec<String>>>,
     /// Sets whose pools changed, for the set reconciler.
     set_triggers: mpsc::UnboundedSender<ObjectRef<PinnedImageSet>>,
     /// Consecutive failures per object, for the backoff.
     failures: Mutex<HashMap<String, u32>>,
+    /// True once every cache has its first full list.
+    synced: tokio::sync::watch::Receiver<bool>,
 }
 
 impl Context {
+    /// Wait until every cache has its first full list. (One task waits on the stores and
+    /// broadcasts: a store's readiness does not wake many concurrent waiters reliably.)
+    async fn synced(&self) {
+        let _ = self.synced.clone().wait_for(|s| *s).await;
+    }
+
     fn backoff(&self, key: String, conflict: bool) -> Duration {
         let mut failures = self.failures.lock().expect("failures lock");
         let n = failures.entry(key).or_insert(0);
@@ -109,8 +118,7 @@ async fn reconcile_pool_inner(
     mcp: &MachineConfigPool,
     ctx: &Context,
 ) -> Result<Action, ControllerError> {
-    ctx.sets.wait_until_ready().await.ok();
-    ctx.nodes.wait_until_ready().await.ok();
+    ctx.synced().await;
     let name = mcp.name_any();
     let api: Api<MachineConfigPool> = Api::all(ctx.client.clone());
     let core_pool = match convert::pool(mcp) {
@@ -121,6 +129,7 @@ async fn reconcile_pool_inner(
         }
     };
     let sets: Vec<_> = ctx.sets.state().iter().map(|s| convert::set(s)).collect();
+    tracing::debug!(pool = %name, sets = sets.len(), nodes = ctx.nodes.state().len(), "reconcile pool");
     let (selected, failure) = match pool::select_sets(&core_pool, &sets) {
         Ok(selected) => (selected, None),
         Err(e @ PoolError::TooManySets { .. }) => (None, Some(e.to_string())),
@@ -239,6 +248,7 @@ async fn write_pool_status(
     let mut body = json!({
         "apiVersion": "machineconfiguration.openshift.io/v1",
         "kind": "MachineConfigPool",
+        "metadata": {"resourceVersion": mcp.resource_version()},
         "status": {"conditions": [cond]},
     });
     if let Some(e) = entry {
@@ -277,19 +287,29 @@ async fn reconcile_set_inner(
     set: &PinnedImageSet,
     ctx: &Context,
 ) -> Result<Action, ControllerError> {
-    ctx.pools.wait_until_ready().await.ok();
+    ctx.synced().await;
     let name = set.name_any();
-    let pools = {
-        let selections = ctx.selections.lock().expect("selections lock");
-        pool::pools_of_set(
-            &name,
-            selections
-                .iter()
-                // A deleted pool's last selection stays behind; only live pools count.
-                .filter(|(pool, _)| ctx.pools.get(&ObjectRef::new(pool)).is_some())
-                .map(|(pool, names)| (pool.as_str(), names.as_slice())),
-        )
-    };
+    // The pools whose selector selects the set, judged from the pool cache as the pool
+    // reconciler judges it (not from the written specs, which may lag).
+    let core_set = convert::set(set);
+    let selections: Vec<(String, Vec<String>)> = ctx
+        .pools
+        .state()
+        .iter()
+        .filter_map(|p| convert::pool(p).ok())
+        .filter_map(|p| {
+            pool::select_sets(&p, std::slice::from_ref(&core_set))
+                .ok()
+                .flatten()
+                .map(|names| (p.name, names))
+        })
+        .collect();
+    let pools = pool::pools_of_set(
+        &name,
+        selections
+            .iter()
+            .map(|(p, names)| (p.as_str(), names.as_slice())),
+    );
     let status = PinnedImageSetStatus {
         image_count: set.spec.pinned_images.len() as u32,
         pools,
@@ -301,7 +321,11 @@ async fn reconcile_set_inner(
     api.patch_status(
         &name,
         &PatchParams::default(),
-        &Patch::Merge(&json!({"status": status})),
+        // The resourceVersion turns a write from a stale cache into a conflict (read again)
+        // instead of a repeated write.
+        &Patch::Merge(
+            &json!({"metadata": {"resourceVersion": set.resource_version()}, "status": status}),
+        ),
     )
     .await
     .map_err(|source| ControllerError::SetWrite {
@@ -327,6 +351,21 @@ fn error_policy<K: ResourceExt>(obj: Arc<K>, error: &ControllerError, ctx: Arc<C
     Action::requeue(wait)
 }
 
+/// Reconcile errors are logged by the error policy; here the controller's own (watches, queue).
+fn log_outcome<K, E: std::error::Error, W: std::error::Error>(
+    outcome: Result<(ObjectRef<K>, Action), kube::runtime::controller::Error<E, W>>,
+) -> std::future::Ready<()>
+where
+    K: kube::Resource,
+{
+    match outcome {
+        Ok((obj, _)) => tracing::trace!(object = %obj, "reconciled"),
+        Err(kube::runtime::controller::Error::ReconcilerFailed(..)) => {}
+        Err(e) => tracing::warn!(error = %e, "controller"),
+    }
+    std::future::ready(())
+}
+
 /// Run both reconcilers until `shutdown` fires.
 pub async fn run(
     client: Client,
@@ -337,7 +376,7 @@ pub async fn run(
     let pools_api: Api<MachineConfigPool> = Api::all(client.clone());
     let sets_api: Api<PinnedImageSet> = Api::all(client.clone());
     let nodes_api: Api<MachineConfigNode> = Api::all(client.clone());
-    let config = watcher::Config::default();
+    let config = watcher_config();
 
     let (sets_reader, sets_writer) = reflector::store();
     let sets_stream = watcher(sets_api.clone(), config.clone())
@@ -353,6 +392,7 @@ pub async fn run(
     let pool_controller = Controller::new(pools_api, config.clone());
     let pools_reader = pool_controller.store();
     let (set_triggers, set_trigger_rx) = mpsc::unbounded_channel();
+    let (synced_tx, synced) = tokio::sync::watch::channel(false);
     let ctx = Arc::new(Context {
         client,
         pools: pools_reader.clone(),
@@ -362,6 +402,7 @@ pub async fn run(
         selections: Mutex::new(HashMap::new()),
         set_triggers,
         failures: Mutex::new(HashMap::new()),
+        synced,
     });
 
     // A set change concerns the pools that select it now or listed it before.
@@ -397,7 +438,7 @@ pub async fn run(
         .watches_stream(nodes_stream, node_to_pool)
         .graceful_shutdown_on(async move { stop.cancelled().await })
         .run(reconcile_pool, error_policy, ctx.clone())
-        .for_each(|_| std::future::ready(()));
+        .for_each(log_outcome);
 
     let stop = shutdown.clone();
     let sets = Controller::new(sets_api, config)
@@ -406,7 +447,7 @@ pub async fn run(
         ))
         .graceful_shutdown_on(async move { stop.cancelled().await })
         .run(reconcile_set, error_policy, ctx.clone())
-        .for_each(|_| std::future::ready(()));
+        .for_each(log_outcome);
 
     let readiness = {
         let ctx = ctx.clone();
@@ -414,8 +455,14 @@ pub async fn run(
             let _ = ctx.pools.wait_until_ready().await;
             let _ = ctx.sets.wait_until_ready().await;
             let _ = ctx.nodes.wait_until_ready().await;
+            let _ = synced_tx.send(true);
             ready.store(true, std::sync::atomic::Ordering::Relaxed);
-            tracing::info!("controller caches synced");
+            tracing::info!(
+                pools = ctx.pools.state().len(),
+                sets = ctx.sets.state().len(),
+                nodes = ctx.nodes.state().len(),
+                "controller caches synced"
+            );
         }
     };
     tokio::join!(pools, sets, readiness);

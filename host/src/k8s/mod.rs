@@ -32,6 +32,14 @@ pub async fn client(kubeconfig: Option<&Path>) -> anyhow::Result<kube::Client> {
     Ok(kube::Client::try_from(config)?)
 }
 
+/// How pinset's watches list: from the API server's watch cache (`resourceVersion=0`), then watch
+/// from the version that cache served. A quorum list would return etcd's newest version, which a
+/// watch cache fed by an etcd without progress notifications (etcd 3.4) may not reach until the
+/// next write to that resource: the watch would then wait on "too large resource version".
+pub fn watcher_config() -> kube::runtime::watcher::Config {
+    kube::runtime::watcher::Config::default().any_semantic()
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum PolicyTableError {
     #[error("policy configuration {path}: {why}")]

@@ -62,7 +62,7 @@ pub trait PinBackend: Send + Sync {
 /// A back end chosen at run time (`--pin`).
 pub enum AnyPins {
     Crio(crio::CrioPins),
-    Containerd(containerd::ContainerdPins),
+    Containerd(Box<containerd::ContainerdPins>),
 }
 
 impl PinBackend for AnyPins {

@@ -1,0 +1,520 @@
+//! pinset in a cluster, end to end: a real API server (apiextensions-apiserver + etcd), the
+//! `pinset controller` and two `pinset agent` processes (a control-plane node and a node of a
+//! custom `infra` pool, each with `--node-file` and its own real containerd), images pushed to a
+//! real registry. Asserts pool specs and status, MachineConfigNode status and conditions, and
+//! what containerd reports, after creation, a set update (generation 2), a set deletion, a
+//! failing image, and SIGTERM.
+
+mod support;
+
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use pinset::k8s::api::{
+    CONDITION_DEGRADED, CONDITION_PROGRESSING, MachineConfigNode, MachineConfigPool, PinnedImageSet,
+};
+use serde_json::json;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// A `pinset` process, its log kept in a file; killed when dropped.
+struct Proc {
+    child: Child,
+    log: PathBuf,
+}
+
+impl Proc {
+    fn start(args: &[String], log: PathBuf) -> Proc {
+        let child = Command::new(env!("CARGO_BIN_EXE_pinset"))
+            .args(args)
+            .env(
+                "PINSET_LOG",
+                std::env::var("PINSET_TEST_LOG").unwrap_or_else(|_| "info".into()),
+            )
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .expect("start pinset");
+        Proc { child, log }
+    }
+
+    fn log(&self) -> String {
+        let t = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let lines: Vec<&str> = t.lines().collect();
+        let keep: usize = std::env::var("PINSET_TEST_LOG_LINES")
+            .ok()
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(40);
+        lines[lines.len().saturating_sub(keep)..].join("\n")
+    }
+
+    /// SIGTERM, then the time the process took to exit.
+    fn terminate(&mut self) -> Duration {
+        let started = Instant::now();
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                assert!(status.success(), "exit status {status}: {}", self.log());
+                return started.elapsed();
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(30),
+                "no exit after SIGTERM"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Poll `check` until it returns `Some`, or fail with `what` and the logs.
+async fn eventually<T, F, Fut>(what: &str, logs: &dyn Fn() -> String, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, String>>,
+{
+    let deadline = Instant::now() + Duration::from_secs(90);
+    loop {
+        match check().await {
+            Ok(v) => return v,
+            Err(last) if Instant::now() > deadline => {
+                panic!("{what}: not reached in 90 s; last: {last}\n{}", logs())
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(150)).await,
+        }
+    }
+}
+
+fn pool(name: &str, roles: &[&str], node_label: &str) -> MachineConfigPool {
+    serde_json::from_value(json!({
+        "apiVersion": "machineconfiguration.openshift.io/v1",
+        "kind": "MachineConfigPool",
+        "metadata": {"name": name},
+        "spec": {
+            "machineConfigSelector": {"matchExpressions": [
+                {"key": "machineconfiguration.openshift.io/role", "operator": "In", "values": roles}
+            ]},
+            "nodeSelector": {"matchLabels": {node_label: ""}}
+        }
+    }))
+    .unwrap()
+}
+
+fn set(name: &str, role: &str, images: &[String]) -> PinnedImageSet {
+    serde_json::from_value(json!({
+        "apiVersion": "machineconfiguration.openshift.io/v1",
+        "kind": "PinnedImageSet",
+        "metadata": {"name": name, "labels": {"machineconfiguration.openshift.io/role": role}},
+        "spec": {"pinnedImages": images.iter().map(|n| json!({"name": n})).collect::<Vec<_>>()}
+    }))
+    .unwrap()
+}
+
+fn node_file(dir: &Path, name: &str, roles: &[&str]) -> PathBuf {
+    let labels: String = roles
+        .iter()
+        .map(|r| format!("    node-role.kubernetes.io/{r}: \"\"\n"))
+        .collect();
+    let path = dir.join(format!("{name}.yaml"));
+    std::fs::write(
+        &path,
+        format!(
+            "apiVersion: v1\nkind: Node\nmetadata:\n  name: {name}\n  labels:\n{labels}status:\n  allocatable: {{ephemeral-storage: 100Gi}}\n  conditions:\n    - {{type: Ready, status: \"True\"}}\n    - {{type: DiskPressure, status: \"False\"}}\n"
+        ),
+    )
+    .unwrap();
+    path
+}
+
+fn pool_sets(p: &MachineConfigPool) -> Vec<String> {
+    p.spec
+        .pinned_image_sets
+        .iter()
+        .flatten()
+        .map(|s| s.name.clone())
+        .collect()
+}
+
+/// (machineCount, updatedMachineCount, Degraded status and message) of a pool.
+fn pool_counts(p: &MachineConfigPool) -> Option<(i64, i64, String, String)> {
+    let st = p.status.as_ref()?;
+    let sync = st
+        .pool_synchronizers_status
+        .iter()
+        .find(|s| s.pool_synchronizer_type == "PinnedImageSets")?;
+    let degraded = st
+        .conditions
+        .iter()
+        .find(|c| c.type_ == CONDITION_DEGRADED)?;
+    Some((
+        sync.machine_count,
+        sync.updated_machine_count,
+        degraded.status.clone(),
+        degraded.message.clone(),
+    ))
+}
+
+/// Per set (name, desired, current generation), and the Progressing and Degraded statuses.
+type NodeState = (Vec<(String, i64, Option<i64>)>, String, String);
+
+fn node_state(n: &MachineConfigNode) -> NodeState {
+    let st = n.status.clone().unwrap_or_default();
+    let cond = |t: &str| {
+        st.conditions
+            .iter()
+            .find(|c| c.type_ == t)
+            .map(|c| c.status.clone())
+            .unwrap_or_default()
+    };
+    (
+        st.pinned_image_sets
+            .iter()
+            .map(|s| (s.name.clone(), s.desired_generation, s.current_generation))
+            .collect(),
+        cond(CONDITION_PROGRESSING),
+        cond(CONDITION_DEGRADED),
+    )
+}
+
+async fn metrics(port: u16) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .unwrap();
+    s.write_all(b"GET /metrics HTTP/1.0\r\n\r\n").await.unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).await.unwrap();
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn controller_and_agents_pin_sets_and_report_through_a_real_api_server() {
+    let Some(registry) = support::Registry::start() else {
+        return;
+    };
+    let Some(cp_runtime) = support::Containerd::start(&registry.host) else {
+        return;
+    };
+    let Some(infra_runtime) = support::Containerd::start(&registry.host) else {
+        return;
+    };
+    let Some(server) = support::apiserver::ApiServer::start().await else {
+        return;
+    };
+    server.install_crds().await;
+    let client = server.client().await;
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = server.kubeconfig.to_str().unwrap().to_string();
+
+    let master_imgs = support::push_images(&registry, "m", 2, 150_000, 100).await;
+    let worker_imgs = support::push_images(&registry, "w", 3, 150_000, 200).await;
+    let infra_imgs = support::push_images(&registry, "i", 2, 150_000, 300).await;
+
+    let pools: Api<MachineConfigPool> = Api::all(client.clone());
+    let sets: Api<PinnedImageSet> = Api::all(client.clone());
+    let nodes: Api<MachineConfigNode> = Api::all(client.clone());
+    let pp = PostParams::default();
+    pools
+        .create(
+            &pp,
+            &pool("master", &["master"], "node-role.kubernetes.io/master"),
+        )
+        .await
+        .unwrap();
+    pools
+        .create(
+            &pp,
+            &pool("worker", &["worker"], "node-role.kubernetes.io/worker"),
+        )
+        .await
+        .unwrap();
+    pools
+        .create(
+            &pp,
+            &pool(
+                "infra",
+                &["worker", "infra"],
+                "node-role.kubernetes.io/infra",
+            ),
+        )
+        .await
+        .unwrap();
+    sets.create(&pp, &set("master-set", "master", &master_imgs))
+        .await
+        .unwrap();
+    sets.create(&pp, &set("worker-set", "worker", &worker_imgs[..2]))
+        .await
+        .unwrap();
+    sets.create(&pp, &set("infra-set", "infra", &infra_imgs))
+        .await
+        .unwrap();
+
+    let controller_port = support::free_port();
+    let controller = Proc::start(
+        &[
+            "controller".into(),
+            format!("--kubeconfig={kubeconfig}"),
+            format!("--metrics-addr=127.0.0.1:{controller_port}"),
+        ],
+        dir.path().join("controller.log"),
+    );
+    let agent = |name: &str, roles: &[&str], runtime: &support::Containerd, port: u16| {
+        Proc::start(
+            &[
+                "agent".into(),
+                format!("--kubeconfig={kubeconfig}"),
+                format!("--metrics-addr=127.0.0.1:{port}"),
+                format!("--node-name={name}"),
+                format!(
+                    "--node-file={}",
+                    node_file(dir.path(), name, roles).display()
+                ),
+                format!("--cri={}", runtime.endpoint()),
+                "--pin=containerd".into(),
+                format!("--insecure-registry={}", registry.host),
+                "--retry-seconds=1".into(),
+            ],
+            dir.path().join(format!("{name}.log")),
+        )
+    };
+    let cp_port = support::free_port();
+    let mut cp = agent("cp-0", &["master", "control-plane"], &cp_runtime, cp_port);
+    let infra = agent(
+        "infra-0",
+        &["worker", "infra"],
+        &infra_runtime,
+        support::free_port(),
+    );
+    let logs = || {
+        format!(
+            "--- controller ---\n{}\n--- cp-0 ---\n{}\n--- infra-0 ---\n{}\n{}",
+            controller.log(),
+            cp.log(),
+            infra.log(),
+            server.log()
+        )
+    };
+
+    // The controller writes each pool's sets, sorted; the custom pool also gets the worker sets.
+    for (pool, want) in [
+        ("master", vec!["master-set"]),
+        ("worker", vec!["worker-set"]),
+        ("infra", vec!["infra-set", "worker-set"]),
+    ] {
+        eventually(&format!("pool {pool} lists {want:?}"), &logs, || async {
+            let p = pools.get(pool).await.map_err(|e| e.to_string())?;
+            (pool_sets(&p) == want)
+                .then_some(())
+                .ok_or(format!("{:?}", pool_sets(&p)))
+        })
+        .await;
+    }
+
+    // Each node pulls and pins its pools' sets (each set once) and says so.
+    eventually("cp-0 done", &logs, || async {
+        let n = nodes.get("cp-0").await.map_err(|e| e.to_string())?;
+        let state = node_state(&n);
+        (state
+            == (
+                vec![("master-set".into(), 1, Some(1))],
+                "False".into(),
+                "False".into(),
+            ))
+            .then_some(())
+            .ok_or(format!("{state:?}"))
+    })
+    .await;
+    eventually("infra-0 done", &logs, || async {
+        let n = nodes.get("infra-0").await.map_err(|e| e.to_string())?;
+        let state = node_state(&n);
+        let want = vec![
+            ("infra-set".into(), 1, Some(1)),
+            ("worker-set".into(), 1, Some(1)),
+        ];
+        (state == (want, "False".into(), "False".into()) && n.spec.pool.name == "infra")
+            .then_some(())
+            .ok_or(format!("{state:?}"))
+    })
+    .await;
+    let infra_mcn = nodes.get("infra-0").await.unwrap();
+    let progress = infra_mcn.status.unwrap().pinned_image_progress.unwrap();
+    assert_eq!((progress.images_done, progress.images_total), (4, 4));
+    let cp_cri = pinset::cri::client::CriClient::new(pinset::cri::client::CriConfig {
+        endpoint: cp_runtime.endpoint(),
+        ..Default::default()
+    })
+    .unwrap();
+    let infra_cri = pinset::cri::client::CriClient::new(pinset::cri::client::CriConfig {
+        endpoint: infra_runtime.endpoint(),
+        ..Default::default()
+    })
+    .unwrap();
+    for r in &master_imgs {
+        assert!(
+            cp_cri.image_status(r).await.unwrap().unwrap().pinned,
+            "{r} pinned on cp-0"
+        );
+    }
+    for r in worker_imgs[..2].iter().chain(&infra_imgs) {
+        assert!(
+            infra_cri.image_status(r).await.unwrap().unwrap().pinned,
+            "{r} pinned on infra-0"
+        );
+    }
+    assert!(
+        infra_cri
+            .image_status(&master_imgs[0])
+            .await
+            .unwrap()
+            .is_none(),
+        "master images stay off workers"
+    );
+
+    // Pool counts: each node counts in its primary pool only.
+    for (pool, want) in [("master", (1, 1)), ("infra", (1, 1)), ("worker", (0, 0))] {
+        eventually(&format!("pool {pool} counts {want:?}"), &logs, || async {
+            let p = pools.get(pool).await.map_err(|e| e.to_string())?;
+            match pool_counts(&p) {
+                Some((m, u, d, _)) if (m, u) == want && d == "False" => Ok(()),
+                other => Err(format!("{other:?}")),
+            }
+        })
+        .await;
+    }
+    // Set status: size and pools, for kubectl.
+    eventually("worker-set status", &logs, || async {
+        let s = sets.get("worker-set").await.map_err(|e| e.to_string())?;
+        let st = s.status.unwrap_or_default();
+        (st.image_count == 2 && st.pools == vec!["infra", "worker"])
+            .then_some(())
+            .ok_or(format!("{st:?}"))
+    })
+    .await;
+
+    // Generation 2 of the worker set adds an image.
+    sets.patch(
+        "worker-set",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"spec": {"pinnedImages": worker_imgs.iter().map(|n| json!({"name": n})).collect::<Vec<_>>()}})),
+    )
+    .await
+    .unwrap();
+    eventually("infra-0 at worker-set generation 2", &logs, || async {
+        let n = nodes.get("infra-0").await.map_err(|e| e.to_string())?;
+        let state = node_state(&n);
+        let want = vec![
+            ("infra-set".into(), 1, Some(1)),
+            ("worker-set".into(), 2, Some(2)),
+        ];
+        (state == (want, "False".into(), "False".into()))
+            .then_some(())
+            .ok_or(format!("{state:?}"))
+    })
+    .await;
+    assert!(
+        infra_cri
+            .image_status(&worker_imgs[2])
+            .await
+            .unwrap()
+            .unwrap()
+            .pinned
+    );
+
+    // Deleting a set: out of the pool, out of the node's status, unpinned but still present.
+    sets.delete("infra-set", &DeleteParams::default())
+        .await
+        .unwrap();
+    eventually("infra pool without infra-set", &logs, || async {
+        let p = pools.get("infra").await.map_err(|e| e.to_string())?;
+        (pool_sets(&p) == vec!["worker-set"])
+            .then_some(())
+            .ok_or(format!("{:?}", pool_sets(&p)))
+    })
+    .await;
+    eventually(
+        "infra-0 without infra-set, its images unpinned",
+        &logs,
+        || async {
+            let n = nodes.get("infra-0").await.map_err(|e| e.to_string())?;
+            let names: Vec<String> = node_state(&n).0.into_iter().map(|s| s.0).collect();
+            let image = infra_cri
+                .image_status(&infra_imgs[0])
+                .await
+                .map_err(|e| e.to_string())?;
+            match image {
+                Some(i) if names == vec!["worker-set"] && !i.pinned => Ok(()),
+                other => Err(format!("{names:?} {other:?}")),
+            }
+        },
+    )
+    .await;
+
+    // An image that does not exist: the node is Degraded naming it; so is its pool.
+    let missing = format!("{}/pinset/missing@sha256:{}", registry.host, "0".repeat(64));
+    sets.create(
+        &pp,
+        &set("broken", "master", std::slice::from_ref(&missing)),
+    )
+    .await
+    .unwrap();
+    let message = eventually("cp-0 degraded", &logs, || async {
+        let n = nodes.get("cp-0").await.map_err(|e| e.to_string())?;
+        let st = n.status.unwrap_or_default();
+        let d = st
+            .conditions
+            .iter()
+            .find(|c| c.type_ == CONDITION_DEGRADED)
+            .cloned();
+        match d {
+            Some(c) if c.status == "True" => Ok(c.message),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await;
+    assert!(
+        message.contains(&missing) && message.contains("broken"),
+        "{message}"
+    );
+    let pool_message = eventually("master pool degraded", &logs, || async {
+        let p = pools.get("master").await.map_err(|e| e.to_string())?;
+        match pool_counts(&p) {
+            Some((1, 0, d, m)) if d == "True" => Ok(m),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await;
+    assert!(
+        pool_message.contains("node cp-0")
+            && pool_message.contains("PinnedImageSet broken")
+            && pool_message.contains(&missing),
+        "{pool_message}"
+    );
+    // The set that is fine stays done on that node.
+    let cp_sets = node_state(&nodes.get("cp-0").await.unwrap()).0;
+    assert!(
+        cp_sets.contains(&("master-set".into(), 1, Some(1))),
+        "{cp_sets:?}"
+    );
+
+    // Metrics of the agent and the controller.
+    let m = metrics(cp_port).await;
+    assert!(m.contains("pinset_images_pulled_total 2"), "{m}");
+    assert!(m.contains("pinset_image_pull_failures_total"), "{m}");
+    assert!(m.contains("pinset_policy_call_seconds_bucket"), "{m}");
+    let c = metrics(controller_port).await;
+    assert!(
+        c.contains("pinset_api_writes_total{kind=\"pool_spec\"}"),
+        "{c}"
+    );
+
+    // SIGTERM: the agent stops within seconds.
+    let took = cp.terminate();
+    assert!(took < Duration::from_secs(5), "agent took {took:?} to stop");
+    drop(infra);
+    drop(controller);
+}
