@@ -49,16 +49,16 @@ async fn the_server_validates_sets_and_node_status() {
         ),
         "pinnedimagesets",
     );
-    let seed: DynamicObject = serde_yaml::from_str(&format!(
-        "apiVersion: machineconfiguration.openshift.io/v1alpha1\nkind: PinnedImageSet\nmetadata:\n  name: test-pinned\n  labels:\n    machineconfiguration.openshift.io/role: \"master\"\nspec:\n  pinnedImages:\n   - name: quay.io/openshift-release-dev/ocp-v4.0-art-dev@sha256:{DIGEST}\n"
-    ))
+    let seed: DynamicObject = serde_yaml::from_str(
+        &std::fs::read_to_string(support::workspace().join("deploy/example-set.yaml")).unwrap(),
+    )
     .unwrap();
     Api::<DynamicObject>::all_with(client.clone(), &alpha)
         .create(&PostParams::default(), &seed)
         .await
         .unwrap_or_else(|e| panic!("the seed example: {e}\n{}", server.log()));
     let back = sets.get("test-pinned").await.unwrap();
-    assert_eq!(back.spec.pinned_images.len(), 1);
+    assert_eq!(back.spec.pinned_images.len(), 2);
 
     let tag = create_err(
         &sets,
