@@ -8,7 +8,9 @@ use std::collections::BTreeSet;
 fn docs(file: &str) -> Vec<serde_yaml::Value> {
     let text = std::fs::read_to_string(support::workspace().join("deploy").join(file)).unwrap();
     serde_yaml::Deserializer::from_str(&text)
-        .map(|d| serde::Deserialize::deserialize(d).unwrap_or_else(|e| panic!("deploy/{file}: {e}")))
+        .map(|d| {
+            serde::Deserialize::deserialize(d).unwrap_or_else(|e| panic!("deploy/{file}: {e}"))
+        })
         .collect()
 }
 
@@ -25,7 +27,10 @@ fn crds_match_the_binary() {
         .iter()
         .map(|d| d["spec"]["names"]["kind"].as_str().unwrap().to_string())
         .collect();
-    assert_eq!(kinds, vec!["PinnedImageSet", "MachineConfigPool", "MachineConfigNode"]);
+    assert_eq!(
+        kinds,
+        vec!["PinnedImageSet", "MachineConfigPool", "MachineConfigNode"]
+    );
 }
 
 /// `--flag` names a subcommand accepts, from its `--help`.
@@ -34,7 +39,13 @@ fn flags(subcommand: &str) -> BTreeSet<String> {
     assert_eq!(code, 0, "{err}");
     out.split_whitespace()
         .filter(|w| w.starts_with("--"))
-        .map(|w| w.trim_end_matches([',', '.']).split('=').next().unwrap().to_string())
+        .map(|w| {
+            w.trim_end_matches([',', '.'])
+                .split('=')
+                .next()
+                .unwrap()
+                .to_string()
+        })
         .collect()
 }
 
@@ -43,10 +54,16 @@ fn every_manifest_parses_and_passes_only_real_flags() {
     let kustomization = &docs("kustomization.yaml")[0];
     for file in kustomization["resources"].as_sequence().unwrap() {
         for doc in docs(file.as_str().unwrap()) {
-            assert!(doc["apiVersion"].is_string() && doc["kind"].is_string(), "{file:?}: {doc:?}");
+            assert!(
+                doc["apiVersion"].is_string() && doc["kind"].is_string(),
+                "{file:?}: {doc:?}"
+            );
         }
     }
-    for (file, kind) in [("controller.yaml", "Deployment"), ("agent.yaml", "DaemonSet")] {
+    for (file, kind) in [
+        ("controller.yaml", "Deployment"),
+        ("agent.yaml", "DaemonSet"),
+    ] {
         let doc = &docs(file)[0];
         assert_eq!(doc["kind"], kind);
         let args: Vec<&str> = doc["spec"]["template"]["spec"]["containers"][0]["args"]
@@ -58,7 +75,11 @@ fn every_manifest_parses_and_passes_only_real_flags() {
         let known = flags(args[0]);
         for arg in &args[1..] {
             let flag = arg.split('=').next().unwrap();
-            assert!(known.contains(flag), "deploy/{file}: {flag} is not a flag of `pinset {}`", args[0]);
+            assert!(
+                known.contains(flag),
+                "deploy/{file}: {flag} is not a flag of `pinset {}`",
+                args[0]
+            );
         }
     }
     let example = &docs("example-set.yaml")[0];

@@ -23,13 +23,21 @@ pub enum PoolError {
 /// The sets `pool` selects by its `machineConfigSelector`, sorted by name. `Ok(None)` when the
 /// selector is empty: such a pool is skipped (its `spec.pinnedImageSets` is left alone).
 pub fn select_sets(pool: &Pool, sets: &[PinnedImageSet]) -> Result<Option<Vec<String>>, PoolError> {
+    select_labelled(pool, sets.iter().map(|s| (s.name.as_str(), &s.labels)))
+}
+
+/// [`select_sets`] over (name, labels) pairs: selection needs nothing else of a set.
+pub fn select_labelled<'a>(
+    pool: &Pool,
+    sets: impl IntoIterator<Item = (&'a str, &'a BTreeMap<String, String>)>,
+) -> Result<Option<Vec<String>>, PoolError> {
     if pool.machine_config_selector.is_empty() {
         return Ok(None);
     }
     let mut names: Vec<String> = sets
-        .iter()
-        .filter(|s| pool.machine_config_selector.matches(&s.labels))
-        .map(|s| s.name.clone())
+        .into_iter()
+        .filter(|(_, labels)| pool.machine_config_selector.matches(labels))
+        .map(|(name, _)| name.to_string())
         .collect();
     names.sort();
     names.dedup();

@@ -476,6 +476,7 @@ where
     let api: Api<K> = Api::all(client);
     let stream = watcher(api, super::watcher_config())
         .default_backoff()
+        .modify(|o: &mut K| o.meta_mut().managed_fields = None)
         .reflect(writer);
     tokio::spawn(async move {
         let mut stream = std::pin::pin!(stream);

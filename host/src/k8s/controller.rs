@@ -27,6 +27,8 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 pub const FIELD_MANAGER: &str = "pinset-controller";
+/// Reconciles in flight per kind of object.
+pub const CONCURRENCY: u16 = 8;
 /// Everything is reconciled again this often, changes or not.
 pub const RESYNC: Duration = Duration::from_secs(600);
 
@@ -128,9 +130,12 @@ async fn reconcile_pool_inner(
             return Ok(Action::await_change());
         }
     };
-    let sets: Vec<_> = ctx.sets.state().iter().map(|s| convert::set(s)).collect();
-    tracing::debug!(pool = %name, sets = sets.len(), nodes = ctx.nodes.state().len(), "reconcile pool");
-    let (selected, failure) = match pool::select_sets(&core_pool, &sets) {
+    let sets = ctx.sets.state();
+    tracing::debug!(pool = %name, sets = sets.len(), "reconcile pool");
+    let labelled = sets
+        .iter()
+        .map(|s| (s.metadata.name.as_deref().unwrap_or(""), s.labels()));
+    let (selected, failure) = match pool::select_labelled(&core_pool, labelled) {
         Ok(selected) => (selected, None),
         Err(e @ PoolError::TooManySets { .. }) => (None, Some(e.to_string())),
     };
@@ -195,6 +200,7 @@ async fn reconcile_pool_inner(
         .nodes
         .state()
         .iter()
+        .filter(|n| n.spec.pool.name == name)
         .map(|n| convert::node_report(n))
         .collect();
     let sync = pool::sync_status(&name, &wanted, &reports);
@@ -291,14 +297,14 @@ async fn reconcile_set_inner(
     let name = set.name_any();
     // The pools whose selector selects the set, judged from the pool cache as the pool
     // reconciler judges it (not from the written specs, which may lag).
-    let core_set = convert::set(set);
+    let labels = set.labels();
     let selections: Vec<(String, Vec<String>)> = ctx
         .pools
         .state()
         .iter()
         .filter_map(|p| convert::pool(p).ok())
         .filter_map(|p| {
-            pool::select_sets(&p, std::slice::from_ref(&core_set))
+            pool::select_labelled(&p, [(name.as_str(), labels)])
                 .ok()
                 .flatten()
                 .map(|names| (p.name, names))
@@ -351,6 +357,45 @@ fn error_policy<K: ResourceExt>(obj: Arc<K>, error: &ControllerError, ctx: Arc<C
     Action::requeue(wait)
 }
 
+/// Caches keep what pinset reads; `managedFields` (often the largest part of an object) go.
+fn strip<K: kube::Resource>(obj: &mut K) {
+    obj.meta_mut().managed_fields = None;
+}
+
+/// The objects of a watch whose `key` changed since they were last seen, and every deletion.
+fn changed_objects<K, T, S>(
+    events: S,
+    key: impl Fn(&K) -> T + Send + 'static,
+) -> impl futures::Stream<Item = Result<K, watcher::Error>> + Send
+where
+    K: kube::Resource + Send + 'static,
+    T: PartialEq + Send + 'static,
+    S: futures::Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send,
+{
+    let mut seen: HashMap<String, T> = HashMap::new();
+    events.flat_map(move |event| {
+        let out: Vec<Result<K, watcher::Error>> = match event {
+            Err(e) => vec![Err(e)],
+            Ok(watcher::Event::Apply(o) | watcher::Event::InitApply(o)) => {
+                let k = key(&o);
+                let name = o.name_any();
+                if seen.get(&name) == Some(&k) {
+                    vec![]
+                } else {
+                    seen.insert(name, k);
+                    vec![Ok(o)]
+                }
+            }
+            Ok(watcher::Event::Delete(o)) => {
+                seen.remove(&o.name_any());
+                vec![Ok(o)]
+            }
+            Ok(watcher::Event::Init | watcher::Event::InitDone) => vec![],
+        };
+        futures::stream::iter(out)
+    })
+}
+
 /// Reconcile errors are logged by the error policy; here the controller's own (watches, queue).
 fn log_outcome<K, E: std::error::Error, W: std::error::Error>(
     outcome: Result<(ObjectRef<K>, Action), kube::runtime::controller::Error<E, W>>,
@@ -379,18 +424,35 @@ pub async fn run(
     let config = watcher_config();
 
     let (sets_reader, sets_writer) = reflector::store();
-    let sets_stream = watcher(sets_api.clone(), config.clone())
-        .default_backoff()
-        .reflect(sets_writer)
-        .touched_objects();
+    // A pool cares about a set's labels and spec (its generation), not its status; about a
+    // node's report, not its progress.
+    let sets_stream = changed_objects(
+        watcher(sets_api.clone(), config.clone())
+            .default_backoff()
+            .modify(strip)
+            .reflect(sets_writer),
+        |s: &PinnedImageSet| (s.metadata.generation, s.labels().clone()),
+    );
     let (nodes_reader, nodes_writer) = reflector::store();
-    let nodes_stream = watcher(nodes_api, config.clone())
-        .default_backoff()
-        .reflect(nodes_writer)
-        .touched_objects();
+    let nodes_stream = changed_objects(
+        watcher(nodes_api, config.clone())
+            .default_backoff()
+            .modify(strip)
+            .reflect(nodes_writer),
+        convert::node_report,
+    );
 
-    let pool_controller = Controller::new(pools_api, config.clone());
-    let pools_reader = pool_controller.store();
+    // Bounded concurrency: each reconcile in flight may hold an HTTP connection (a TLS session),
+    // so unbounded reconciles of a thousand objects would open a thousand connections.
+    let limits = kube::runtime::controller::Config::default().concurrency(CONCURRENCY);
+    let (pools_reader, pools_writer) = reflector::store();
+    let pools_stream = watcher(pools_api, config.clone())
+        .default_backoff()
+        .modify(strip)
+        .reflect(pools_writer)
+        .applied_objects();
+    let pool_controller =
+        Controller::for_stream(pools_stream, pools_reader.clone()).with_config(limits.clone());
     let (set_triggers, set_trigger_rx) = mpsc::unbounded_channel();
     let (synced_tx, synced) = tokio::sync::watch::channel(false);
     let ctx = Arc::new(Context {
@@ -441,7 +503,14 @@ pub async fn run(
         .for_each(log_outcome);
 
     let stop = shutdown.clone();
-    let sets = Controller::new(sets_api, config)
+    let (own_sets_reader, own_sets_writer) = reflector::store();
+    let own_sets = watcher(sets_api, config)
+        .default_backoff()
+        .modify(strip)
+        .reflect(own_sets_writer)
+        .applied_objects();
+    let sets = Controller::for_stream(own_sets, own_sets_reader)
+        .with_config(limits)
         .reconcile_on(tokio_stream::wrappers::UnboundedReceiverStream::new(
             set_trigger_rx,
         ))
