@@ -518,3 +518,129 @@ async fn controller_and_agents_pin_sets_and_report_through_a_real_api_server() {
     drop(infra);
     drop(controller);
 }
+
+/// Images of `refs` containerd has, and how many of them it reports pinned.
+async fn present_and_pinned(
+    cri: &pinset::cri::client::CriClient,
+    refs: &[String],
+) -> (usize, usize) {
+    let (mut present, mut pinned) = (0, 0);
+    for r in refs {
+        if let Some(image) = cri.image_status(r).await.unwrap() {
+            present += 1;
+            pinned += usize::from(image.pinned);
+        }
+    }
+    (present, pinned)
+}
+
+fn metric(text: &str, name: &str) -> u64 {
+    text.lines()
+        .find(|l| l.starts_with(name) && l[name.len()..].starts_with(' '))
+        .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .map_or(0, |v| v as u64)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_killed_mid_run_is_finished_by_the_next_one_without_pulling_twice() {
+    let Some(registry) = support::Registry::start() else {
+        return;
+    };
+    let Some(runtime) = support::Containerd::start(&registry.host) else {
+        return;
+    };
+    let Some(server) = support::apiserver::ApiServer::start().await else {
+        return;
+    };
+    server.install_crds().await;
+    let client = server.client().await;
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = server.kubeconfig.to_str().unwrap().to_string();
+    // A control-plane node pulls one image at a time with a 1 s pause: about a second per image.
+    let refs = support::push_images(&registry, "k", 10, 1 << 20, 700).await;
+    let pools: Api<MachineConfigPool> = Api::all(client.clone());
+    let sets: Api<PinnedImageSet> = Api::all(client.clone());
+    let nodes: Api<MachineConfigNode> = Api::all(client.clone());
+    let pp = PostParams::default();
+    pools
+        .create(
+            &pp,
+            &pool("master", &["master"], "node-role.kubernetes.io/master"),
+        )
+        .await
+        .unwrap();
+    sets.create(&pp, &set("release", "master", &refs))
+        .await
+        .unwrap();
+    let node = node_file(dir.path(), "cp-0", &["master"]);
+    let agent = |port: u16, log: &str| {
+        Proc::start(
+            &[
+                "agent".into(),
+                format!("--kubeconfig={kubeconfig}"),
+                format!("--metrics-addr=127.0.0.1:{port}"),
+                "--node-name=cp-0".into(),
+                format!("--node-file={}", node.display()),
+                format!("--cri={}", runtime.endpoint()),
+                "--pin=containerd".into(),
+                format!("--insecure-registry={}", registry.host),
+            ],
+            dir.path().join(log),
+        )
+    };
+    let cri = pinset::cri::client::CriClient::new(pinset::cri::client::CriConfig {
+        endpoint: runtime.endpoint(),
+        ..Default::default()
+    })
+    .unwrap();
+
+    let mut first = agent(support::free_port(), "first.log");
+    let logs = || format!("{}\n{}", first.log(), server.log());
+    // Kill it once some images are in and others are not.
+    eventually("some images pulled", &logs, || async {
+        let (present, _) = present_and_pinned(&cri, &refs).await;
+        (2..refs.len())
+            .contains(&present)
+            .then_some(())
+            .ok_or(format!("{present} present"))
+    })
+    .await;
+    unsafe { libc::kill(first.child.id() as i32, libc::SIGKILL) };
+    let _ = first.child.wait();
+    let (present, pinned) = present_and_pinned(&cri, &refs).await;
+    assert!(
+        present < refs.len(),
+        "killed too late: every image was already pulled"
+    );
+    assert_eq!(
+        pinned, 0,
+        "nothing is pinned before the whole set is verified"
+    );
+
+    let port = support::free_port();
+    let second = agent(port, "second.log");
+    let logs = || format!("{}\n{}", second.log(), server.log());
+    eventually("the restarted agent finishes the set", &logs, || async {
+        let n = nodes.get("cp-0").await.map_err(|e| e.to_string())?;
+        let state = node_state(&n);
+        (state
+            == (
+                vec![("release".into(), 1, Some(1))],
+                "False".into(),
+                "False".into(),
+            ))
+            .then_some(())
+            .ok_or(format!("{state:?}"))
+    })
+    .await;
+    assert_eq!(
+        present_and_pinned(&cri, &refs).await,
+        (refs.len(), refs.len())
+    );
+    let m = metrics(port).await;
+    assert_eq!(
+        metric(&m, "pinset_images_pulled_total"),
+        (refs.len() - present) as u64,
+        "only the images missing at restart are pulled again\n{m}"
+    );
+}
