@@ -192,28 +192,83 @@ async fn metrics(port: u16) -> String {
     out
 }
 
+/// The registry and the API server with pinset's CRDs, a client and a scratch directory.
+struct Cluster {
+    registry: support::Registry,
+    server: support::apiserver::ApiServer,
+    client: kube::Client,
+    dir: tempfile::TempDir,
+}
+
+impl Cluster {
+    async fn start() -> Option<Cluster> {
+        let registry = support::Registry::start()?;
+        let server = support::apiserver::ApiServer::start().await?;
+        server.install_crds().await;
+        let client = server.client().await;
+        let dir = tempfile::tempdir().unwrap();
+        Some(Cluster {
+            registry,
+            server,
+            client,
+            dir,
+        })
+    }
+
+    /// `pinset agent` for node `name` (facts from a node file with `roles`), on `runtime`,
+    /// serving metrics on `port`, logging to `log` in the scratch directory.
+    fn agent(
+        &self,
+        name: &str,
+        roles: &[&str],
+        runtime: &support::Containerd,
+        port: u16,
+        log: &str,
+    ) -> Proc {
+        let node = node_file(self.dir.path(), name, roles);
+        Proc::start(
+            &[
+                "agent".into(),
+                format!("--kubeconfig={}", self.server.kubeconfig.display()),
+                format!("--metrics-addr=127.0.0.1:{port}"),
+                format!("--node-name={name}"),
+                format!("--node-file={}", node.display()),
+                format!("--cri={}", runtime.endpoint()),
+                "--pin=containerd".into(),
+                format!("--insecure-registry={}", self.registry.host),
+                "--retry-seconds=1".into(),
+            ],
+            self.dir.path().join(log),
+        )
+    }
+}
+
+fn cri(runtime: &support::Containerd) -> pinset::cri::client::CriClient {
+    pinset::cri::client::CriClient::new(pinset::cri::client::CriConfig {
+        endpoint: runtime.endpoint(),
+        ..Default::default()
+    })
+    .unwrap()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn controller_and_agents_pin_sets_and_report_through_a_real_api_server() {
-    let Some(registry) = support::Registry::start() else {
+    let Some(cluster) = Cluster::start().await else {
         return;
     };
-    let Some(cp_runtime) = support::Containerd::start(&registry.host) else {
+    let Some(cp_runtime) = support::Containerd::start(&cluster.registry.host) else {
         return;
     };
-    let Some(infra_runtime) = support::Containerd::start(&registry.host) else {
+    let Some(infra_runtime) = support::Containerd::start(&cluster.registry.host) else {
         return;
     };
-    let Some(server) = support::apiserver::ApiServer::start().await else {
-        return;
-    };
-    server.install_crds().await;
-    let client = server.client().await;
-    let dir = tempfile::tempdir().unwrap();
+    let (registry, server, client) = (&cluster.registry, &cluster.server, cluster.client.clone());
+    let dir = &cluster.dir;
     let kubeconfig = server.kubeconfig.to_str().unwrap().to_string();
 
-    let master_imgs = support::push_images(&registry, "m", 2, 150_000, 100).await;
-    let worker_imgs = support::push_images(&registry, "w", 3, 150_000, 200).await;
-    let infra_imgs = support::push_images(&registry, "i", 2, 150_000, 300).await;
+    let master_imgs = support::push_images(registry, "m", 2, 150_000, 100).await;
+    let worker_imgs = support::push_images(registry, "w", 3, 150_000, 200).await;
+    let infra_imgs = support::push_images(registry, "i", 2, 150_000, 300).await;
 
     let pools: Api<MachineConfigPool> = Api::all(client.clone());
     let sets: Api<PinnedImageSet> = Api::all(client.clone());
@@ -263,32 +318,20 @@ async fn controller_and_agents_pin_sets_and_report_through_a_real_api_server() {
         ],
         dir.path().join("controller.log"),
     );
-    let agent = |name: &str, roles: &[&str], runtime: &support::Containerd, port: u16| {
-        Proc::start(
-            &[
-                "agent".into(),
-                format!("--kubeconfig={kubeconfig}"),
-                format!("--metrics-addr=127.0.0.1:{port}"),
-                format!("--node-name={name}"),
-                format!(
-                    "--node-file={}",
-                    node_file(dir.path(), name, roles).display()
-                ),
-                format!("--cri={}", runtime.endpoint()),
-                "--pin=containerd".into(),
-                format!("--insecure-registry={}", registry.host),
-                "--retry-seconds=1".into(),
-            ],
-            dir.path().join(format!("{name}.log")),
-        )
-    };
     let cp_port = support::free_port();
-    let mut cp = agent("cp-0", &["master", "control-plane"], &cp_runtime, cp_port);
-    let infra = agent(
+    let mut cp = cluster.agent(
+        "cp-0",
+        &["master", "control-plane"],
+        &cp_runtime,
+        cp_port,
+        "cp-0.log",
+    );
+    let infra = cluster.agent(
         "infra-0",
         &["worker", "infra"],
         &infra_runtime,
         support::free_port(),
+        "infra-0.log",
     );
     let logs = || {
         format!(
@@ -344,16 +387,7 @@ async fn controller_and_agents_pin_sets_and_report_through_a_real_api_server() {
     let infra_mcn = nodes.get("infra-0").await.unwrap();
     let progress = infra_mcn.status.unwrap().pinned_image_progress.unwrap();
     assert_eq!((progress.images_done, progress.images_total), (4, 4));
-    let cp_cri = pinset::cri::client::CriClient::new(pinset::cri::client::CriConfig {
-        endpoint: cp_runtime.endpoint(),
-        ..Default::default()
-    })
-    .unwrap();
-    let infra_cri = pinset::cri::client::CriClient::new(pinset::cri::client::CriConfig {
-        endpoint: infra_runtime.endpoint(),
-        ..Default::default()
-    })
-    .unwrap();
+    let (cp_cri, infra_cri) = (cri(&cp_runtime), cri(&infra_runtime));
     for r in &master_imgs {
         assert!(
             cp_cri.image_status(r).await.unwrap().unwrap().pinned,
@@ -543,21 +577,15 @@ fn metric(text: &str, name: &str) -> u64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_agent_killed_mid_run_is_finished_by_the_next_one_without_pulling_twice() {
-    let Some(registry) = support::Registry::start() else {
+    let Some(cluster) = Cluster::start().await else {
         return;
     };
-    let Some(runtime) = support::Containerd::start(&registry.host) else {
+    let Some(runtime) = support::Containerd::start(&cluster.registry.host) else {
         return;
     };
-    let Some(server) = support::apiserver::ApiServer::start().await else {
-        return;
-    };
-    server.install_crds().await;
-    let client = server.client().await;
-    let dir = tempfile::tempdir().unwrap();
-    let kubeconfig = server.kubeconfig.to_str().unwrap().to_string();
+    let (registry, server, client) = (&cluster.registry, &cluster.server, cluster.client.clone());
     // A control-plane node pulls one image at a time with a 1 s pause: about a second per image.
-    let refs = support::push_images(&registry, "k", 10, 1 << 20, 700).await;
+    let refs = support::push_images(registry, "k", 10, 1 << 20, 700).await;
     let pools: Api<MachineConfigPool> = Api::all(client.clone());
     let sets: Api<PinnedImageSet> = Api::all(client.clone());
     let nodes: Api<MachineConfigNode> = Api::all(client.clone());
@@ -572,29 +600,15 @@ async fn an_agent_killed_mid_run_is_finished_by_the_next_one_without_pulling_twi
     sets.create(&pp, &set("release", "master", &refs))
         .await
         .unwrap();
-    let node = node_file(dir.path(), "cp-0", &["master"]);
-    let agent = |port: u16, log: &str| {
-        Proc::start(
-            &[
-                "agent".into(),
-                format!("--kubeconfig={kubeconfig}"),
-                format!("--metrics-addr=127.0.0.1:{port}"),
-                "--node-name=cp-0".into(),
-                format!("--node-file={}", node.display()),
-                format!("--cri={}", runtime.endpoint()),
-                "--pin=containerd".into(),
-                format!("--insecure-registry={}", registry.host),
-            ],
-            dir.path().join(log),
-        )
-    };
-    let cri = pinset::cri::client::CriClient::new(pinset::cri::client::CriConfig {
-        endpoint: runtime.endpoint(),
-        ..Default::default()
-    })
-    .unwrap();
+    let cri = cri(&runtime);
 
-    let mut first = agent(support::free_port(), "first.log");
+    let mut first = cluster.agent(
+        "cp-0",
+        &["master"],
+        &runtime,
+        support::free_port(),
+        "first.log",
+    );
     let logs = || format!("{}\n{}", first.log(), server.log());
     // Kill it once some images are in and others are not.
     eventually("some images pulled", &logs, || async {
@@ -618,7 +632,7 @@ async fn an_agent_killed_mid_run_is_finished_by_the_next_one_without_pulling_twi
     );
 
     let port = support::free_port();
-    let second = agent(port, "second.log");
+    let second = cluster.agent("cp-0", &["master"], &runtime, port, "second.log");
     let logs = || format!("{}\n{}", second.log(), server.log());
     eventually("the restarted agent finishes the set", &logs, || async {
         let n = nodes.get("cp-0").await.map_err(|e| e.to_string())?;

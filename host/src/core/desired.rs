@@ -123,6 +123,24 @@ pub struct Desired {
     pub invalid: Vec<InvalidSet>,
 }
 
+impl Desired {
+    /// Sets with these names and generations and no images (for tests of status logic).
+    #[cfg(test)]
+    pub(crate) fn of_sets(sets: &[(&str, i64)]) -> Desired {
+        Desired {
+            sets: sets
+                .iter()
+                .map(|(n, g)| DesiredSet {
+                    name: n.to_string(),
+                    generation: *g,
+                    images: vec![],
+                })
+                .collect(),
+            ..Default::default()
+        }
+    }
+}
+
 /// The desired state of `node`: images of every set of every pool of the node.
 pub fn desired(node: &NodeInfo, pools: &[Pool], sets: &[PinnedImageSet]) -> Desired {
     let mut out = Desired::default();

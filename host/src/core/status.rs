@@ -132,21 +132,11 @@ fn truncate(s: &str, max: usize) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::core::desired::{DesiredSet, InvalidSet};
+    use crate::core::desired::InvalidSet;
     use crate::core::reference::RefError;
 
     fn desired(sets: &[(&str, i64)]) -> Desired {
-        Desired {
-            sets: sets
-                .iter()
-                .map(|(n, g)| DesiredSet {
-                    name: n.to_string(),
-                    generation: *g,
-                    images: vec![],
-                })
-                .collect(),
-            ..Default::default()
-        }
+        Desired::of_sets(sets)
     }
 
     #[test]

@@ -312,23 +312,7 @@ impl<S: Sizer + 'static, B: PinBackend> Agent<S, B> {
         if let Some(pool) = pool {
             spec["pool"] = json!({"name": pool});
         }
-        let body = json!({
-            "apiVersion": MachineConfigNode::api_version(&()),
-            "kind": MachineConfigNode::kind(&()),
-            "metadata": {"name": name},
-            "spec": spec,
-        });
-        api.patch(
-            name,
-            &PatchParams::apply(FIELD_MANAGER).force(),
-            &Patch::Apply(&body),
-        )
-        .await
-        .map_err(|source| AgentError::Write {
-            node: name.clone(),
-            what: "spec",
-            source,
-        })?;
+        apply_node(api, name, "spec", spec).await?;
         self.metrics.count_api_write("node_spec");
         Ok(())
     }
@@ -664,46 +648,52 @@ async fn write_status(
     {
         return Ok(());
     }
-    let body = json!({
-        "apiVersion": MachineConfigNode::api_version(&()),
-        "kind": MachineConfigNode::kind(&()),
-        "metadata": {"name": name},
-        "status": st,
-    });
-    api.patch_status(
+    apply_node(
+        api,
         name,
-        &PatchParams::apply(FIELD_MANAGER).force(),
-        &Patch::Apply(&body),
+        "status",
+        serde_json::to_value(&st).expect("status serializes"),
     )
-    .await
-    .map_err(|source| AgentError::Write {
-        node: name.into(),
-        what: "status",
-        source,
-    })?;
+    .await?;
     metrics.count_api_write("node_status");
     published.conditions = st.conditions.clone();
     published.status = Some(st);
     Ok(())
 }
 
+/// Server-side apply of one part (`spec` or `status`) of the node's MachineConfigNode, as
+/// pinset's agent (its own field manager: other writers' fields are left alone).
+async fn apply_node(
+    api: &Api<MachineConfigNode>,
+    name: &str,
+    part: &'static str,
+    value: serde_json::Value,
+) -> Result<(), AgentError> {
+    let body = json!({
+        "apiVersion": MachineConfigNode::api_version(&()),
+        "kind": MachineConfigNode::kind(&()),
+        "metadata": {"name": name},
+        part: value,
+    });
+    let params = PatchParams::apply(FIELD_MANAGER).force();
+    let result = if part == "status" {
+        api.patch_status(name, &params, &Patch::Apply(&body)).await
+    } else {
+        api.patch(name, &params, &Patch::Apply(&body)).await
+    };
+    result.map(drop).map_err(|source| AgentError::Write {
+        node: name.into(),
+        what: part,
+        source,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::core::desired::DesiredSet;
 
     fn desired(sets: &[(&str, i64)]) -> Desired {
-        Desired {
-            sets: sets
-                .iter()
-                .map(|(n, g)| DesiredSet {
-                    name: n.to_string(),
-                    generation: *g,
-                    images: vec![],
-                })
-                .collect(),
-            ..Default::default()
-        }
+        Desired::of_sets(sets)
     }
 
     #[test]
