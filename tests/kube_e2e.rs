@@ -115,10 +115,18 @@ fn set(name: &str, role: &str, images: &[String]) -> PinnedImageSet {
     .unwrap()
 }
 
-fn node_file(dir: &Path, name: &str, roles: &[&str]) -> PathBuf {
-    let labels: String = roles
+/// The labels of a node with these roles.
+fn roles(roles: &[&str]) -> Vec<(String, String)> {
+    roles
         .iter()
-        .map(|r| format!("    node-role.kubernetes.io/{r}: \"\"\n"))
+        .map(|r| (format!("node-role.kubernetes.io/{r}"), String::new()))
+        .collect()
+}
+
+fn node_file(dir: &Path, name: &str, labels: &[(String, String)]) -> PathBuf {
+    let labels: String = labels
+        .iter()
+        .map(|(k, v)| format!("    {k}: \"{v}\"\n"))
         .collect();
     let path = dir.join(format!("{name}.yaml"));
     std::fs::write(
@@ -215,31 +223,31 @@ impl Cluster {
         })
     }
 
-    /// `pinset agent` for node `name` (facts from a node file with `roles`), on `runtime`,
-    /// serving metrics on `port`, logging to `log` in the scratch directory.
+    /// `pinset agent` for node `name` (facts from a node file with `labels`), on `runtime`,
+    /// serving metrics on `port`, logging to `log` in the scratch directory, with `extra` flags.
     fn agent(
         &self,
         name: &str,
-        roles: &[&str],
+        labels: &[(String, String)],
         runtime: &support::Containerd,
         port: u16,
         log: &str,
+        extra: &[String],
     ) -> Proc {
-        let node = node_file(self.dir.path(), name, roles);
-        Proc::start(
-            &[
-                "agent".into(),
-                format!("--kubeconfig={}", self.server.kubeconfig.display()),
-                format!("--metrics-addr=127.0.0.1:{port}"),
-                format!("--node-name={name}"),
-                format!("--node-file={}", node.display()),
-                format!("--cri={}", runtime.endpoint()),
-                "--pin=containerd".into(),
-                format!("--insecure-registry={}", self.registry.host),
-                "--retry-seconds=1".into(),
-            ],
-            self.dir.path().join(log),
-        )
+        let node = node_file(self.dir.path(), name, labels);
+        let mut args = vec![
+            "agent".into(),
+            format!("--kubeconfig={}", self.server.kubeconfig.display()),
+            format!("--metrics-addr=127.0.0.1:{port}"),
+            format!("--node-name={name}"),
+            format!("--node-file={}", node.display()),
+            format!("--cri={}", runtime.endpoint()),
+            "--pin=containerd".into(),
+            format!("--insecure-registry={}", self.registry.host),
+            "--retry-seconds=1".into(),
+        ];
+        args.extend_from_slice(extra);
+        Proc::start(&args, self.dir.path().join(log))
     }
 }
 
@@ -321,17 +329,24 @@ async fn controller_and_agents_pin_sets_and_report_through_a_real_api_server() {
     let cp_port = support::free_port();
     let mut cp = cluster.agent(
         "cp-0",
-        &["master", "control-plane"],
+        &roles(&["master", "control-plane"]),
         &cp_runtime,
         cp_port,
         "cp-0.log",
+        &[],
     );
+    // The infra pool runs a policy that loops forever in every hook: each call is cut at its
+    // deadline and answered by the reference policy, and the node still pulls and pins.
+    let mut infra_labels = roles(&["worker", "infra"]);
+    infra_labels.push(("pinset.test/hostile".into(), "loop".into()));
+    let hostile = Path::new(env!("PINSET_WASM_POLICY_DIR")).join("pinset_test_policy_hostile.wasm");
     let infra = cluster.agent(
         "infra-0",
-        &["worker", "infra"],
+        &infra_labels,
         &infra_runtime,
         support::free_port(),
         "infra-0.log",
+        &[format!("--pool-policy=infra={}", hostile.display())],
     );
     let logs = || {
         format!(
@@ -385,6 +400,24 @@ async fn controller_and_agents_pin_sets_and_report_through_a_real_api_server() {
     })
     .await;
     let infra_mcn = nodes.get("infra-0").await.unwrap();
+    let fallback = infra_mcn
+        .status
+        .as_ref()
+        .unwrap()
+        .conditions
+        .iter()
+        .find(|c| c.type_ == pinset::k8s::api::CONDITION_POLICY_FALLBACK)
+        .cloned()
+        .unwrap();
+    assert_eq!(fallback.status, "True", "{fallback:?}");
+    assert!(fallback.message.contains("deadline"), "{fallback:?}");
+    let cp_fallback = nodes.get("cp-0").await.unwrap().status.unwrap().conditions;
+    assert!(
+        cp_fallback
+            .iter()
+            .any(|c| c.type_ == pinset::k8s::api::CONDITION_POLICY_FALLBACK && c.status == "False"),
+        "the default policy never falls back: {cp_fallback:?}"
+    );
     let progress = infra_mcn.status.unwrap().pinned_image_progress.unwrap();
     assert_eq!((progress.images_done, progress.images_total), (4, 4));
     let (cp_cri, infra_cri) = (cri(&cp_runtime), cri(&infra_runtime));
@@ -604,10 +637,11 @@ async fn an_agent_killed_mid_run_is_finished_by_the_next_one_without_pulling_twi
 
     let mut first = cluster.agent(
         "cp-0",
-        &["master"],
+        &roles(&["master"]),
         &runtime,
         support::free_port(),
         "first.log",
+        &[],
     );
     let logs = || format!("{}\n{}", first.log(), server.log());
     // Kill it once some images are in and others are not.
@@ -632,7 +666,14 @@ async fn an_agent_killed_mid_run_is_finished_by_the_next_one_without_pulling_twi
     );
 
     let port = support::free_port();
-    let second = cluster.agent("cp-0", &["master"], &runtime, port, "second.log");
+    let second = cluster.agent(
+        "cp-0",
+        &roles(&["master"]),
+        &runtime,
+        port,
+        "second.log",
+        &[],
+    );
     let logs = || format!("{}\n{}", second.log(), server.log());
     eventually("the restarted agent finishes the set", &logs, || async {
         let n = nodes.get("cp-0").await.map_err(|e| e.to_string())?;
