@@ -310,3 +310,115 @@ async fn a_containerd_restart_mid_run_is_retried_and_the_reconcile_completes() {
         );
     }
 }
+
+/// (reference, started, finished) of each pull of a reconcile, from its events.
+async fn timeline(
+    reconciler: &pinset::node::Reconciler<
+        pinset::registry::size::RegistrySizer,
+        pinset::pin::containerd::ContainerdPins,
+    >,
+    node: &NodeInfo,
+    d: &Desired,
+) -> Vec<(String, Instant, Instant)> {
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let collect = tokio::spawn(async move {
+        let mut started = std::collections::HashMap::new();
+        let mut out = Vec::new();
+        while let Some(e) = rx.recv().await {
+            match e {
+                Event::Started { reference } => {
+                    started.insert(reference, Instant::now());
+                }
+                Event::Pulled { reference, .. } => {
+                    let s = started[&reference];
+                    out.push((reference, s, Instant::now()));
+                }
+                _ => {}
+            }
+        }
+        out
+    });
+    let mut status = NodeStatus::default();
+    reconciler
+        .reconcile(d, node, &mut status, CancellationToken::new(), Some(tx))
+        .await
+        .unwrap();
+    assert!(status.done(), "{status:?}");
+    collect.await.unwrap()
+}
+
+/// Most pulls in flight at once.
+fn max_in_flight(pulls: &[(String, Instant, Instant)]) -> usize {
+    pulls
+        .iter()
+        .map(|(_, s, _)| pulls.iter().filter(|(_, a, b)| a <= s && s < b).count())
+        .max()
+        .unwrap_or(0)
+}
+
+#[tokio::test]
+async fn the_default_policy_pulls_one_at_a_time_on_the_control_plane_and_five_on_workers() {
+    let Some(registry) = support::Registry::start() else {
+        return;
+    };
+    let Some(containerd) = support::Containerd::start(&registry.host) else {
+        return;
+    };
+    let reconciler = support::reconciler(
+        &containerd,
+        &registry.host,
+        support::default_policy(),
+        Backoff::default(),
+        false,
+    );
+    let with_role = |role: &str, refs: &[String]| PinnedImageSet {
+        name: format!("{role}-set"),
+        generation: 1,
+        labels: [(ROLE_LABEL.to_string(), role.to_string())].into(),
+        images: refs.to_vec(),
+    };
+    let cp_refs = support::push_images(&registry, "cp", 4, 64_000, 80).await;
+    let worker_refs = support::push_images(&registry, "wk", 5, 64_000, 90).await;
+
+    let master = support::node("master");
+    let cp = timeline(
+        &reconciler,
+        &master,
+        &desired_of(&master, &[with_role("master", &cp_refs)]),
+    )
+    .await;
+    assert_eq!(cp.len(), 4);
+    assert_eq!(
+        max_in_flight(&cp),
+        1,
+        "one pull at a time on the control plane"
+    );
+    let mut by_start = cp.clone();
+    by_start.sort_by_key(|p| p.1);
+    for pair in by_start.windows(2) {
+        let gap = pair[1].1 - pair[0].2;
+        assert!(
+            gap >= Duration::from_millis(950),
+            "1 s throttle between pulls, got {gap:?}"
+        );
+    }
+
+    let worker = support::node("worker");
+    let w = timeline(
+        &reconciler,
+        &worker,
+        &desired_of(&worker, &[with_role("worker", &worker_refs)]),
+    )
+    .await;
+    assert_eq!(w.len(), 5);
+    assert_eq!(max_in_flight(&w), 5, "five pulls at once on workers");
+    let span = |p: &[(String, Instant, Instant)]| {
+        p.iter().map(|x| x.2).max().unwrap() - p.iter().map(|x| x.1).min().unwrap()
+    };
+    assert!(
+        span(&w) < span(&cp),
+        "workers: {:?}, control plane: {:?}",
+        span(&w),
+        span(&cp)
+    );
+}
