@@ -422,3 +422,68 @@ async fn the_default_policy_pulls_one_at_a_time_on_the_control_plane_and_five_on
         span(&cp)
     );
 }
+
+#[tokio::test]
+async fn a_full_disk_drains_the_queue_at_once_and_names_the_images() {
+    let Some(registry) = support::Registry::start() else {
+        return;
+    };
+    // 24 MiB for content and unpacked snapshots: two 4 MiB images fit (8 MiB each), not six.
+    let Some(containerd) =
+        support::Containerd::start_with_root_limit(&registry.host, Some(24 << 20))
+    else {
+        return;
+    };
+    let reconciler = support::reconciler(
+        &containerd,
+        &registry.host,
+        support::default_policy(),
+        Backoff::default(),
+        false,
+    );
+    let refs = support::push_images(&registry, "full", 6, 4 << 20, 120).await;
+    let node = support::node("worker");
+    let d = desired_of(&node, &[set("s", 1, &refs)]);
+    let mut status = NodeStatus::default();
+    let started = Instant::now();
+    let r = reconciler
+        .reconcile(&d, &node, &mut status, CancellationToken::new(), None)
+        .await
+        .unwrap_or_else(|e| panic!("{e}\n{}", containerd.log()));
+    let took = started.elapsed();
+    let no_space = r
+        .outcome
+        .no_space
+        .clone()
+        .unwrap_or_else(|| panic!("no ENOSPC seen: {r:?}"));
+    assert!(no_space.contains("no space left on device"), "{no_space}");
+    // Retrying a full disk 5 times (1+2+4+8 s of waits) would take 15 s; it fails fast instead.
+    assert!(took < Duration::from_secs(5), "took {took:?}");
+    assert!(r.outcome.pulled.len() < refs.len(), "{r:?}");
+    let err = status.sets["s"]
+        .last_failed_generation_error
+        .clone()
+        .unwrap();
+    assert!(
+        err.contains("no space left on device") || err.contains("disk filled up"),
+        "{err}"
+    );
+    let missing = refs
+        .iter()
+        .filter(|x| !r.outcome.pulled.contains(x))
+        .count();
+    assert!(
+        err.contains(&format!("{missing} image(s) missing")),
+        "{err}"
+    );
+    assert!(status.degraded.is_some() && status.sets["s"].current_generation.is_none());
+    for reference in &refs {
+        let pinned = reconciler
+            .cri
+            .image_status(reference)
+            .await
+            .unwrap()
+            .is_some_and(|i| i.pinned);
+        assert!(!pinned, "an incomplete set is not pinned");
+    }
+}

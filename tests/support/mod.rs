@@ -309,6 +309,12 @@ pub struct Containerd {
 
 impl Containerd {
     pub fn start(registry: &str) -> Option<Containerd> {
+        Self::start_with_root_limit(registry, None)
+    }
+
+    /// containerd whose root (content store and snapshots) is a tmpfs of `limit` bytes when
+    /// given, so that pulls can fill it up.
+    pub fn start_with_root_limit(registry: &str, limit: Option<u64>) -> Option<Containerd> {
         let Some(binary) = containerd_binary() else {
             skip_or_fail("containerd 1.7 is not installed (tests/bed/fetch-containerd.sh)");
             return None;
@@ -325,6 +331,21 @@ impl Containerd {
             format!("server = \"http://{registry}\"\n\n[host.\"http://{registry}\"]\n  capabilities = [\"pull\", \"resolve\"]\n"),
         )
         .unwrap();
+        if let Some(bytes) = limit {
+            let root = d.join("root");
+            std::fs::create_dir_all(&root).unwrap();
+            let mounted = Command::new("mount")
+                .args(["-t", "tmpfs", "-o", &format!("size={bytes}"), "tmpfs"])
+                .arg(&root)
+                .status()
+                .is_ok_and(|s| s.success());
+            if !mounted {
+                skip_or_fail(
+                    "cannot mount a size-limited tmpfs for containerd's root (needs root)",
+                );
+                return None;
+            }
+        }
         let socket = d.join("containerd.sock");
         let config = d.join("config.toml");
         std::fs::write(
@@ -403,6 +424,14 @@ impl Drop for Containerd {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+        let root = self.dir.path().join("root");
+        // A size-limited root is a tmpfs mount: unmount it (lazily: snapshot mounts may linger)
+        // before the directory is removed. Without one, `umount` fails harmlessly.
+        let _ = Command::new("umount")
+            .args(["-R", "-l"])
+            .arg(&root)
+            .stderr(Stdio::null())
+            .status();
     }
 }
 
