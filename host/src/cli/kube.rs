@@ -120,6 +120,7 @@ pub async fn agent(
         config.add_flag(flag)?;
     }
     let policies = config.load(&wasm, default.clone(), policy.limits())?;
+    crate::os::release_free_memory();
     let metrics = Metrics::new();
     let reconciler = runtime.reconciler(default, Some(metrics.clone()))?;
     let client = k8s::client(opts.kubeconfig.as_deref()).await?;

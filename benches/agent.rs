@@ -1,0 +1,140 @@
+//! The node agent's memory (release build): `pinset agent` as its own process, against a real
+//! API server, containerd and registry, pulling and pinning one set of 20 images × 8 MiB on a
+//! worker node (5 pulls at once, sized from the registry), then idle.
+//!
+//! Reported per repetition: peak RSS (VmHWM) while pulling, RSS once the set is pinned and the
+//! agent idles (after 3 s) with its anonymous (heap, stacks) and file-backed (the binary's own
+//! pages) parts, and the time to pin the set.
+//!
+//! `cargo bench --bench agent` (needs the whole bed: `bash scripts/test.sh` installs it).
+//! `REPEATS` (default 3).
+
+#[path = "../tests/support/mod.rs"]
+mod support;
+
+use kube::api::{Api, PostParams};
+use pinset::k8s::api::{MachineConfigNode, MachineConfigPool, PinnedImageSet};
+use serde_json::json;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+fn status_kib(pid: u32, field: &str) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find(|l| l.starts_with(field))
+        .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
+        .unwrap_or(0)
+}
+
+#[tokio::main]
+async fn main() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let repeats: usize = std::env::var("REPEATS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(3);
+    println!("agent: one set of 20 images × 8 MiB on a worker node");
+    println!(
+        "{:>3} {:>12} {:>10} {:>12} {:>12} {:>10}",
+        "run", "peak RSS", "idle RSS", "idle anon", "idle file", "pinned in"
+    );
+    for run in 1..=repeats {
+        let Some(registry) = support::Registry::start() else {
+            return;
+        };
+        let Some(containerd) = support::Containerd::start(&registry.host) else {
+            return;
+        };
+        let Some(server) = support::apiserver::ApiServer::start().await else {
+            return;
+        };
+        server.install_crds().await;
+        let client = server.client().await;
+        let refs = support::push_images(&registry, "a", 20, 8 << 20, 1000 * run as u64).await;
+        let pools: Api<MachineConfigPool> = Api::all(client.clone());
+        let sets: Api<PinnedImageSet> = Api::all(client.clone());
+        let nodes: Api<MachineConfigNode> = Api::all(client.clone());
+        let pool: MachineConfigPool = serde_json::from_value(json!({
+            "apiVersion": "machineconfiguration.openshift.io/v1", "kind": "MachineConfigPool",
+            "metadata": {"name": "worker"},
+            "spec": {
+                "machineConfigSelector": {"matchLabels": {"machineconfiguration.openshift.io/role": "worker"}},
+                "nodeSelector": {"matchLabels": {"node-role.kubernetes.io/worker": ""}}
+            }
+        }))
+        .unwrap();
+        pools.create(&PostParams::default(), &pool).await.unwrap();
+        let set: PinnedImageSet = serde_json::from_value(json!({
+            "apiVersion": "machineconfiguration.openshift.io/v1", "kind": "PinnedImageSet",
+            "metadata": {"name": "bench", "labels": {"machineconfiguration.openshift.io/role": "worker"}},
+            "spec": {"pinnedImages": refs.iter().map(|r| json!({"name": r})).collect::<Vec<_>>()}
+        }))
+        .unwrap();
+        sets.create(&PostParams::default(), &set).await.unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let node = dir.path().join("node.yaml");
+        std::fs::write(
+            &node,
+            "kind: Node\nmetadata:\n  name: w-0\n  labels: {node-role.kubernetes.io/worker: \"\"}\nstatus:\n  allocatable: {ephemeral-storage: 100Gi}\n  conditions: [{type: Ready, status: \"True\"}]\n",
+        )
+        .unwrap();
+        let mut agent = Command::new(env!("CARGO_BIN_EXE_pinset"))
+            .args([
+                "agent",
+                &format!("--kubeconfig={}", server.kubeconfig.display()),
+                &format!("--metrics-addr=127.0.0.1:{}", support::free_port()),
+                "--node-name=w-0",
+                &format!("--node-file={}", node.display()),
+                &format!("--cri={}", containerd.endpoint()),
+                "--pin=containerd",
+                &format!("--insecure-registry={}", registry.host),
+            ])
+            .env("PINSET_LOG", "warn")
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("start pinset agent");
+        let started = Instant::now();
+        loop {
+            let done = nodes
+                .get("w-0")
+                .await
+                .ok()
+                .and_then(|n| n.status)
+                .is_some_and(|s| {
+                    s.pinned_image_sets
+                        .iter()
+                        .any(|p| p.name == "bench" && p.current_generation == Some(1))
+                });
+            if done {
+                break;
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(300),
+                "the agent did not pin the set"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let pinned_in = started.elapsed();
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        let (peak, idle) = (
+            status_kib(agent.id(), "VmHWM:"),
+            status_kib(agent.id(), "VmRSS:"),
+        );
+        let (anon, file) = (
+            status_kib(agent.id(), "RssAnon:"),
+            status_kib(agent.id(), "RssFile:"),
+        );
+        let _ = agent.kill();
+        let _ = agent.wait();
+        let mib = |k: u64| k as f64 / 1024.0;
+        println!(
+            "{run:>3} {:>8.1} MiB {:>6.1} MiB {:>8.1} MiB {:>8.1} MiB {:>9.2}s",
+            mib(peak),
+            mib(idle),
+            mib(anon),
+            mib(file),
+            pinned_in.as_secs_f64()
+        );
+    }
+}
