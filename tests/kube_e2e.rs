@@ -190,11 +190,18 @@ fn node_state(n: &MachineConfigNode) -> NodeState {
 }
 
 async fn metrics(port: u16) -> String {
+    get(port, "/metrics").await
+}
+
+/// The whole HTTP response (status line, headers, body) to `GET path`.
+async fn get(port: u16, path: &str) -> String {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port))
         .await
         .unwrap();
-    s.write_all(b"GET /metrics HTTP/1.0\r\n\r\n").await.unwrap();
+    s.write_all(format!("GET {path} HTTP/1.0\r\n\r\n").as_bytes())
+        .await
+        .unwrap();
     let mut out = String::new();
     s.read_to_string(&mut out).await.unwrap();
     out
@@ -573,6 +580,12 @@ async fn controller_and_agents_pin_sets_and_report_through_a_real_api_server() {
     assert!(m.contains("pinset_images_pulled_total 2"), "{m}");
     assert!(m.contains("pinset_image_pull_failures_total"), "{m}");
     assert!(m.contains("pinset_policy_call_seconds_bucket"), "{m}");
+    for port in [cp_port, controller_port] {
+        for path in ["/healthz", "/readyz"] {
+            let r = get(port, path).await;
+            assert!(r.starts_with("HTTP/1.0 200"), "{path}: {r}");
+        }
+    }
     let c = metrics(controller_port).await;
     assert!(
         c.contains("pinset_api_writes_total{kind=\"pool_spec\"}"),

@@ -77,3 +77,41 @@ fn respond(path: &str, metrics: &Metrics, ready: &AtomicBool) -> Response<Full<B
         .body(Full::new(Bytes::from(body)))
         .expect("a static response builds")
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn endpoints() {
+        let metrics = Metrics::new();
+        metrics.count_api_write("pool_spec");
+        let ready = AtomicBool::new(false);
+        assert_eq!(
+            respond("/healthz", &metrics, &ready).status(),
+            StatusCode::OK
+        );
+        assert_eq!(
+            respond("/readyz", &metrics, &ready).status(),
+            StatusCode::SERVICE_UNAVAILABLE,
+            "not ready before the caches are synced"
+        );
+        ready.store(true, Ordering::Relaxed);
+        assert_eq!(
+            respond("/readyz", &metrics, &ready).status(),
+            StatusCode::OK
+        );
+        let m = respond("/metrics", &metrics, &ready);
+        assert_eq!(m.status(), StatusCode::OK);
+        assert!(
+            m.headers()["content-type"]
+                .to_str()
+                .unwrap()
+                .starts_with("application/openmetrics-text")
+        );
+        assert_eq!(
+            respond("/nope", &metrics, &ready).status(),
+            StatusCode::NOT_FOUND
+        );
+    }
+}
