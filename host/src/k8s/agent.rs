@@ -212,7 +212,7 @@ impl<S: Sizer + 'static, B: PinBackend> Agent<S, B> {
                     &self.config,
                     &self.metrics,
                 );
-                let watch_changes = cancel_on_change(
+                let watch_changes = until_changed(
                     &self.config,
                     &self.client,
                     &pools,
@@ -220,14 +220,16 @@ impl<S: Sizer + 'static, B: PinBackend> Agent<S, B> {
                     &desired,
                     &node,
                     changed.clone(),
-                    cancel.clone(),
                 );
                 let work = async { tokio::join!(reconcile, progress) };
                 tokio::pin!(work, watch_changes);
                 tokio::select! {
                     r = &mut work => r,
-                    // The desired state changed and the reconcile is cancelled: it returns promptly.
-                    () = &mut watch_changes => work.await,
+                    // The desired state changed: cancel the reconcile; it returns promptly.
+                    () = &mut watch_changes => {
+                        cancel.cancel();
+                        work.await
+                    }
                 }
             };
             // The progress writer kept its own record of what it wrote.
@@ -273,8 +275,7 @@ impl<S: Sizer + 'static, B: PinBackend> Agent<S, B> {
             // Sleep until the desired state changes, the timer fires, or the agent stops.
             let timer = tokio::time::sleep(wait);
             tokio::pin!(timer);
-            let stop_waiting = CancellationToken::new();
-            let wait_change = cancel_on_change(
+            let wait_change = until_changed(
                 &self.config,
                 &self.client,
                 &pools,
@@ -282,7 +283,6 @@ impl<S: Sizer + 'static, B: PinBackend> Agent<S, B> {
                 &desired,
                 &node,
                 changed.clone(),
-                stop_waiting.clone(),
             );
             tokio::select! {
                 _ = shutdown.cancelled() => return Ok(()),
@@ -394,10 +394,9 @@ pub fn desired_of(
     desired::desired(node, &pools, &sets)
 }
 
-/// Cancel `cancel` as soon as the desired state differs from `running` (a pool or set changed,
-/// or the node file), then return.
-#[allow(clippy::too_many_arguments)]
-async fn cancel_on_change(
+/// Return as soon as the desired state differs from `running` (a pool or set changed, or the
+/// node file).
+async fn until_changed(
     config: &AgentConfig,
     client: &Client,
     pools: &Store<MachineConfigPool>,
@@ -405,7 +404,6 @@ async fn cancel_on_change(
     running: &Desired,
     node: &NodeInfo,
     mut changed: watch::Receiver<u64>,
-    cancel: CancellationToken,
 ) {
     let mut file_stamp = stamp(config);
     loop {
@@ -429,7 +427,6 @@ async fn cancel_on_change(
             node.clone()
         };
         if &desired_of(&node, pools, sets) != running {
-            cancel.cancel();
             return;
         }
     }
