@@ -51,6 +51,21 @@ pub fn standard_pools() -> Vec<Pool> {
         .collect()
 }
 
+/// A custom `infra` pool as the reference documents it: sets of role `worker` or `infra`, nodes
+/// labelled `node-role.kubernetes.io/infra` (for tests).
+#[cfg(test)]
+pub(crate) fn infra_pool() -> Pool {
+    Pool {
+        name: "infra".into(),
+        machine_config_selector: serde_yaml::from_str(&format!(
+            "matchExpressions: [{{key: {ROLE_LABEL}, operator: In, values: [worker, infra]}}]"
+        ))
+        .expect("a valid selector"),
+        node_selector: LabelSelector::labels(&[("node-role.kubernetes.io/infra", "")]),
+        pinned_image_sets: None,
+    }
+}
+
 /// The pools of a node, primary first: a control-plane node is only in `master`; otherwise
 /// custom pools come first, then `worker` when it matches. An empty node selector matches no node.
 pub fn pools_of_node<'a>(node: &NodeInfo, pools: &'a [Pool]) -> Vec<&'a Pool> {
@@ -224,18 +239,6 @@ mod tests {
                 .collect(),
             ready: true,
             ..Default::default()
-        }
-    }
-
-    fn infra_pool() -> Pool {
-        Pool {
-            name: "infra".into(),
-            machine_config_selector: serde_yaml::from_str(&format!(
-                "matchExpressions: [{{key: {ROLE_LABEL}, operator: In, values: [worker, infra]}}]"
-            ))
-            .unwrap(),
-            node_selector: LabelSelector::labels(&[("node-role.kubernetes.io/infra", "")]),
-            pinned_image_sets: None,
         }
     }
 

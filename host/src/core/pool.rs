@@ -153,7 +153,7 @@ pub fn pools_of_set<'a>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::core::desired::{ROLE_LABEL, standard_pools};
+    use crate::core::desired::{ROLE_LABEL, infra_pool, standard_pools};
     use crate::core::selector::LabelSelector;
 
     fn set(name: &str, role: &str) -> PinnedImageSet {
@@ -162,18 +162,6 @@ mod tests {
             generation: 1,
             labels: [(ROLE_LABEL.to_string(), role.to_string())].into(),
             images: vec![],
-        }
-    }
-
-    fn infra() -> Pool {
-        Pool {
-            name: "infra".into(),
-            machine_config_selector: serde_yaml::from_str(&format!(
-                "matchExpressions: [{{key: {ROLE_LABEL}, operator: In, values: [worker, infra]}}]"
-            ))
-            .unwrap(),
-            node_selector: LabelSelector::labels(&[("node-role.kubernetes.io/infra", "")]),
-            pinned_image_sets: None,
         }
     }
 
@@ -195,7 +183,7 @@ mod tests {
             Some(vec!["w1".to_string(), "w2".to_string()])
         );
         assert_eq!(
-            select_sets(&infra(), &sets).unwrap(),
+            select_sets(&infra_pool(), &sets).unwrap(),
             Some(vec!["i".to_string(), "w1".to_string(), "w2".to_string()])
         );
         // No set matches: an empty selection (the controller clears the field).
@@ -207,7 +195,7 @@ mod tests {
 
     #[test]
     fn an_empty_selector_skips_the_pool() {
-        let mut pool = infra();
+        let mut pool = infra_pool();
         pool.machine_config_selector = LabelSelector::default();
         assert_eq!(select_sets(&pool, &[set("w", "worker")]).unwrap(), None);
     }
