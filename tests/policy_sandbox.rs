@@ -3,7 +3,8 @@
 //! and modules that must not load are refused.
 
 use pinset::policy::{
-    Guarded, Hook, Limits, LoadError, PolicyError, PolicyInstance, PolicyModule, WasmRuntime, synth,
+    Compiler, Guarded, Hook, Limits, LoadError, PolicyError, PolicyInstance, PolicyModule,
+    WasmRuntime, synth,
 };
 use pinset_policy_sdk::{NodeFacts, Pressure, PullOutcome, Verdict};
 use std::path::PathBuf;
@@ -277,4 +278,111 @@ fn a_missing_file_is_named() {
         err.to_string().contains("/nonexistent/policy.wasm"),
         "{err}"
     );
+}
+
+/// The agent's way of loading: the module is compiled by `pinset compile-policy` in a child
+/// process and only the artifact is loaded here.
+fn child_runtime(exe: &str) -> WasmRuntime {
+    WasmRuntime::with_compiler(Compiler::Subprocess(PathBuf::from(exe))).expect("runtime")
+}
+
+#[test]
+fn a_module_compiled_in_a_child_process_decides_as_one_compiled_here() {
+    let child = child_runtime(env!("CARGO_BIN_EXE_pinset"));
+    for stem in [
+        "pinset_policy_default",
+        "pinset_policy_smallest_first",
+        "pinset_policy_admit_what_fits",
+    ] {
+        let here = runtime()
+            .load_file(&component(stem), None, Limits::default())
+            .unwrap();
+        let there = child
+            .load_file(&component(stem), None, Limits::default())
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(here.sha256(), there.sha256());
+        let (mut a, mut b) = (here.instance(), there.instance());
+        for seed in 0..4 {
+            let request = synth::request(40, seed);
+            let admission = a.admit(&request).unwrap();
+            assert_eq!(admission, b.admit(&request).unwrap(), "{stem}");
+            let images = &request.images;
+            assert_eq!(
+                a.order(&request.node, images).unwrap(),
+                b.order(&request.node, images).unwrap(),
+                "{stem}"
+            );
+            assert_eq!(
+                a.concurrency(&request.node).unwrap(),
+                b.concurrency(&request.node).unwrap(),
+                "{stem}"
+            );
+        }
+    }
+}
+
+#[test]
+fn the_sandbox_holds_for_a_module_compiled_in_a_child_process() {
+    let child = child_runtime(env!("CARGO_BIN_EXE_pinset"));
+    let hostile = child
+        .load_file(
+            &component("pinset_test_policy_hostile"),
+            None,
+            Limits::default(),
+        )
+        .unwrap();
+    let started = Instant::now();
+    let err = hostile.instance().concurrency(&node("loop")).unwrap_err();
+    assert!(matches!(err, PolicyError::Deadline { .. }), "{err}");
+    assert!(started.elapsed() < Duration::from_secs(2));
+    let err = hostile.instance().concurrency(&node("alloc")).unwrap_err();
+    assert!(matches!(err, PolicyError::MemoryCap { .. }), "{err}");
+}
+
+#[test]
+fn a_child_compiler_that_fails_is_reported_with_the_module_and_the_cause() {
+    let child = child_runtime(env!("CARGO_BIN_EXE_pinset"));
+    let err = child
+        .load(
+            "corrupt.wasm",
+            b"\0asm\x0d\0\x01\0garbage",
+            None,
+            Limits::default(),
+        )
+        .err()
+        .expect("refused");
+    assert!(matches!(err, LoadError::Compile { .. }), "{err}");
+    assert!(
+        err.to_string()
+            .starts_with("policy module corrupt.wasm: not a valid WebAssembly component"),
+        "{err}"
+    );
+    let bytes = std::fs::read(component("pinset_policy_default")).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let script = |name: &str, body: &str| {
+        use std::os::unix::fs::PermissionsExt;
+        let path = dir.path().join(name);
+        std::fs::write(&path, format!("#!/bin/sh\n{body}\n")).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+        path.display().to_string()
+    };
+    for (exe, cause) in [
+        ("/nonexistent/pinset".to_string(), "cannot start it"),
+        (
+            script("fails", "echo 'out of memory' >&2; exit 1"),
+            "it ended with exit status: 1: out of memory",
+        ),
+        (script("killed", "kill -9 $$"), "it ended with signal: 9"),
+        // Echoes the module back: wasmtime refuses what is not one of its artifacts.
+        (script("echoes", "cat"), "its artifact does not load"),
+    ] {
+        let err = child_runtime(&exe)
+            .load("default.wasm", &bytes, None, Limits::default())
+            .err()
+            .expect("refused");
+        let msg = err.to_string();
+        assert!(matches!(err, LoadError::Compiler { .. }), "{msg}");
+        assert!(msg.starts_with("policy module default.wasm: "), "{msg}");
+        assert!(msg.contains(&exe) && msg.contains(cause), "{msg}");
+    }
 }

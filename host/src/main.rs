@@ -72,6 +72,10 @@ enum Command {
     /// Measure the node pipeline (use a release build).
     #[command(subcommand)]
     Bench(cli::bench::BenchCommand),
+    /// Compile a policy module for a running agent or node: the component on stdin, the
+    /// artifact on stdout; exit 65 with the reason on stderr when the module is not valid.
+    #[command(name = pinset::policy::COMPILE_SUBCOMMAND, hide = true)]
+    CompilePolicy,
 }
 
 fn main() -> ExitCode {
@@ -108,6 +112,7 @@ fn run(args: Args) -> Result<ExitCode> {
         } => rt()?.block_on(cli::node::plan_cmd(&inputs, cri, &policy)),
         Command::Bench(cmd) => rt()?.block_on(cli::bench::run(cmd)),
         Command::Crds => Ok(cli::kube::crds()),
+        Command::CompilePolicy => cli::policy::compile_child(),
         Command::Controller { cluster } => rt()?.block_on(cli::kube::controller(&cluster)),
         Command::Agent {
             cluster,

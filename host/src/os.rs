@@ -42,9 +42,9 @@ pub fn filesystem_space(path: &Path) -> Option<(u64, u64)> {
     Some((st.f_blocks as u64 * frsize, st.f_bavail as u64 * frsize))
 }
 
-/// Give the memory freed so far back to the operating system. Compiling policy modules allocates
-/// memory that is freed at once but that the allocator would otherwise keep for the life of a
-/// long-running process (about 2.5 MiB of the agent's idle RSS, measured by `benches/agent.rs`).
+/// Give the memory freed so far back to the operating system. A reconcile allocates memory
+/// that is freed when it ends but that the allocator would otherwise keep, spread over its
+/// per-thread arenas, for the life of a long-running process (measured by `benches/agent.rs`).
 pub fn release_free_memory() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     // SAFETY: malloc_trim only releases free heap pages; it has no preconditions.

@@ -111,7 +111,7 @@ pub async fn agent(
     policy: &PolicyOpts,
 ) -> Result<ExitCode> {
     let shutdown = shutdown_on_signals();
-    let (wasm, default) = super::load_policy(policy)?;
+    let (wasm, default) = super::load_policy_with(policy, super::child_compiler()?)?;
     let mut config = match &agent_opts.policy_config {
         Some(path) => PolicyConfig::read(path)?,
         None => PolicyConfig::default(),

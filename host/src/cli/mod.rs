@@ -6,7 +6,7 @@ pub mod kube;
 pub mod node;
 pub mod policy;
 
-use crate::policy::{Limits, PolicyModule, WasmRuntime};
+use crate::policy::{Compiler, Limits, PolicyModule, WasmRuntime};
 use anyhow::Context;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -51,11 +51,29 @@ impl PolicyOpts {
     }
 }
 
-/// A runtime and the chosen module, or a clear error.
+/// A runtime that compiles in this process and the chosen module, or a clear error.
 pub fn load_policy(opts: &PolicyOpts) -> anyhow::Result<(WasmRuntime, PolicyModule)> {
-    let runtime = WasmRuntime::new().context("starting the Wasm runtime")?;
+    load_policy_with(opts, Compiler::InProcess)
+}
+
+pub fn load_policy_with(
+    opts: &PolicyOpts,
+    compiler: Compiler,
+) -> anyhow::Result<(WasmRuntime, PolicyModule)> {
+    let runtime = WasmRuntime::with_compiler(compiler).context("starting the Wasm runtime")?;
     let module = opts.load(&runtime)?;
     Ok((runtime, module))
+}
+
+/// The compiler of long-running processes: this executable, as a child process (see
+/// [`Compiler::Subprocess`]). On Linux through `/proc/self/exe`, which still works after the
+/// file was replaced by an upgrade.
+pub fn child_compiler() -> anyhow::Result<Compiler> {
+    if cfg!(target_os = "linux") {
+        return Ok(Compiler::Subprocess(PathBuf::from("/proc/self/exe")));
+    }
+    let exe = std::env::current_exe().context("finding this executable")?;
+    Ok(Compiler::Subprocess(exe))
 }
 
 /// Logs go to stderr so that command output on stdout stays clean.

@@ -322,7 +322,12 @@ pub async fn node_cmd(
     policy: &PolicyOpts,
     watch: bool,
 ) -> Result<ExitCode> {
-    let (_wasm, module) = load_policy(policy)?;
+    // A watching node runs for long: it compiles its policy in a child process.
+    let compiler = match watch {
+        true => super::child_compiler()?,
+        false => crate::policy::Compiler::InProcess,
+    };
+    let (_wasm, module) = super::load_policy_with(policy, compiler)?;
     let reconciler = runtime.reconciler(module, None)?;
     node_loop(inputs, &reconciler, watch).await
 }

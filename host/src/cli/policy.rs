@@ -38,6 +38,29 @@ pub enum PolicyCommand {
     },
 }
 
+/// `pinset compile-policy`, the child of [`crate::policy::Compiler::Subprocess`].
+pub fn compile_child() -> Result<ExitCode> {
+    use anyhow::Context;
+    use std::io::{Read, Write};
+    let mut module = Vec::new();
+    std::io::stdin()
+        .read_to_end(&mut module)
+        .context("reading the module from stdin")?;
+    match crate::policy::precompile(&module) {
+        Ok(artifact) => {
+            let mut out = std::io::stdout().lock();
+            out.write_all(&artifact)
+                .and_then(|()| out.flush())
+                .context("writing the artifact to stdout")?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Err(message) => {
+            eprintln!("{message}");
+            Ok(ExitCode::from(crate::policy::COMPILE_INVALID_MODULE))
+        }
+    }
+}
+
 pub fn run(cmd: PolicyCommand) -> Result<ExitCode> {
     match cmd {
         PolicyCommand::Test { policy, scenarios } => test(&policy, &scenarios),

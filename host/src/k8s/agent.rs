@@ -272,6 +272,9 @@ impl<S: Sizer + 'static, B: PinBackend> Agent<S, B> {
                 self.config.resync
             };
             tracing::info!(node = %node.name, done = status.done(), next_in = ?wait, "reconcile finished");
+            // The agent idles until the next change: what the reconcile freed (response bodies,
+            // manifests, plan) goes back to the system instead of staying in the allocator.
+            crate::os::release_free_memory();
             // Sleep until the desired state changes, the timer fires, or the agent stops.
             let timer = tokio::time::sleep(wait);
             tokio::pin!(timer);

@@ -79,6 +79,12 @@ pub enum LoadError {
         expected: String,
         found: String,
     },
+    #[error("policy module {module}: compiling it in a child process ({exe}): {cause}")]
+    Compiler {
+        module: String,
+        exe: PathBuf,
+        cause: String,
+    },
     #[error("policy module {module}: imports what the sandbox does not offer: {cause}")]
     Link { module: String, cause: String },
     #[error("wasm engine: {0}")]

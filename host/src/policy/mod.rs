@@ -23,7 +23,10 @@ pub use pinset_policy_sdk::{
     Admission, AdmissionRequest, DiskFacts, Image, Images, Level, NodeFacts, PolicyInfo, Pressure,
     PullOutcome, Verdict,
 };
-pub use wasm::{CONTRACT, Limits, PolicyModule, WasmPolicy, WasmRuntime};
+pub use wasm::{
+    COMPILE_INVALID_MODULE, COMPILE_SUBCOMMAND, CONTRACT, Compiler, Limits, PolicyModule,
+    WasmPolicy, WasmRuntime, precompile,
+};
 
 use std::fmt;
 use std::time::Duration;

@@ -1,6 +1,8 @@
 //! The sandboxed WebAssembly runtime for policies (wasmtime, component model).
 //!
 //! - A [`WasmRuntime`] owns the engine, the linker and the epoch ticker that enforces deadlines.
+//!   It compiles modules in this process or, for long-running processes, in a child process
+//!   ([`Compiler`]), so that the agent itself never runs the compiler.
 //! - A [`PolicyModule`] is compiled and pre-instantiated once (`InstancePre`); loading checks the
 //!   optional sha256 pin and the contract version, and probes `info`.
 //! - A [`WasmPolicy`] is one reconcile's instance: its own `Store`, created on first use, so no
@@ -15,7 +17,8 @@
 use super::{Hook, LoadError, PolicyError, PolicyInstance};
 use pinset_policy_sdk as sdk;
 use sha2::{Digest, Sha256};
-use std::path::Path;
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -62,12 +65,94 @@ impl Default for Limits {
     }
 }
 
+/// Where policy modules are compiled to machine code.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum Compiler {
+    /// In this process: short-lived commands and tests.
+    #[default]
+    InProcess,
+    /// In a child process: `EXE compile-policy` reads the module on stdin and writes wasmtime's
+    /// artifact on stdout, which this process loads. A long-running process then never runs the
+    /// compiler: its code pages, threads and memory stay out of the process (20 MiB of the
+    /// agent's idle RSS, see BENCHMARKS.md), and a compiler crash cannot take the agent down.
+    Subprocess(PathBuf),
+}
+
+/// The name of the (hidden) subcommand that [`Compiler::Subprocess`] runs.
+pub const COMPILE_SUBCOMMAND: &str = "compile-policy";
+/// Its exit status when the module is not a valid component (sysexits' `EX_DATAERR`); any other
+/// failure is the child's, not the module's.
+pub const COMPILE_INVALID_MODULE: u8 = 65;
+
+/// The engine configuration. Every engine in pinset, the compiling child's included, is built
+/// from this one function: an artifact loads only into an engine configured like the one that
+/// compiled it.
+fn engine_config() -> Config {
+    let mut config = Config::new();
+    config
+        .wasm_component_model(true)
+        .epoch_interruption(true)
+        .wasm_backtrace_max_frames(None)
+        .max_wasm_stack(1 << 20);
+    // Lets `perf` name the functions of policy modules (see BENCHMARKS.md).
+    if std::env::var_os("PINSET_WASM_PERFMAP").is_some() {
+        config.profiler(wasmtime::ProfilingStrategy::PerfMap);
+    }
+    config
+}
+
+/// The child's side of [`Compiler::Subprocess`]: compile the component in `bytes` to an
+/// artifact for an engine of [`engine_config`]. The error is the compiler's message.
+pub fn precompile(bytes: &[u8]) -> Result<Vec<u8>, String> {
+    let engine = Engine::new(&engine_config()).map_err(|e| format!("wasm engine: {e:#}"))?;
+    engine
+        .precompile_component(bytes)
+        .map_err(|e| format!("{e:#}"))
+}
+
+/// Run `exe compile-policy` on `bytes`. `Ok(Err(message))`: the module is not a valid component
+/// (the child exits with [`COMPILE_INVALID_MODULE`] and says why on stderr); `Err`: the child
+/// could not do its job.
+fn compile_in_child(exe: &Path, bytes: &[u8]) -> Result<Result<Vec<u8>, String>, String> {
+    use std::process::{Command, Stdio};
+    let mut child = Command::new(exe)
+        .arg(COMPILE_SUBCOMMAND)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("cannot start it: {e}"))?;
+    // The child reads all of its input before it writes, so writing first cannot deadlock; a
+    // child that stopped reading (it failed) is reported by its exit status below.
+    if let Some(mut stdin) = child.stdin.take() {
+        let _ = stdin.write_all(bytes);
+    }
+    let mut artifact = Vec::new();
+    let mut message = String::new();
+    if let Some(mut out) = child.stdout.take() {
+        out.read_to_end(&mut artifact)
+            .map_err(|e| format!("reading its output: {e}"))?;
+    }
+    if let Some(mut err) = child.stderr.take() {
+        let _ = err.read_to_string(&mut message);
+    }
+    let status = child.wait().map_err(|e| format!("waiting for it: {e}"))?;
+    let message = message.trim().to_string();
+    match status.code() {
+        Some(0) => Ok(Ok(artifact)),
+        Some(code) if code == i32::from(COMPILE_INVALID_MODULE) => Ok(Err(message)),
+        _ if message.is_empty() => Err(format!("it ended with {status}")),
+        _ => Err(format!("it ended with {status}: {message}")),
+    }
+}
+
 /// Engine, linker and epoch ticker shared by every module.
 #[derive(Clone)]
 pub struct WasmRuntime {
     engine: Engine,
     linker: Arc<Linker<State>>,
     ticker: Arc<Ticker>,
+    compiler: Compiler,
 }
 
 struct Ticker {
@@ -81,18 +166,14 @@ impl Drop for Ticker {
 }
 
 impl WasmRuntime {
+    /// A runtime that compiles modules in this process.
     pub fn new() -> Result<Self, LoadError> {
-        let mut config = Config::new();
-        config
-            .wasm_component_model(true)
-            .epoch_interruption(true)
-            .wasm_backtrace_max_frames(None)
-            .max_wasm_stack(1 << 20);
-        // Lets `perf` name the functions of policy modules (see BENCHMARKS.md).
-        if std::env::var_os("PINSET_WASM_PERFMAP").is_some() {
-            config.profiler(wasmtime::ProfilingStrategy::PerfMap);
-        }
-        let engine = Engine::new(&config).map_err(|e| LoadError::Engine(format!("{e:#}")))?;
+        Self::with_compiler(Compiler::InProcess)
+    }
+
+    pub fn with_compiler(compiler: Compiler) -> Result<Self, LoadError> {
+        let engine =
+            Engine::new(&engine_config()).map_err(|e| LoadError::Engine(format!("{e:#}")))?;
         let mut linker = Linker::new(&engine);
         wasmtime_wasi::p2::add_to_linker_sync(&mut linker)
             .map_err(|e| LoadError::Engine(format!("linking WASI: {e:#}")))?;
@@ -114,7 +195,39 @@ impl WasmRuntime {
             engine,
             linker: Arc::new(linker),
             ticker: Arc::new(Ticker { stop }),
+            compiler,
         })
+    }
+
+    pub fn compiler(&self) -> &Compiler {
+        &self.compiler
+    }
+
+    fn compile(&self, name: &str, bytes: &[u8]) -> Result<Component, LoadError> {
+        let invalid = |cause: String| LoadError::Compile {
+            module: name.into(),
+            cause,
+        };
+        let exe = match &self.compiler {
+            Compiler::InProcess => {
+                return Component::new(&self.engine, bytes).map_err(|e| invalid(format!("{e:#}")));
+            }
+            Compiler::Subprocess(exe) => exe,
+        };
+        let failed = |cause: String| LoadError::Compiler {
+            module: name.into(),
+            exe: exe.clone(),
+            cause,
+        };
+        let artifact = compile_in_child(exe, bytes)
+            .map_err(failed)?
+            .map_err(invalid)?;
+        // SAFETY: `deserialize` trusts its input to be an artifact wasmtime produced. This one
+        // was: our own executable compiled it with `precompile` just now and handed it over
+        // through a pipe only we hold. wasmtime still checks that its version and engine
+        // configuration match ours and refuses it otherwise.
+        unsafe { Component::deserialize(&self.engine, &artifact) }
+            .map_err(|e| failed(format!("its artifact does not load: {e:#}")))
     }
 
     /// Load a module from a file. `sha256`, when given, must match the file.
@@ -156,10 +269,7 @@ impl WasmRuntime {
                 });
             }
         }
-        let component = Component::new(&self.engine, bytes).map_err(|e| LoadError::Compile {
-            module: name.into(),
-            cause: format!("{e:#}"),
-        })?;
+        let component = self.compile(name, bytes)?;
         check_contract(&self.engine, &component, name)?;
         let pre = self
             .linker
