@@ -18,15 +18,6 @@ use serde_json::json;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-fn status_kib(pid: u32, field: &str) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .unwrap_or_default()
-        .lines()
-        .find(|l| l.starts_with(field))
-        .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
-        .unwrap_or(0)
-}
-
 #[tokio::main]
 async fn main() {
     let _ = rustls::crypto::ring::default_provider().install_default();
@@ -118,12 +109,12 @@ async fn main() {
         let pinned_in = started.elapsed();
         tokio::time::sleep(Duration::from_secs(3)).await;
         let (peak, idle) = (
-            status_kib(agent.id(), "VmHWM:"),
-            status_kib(agent.id(), "VmRSS:"),
+            support::procfs::status_kib(agent.id(), "VmHWM:"),
+            support::procfs::status_kib(agent.id(), "VmRSS:"),
         );
         let (anon, file) = (
-            status_kib(agent.id(), "RssAnon:"),
-            status_kib(agent.id(), "RssFile:"),
+            support::procfs::status_kib(agent.id(), "RssAnon:"),
+            support::procfs::status_kib(agent.id(), "RssFile:"),
         );
         let _ = agent.kill();
         let _ = agent.wait();

@@ -9,7 +9,8 @@
 //!    flight; time until the reconcile has returned, over 20 trials.
 //!
 //! `cargo bench --bench containerd` (needs the test bed: `bash scripts/test.sh` installs it).
-//! `REPEATS` (default 3) sets the repetitions of part 1.
+//! `REPEATS` (default 3) sets the repetitions of part 1; `PARTS` (default `makespan,noop,cancel`)
+//! selects the parts to run.
 
 #[path = "../tests/support/mod.rs"]
 mod support;
@@ -31,6 +32,7 @@ use tokio_util::sync::CancellationToken;
 
 const IMAGES: usize = 20;
 const LAYER: usize = 8 << 20;
+const NOOP_RUNS: u32 = 20;
 
 fn desired_for(node: &NodeInfo, role: &str, refs: &[String]) -> Desired {
     let set = PinnedImageSet {
@@ -64,6 +66,8 @@ async fn main() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(3);
+    let parts = std::env::var("PARTS").unwrap_or_else(|_| "makespan,noop,cancel".into());
+    let part = |name: &str| parts.split(',').any(|p| p.trim() == name);
     let wasm = WasmRuntime::new().unwrap();
     let default = wasm
         .load(
@@ -81,15 +85,32 @@ async fn main() {
             Limits::default(),
         )
         .unwrap();
+    // 1. Makespan.
+    if part("makespan") {
+        makespan(&registry, repeats, &default, &unthrottled).await;
+    }
+    // 2. No-op reconcile of 500 present images.
+    if part("noop") {
+        noop(&registry, &unthrottled).await;
+    }
+    // 3. Cancellation latency.
+    if part("cancel") {
+        cancellation(&registry, &unthrottled).await;
+    }
+}
 
+async fn makespan(
+    registry: &support::Registry,
+    repeats: usize,
+    default: &PolicyModule,
+    unthrottled: &PolicyModule,
+) {
     println!(
         "pushing {IMAGES} images of one {} MiB layer each to {}",
         LAYER >> 20,
         registry.host
     );
-    let refs = support::push_images(&registry, "img", IMAGES, LAYER, 1000).await;
-
-    // 1. Makespan.
+    let refs = support::push_images(registry, "img", IMAGES, LAYER, 1000).await;
     let cases = [
         "a raw sequential",
         "b raw 5-way",
@@ -179,10 +200,11 @@ async fn main() {
         median("d pinset default worker") / median("b raw 5-way"),
         median("e pinset default control-plane") / median("a raw sequential")
     );
+}
 
-    // 2. No-op reconcile of 500 present images.
+async fn noop(registry: &support::Registry, unthrottled: &PolicyModule) {
     let c = support::Containerd::start(&registry.host).unwrap();
-    let many = support::push_images(&registry, "small", 500, 4096, 50_000).await;
+    let many = support::push_images(registry, "small", 500, 4096, 50_000).await;
     let n = support::node("worker");
     let d = desired_for(&n, "worker", &many);
     let rec = reconciler(&c, &registry.host, unthrottled.clone());
@@ -192,8 +214,10 @@ async fn main() {
         .await
         .unwrap();
     assert_eq!(first.outcome.pulled.len(), 500);
-    let (mut ours, mut reference) = (Vec::new(), Vec::new());
-    for i in 0..10 {
+    let (mut ours, mut reference, mut list) = (Vec::new(), Vec::new(), Vec::new());
+    // containerd's own CPU time for the bare calls, from /proc (10 ms ticks, so summed over runs).
+    let (mut list_cpu, mut status_cpu) = (Duration::ZERO, Duration::ZERO);
+    for i in 0..NOOP_RUNS {
         let t = Instant::now();
         let r = rec
             .reconcile(&d, &n, &mut status, CancellationToken::new(), None)
@@ -209,23 +233,38 @@ async fn main() {
                 .collect();
             println!("  no-op phases: {}", phases.join(", "));
         }
+        let (t, cpu) = (Instant::now(), support::procfs::cpu(c.pid()));
+        let listed = rec.cri.list_images().await.unwrap();
+        list.push(t.elapsed());
+        list_cpu += support::procfs::cpu(c.pid()) - cpu;
+        assert!(listed.len() >= 500);
+        let cpu = support::procfs::cpu(c.pid());
         let t = Instant::now();
         for r in &many {
             assert!(rec.cri.image_status(r).await.unwrap().is_some());
         }
         reference.push(t.elapsed());
+        status_cpu += support::procfs::cpu(c.pid()) - cpu;
     }
     let (a, b) = (Stats::of(ours), Stats::of(reference));
     println!(
-        "\nno-op reconcile of 500 present images (10 runs): pinset {:.2} ms, ImageStatus per image {:.2} ms, ratio {:.1}x",
+        "\nno-op reconcile of 500 present images ({NOOP_RUNS} runs): pinset {:.2} ms, ImageStatus per image {:.2} ms, ratio {:.1}x",
         a.median.as_secs_f64() * 1e3,
         b.median.as_secs_f64() * 1e3,
         b.median.as_secs_f64() / a.median.as_secs_f64()
     );
-    drop(c);
+    let runs = f64::from(NOOP_RUNS);
+    println!(
+        "  bare calls: one ListImages {:.2} ms (containerd CPU {:.2} ms), 500 ImageStatus (containerd CPU {:.2} ms); bound over CRI {:.1}x",
+        Stats::of(list.clone()).median.as_secs_f64() * 1e3,
+        list_cpu.as_secs_f64() * 1e3 / runs,
+        status_cpu.as_secs_f64() * 1e3 / runs,
+        b.median.as_secs_f64() / Stats::of(list).median.as_secs_f64()
+    );
+}
 
-    // 3. Cancellation latency.
-    let big = support::push_images(&registry, "big", 5, 96 << 20, 90_000).await;
+async fn cancellation(registry: &support::Registry, unthrottled: &PolicyModule) {
+    let big = support::push_images(registry, "big", 5, 96 << 20, 90_000).await;
     let mut latencies = Vec::new();
     for _ in 0..20 {
         let c = support::Containerd::start(&registry.host).unwrap();

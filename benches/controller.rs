@@ -213,27 +213,12 @@ impl Controller {
         .await
     }
 
-    /// A `/proc/PID/status` field, in KiB.
     fn status_kib(&self, field: &str) -> u64 {
-        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id()))
-            .unwrap_or_default();
-        status
-            .lines()
-            .find(|l| l.starts_with(field))
-            .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
-            .unwrap_or(0)
+        support::procfs::status_kib(self.child.id(), field)
     }
 
-    /// CPU time used so far (user + system; clock ticks of 10 ms).
     fn cpu(&self) -> Duration {
-        let stat =
-            std::fs::read_to_string(format!("/proc/{}/stat", self.child.id())).unwrap_or_default();
-        // After the command name in parentheses: state, ppid, …; utime and stime are 11th and 12th.
-        let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
-        let f: Vec<&str> = rest.split_whitespace().collect();
-        let field = |i: usize| f.get(i).and_then(|x| x.parse::<u64>().ok()).unwrap_or(0);
-        let ticks = field(11) + field(12);
-        Duration::from_millis(ticks * 10)
+        support::procfs::cpu(self.child.id())
     }
 }
 

@@ -9,6 +9,7 @@
 #![allow(dead_code)]
 
 pub mod apiserver;
+pub mod procfs;
 
 use oci_client::client::{ClientConfig, ClientProtocol, Config, ImageLayer};
 use oci_client::manifest::{
@@ -395,6 +396,10 @@ impl Containerd {
 
     pub fn endpoint(&self) -> String {
         format!("unix://{}", self.socket.display())
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
     }
 
     pub fn log(&self) -> String {

@@ -162,8 +162,8 @@ async fn noop(
     let (a, b) = (Stats::of(ours), Stats::of(reference));
     println!("no-op reconcile of {n} present images, {repeat} repetitions, runtime {endpoint}");
     println!(
-        "{:<44} {:>12} {:>12}   {}",
-        "", "median", "p99", "CRI calls per reconcile"
+        "{:<44} {:>12} {:>12}   CRI calls per reconcile",
+        "", "median", "p99"
     );
     let calls = match (&sim, calls_before) {
         (Some(s), Some(before)) => {

@@ -284,10 +284,13 @@ mod tests {
     use std::collections::HashMap;
     use std::sync::atomic::AtomicU32;
 
+    /// Per image, the results its next pulls return.
+    type Results = HashMap<String, VecDeque<Result<(), PullFailure>>>;
+
     /// A puller scripted per image: a list of results, then success; each pull takes `delay`.
     #[derive(Clone, Default)]
     struct Script {
-        results: Arc<Mutex<HashMap<String, VecDeque<Result<(), PullFailure>>>>>,
+        results: Arc<Mutex<Results>>,
         calls: Arc<Mutex<Vec<String>>>,
         in_flight: Arc<AtomicU32>,
         max_in_flight: Arc<AtomicU32>,
