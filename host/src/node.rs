@@ -476,6 +476,8 @@ impl<S: Sizer + 'static, B: PinBackend> Reconciler<S, B> {
         unpinned: &[String],
     ) -> Result<BTreeSet<String>, CriError> {
         let deadline = Instant::now() + PIN_CONFIRM_TIMEOUT;
+        // containerd usually reports within a few milliseconds: look again soon, then less often.
+        let mut pause = std::time::Duration::from_millis(5);
         loop {
             let snapshot = Snapshot::of(&self.cri.list_images().await?);
             let missing: BTreeSet<String> = pinned
@@ -490,7 +492,8 @@ impl<S: Sizer + 'static, B: PinBackend> Reconciler<S, B> {
                 }
                 return Ok(missing);
             }
-            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(std::time::Duration::from_millis(200));
         }
     }
 }

@@ -10,6 +10,8 @@ use crate::cri::client::{socket_path, unix_channel};
 use crate::cri::containerd_proto::{
     GetImageRequest, ListImagesRequest, UpdateImageRequest, images_client::ImagesClient,
 };
+use futures::StreamExt;
+use futures::stream::FuturesUnordered;
 use std::collections::BTreeSet;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -20,6 +22,8 @@ pub const PIN_VALUE: &str = "pinned";
 /// Marks the pins pinset made.
 pub const MANAGED_LABEL: &str = "io.pinset.managed";
 pub const CRI_NAMESPACE: &str = "k8s.io";
+/// Label updates sent to containerd at once.
+const LABEL_UPDATES_IN_FLIGHT: usize = 8;
 
 pub struct ContainerdPins {
     /// The pins this process last applied; `None` until the first apply.
@@ -149,11 +153,25 @@ impl PinBackend for ContainerdPins {
         let (managed, still_pinned) = self.managed().await?;
         let pinned: Vec<String> = images.difference(&still_pinned).cloned().collect();
         let unpinned: Vec<String> = managed.difference(images).cloned().collect();
-        for image in &pinned {
-            self.set_labels(image, true).await?;
-        }
-        for image in &unpinned {
-            self.set_labels(image, false).await?;
+        // Independent records: updated a few at a time rather than one round trip after another.
+        {
+            let mut changes = pinned
+                .iter()
+                .map(|i| (i.as_str(), true))
+                .chain(unpinned.iter().map(|i| (i.as_str(), false)));
+            let mut in_flight = FuturesUnordered::new();
+            loop {
+                while in_flight.len() < LABEL_UPDATES_IN_FLIGHT {
+                    let Some((image, pin)) = changes.next() else {
+                        break;
+                    };
+                    in_flight.push(self.set_labels(image, pin));
+                }
+                match in_flight.next().await {
+                    Some(done) => done?,
+                    None => break,
+                }
+            }
         }
         *self.last.lock().expect("pin cache") = Some(images.clone());
         let applied = !pinned.is_empty() || !unpinned.is_empty();
