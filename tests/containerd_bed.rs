@@ -7,6 +7,9 @@ mod support;
 use pinset::core::desired::{self, Desired, NodeInfo, PinnedImageSet, ROLE_LABEL};
 use pinset::core::executor::{Backoff, Event};
 use pinset::core::status::NodeStatus;
+use pinset::node::Reconciler;
+use pinset::pin::containerd::ContainerdPins;
+use pinset::registry::size::RegistrySizer;
 use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 
@@ -30,23 +33,48 @@ const QUICK: Backoff = Backoff {
     cap: Duration::from_millis(100),
 };
 
+/// A registry, a containerd pulling from it, and the node pipeline wired to both on the default
+/// policy. Fields drop in order: the pipeline, then containerd, then the registry.
+struct Bed {
+    reconciler: Reconciler<RegistrySizer, ContainerdPins>,
+    containerd: support::Containerd,
+    registry: support::Registry,
+}
+
+impl Bed {
+    /// `None`, after a loud message, where the bed cannot start on a developer's machine (CI
+    /// fails instead). Sizes come from the registry when `sizing`.
+    fn start(backoff: Backoff, sizing: bool) -> Option<Bed> {
+        Self::start_with_root_limit(backoff, sizing, None)
+    }
+
+    /// The same with containerd's root on a filesystem of `limit` bytes.
+    fn start_with_root_limit(backoff: Backoff, sizing: bool, limit: Option<u64>) -> Option<Bed> {
+        let registry = support::Registry::start()?;
+        let containerd = support::Containerd::start_with_root_limit(&registry.host, limit)?;
+        let reconciler = support::reconciler(
+            &containerd,
+            &registry.host,
+            support::default_policy(),
+            backoff,
+            sizing,
+        );
+        Some(Bed {
+            reconciler,
+            containerd,
+            registry,
+        })
+    }
+}
+
 #[tokio::test]
 async fn pulls_and_pins_into_real_containerd_then_unpins_a_removed_set() {
-    let Some(registry) = support::Registry::start() else {
+    let Some(bed) = Bed::start(Backoff::default(), true) else {
         return;
     };
-    let Some(containerd) = support::Containerd::start(&registry.host) else {
-        return;
-    };
-    let reconciler = support::reconciler(
-        &containerd,
-        &registry.host,
-        support::default_policy(),
-        Backoff::default(),
-        true,
-    );
-    let client = registry.client();
-    let host = registry.host.clone();
+    let (reconciler, containerd) = (&bed.reconciler, &bed.containerd);
+    let client = bed.registry.client();
+    let host = bed.registry.host.clone();
     let base = support::layer(10, 200_000);
     let mut refs = Vec::new();
     for (n, repo) in ["pinset/api", "pinset/web", "pinset/batch"]
@@ -113,23 +141,14 @@ async fn pulls_and_pins_into_real_containerd_then_unpins_a_removed_set() {
 
 #[tokio::test]
 async fn registry_down_fails_each_image_clearly_and_the_next_reconcile_completes() {
-    let Some(mut registry) = support::Registry::start() else {
+    let Some(mut bed) = Bed::start(QUICK, true) else {
         return;
     };
-    let Some(containerd) = support::Containerd::start(&registry.host) else {
-        return;
-    };
-    let reconciler = support::reconciler(
-        &containerd,
-        &registry.host,
-        support::default_policy(),
-        QUICK,
-        true,
-    );
-    let refs = support::push_images(&registry, "down", 2, 64_000, 40).await;
+    let reconciler = &bed.reconciler;
+    let refs = support::push_images(&bed.registry, "down", 2, 64_000, 40).await;
     let node = support::node("worker");
     let d = desired_of(&node, &[set("s", 1, &refs)]);
-    registry.stop();
+    bed.registry.stop();
     let mut status = NodeStatus::default();
     let r = reconciler
         .reconcile(&d, &node, &mut status, CancellationToken::new(), None)
@@ -152,7 +171,7 @@ async fn registry_down_fails_each_image_clearly_and_the_next_reconcile_completes
         "the registry is down: sizes are unknown, not 0"
     );
 
-    registry.restart();
+    bed.registry.restart();
     let r = reconciler
         .reconcile(&d, &node, &mut status, CancellationToken::new(), None)
         .await
@@ -174,20 +193,11 @@ async fn registry_down_fails_each_image_clearly_and_the_next_reconcile_completes
 
 #[tokio::test]
 async fn cancelling_stops_pulls_in_flight_in_real_containerd() {
-    let Some(registry) = support::Registry::start() else {
+    let Some(bed) = Bed::start(Backoff::default(), false) else {
         return;
     };
-    let Some(containerd) = support::Containerd::start(&registry.host) else {
-        return;
-    };
-    let reconciler = support::reconciler(
-        &containerd,
-        &registry.host,
-        support::default_policy(),
-        Backoff::default(),
-        false,
-    );
-    let refs = support::push_images(&registry, "big", 3, 64 << 20, 60).await;
+    let reconciler = &bed.reconciler;
+    let refs = support::push_images(&bed.registry, "big", 3, 64 << 20, 60).await;
     let node = support::node("worker");
     let gen1 = desired_of(&node, &[set("s", 1, &refs)]);
     let cancel = CancellationToken::new();
@@ -244,24 +254,19 @@ async fn cancelling_stops_pulls_in_flight_in_real_containerd() {
 
 #[tokio::test]
 async fn a_containerd_restart_mid_run_is_retried_and_the_reconcile_completes() {
-    let Some(registry) = support::Registry::start() else {
-        return;
-    };
-    let Some(containerd) = support::Containerd::start(&registry.host) else {
-        return;
-    };
     let backoff = Backoff {
         attempts: 5,
         first: Duration::from_millis(250),
         cap: Duration::from_secs(2),
     };
-    let reconciler = support::reconciler(
-        &containerd,
-        &registry.host,
-        support::default_policy(),
-        backoff,
-        false,
-    );
+    let Some(Bed {
+        reconciler,
+        containerd,
+        registry,
+    }) = Bed::start(backoff, false)
+    else {
+        return;
+    };
     let refs = support::push_images(&registry, "restart", 3, 32 << 20, 80).await;
     let node = support::node("worker");
     let d = desired_of(&node, &[set("s", 1, &refs)]);
@@ -313,10 +318,7 @@ async fn a_containerd_restart_mid_run_is_retried_and_the_reconcile_completes() {
 
 /// (reference, started, finished) of each pull of a reconcile, from its events.
 async fn timeline(
-    reconciler: &pinset::node::Reconciler<
-        pinset::registry::size::RegistrySizer,
-        pinset::pin::containerd::ContainerdPins,
-    >,
+    reconciler: &Reconciler<RegistrySizer, ContainerdPins>,
     node: &NodeInfo,
     d: &Desired,
 ) -> Vec<(String, Instant, Instant)> {
@@ -358,27 +360,18 @@ fn max_in_flight(pulls: &[(String, Instant, Instant)]) -> usize {
 
 #[tokio::test]
 async fn the_default_policy_pulls_one_at_a_time_on_the_control_plane_and_five_on_workers() {
-    let Some(registry) = support::Registry::start() else {
+    let Some(bed) = Bed::start(Backoff::default(), false) else {
         return;
     };
-    let Some(containerd) = support::Containerd::start(&registry.host) else {
-        return;
-    };
-    let reconciler = support::reconciler(
-        &containerd,
-        &registry.host,
-        support::default_policy(),
-        Backoff::default(),
-        false,
-    );
+    let reconciler = &bed.reconciler;
     let with_role = |role: &str, refs: &[String]| PinnedImageSet {
         name: format!("{role}-set"),
         generation: 1,
         labels: [(ROLE_LABEL.to_string(), role.to_string())].into(),
         images: refs.to_vec(),
     };
-    let cp_refs = support::push_images(&registry, "cp", 4, 64_000, 80).await;
-    let worker_refs = support::push_images(&registry, "wk", 5, 64_000, 90).await;
+    let cp_refs = support::push_images(&bed.registry, "cp", 4, 64_000, 80).await;
+    let worker_refs = support::push_images(&bed.registry, "wk", 5, 64_000, 90).await;
 
     let master = support::node("master");
     let cp = timeline(
@@ -425,23 +418,12 @@ async fn the_default_policy_pulls_one_at_a_time_on_the_control_plane_and_five_on
 
 #[tokio::test]
 async fn a_full_disk_drains_the_queue_at_once_and_names_the_images() {
-    let Some(registry) = support::Registry::start() else {
-        return;
-    };
     // 24 MiB for content and unpacked snapshots: two 4 MiB images fit (8 MiB each), not six.
-    let Some(containerd) =
-        support::Containerd::start_with_root_limit(&registry.host, Some(24 << 20))
-    else {
+    let Some(bed) = Bed::start_with_root_limit(Backoff::default(), false, Some(24 << 20)) else {
         return;
     };
-    let reconciler = support::reconciler(
-        &containerd,
-        &registry.host,
-        support::default_policy(),
-        Backoff::default(),
-        false,
-    );
-    let refs = support::push_images(&registry, "full", 6, 4 << 20, 120).await;
+    let (reconciler, containerd) = (&bed.reconciler, &bed.containerd);
+    let refs = support::push_images(&bed.registry, "full", 6, 4 << 20, 120).await;
     let node = support::node("worker");
     let d = desired_of(&node, &[set("s", 1, &refs)]);
     let mut status = NodeStatus::default();
