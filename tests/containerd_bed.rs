@@ -375,7 +375,7 @@ async fn the_default_policy_pulls_one_at_a_time_on_the_control_plane_and_five_on
 
     let master = support::node("master");
     let cp = timeline(
-        &reconciler,
+        reconciler,
         &master,
         &desired_of(&master, &[with_role("master", &cp_refs)]),
     )
@@ -398,7 +398,7 @@ async fn the_default_policy_pulls_one_at_a_time_on_the_control_plane_and_five_on
 
     let worker = support::node("worker");
     let w = timeline(
-        &reconciler,
+        reconciler,
         &worker,
         &desired_of(&worker, &[with_role("worker", &worker_refs)]),
     )

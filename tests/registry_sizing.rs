@@ -4,7 +4,7 @@ mod support;
 
 use pinset::core::reference::ImageRef;
 use pinset::registry::auth::Credentials;
-use pinset::registry::size::{Cached, RegistrySizer};
+use pinset::registry::size::{Cached, RegistrySizer, Sizer};
 use std::sync::Arc;
 
 fn node_arch() -> &'static str {
@@ -111,4 +111,77 @@ async fn sizes_match_what_was_pushed_with_indexes_resolved_and_shared_layers_nam
         .await
         .unwrap_err();
     assert!(e.to_string().contains(&host), "{e}");
+}
+
+/// A token service on loopback that grants every request the same bearer token, counting them.
+struct TokenService {
+    addr: String,
+    served: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl TokenService {
+    fn start() -> TokenService {
+        use std::io::{Read, Write};
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let served = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let count = served.clone();
+        // Lives as long as the test process; each answer closes its connection.
+        std::thread::spawn(move || {
+            for stream in listener.incoming() {
+                let Ok(mut stream) = stream else { continue };
+                let mut request = [0u8; 4096];
+                let _ = stream.read(&mut request);
+                count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                let body =
+                    r#"{"token":"pinset-test","access_token":"pinset-test","expires_in":300}"#;
+                let _ = write!(
+                    stream,
+                    "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                    body.len()
+                );
+            }
+        });
+        TokenService { addr, served }
+    }
+
+    fn served(&self) -> usize {
+        self.served.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+/// A registry that refuses anonymous requests (`silly` auth: a bearer challenge for any request
+/// without an Authorization header): the one-request anonymous path is refused, and the sizer
+/// goes through the distribution client's token flow, for this image and the next.
+#[tokio::test]
+async fn a_registry_that_wants_a_token_is_sized_through_the_token_flow() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let tokens = TokenService::start();
+    let auth = format!(
+        "auth:\n  silly:\n    realm: http://{}/token\n    service: pinset-test\n",
+        tokens.addr
+    );
+    let Some(registry) = support::Registry::start_with(&auth) else {
+        return;
+    };
+    let refs = support::push_images(&registry, "private", 2, 50_000, 500).await;
+    assert!(
+        tokens.served() > 0,
+        "pushing needed tokens: the registry wants them"
+    );
+    let sizer = RegistrySizer::new(
+        vec![registry.host.clone()],
+        Arc::new(Credentials::default()),
+    );
+    for reference in &refs {
+        let before = tokens.served();
+        let size = sizer.size(&ImageRef::parse(reference).unwrap()).await;
+        let size = size.unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(size.layers.len(), 1);
+        assert!(size.total() > 0);
+        assert!(
+            tokens.served() > before,
+            "{reference} was sized with a token"
+        );
+    }
 }

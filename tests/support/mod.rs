@@ -59,6 +59,11 @@ pub struct Registry {
 
 impl Registry {
     pub fn start() -> Option<Registry> {
+        Self::start_with("")
+    }
+
+    /// A registry with `extra` appended to its configuration (YAML), e.g. an `auth:` section.
+    pub fn start_with(extra: &str) -> Option<Registry> {
         let binary = ["/usr/bin/docker-registry", "/usr/sbin/docker-registry"]
             .into_iter()
             .map(PathBuf::from)
@@ -73,7 +78,7 @@ impl Registry {
         std::fs::write(
             &config,
             format!(
-                "version: 0.1\nlog: {{level: warn}}\nstorage:\n  filesystem: {{rootdirectory: {}}}\n  delete: {{enabled: true}}\nhttp:\n  addr: 127.0.0.1:{port}\n",
+                "version: 0.1\nlog: {{level: warn}}\nstorage:\n  filesystem: {{rootdirectory: {}}}\n  delete: {{enabled: true}}\nhttp:\n  addr: 127.0.0.1:{port}\n{extra}",
                 dir.path().join("data").display()
             ),
         )

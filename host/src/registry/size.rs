@@ -100,9 +100,121 @@ pub fn distribution_reference(image: &ImageRef) -> oci_client::Reference {
 /// Sizes from the registry's manifests (OCI distribution API): an index is resolved to this
 /// node's platform, the image's layers are summed. Credentials from [`Credentials`]; registries
 /// listed as insecure are spoken to over plain HTTP (loopback test registries).
+///
+/// Without credentials the manifest is first asked for directly ([`Anonymous`]); a registry that
+/// answers 401 or 403 is then left to the distribution client's authentication flow (token
+/// challenge, basic) for the life of the sizer.
+///
+/// [`Credentials`]: crate::registry::auth::Credentials
 pub struct RegistrySizer {
     client: oci_client::Client,
+    anonymous: Anonymous,
     credentials: std::sync::Arc<crate::registry::auth::Credentials>,
+}
+
+/// The manifest of a registry that needs no authentication, in one request. The distribution
+/// client probes `/v2/` before every manifest of such a registry (it caches tokens, and such a
+/// registry gives none), which doubles the requests of a sizing; measured in
+/// `benches/containerd.rs` (sizing phase).
+struct Anonymous {
+    http: reqwest::Client,
+    insecure: Vec<String>,
+    /// Registries that refused an anonymous request.
+    refused: Mutex<std::collections::HashSet<String>>,
+}
+
+/// The largest manifest accepted (the distribution spec's limit for a manifest).
+const MAX_MANIFEST_BYTES: usize = 4 << 20;
+
+const MANIFEST_TYPES: [&str; 4] = [
+    oci_client::manifest::OCI_IMAGE_MEDIA_TYPE,
+    oci_client::manifest::OCI_IMAGE_INDEX_MEDIA_TYPE,
+    oci_client::manifest::IMAGE_MANIFEST_MEDIA_TYPE,
+    oci_client::manifest::IMAGE_MANIFEST_LIST_MEDIA_TYPE,
+];
+
+impl Anonymous {
+    fn refused(&self, registry: &str) -> bool {
+        self.refused.lock().expect("refused").contains(registry)
+    }
+
+    /// The image manifest for this platform; `Ok(None)` when the registry wants credentials.
+    async fn manifest(
+        &self,
+        reference: &oci_client::Reference,
+    ) -> Result<Option<oci_client::manifest::OciImageManifest>, String> {
+        use oci_client::manifest::OciManifest;
+        let registry = reference.resolve_registry();
+        let scheme = match self.insecure.iter().any(|r| r == registry) {
+            true => "http",
+            false => "https",
+        };
+        let mut digest = reference.digest().unwrap_or_default().to_string();
+        // An index, then the platform's manifest.
+        for _ in 0..2 {
+            let url = format!(
+                "{scheme}://{registry}/v2/{}/manifests/{digest}",
+                reference.repository()
+            );
+            let response = self
+                .http
+                .get(&url)
+                .header(reqwest::header::ACCEPT, MANIFEST_TYPES.join(", "))
+                .send()
+                .await
+                .map_err(|e| format!("GET {url}: {e}"))?;
+            let status = response.status();
+            if status == reqwest::StatusCode::UNAUTHORIZED
+                || status == reqwest::StatusCode::FORBIDDEN
+            {
+                self.refused
+                    .lock()
+                    .expect("refused")
+                    .insert(registry.to_string());
+                return Ok(None);
+            }
+            if !status.is_success() {
+                return Err(format!("GET {url}: {status}"));
+            }
+            if response
+                .content_length()
+                .is_some_and(|n| n > MAX_MANIFEST_BYTES as u64)
+            {
+                return Err(format!(
+                    "GET {url}: a manifest over {MAX_MANIFEST_BYTES} bytes"
+                ));
+            }
+            let body = response
+                .bytes()
+                .await
+                .map_err(|e| format!("GET {url}: {e}"))?;
+            if body.len() > MAX_MANIFEST_BYTES {
+                return Err(format!(
+                    "GET {url}: a manifest over {MAX_MANIFEST_BYTES} bytes"
+                ));
+            }
+            // The digest is the manifest's identity: a registry cannot answer with another one.
+            let actual = format!("sha256:{:x}", <sha2::Sha256 as sha2::Digest>::digest(&body));
+            if actual != digest {
+                return Err(format!("GET {url}: the manifest's digest is {actual}"));
+            }
+            match serde_json::from_slice::<OciManifest>(&body)
+                .map_err(|e| format!("GET {url}: not a manifest: {e}"))?
+            {
+                OciManifest::Image(manifest) => return Ok(Some(manifest)),
+                OciManifest::ImageIndex(index) => {
+                    digest = oci_client::client::current_platform_resolver(&index.manifests)
+                        .ok_or_else(|| {
+                            format!("GET {url}: the index has no manifest for this platform")
+                        })?;
+                }
+            }
+        }
+        Err(format!(
+            "{}: an index that points to another index",
+            reference.whole()
+        ))
+    }
 }
 
 impl RegistrySizer {
@@ -112,6 +224,15 @@ impl RegistrySizer {
     ) -> Self {
         // The TLS stack needs a process-wide crypto provider; a second install is a no-op.
         let _ = rustls::crypto::ring::default_provider().install_default();
+        let anonymous = Anonymous {
+            http: reqwest::Client::builder()
+                .connect_timeout(std::time::Duration::from_secs(5))
+                .read_timeout(std::time::Duration::from_secs(30))
+                .build()
+                .unwrap_or_default(),
+            insecure: insecure_registries.clone(),
+            refused: Mutex::default(),
+        };
         let config = oci_client::client::ClientConfig {
             protocol: oci_client::client::ClientProtocol::HttpsExcept(insecure_registries),
             connect_timeout: Some(std::time::Duration::from_secs(5)),
@@ -120,6 +241,7 @@ impl RegistrySizer {
         };
         Self {
             client: oci_client::Client::new(config),
+            anonymous,
             credentials,
         }
     }
@@ -132,20 +254,32 @@ impl Sizer for RegistrySizer {
             why,
         };
         let reference = distribution_reference(image);
-        let auth = match self
+        let credential = self
             .credentials
-            .lookup(image.registry(), image.repository())
-        {
-            Some(c) => {
-                oci_client::secrets::RegistryAuth::Basic(c.username.clone(), c.password.clone())
+            .lookup(image.registry(), image.repository());
+        let direct = match credential {
+            None if !self.anonymous.refused(reference.resolve_registry()) => {
+                self.anonymous.manifest(&reference).await.map_err(err)?
             }
-            None => oci_client::secrets::RegistryAuth::Anonymous,
+            _ => None,
         };
-        let (manifest, _digest) = self
-            .client
-            .pull_image_manifest(&reference, &auth)
-            .await
-            .map_err(|e| err(format!("{e}")))?;
+        let manifest = match direct {
+            Some(manifest) => manifest,
+            None => {
+                let auth = match credential {
+                    Some(c) => oci_client::secrets::RegistryAuth::Basic(
+                        c.username.clone(),
+                        c.password.clone(),
+                    ),
+                    None => oci_client::secrets::RegistryAuth::Anonymous,
+                };
+                self.client
+                    .pull_image_manifest(&reference, &auth)
+                    .await
+                    .map_err(|e| err(format!("{e}")))?
+                    .0
+            }
+        };
         let layers = manifest
             .layers
             .iter()
