@@ -117,10 +117,25 @@ pub struct RegistrySizer {
 /// registry gives none), which doubles the requests of a sizing; measured in
 /// `benches/containerd.rs` (sizing phase).
 struct Anonymous {
-    http: reqwest::Client,
+    /// `None` when the HTTP client cannot be built: every registry then goes through the
+    /// distribution client.
+    http: Option<reqwest::Client>,
     insecure: Vec<String>,
     /// Registries that refused an anonymous request.
     refused: Mutex<std::collections::HashSet<String>>,
+}
+
+/// An error and its causes, outermost first: HTTP client errors say little on their own
+/// ("error sending request") and name the cause (refused, TLS, timeout) only in their sources.
+fn causes(e: &dyn std::error::Error) -> String {
+    let mut out = e.to_string();
+    let mut source = e.source();
+    while let Some(cause) = source {
+        out.push_str(": ");
+        out.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    out
 }
 
 /// The largest manifest accepted (the distribution spec's limit for a manifest).
@@ -134,8 +149,24 @@ const MANIFEST_TYPES: [&str; 4] = [
 ];
 
 impl Anonymous {
+    fn new(insecure: Vec<String>) -> Self {
+        // The TLS stack needs a process-wide crypto provider; a second install is a no-op.
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let http = reqwest::Client::builder()
+            .connect_timeout(std::time::Duration::from_secs(5))
+            .read_timeout(std::time::Duration::from_secs(30))
+            .build()
+            .inspect_err(|e| tracing::warn!(error = %e, "anonymous manifest requests disabled"))
+            .ok();
+        Self {
+            http,
+            insecure,
+            refused: Mutex::default(),
+        }
+    }
+
     fn refused(&self, registry: &str) -> bool {
-        self.refused.lock().expect("refused").contains(registry)
+        self.http.is_none() || self.refused.lock().expect("refused").contains(registry)
     }
 
     /// The image manifest for this platform; `Ok(None)` when the registry wants credentials.
@@ -144,6 +175,9 @@ impl Anonymous {
         reference: &oci_client::Reference,
     ) -> Result<Option<oci_client::manifest::OciImageManifest>, String> {
         use oci_client::manifest::OciManifest;
+        let Some(http) = &self.http else {
+            return Ok(None);
+        };
         let registry = reference.resolve_registry();
         let scheme = match self.insecure.iter().any(|r| r == registry) {
             true => "http",
@@ -156,13 +190,12 @@ impl Anonymous {
                 "{scheme}://{registry}/v2/{}/manifests/{digest}",
                 reference.repository()
             );
-            let response = self
-                .http
+            let response = http
                 .get(&url)
                 .header(reqwest::header::ACCEPT, MANIFEST_TYPES.join(", "))
                 .send()
                 .await
-                .map_err(|e| format!("GET {url}: {e}"))?;
+                .map_err(|e| format!("GET {url}: {}", causes(&e)))?;
             let status = response.status();
             if status == reqwest::StatusCode::UNAUTHORIZED
                 || status == reqwest::StatusCode::FORBIDDEN
@@ -187,7 +220,7 @@ impl Anonymous {
             let body = response
                 .bytes()
                 .await
-                .map_err(|e| format!("GET {url}: {e}"))?;
+                .map_err(|e| format!("GET {url}: {}", causes(&e)))?;
             if body.len() > MAX_MANIFEST_BYTES {
                 return Err(format!(
                     "GET {url}: a manifest over {MAX_MANIFEST_BYTES} bytes"
@@ -224,15 +257,7 @@ impl RegistrySizer {
     ) -> Self {
         // The TLS stack needs a process-wide crypto provider; a second install is a no-op.
         let _ = rustls::crypto::ring::default_provider().install_default();
-        let anonymous = Anonymous {
-            http: reqwest::Client::builder()
-                .connect_timeout(std::time::Duration::from_secs(5))
-                .read_timeout(std::time::Duration::from_secs(30))
-                .build()
-                .unwrap_or_default(),
-            insecure: insecure_registries.clone(),
-            refused: Mutex::default(),
-        };
+        let anonymous = Anonymous::new(insecure_registries.clone());
         let config = oci_client::client::ClientConfig {
             protocol: oci_client::client::ClientProtocol::HttpsExcept(insecure_registries),
             connect_timeout: Some(std::time::Duration::from_secs(5)),
@@ -292,6 +317,89 @@ impl Sizer for RegistrySizer {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A loopback HTTP server that answers every request with `status` and `body`: a registry
+    /// that misbehaves in ways a real one cannot be made to.
+    fn serve(status: &'static str, body: &'static str) -> String {
+        use std::io::{Read, Write};
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        std::thread::spawn(move || {
+            for stream in listener.incoming() {
+                let Ok(mut stream) = stream else { continue };
+                let _ = stream.read(&mut [0u8; 4096]);
+                let _ = write!(
+                    stream,
+                    "HTTP/1.1 {status}\r\nContent-Type: application/vnd.oci.image.manifest.v1+json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                    body.len()
+                );
+            }
+        });
+        addr
+    }
+
+    fn anonymous(insecure: &str) -> Anonymous {
+        Anonymous::new(vec![insecure.to_string()])
+    }
+
+    #[tokio::test]
+    async fn an_unreachable_registry_is_named_with_the_cause() {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let addr = format!("127.0.0.1:{port}");
+        let image = ImageRef::parse(&format!("{addr}/a/b@sha256:{D}")).unwrap();
+        let e = anonymous(&addr)
+            .manifest(&distribution_reference(&image))
+            .await
+            .unwrap_err();
+        assert!(
+            e.contains(&format!("GET http://{addr}/v2/a/b/manifests")),
+            "{e}"
+        );
+        assert!(e.to_lowercase().contains("refused"), "{e}");
+    }
+
+    #[tokio::test]
+    async fn a_manifest_that_is_not_the_digest_asked_for_is_refused() {
+        let addr = serve(
+            "200 OK",
+            r#"{"schemaVersion":2,"mediaType":"application/vnd.oci.image.manifest.v1+json","config":{"mediaType":"application/vnd.oci.image.config.v1+json","digest":"sha256:86d26e7ebcccd6f07a75db5b1e56283b25c2ee1c6a755d6ffc5a4d59beb9c504","size":2},"layers":[]}"#,
+        );
+        let image = ImageRef::parse(&format!("{addr}/a/b@sha256:{D}")).unwrap();
+        let e = anonymous(&addr)
+            .manifest(&distribution_reference(&image))
+            .await
+            .unwrap_err();
+        assert!(
+            e.contains(&format!("http://{addr}/v2/a/b/manifests/sha256:{D}")),
+            "{e}"
+        );
+        assert!(e.contains("the manifest's digest is sha256:"), "{e}");
+    }
+
+    #[tokio::test]
+    async fn a_refusal_hands_the_registry_to_the_authentication_flow_for_good() {
+        let (addr, other) = (
+            serve("401 Unauthorized", ""),
+            serve("500 Internal Server Error", ""),
+        );
+        let image = ImageRef::parse(&format!("{addr}/a/b@sha256:{D}")).unwrap();
+        let anonymous = Anonymous::new(vec![addr.clone(), other.clone()]);
+        assert!(!anonymous.refused(&addr));
+        let answer = anonymous.manifest(&distribution_reference(&image)).await;
+        assert!(matches!(answer, Ok(None)), "{answer:?}");
+        assert!(anonymous.refused(&addr));
+        let image = ImageRef::parse(&format!("{other}/a/b@sha256:{D}")).unwrap();
+        let e = anonymous
+            .manifest(&distribution_reference(&image))
+            .await
+            .unwrap_err();
+        assert!(e.contains("500"), "{e}");
+        assert!(!anonymous.refused(&other), "an error is not a refusal");
+    }
 
     const D: &str = "86d26e7ebcccd6f07a75db5b1e56283b25c2ee1c6a755d6ffc5a4d59beb9c504";
 
