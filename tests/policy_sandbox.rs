@@ -373,6 +373,11 @@ fn a_child_compiler_that_fails_is_reported_with_the_module_and_the_cause() {
             "it ended with exit status: 1: out of memory",
         ),
         (script("killed", "kill -9 $$"), "it ended with signal: 9"),
+        // Fills its stderr pipe several times over: read while it writes, quoted in part.
+        (
+            script("noisy", "head -c 300000 /dev/zero | tr '\\0' x >&2; exit 3"),
+            "it ended with exit status: 3: xxxx",
+        ),
         // Echoes the module back: wasmtime refuses what is not one of its artifacts.
         (script("echoes", "cat"), "its artifact does not load"),
     ] {
@@ -384,5 +389,6 @@ fn a_child_compiler_that_fails_is_reported_with_the_module_and_the_cause() {
         assert!(matches!(err, LoadError::Compiler { .. }), "{msg}");
         assert!(msg.starts_with("policy module default.wasm: "), "{msg}");
         assert!(msg.contains(&exe) && msg.contains(cause), "{msg}");
+        assert!(msg.len() < 4096, "the child's message is quoted in part");
     }
 }

@@ -17,7 +17,7 @@
 use super::{Hook, LoadError, PolicyError, PolicyInstance};
 use pinset_policy_sdk as sdk;
 use sha2::{Digest, Sha256};
-use std::io::{Read, Write};
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -83,6 +83,8 @@ pub const COMPILE_SUBCOMMAND: &str = "compile-policy";
 /// Its exit status when the module is not a valid component (sysexits' `EX_DATAERR`); any other
 /// failure is the child's, not the module's.
 pub const COMPILE_INVALID_MODULE: u8 = 65;
+/// How much of the child's stderr an error quotes.
+const MAX_CHILD_MESSAGE: usize = 2048;
 
 /// The engine configuration. Every engine in pinset, the compiling child's included, is built
 /// from this one function: an artifact loads only into an engine configured like the one that
@@ -122,22 +124,28 @@ fn compile_in_child(exe: &Path, bytes: &[u8]) -> Result<Result<Vec<u8>, String>,
         .stderr(Stdio::piped())
         .spawn()
         .map_err(|e| format!("cannot start it: {e}"))?;
-    // The child reads all of its input before it writes, so writing first cannot deadlock; a
-    // child that stopped reading (it failed) is reported by its exit status below.
-    if let Some(mut stdin) = child.stdin.take() {
-        let _ = stdin.write_all(bytes);
+    // The module goes in on its own thread while the output is read, so that neither side
+    // waits on a full pipe; a child that stops reading (it failed) shows in its exit status.
+    let stdin = child.stdin.take();
+    let output = std::thread::scope(|scope| {
+        if let Some(mut stdin) = stdin {
+            scope.spawn(move || {
+                let _ = stdin.write_all(bytes);
+            });
+        }
+        child.wait_with_output()
+    })
+    .map_err(|e| format!("waiting for it: {e}"))?;
+    let (status, artifact) = (output.status, output.stdout);
+    let mut message = String::from_utf8_lossy(&output.stderr).trim().to_string();
+    if message.len() > MAX_CHILD_MESSAGE {
+        let mut end = MAX_CHILD_MESSAGE;
+        while !message.is_char_boundary(end) {
+            end -= 1;
+        }
+        message.truncate(end);
+        message.push_str(" …");
     }
-    let mut artifact = Vec::new();
-    let mut message = String::new();
-    if let Some(mut out) = child.stdout.take() {
-        out.read_to_end(&mut artifact)
-            .map_err(|e| format!("reading its output: {e}"))?;
-    }
-    if let Some(mut err) = child.stderr.take() {
-        let _ = err.read_to_string(&mut message);
-    }
-    let status = child.wait().map_err(|e| format!("waiting for it: {e}"))?;
-    let message = message.trim().to_string();
     match status.code() {
         Some(0) => Ok(Ok(artifact)),
         Some(code) if code == i32::from(COMPILE_INVALID_MODULE) => Ok(Err(message)),
