@@ -170,6 +170,16 @@ fn pool_counts(p: &MachineConfigPool) -> Option<(i64, i64, String, String)> {
 /// Per set (name, desired, current generation), and the Progressing and Degraded statuses.
 type NodeState = (Vec<(String, i64, Option<i64>)>, String, String);
 
+/// The state of a node done with `sets` (name, generation): each at its generation, neither
+/// progressing nor degraded.
+fn settled(sets: &[(&str, i64)]) -> NodeState {
+    let sets = sets
+        .iter()
+        .map(|&(name, generation)| (name.to_string(), generation, Some(generation)))
+        .collect();
+    (sets, "False".into(), "False".into())
+}
+
 fn node_state(n: &MachineConfigNode) -> NodeState {
     let st = n.status.clone().unwrap_or_default();
     let cond = |t: &str| {
@@ -384,12 +394,7 @@ async fn controller_and_agents_pin_sets_and_report_through_a_real_api_server() {
     eventually("cp-0 done", &logs, || async {
         let n = nodes.get("cp-0").await.map_err(|e| e.to_string())?;
         let state = node_state(&n);
-        (state
-            == (
-                vec![("master-set".into(), 1, Some(1))],
-                "False".into(),
-                "False".into(),
-            ))
+        (state == settled(&[("master-set", 1)]))
             .then_some(())
             .ok_or(format!("{state:?}"))
     })
@@ -397,11 +402,8 @@ async fn controller_and_agents_pin_sets_and_report_through_a_real_api_server() {
     eventually("infra-0 done", &logs, || async {
         let n = nodes.get("infra-0").await.map_err(|e| e.to_string())?;
         let state = node_state(&n);
-        let want = vec![
-            ("infra-set".into(), 1, Some(1)),
-            ("worker-set".into(), 1, Some(1)),
-        ];
-        (state == (want, "False".into(), "False".into()) && n.spec.pool.name == "infra")
+        let want = settled(&[("infra-set", 1), ("worker-set", 1)]);
+        (state == want && n.spec.pool.name == "infra")
             .then_some(())
             .ok_or(format!("{state:?}"))
     })
@@ -481,11 +483,7 @@ async fn controller_and_agents_pin_sets_and_report_through_a_real_api_server() {
     eventually("infra-0 at worker-set generation 2", &logs, || async {
         let n = nodes.get("infra-0").await.map_err(|e| e.to_string())?;
         let state = node_state(&n);
-        let want = vec![
-            ("infra-set".into(), 1, Some(1)),
-            ("worker-set".into(), 2, Some(2)),
-        ];
-        (state == (want, "False".into(), "False".into()))
+        (state == settled(&[("infra-set", 1), ("worker-set", 2)]))
             .then_some(())
             .ok_or(format!("{state:?}"))
     })
@@ -691,12 +689,7 @@ async fn an_agent_killed_mid_run_is_finished_by_the_next_one_without_pulling_twi
     eventually("the restarted agent finishes the set", &logs, || async {
         let n = nodes.get("cp-0").await.map_err(|e| e.to_string())?;
         let state = node_state(&n);
-        (state
-            == (
-                vec![("release".into(), 1, Some(1))],
-                "False".into(),
-                "False".into(),
-            ))
+        (state == settled(&[("release", 1)]))
             .then_some(())
             .ok_or(format!("{state:?}"))
     })

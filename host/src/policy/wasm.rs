@@ -112,6 +112,14 @@ pub fn precompile(bytes: &[u8]) -> Result<Vec<u8>, String> {
         .map_err(|e| format!("{e:#}"))
 }
 
+/// Cut `text` to at most `max` bytes on a character boundary, marking the cut with `…`.
+fn shorten(text: &mut String, max: usize) {
+    if text.len() > max {
+        text.truncate(text.floor_char_boundary(max));
+        text.push('…');
+    }
+}
+
 /// Run `exe compile-policy` on `bytes`. `Ok(Err(message))`: the module is not a valid component
 /// (the child exits with [`COMPILE_INVALID_MODULE`] and says why on stderr); `Err`: the child
 /// could not do its job.
@@ -138,14 +146,7 @@ fn compile_in_child(exe: &Path, bytes: &[u8]) -> Result<Result<Vec<u8>, String>,
     .map_err(|e| format!("waiting for it: {e}"))?;
     let (status, artifact) = (output.status, output.stdout);
     let mut message = String::from_utf8_lossy(&output.stderr).trim().to_string();
-    if message.len() > MAX_CHILD_MESSAGE {
-        let mut end = MAX_CHILD_MESSAGE;
-        while !message.is_char_boundary(end) {
-            end -= 1;
-        }
-        message.truncate(end);
-        message.push_str(" …");
-    }
+    shorten(&mut message, MAX_CHILD_MESSAGE);
     match status.code() {
         Some(0) => Ok(Ok(artifact)),
         Some(code) if code == i32::from(COMPILE_INVALID_MODULE) => Ok(Err(message)),
@@ -409,14 +410,7 @@ impl bindings::pinset::policy::host::Host for State {
             return;
         }
         let mut message = message;
-        if message.len() > MAX_LOG_LINE_BYTES {
-            let mut cut = MAX_LOG_LINE_BYTES;
-            while !message.is_char_boundary(cut) {
-                cut -= 1;
-            }
-            message.truncate(cut);
-            message.push('…');
-        }
+        shorten(&mut message, MAX_LOG_LINE_BYTES);
         let policy = &*self.policy;
         match level {
             wit::Level::Debug => tracing::debug!(policy, "{message}"),

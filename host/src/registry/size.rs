@@ -255,8 +255,7 @@ impl RegistrySizer {
         insecure_registries: Vec<String>,
         credentials: std::sync::Arc<crate::registry::auth::Credentials>,
     ) -> Self {
-        // The TLS stack needs a process-wide crypto provider; a second install is a no-op.
-        let _ = rustls::crypto::ring::default_provider().install_default();
+        // First: it installs the TLS crypto provider that the distribution client needs too.
         let anonymous = Anonymous::new(insecure_registries.clone());
         let config = oci_client::client::ClientConfig {
             protocol: oci_client::client::ClientProtocol::HttpsExcept(insecure_registries),
@@ -338,8 +337,13 @@ mod tests {
         addr
     }
 
-    fn anonymous(insecure: &str) -> Anonymous {
-        Anonymous::new(vec![insecure.to_string()])
+    /// Ask `anonymous` for the manifest of `a/b@sha256:D` on `registry`.
+    async fn ask(
+        anonymous: &Anonymous,
+        registry: &str,
+    ) -> Result<Option<oci_client::manifest::OciImageManifest>, String> {
+        let image = ImageRef::parse(&format!("{registry}/a/b@sha256:{D}")).unwrap();
+        anonymous.manifest(&distribution_reference(&image)).await
     }
 
     #[tokio::test]
@@ -350,9 +354,7 @@ mod tests {
             .unwrap()
             .port();
         let addr = format!("127.0.0.1:{port}");
-        let image = ImageRef::parse(&format!("{addr}/a/b@sha256:{D}")).unwrap();
-        let e = anonymous(&addr)
-            .manifest(&distribution_reference(&image))
+        let e = ask(&Anonymous::new(vec![addr.clone()]), &addr)
             .await
             .unwrap_err();
         assert!(
@@ -368,9 +370,7 @@ mod tests {
             "200 OK",
             r#"{"schemaVersion":2,"mediaType":"application/vnd.oci.image.manifest.v1+json","config":{"mediaType":"application/vnd.oci.image.config.v1+json","digest":"sha256:86d26e7ebcccd6f07a75db5b1e56283b25c2ee1c6a755d6ffc5a4d59beb9c504","size":2},"layers":[]}"#,
         );
-        let image = ImageRef::parse(&format!("{addr}/a/b@sha256:{D}")).unwrap();
-        let e = anonymous(&addr)
-            .manifest(&distribution_reference(&image))
+        let e = ask(&Anonymous::new(vec![addr.clone()]), &addr)
             .await
             .unwrap_err();
         assert!(
@@ -386,17 +386,12 @@ mod tests {
             serve("401 Unauthorized", ""),
             serve("500 Internal Server Error", ""),
         );
-        let image = ImageRef::parse(&format!("{addr}/a/b@sha256:{D}")).unwrap();
         let anonymous = Anonymous::new(vec![addr.clone(), other.clone()]);
         assert!(!anonymous.refused(&addr));
-        let answer = anonymous.manifest(&distribution_reference(&image)).await;
+        let answer = ask(&anonymous, &addr).await;
         assert!(matches!(answer, Ok(None)), "{answer:?}");
         assert!(anonymous.refused(&addr));
-        let image = ImageRef::parse(&format!("{other}/a/b@sha256:{D}")).unwrap();
-        let e = anonymous
-            .manifest(&distribution_reference(&image))
-            .await
-            .unwrap_err();
+        let e = ask(&anonymous, &other).await.unwrap_err();
         assert!(e.contains("500"), "{e}");
         assert!(!anonymous.refused(&other), "an error is not a refusal");
     }
