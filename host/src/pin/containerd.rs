@@ -88,6 +88,28 @@ impl ContainerdPins {
         Ok((images.into_iter().map(|i| i.name).collect(), pinned))
     }
 
+    /// Pin `pinned` and unpin `unpinned`: independent records, updated a few at a time rather
+    /// than one round trip after another; the first failure is returned.
+    async fn set_all(&self, pinned: &[String], unpinned: &[String]) -> Result<(), PinError> {
+        let mut changes = pinned
+            .iter()
+            .map(|i| (i.as_str(), true))
+            .chain(unpinned.iter().map(|i| (i.as_str(), false)));
+        let mut in_flight = FuturesUnordered::new();
+        loop {
+            while in_flight.len() < LABEL_UPDATES_IN_FLIGHT {
+                let Some((image, pin)) = changes.next() else {
+                    break;
+                };
+                in_flight.push(self.set_labels(image, pin));
+            }
+            match in_flight.next().await {
+                Some(done) => done?,
+                None => return Ok(()),
+            }
+        }
+    }
+
     async fn set_labels(&self, image: &str, pin: bool) -> Result<(), PinError> {
         // containerd's Update needs the whole record (it reads the target), so fetch it first.
         let current = match self
@@ -153,26 +175,7 @@ impl PinBackend for ContainerdPins {
         let (managed, still_pinned) = self.managed().await?;
         let pinned: Vec<String> = images.difference(&still_pinned).cloned().collect();
         let unpinned: Vec<String> = managed.difference(images).cloned().collect();
-        // Independent records: updated a few at a time rather than one round trip after another.
-        {
-            let mut changes = pinned
-                .iter()
-                .map(|i| (i.as_str(), true))
-                .chain(unpinned.iter().map(|i| (i.as_str(), false)));
-            let mut in_flight = FuturesUnordered::new();
-            loop {
-                while in_flight.len() < LABEL_UPDATES_IN_FLIGHT {
-                    let Some((image, pin)) = changes.next() else {
-                        break;
-                    };
-                    in_flight.push(self.set_labels(image, pin));
-                }
-                match in_flight.next().await {
-                    Some(done) => done?,
-                    None => break,
-                }
-            }
-        }
+        self.set_all(&pinned, &unpinned).await?;
         *self.last.lock().expect("pin cache") = Some(images.clone());
         let applied = !pinned.is_empty() || !unpinned.is_empty();
         if applied {
