@@ -13,7 +13,7 @@
 mod support;
 
 use kube::api::{Api, PostParams};
-use pinset::k8s::api::{MachineConfigNode, MachineConfigPool, PinnedImageSet};
+use pinset_k8s::api::{MachineConfigNode, MachineConfigPool, PinnedImageSet};
 use serde_json::json;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -70,7 +70,7 @@ async fn main() {
             "kind: Node\nmetadata:\n  name: w-0\n  labels: {node-role.kubernetes.io/worker: \"\"}\nstatus:\n  allocatable: {ephemeral-storage: 100Gi}\n  conditions: [{type: Ready, status: \"True\"}]\n",
         )
         .unwrap();
-        let mut agent = Command::new(env!("CARGO_BIN_EXE_pinset"))
+        let mut agent = Command::new(support::PINSET)
             .args([
                 "agent",
                 &format!("--kubeconfig={}", server.kubeconfig.display()),

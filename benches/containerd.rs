@@ -15,16 +15,16 @@
 #[path = "../tests/support/mod.rs"]
 mod support;
 
-use pinset::core::desired::{self, Desired, NodeInfo, PinnedImageSet, ROLE_LABEL};
-use pinset::core::executor::Backoff;
-use pinset::core::status::NodeStatus;
-use pinset::cri::client::{CriClient, CriConfig};
-use pinset::node::Reconciler;
-use pinset::pin::containerd::ContainerdPins;
-use pinset::policy::bench::Stats;
-use pinset::policy::{EMBEDDED_DEFAULT, Limits, PolicyModule, WasmRuntime};
+use pinset_core::desired::{self, Desired, NodeInfo, PinnedImageSet, ROLE_LABEL};
+use pinset_core::status::NodeStatus;
+use pinset_node::Reconciler;
+use pinset_node::cri::client::{CriClient, CriConfig};
+use pinset_node::executor::Backoff;
+use pinset_node::pin::containerd::ContainerdPins;
+use pinset_policy::bench::Stats;
+use pinset_policy::{EMBEDDED_DEFAULT, Limits, PolicyModule, WasmRuntime};
 
-use pinset::registry::size::RegistrySizer;
+use pinset_node::registry::size::RegistrySizer;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -44,12 +44,8 @@ fn desired_for(node: &NodeInfo, role: &str, refs: &[String]) -> Desired {
     desired::desired(node, &desired::standard_pools(), &[set])
 }
 
-fn reconciler(
-    c: &support::Containerd,
-    host: &str,
-    policy: PolicyModule,
-) -> Reconciler<RegistrySizer, ContainerdPins> {
-    support::reconciler(c, host, policy, Backoff::default(), true)
+fn reconciler(c: &support::Containerd, host: &str) -> Reconciler<RegistrySizer, ContainerdPins> {
+    support::reconciler(c, host, Backoff::default(), true)
 }
 
 #[tokio::main]
@@ -77,7 +73,7 @@ async fn main() {
             Limits::default(),
         )
         .unwrap();
-    let dir = std::path::PathBuf::from(env!("PINSET_WASM_POLICY_DIR"));
+    let dir = support::policy_dir();
     let unthrottled = wasm
         .load_file(
             &dir.join("pinset_test_policy_unthrottled.wasm"),
@@ -157,10 +153,17 @@ async fn makespan(
                     };
                     let n = support::node(role);
                     let d = desired_for(&n, role, &refs);
-                    let rec = reconciler(&c, &registry.host, policy);
+                    let (rec, policy) = (reconciler(&c, &registry.host), policy);
                     let mut status = NodeStatus::default();
                     let report = rec
-                        .reconcile(&d, &n, &mut status, CancellationToken::new(), None)
+                        .reconcile(
+                            &d,
+                            &n,
+                            support::decisions(&policy),
+                            &mut status,
+                            CancellationToken::new(),
+                            None,
+                        )
                         .await
                         .unwrap();
                     assert_eq!(report.outcome.pulled.len(), IMAGES, "{case}");
@@ -207,10 +210,17 @@ async fn noop(registry: &support::Registry, unthrottled: &PolicyModule) {
     let many = support::push_images(registry, "small", 500, 4096, 50_000).await;
     let n = support::node("worker");
     let d = desired_for(&n, "worker", &many);
-    let rec = reconciler(&c, &registry.host, unthrottled.clone());
+    let (rec, policy) = (reconciler(&c, &registry.host), unthrottled.clone());
     let mut status = NodeStatus::default();
     let first = rec
-        .reconcile(&d, &n, &mut status, CancellationToken::new(), None)
+        .reconcile(
+            &d,
+            &n,
+            support::decisions(&policy),
+            &mut status,
+            CancellationToken::new(),
+            None,
+        )
         .await
         .unwrap();
     assert_eq!(first.outcome.pulled.len(), 500);
@@ -220,7 +230,14 @@ async fn noop(registry: &support::Registry, unthrottled: &PolicyModule) {
     for i in 0..NOOP_RUNS {
         let t = Instant::now();
         let r = rec
-            .reconcile(&d, &n, &mut status, CancellationToken::new(), None)
+            .reconcile(
+                &d,
+                &n,
+                support::decisions(&policy),
+                &mut status,
+                CancellationToken::new(),
+                None,
+            )
             .await
             .unwrap();
         ours.push(t.elapsed());
@@ -234,14 +251,14 @@ async fn noop(registry: &support::Registry, unthrottled: &PolicyModule) {
             println!("  no-op phases: {}", phases.join(", "));
         }
         let (t, cpu) = (Instant::now(), support::procfs::cpu(c.pid()));
-        let listed = rec.cri.list_images().await.unwrap();
+        let listed = rec.cri().list_images().await.unwrap();
         list.push(t.elapsed());
         list_cpu += support::procfs::cpu(c.pid()) - cpu;
         assert!(listed.len() >= 500);
         let cpu = support::procfs::cpu(c.pid());
         let t = Instant::now();
         for r in &many {
-            assert!(rec.cri.image_status(r).await.unwrap().is_some());
+            assert!(rec.cri().image_status(r).await.unwrap().is_some());
         }
         reference.push(t.elapsed());
         status_cpu += support::procfs::cpu(c.pid()) - cpu;
@@ -270,7 +287,7 @@ async fn cancellation(registry: &support::Registry, unthrottled: &PolicyModule) 
         let c = support::Containerd::start(&registry.host).unwrap();
         let n = support::node("worker");
         let d = desired_for(&n, "worker", &big);
-        let rec = reconciler(&c, &registry.host, unthrottled.clone());
+        let (rec, policy) = (reconciler(&c, &registry.host), unthrottled.clone());
         let cancel = CancellationToken::new();
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
         let trigger = {
@@ -278,7 +295,7 @@ async fn cancellation(registry: &support::Registry, unthrottled: &PolicyModule) 
             tokio::spawn(async move {
                 let mut started = 0;
                 while let Some(e) = rx.recv().await {
-                    if matches!(e, pinset::core::executor::Event::Started { .. }) {
+                    if matches!(e, pinset_node::executor::Event::Started { .. }) {
                         started += 1;
                         if started == 5 {
                             tokio::time::sleep(Duration::from_millis(50)).await;
@@ -293,7 +310,14 @@ async fn cancellation(registry: &support::Registry, unthrottled: &PolicyModule) 
         };
         let mut status = NodeStatus::default();
         let r = rec
-            .reconcile(&d, &n, &mut status, cancel, Some(tx))
+            .reconcile(
+                &d,
+                &n,
+                support::decisions(&policy),
+                &mut status,
+                cancel,
+                Some(tx),
+            )
             .await
             .unwrap();
         let returned = Instant::now();

@@ -18,7 +18,7 @@ mod support;
 
 use futures::{StreamExt, TryStreamExt};
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
-use pinset::k8s::api::{MachineConfigNode, MachineConfigPool, PinnedImageSet};
+use pinset_k8s::api::{MachineConfigNode, MachineConfigPool, PinnedImageSet};
 use serde_json::json;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -167,7 +167,7 @@ struct Controller {
 impl Controller {
     fn start(kubeconfig: &std::path::Path) -> Controller {
         let port = support::free_port();
-        let child = Command::new(env!("CARGO_BIN_EXE_pinset"))
+        let child = Command::new(support::PINSET)
             .args([
                 "controller",
                 &format!("--kubeconfig={}", kubeconfig.display()),

@@ -18,5 +18,9 @@ bash tests/bed/fetch-containerd.sh /opt/pinset-bed/containerd
 echo "==> test bed: etcd and the real apiextensions-apiserver (built from Debian sources)"
 bash tests/bed/fetch-apiserver.sh /opt/pinset-bed/apiserver
 
+echo "==> cargo clippy --workspace --all-targets -D warnings (lints, and the crates' layering compiles)"
+rustup component add clippy
+cargo clippy --workspace --all-targets --locked -- -D warnings
+
 echo "==> cargo test --workspace"
 cargo test --workspace --locked

@@ -2,8 +2,8 @@
 
 mod support;
 
-use pinset::cri::sim::{SimConfig, SimImage, SimulatedRuntime};
-use pinset::pin::crio;
+use pinset_cri_sim::{SimConfig, SimImage, SimulatedRuntime};
+use pinset_node::pin::crio;
 use std::path::Path;
 use std::process::Command;
 use support::{pinset, workspace};
@@ -164,7 +164,7 @@ fn node_pulls_and_pins_against_a_runtime_and_refuses_a_tag_by_name() {
 
 #[test]
 fn watch_restarts_on_a_changed_set_and_abandons_pulls_in_flight() {
-    use pinset::cri::sim::Fault;
+    use pinset_cri_sim::Fault;
     use std::time::{Duration, Instant};
     let dir = tempfile::tempdir().unwrap();
     let images: Vec<String> = (1..=6)
@@ -206,7 +206,7 @@ fn watch_restarts_on_a_changed_set_and_abandons_pulls_in_flight() {
     let server = rt
         .block_on(sim.serve(&dir.path().join("cri.sock")))
         .unwrap();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_pinset"))
+    let mut child = Command::new(support::PINSET)
         .args([
             "node",
             "--watch",

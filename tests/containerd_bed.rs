@@ -4,12 +4,12 @@
 
 mod support;
 
-use pinset::core::desired::{self, Desired, NodeInfo, PinnedImageSet, ROLE_LABEL};
-use pinset::core::executor::{Backoff, Event};
-use pinset::core::status::NodeStatus;
-use pinset::node::Reconciler;
-use pinset::pin::containerd::ContainerdPins;
-use pinset::registry::size::RegistrySizer;
+use pinset_core::desired::{self, Desired, NodeInfo, PinnedImageSet, ROLE_LABEL};
+use pinset_core::status::NodeStatus;
+use pinset_node::Reconciler;
+use pinset_node::executor::{Backoff, Event};
+use pinset_node::pin::containerd::ContainerdPins;
+use pinset_node::registry::size::RegistrySizer;
 use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 
@@ -52,13 +52,7 @@ impl Bed {
     fn start_with_root_limit(backoff: Backoff, sizing: bool, limit: Option<u64>) -> Option<Bed> {
         let registry = support::Registry::start()?;
         let containerd = support::Containerd::start_with_root_limit(&registry.host, limit)?;
-        let reconciler = support::reconciler(
-            &containerd,
-            &registry.host,
-            support::default_policy(),
-            backoff,
-            sizing,
-        );
+        let reconciler = support::reconciler(&containerd, &registry.host, backoff, sizing);
         Some(Bed {
             reconciler,
             containerd,
@@ -86,12 +80,19 @@ async fn pulls_and_pins_into_real_containerd_then_unpins_a_removed_set() {
             support::push_image(&client, &host, repo, support::arch(), &[base.clone(), own]).await;
         refs.push(format!("{host}/{repo}@{digest}"));
     }
-    let cri = reconciler.cri.clone();
+    let cri = reconciler.cri().clone();
     let node = support::node("worker");
     let both = desired_of(&node, &[set("a", 1, &refs[..2]), set("b", 1, &refs[1..])]);
     let mut status = NodeStatus::default();
     let report = reconciler
-        .reconcile(&both, &node, &mut status, CancellationToken::new(), None)
+        .reconcile(
+            &both,
+            &node,
+            support::default_decisions(),
+            &mut status,
+            CancellationToken::new(),
+            None,
+        )
         .await
         .unwrap_or_else(|e| panic!("{e}\n{}", containerd.log()));
     assert_eq!(
@@ -114,7 +115,14 @@ async fn pulls_and_pins_into_real_containerd_then_unpins_a_removed_set() {
     }
 
     let again = reconciler
-        .reconcile(&both, &node, &mut status, CancellationToken::new(), None)
+        .reconcile(
+            &both,
+            &node,
+            support::default_decisions(),
+            &mut status,
+            CancellationToken::new(),
+            None,
+        )
         .await
         .unwrap();
     assert!(again.outcome.pulled.is_empty());
@@ -122,7 +130,14 @@ async fn pulls_and_pins_into_real_containerd_then_unpins_a_removed_set() {
 
     let only_b = desired_of(&node, &[set("b", 1, &refs[1..])]);
     let r = reconciler
-        .reconcile(&only_b, &node, &mut status, CancellationToken::new(), None)
+        .reconcile(
+            &only_b,
+            &node,
+            support::default_decisions(),
+            &mut status,
+            CancellationToken::new(),
+            None,
+        )
         .await
         .unwrap();
     assert_eq!(r.pin.unwrap().unpinned, vec![refs[0].clone()]);
@@ -151,7 +166,14 @@ async fn registry_down_fails_each_image_clearly_and_the_next_reconcile_completes
     bed.registry.stop();
     let mut status = NodeStatus::default();
     let r = reconciler
-        .reconcile(&d, &node, &mut status, CancellationToken::new(), None)
+        .reconcile(
+            &d,
+            &node,
+            support::default_decisions(),
+            &mut status,
+            CancellationToken::new(),
+            None,
+        )
         .await
         .unwrap();
     assert_eq!(r.outcome.failed.len(), 2, "{r:?}");
@@ -173,7 +195,14 @@ async fn registry_down_fails_each_image_clearly_and_the_next_reconcile_completes
 
     bed.registry.restart();
     let r = reconciler
-        .reconcile(&d, &node, &mut status, CancellationToken::new(), None)
+        .reconcile(
+            &d,
+            &node,
+            support::default_decisions(),
+            &mut status,
+            CancellationToken::new(),
+            None,
+        )
         .await
         .unwrap();
     assert_eq!(r.outcome.pulled.len(), 2);
@@ -181,7 +210,7 @@ async fn registry_down_fails_each_image_clearly_and_the_next_reconcile_completes
     for reference in &refs {
         assert!(
             reconciler
-                .cri
+                .cri()
                 .image_status(reference)
                 .await
                 .unwrap()
@@ -221,7 +250,14 @@ async fn cancelling_stops_pulls_in_flight_in_real_containerd() {
     };
     let mut status = NodeStatus::default();
     let r = reconciler
-        .reconcile(&gen1, &node, &mut status, cancel, Some(tx))
+        .reconcile(
+            &gen1,
+            &node,
+            support::default_decisions(),
+            &mut status,
+            cancel,
+            Some(tx),
+        )
         .await
         .unwrap();
     let returned = Instant::now();
@@ -236,14 +272,21 @@ async fn cancelling_stops_pulls_in_flight_in_real_containerd() {
     // The next generation completes from a fresh snapshot.
     let gen2 = desired_of(&node, &[set("s", 2, &refs[..1])]);
     let r = reconciler
-        .reconcile(&gen2, &node, &mut status, CancellationToken::new(), None)
+        .reconcile(
+            &gen2,
+            &node,
+            support::default_decisions(),
+            &mut status,
+            CancellationToken::new(),
+            None,
+        )
         .await
         .unwrap();
     assert!(r.outcome.failed.is_empty());
     assert_eq!(status.sets["s"].current_generation, Some(2));
     assert!(
         reconciler
-            .cri
+            .cri()
             .image_status(&refs[0])
             .await
             .unwrap()
@@ -296,7 +339,14 @@ async fn a_containerd_restart_mid_run_is_retried_and_the_reconcile_completes() {
     });
     let mut status = NodeStatus::default();
     let r = reconciler
-        .reconcile(&d, &node, &mut status, CancellationToken::new(), Some(tx))
+        .reconcile(
+            &d,
+            &node,
+            support::default_decisions(),
+            &mut status,
+            CancellationToken::new(),
+            Some(tx),
+        )
         .await
         .unwrap();
     let (containerd, retries) = restarter.await.unwrap();
@@ -306,7 +356,7 @@ async fn a_containerd_restart_mid_run_is_retried_and_the_reconcile_completes() {
     for reference in &refs {
         assert!(
             reconciler
-                .cri
+                .cri()
                 .image_status(reference)
                 .await
                 .unwrap()
@@ -342,7 +392,14 @@ async fn timeline(
     });
     let mut status = NodeStatus::default();
     reconciler
-        .reconcile(d, node, &mut status, CancellationToken::new(), Some(tx))
+        .reconcile(
+            d,
+            node,
+            support::default_decisions(),
+            &mut status,
+            CancellationToken::new(),
+            Some(tx),
+        )
         .await
         .unwrap();
     assert!(status.done(), "{status:?}");
@@ -429,7 +486,14 @@ async fn a_full_disk_drains_the_queue_at_once_and_names_the_images() {
     let mut status = NodeStatus::default();
     let started = Instant::now();
     let r = reconciler
-        .reconcile(&d, &node, &mut status, CancellationToken::new(), None)
+        .reconcile(
+            &d,
+            &node,
+            support::default_decisions(),
+            &mut status,
+            CancellationToken::new(),
+            None,
+        )
         .await
         .unwrap_or_else(|e| panic!("{e}\n{}", containerd.log()));
     let took = started.elapsed();
@@ -461,7 +525,7 @@ async fn a_full_disk_drains_the_queue_at_once_and_names_the_images() {
     assert!(status.degraded.is_some() && status.sets["s"].current_generation.is_none());
     for reference in &refs {
         let pinned = reconciler
-            .cri
+            .cri()
             .image_status(reference)
             .await
             .unwrap()

@@ -5,7 +5,7 @@ mod support;
 
 use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
 use kube::core::{ApiResource, GroupVersionKind};
-use pinset::k8s::api::{MachineConfigNode, PinnedImageSet};
+use pinset_k8s::api::{MachineConfigNode, PinnedImageSet};
 use serde_json::json;
 
 const DIGEST: &str = "86d26e7ebcccd6f07a75db5b1e56283b25c2ee1c6a755d6ffc5a4d59beb9c504";
@@ -173,7 +173,7 @@ async fn the_server_validates_sets_and_node_status() {
     apply(status(json!({"name": "a", "desiredGeneration": 4, "currentGeneration": 2, "lastFailedGeneration": 4, "lastFailedGenerationError": "q.io/x@sha256:00: not found"}))).await.unwrap();
 }
 
-fn pool(name: &str, roles: &[&str]) -> pinset::k8s::api::MachineConfigPool {
+fn pool(name: &str, roles: &[&str]) -> pinset_k8s::api::MachineConfigPool {
     serde_json::from_value(json!({
         "apiVersion": "machineconfiguration.openshift.io/v1",
         "kind": "MachineConfigPool",
@@ -189,16 +189,19 @@ fn pool(name: &str, roles: &[&str]) -> pinset::k8s::api::MachineConfigPool {
 }
 
 /// Run the controller in this process until `done` holds, then stop it; its metrics.
-async fn run_controller_until<F, Fut>(client: kube::Client, mut done: F) -> pinset::metrics::Metrics
+async fn run_controller_until<F, Fut>(
+    client: kube::Client,
+    mut done: F,
+) -> pinset_k8s::metrics::Metrics
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = bool>,
 {
-    pinset::cli::init_logging(&std::env::var("PINSET_TEST_LOG").unwrap_or_else(|_| "warn".into()));
-    let metrics = pinset::metrics::Metrics::new();
+    support::init_logging(&std::env::var("PINSET_TEST_LOG").unwrap_or_else(|_| "warn".into()));
+    let metrics = pinset_k8s::metrics::Metrics::new();
     let stop = tokio_util::sync::CancellationToken::new();
     let ready = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let task = tokio::spawn(pinset::k8s::controller::run(
+    let task = tokio::spawn(pinset_k8s::controller::run(
         client,
         metrics.clone(),
         ready.clone(),
@@ -216,7 +219,6 @@ where
     tokio::time::timeout(std::time::Duration::from_secs(10), task)
         .await
         .expect("the controller stops")
-        .unwrap()
         .unwrap();
     metrics
 }
@@ -228,7 +230,7 @@ async fn the_controller_writes_pool_selections_once() {
     };
     server.install_crds().await;
     let client = server.client().await;
-    let pools: Api<pinset::k8s::api::MachineConfigPool> = Api::all(client.clone());
+    let pools: Api<pinset_k8s::api::MachineConfigPool> = Api::all(client.clone());
     let sets: Api<PinnedImageSet> = Api::all(client.clone());
     let pp = PostParams::default();
     pools

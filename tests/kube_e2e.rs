@@ -8,7 +8,7 @@
 mod support;
 
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
-use pinset::k8s::api::{
+use pinset_k8s::api::{
     CONDITION_DEGRADED, CONDITION_PROGRESSING, MachineConfigNode, MachineConfigPool, PinnedImageSet,
 };
 use serde_json::json;
@@ -24,7 +24,7 @@ struct Proc {
 
 impl Proc {
     fn start(args: &[String], log: PathBuf) -> Proc {
-        let child = Command::new(env!("CARGO_BIN_EXE_pinset"))
+        let child = Command::new(support::PINSET)
             .args(args)
             .env(
                 "PINSET_LOG",
@@ -268,8 +268,8 @@ impl Cluster {
     }
 }
 
-fn cri(runtime: &support::Containerd) -> pinset::cri::client::CriClient {
-    pinset::cri::client::CriClient::new(pinset::cri::client::CriConfig {
+fn cri(runtime: &support::Containerd) -> pinset_node::cri::client::CriClient {
+    pinset_node::cri::client::CriClient::new(pinset_node::cri::client::CriConfig {
         endpoint: runtime.endpoint(),
         ..Default::default()
     })
@@ -356,7 +356,7 @@ async fn controller_and_agents_pin_sets_and_report_through_a_real_api_server() {
     // deadline and answered by the reference policy, and the node still pulls and pins.
     let mut infra_labels = roles(&["worker", "infra"]);
     infra_labels.push(("pinset.test/hostile".into(), "loop".into()));
-    let hostile = Path::new(env!("PINSET_WASM_POLICY_DIR")).join("pinset_test_policy_hostile.wasm");
+    let hostile = support::policy_dir().join("pinset_test_policy_hostile.wasm");
     let infra = cluster.agent(
         "infra-0",
         &infra_labels,
@@ -415,7 +415,7 @@ async fn controller_and_agents_pin_sets_and_report_through_a_real_api_server() {
         .unwrap()
         .conditions
         .iter()
-        .find(|c| c.type_ == pinset::k8s::api::CONDITION_POLICY_FALLBACK)
+        .find(|c| c.type_ == pinset_k8s::api::CONDITION_POLICY_FALLBACK)
         .cloned()
         .unwrap();
     assert_eq!(fallback.status, "True", "{fallback:?}");
@@ -424,7 +424,7 @@ async fn controller_and_agents_pin_sets_and_report_through_a_real_api_server() {
     assert!(
         cp_fallback
             .iter()
-            .any(|c| c.type_ == pinset::k8s::api::CONDITION_POLICY_FALLBACK && c.status == "False"),
+            .any(|c| c.type_ == pinset_k8s::api::CONDITION_POLICY_FALLBACK && c.status == "False"),
         "the default policy never falls back: {cp_fallback:?}"
     );
     let progress = infra_mcn.status.unwrap().pinned_image_progress.unwrap();
@@ -599,7 +599,7 @@ async fn controller_and_agents_pin_sets_and_report_through_a_real_api_server() {
 
 /// Images of `refs` containerd has, and how many of them it reports pinned.
 async fn present_and_pinned(
-    cri: &pinset::cri::client::CriClient,
+    cri: &pinset_node::cri::client::CriClient,
     refs: &[String],
 ) -> (usize, usize) {
     let (mut present, mut pinned) = (0, 0);

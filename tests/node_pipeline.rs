@@ -1,18 +1,19 @@
 //! The node pipeline end to end against the in-process CRI service (a real gRPC server on a unix
 //! socket) with injected faults, real Wasm policies and the CRI-O drop-in back end on real files.
 
-use pinset::core::desired::{self, Desired, NodeInfo, PinnedImageSet, ROLE_LABEL};
-use pinset::core::executor::Backoff;
-use pinset::core::status::NodeStatus;
-use pinset::cri::client::{CriClient, CriConfig};
-use pinset::cri::sim::{Fault, SimConfig, SimImage, SimServer, SimulatedRuntime};
-use pinset::node::{Reconciler, Report};
-use pinset::pin::crio::{self, CrioPins};
-use pinset::policy::{EMBEDDED_DEFAULT, Limits, PolicyModule, WasmRuntime};
-use pinset::registry::auth::Credentials;
-use pinset::registry::size::{Cached, ImageSize, TableSizer};
+mod support;
+
+use pinset_core::desired::{self, Desired, NodeInfo, PinnedImageSet, ROLE_LABEL};
+use pinset_core::status::NodeStatus;
+use pinset_cri_sim::{Fault, SimConfig, SimImage, SimServer, SimulatedRuntime};
+use pinset_node::cri::client::{CriClient, CriConfig};
+use pinset_node::executor::Backoff;
+use pinset_node::pin::crio::{self, CrioPins};
+use pinset_node::registry::size::{Cached, ImageSize, TableSizer};
+use pinset_node::{Reconciler, Report};
+use pinset_policy::{EMBEDDED_DEFAULT, Limits, PolicyModule, WasmRuntime};
 use pinset_policy_sdk::{MIB, Pressure};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
@@ -63,6 +64,7 @@ struct Bed {
     sim: SimulatedRuntime,
     server: Option<SimServer>,
     reconciler: Reconciler<TableSizer, CrioPins>,
+    policy: PolicyModule,
 }
 
 const FAST: Backoff = Backoff {
@@ -111,16 +113,10 @@ async fn bed(images: u32, size: u64, bandwidth: u64, disk: u64, policy: PolicyMo
         "-c".into(),
         format!("echo reload >> {}", dir.path().join("reloads").display()),
     ];
-    let reconciler = Reconciler {
-        cri,
-        sizer: Some(Arc::new(Cached::new(TableSizer { table }))),
-        credentials: Arc::new(Credentials::default()),
-        pins: CrioPins::new(&drop_in_dir, reload),
-        policy,
-        backoff: FAST,
-        pressure: Pressure::default,
-        metrics: None,
-    };
+    let reconciler = Reconciler::new(cri, CrioPins::new(&drop_in_dir, reload))
+        .with_sizer(Arc::new(Cached::new(TableSizer { table })))
+        .with_backoff(FAST)
+        .with_pressure(Pressure::default);
     Bed {
         _dir: dir,
         socket,
@@ -128,13 +124,21 @@ async fn bed(images: u32, size: u64, bandwidth: u64, disk: u64, policy: PolicyMo
         sim,
         server: Some(server),
         reconciler,
+        policy,
     }
 }
 
 impl Bed {
     async fn run(&self, desired: &Desired, node: &NodeInfo, status: &mut NodeStatus) -> Report {
         self.reconciler
-            .reconcile(desired, node, status, CancellationToken::new(), None)
+            .reconcile(
+                desired,
+                node,
+                support::decisions(&self.policy),
+                status,
+                CancellationToken::new(),
+                None,
+            )
             .await
             .unwrap()
     }
@@ -178,7 +182,7 @@ async fn pulls_pins_and_a_rerun_costs_one_list_images() {
     assert!(status.done() && status.degraded.is_none() && status.progressing.is_none());
     assert_eq!(status.progress.images_done, 6);
     assert_eq!(status.progress.bytes_done, 6 * MIB);
-    let client = &b.reconciler.cri;
+    let client = b.reconciler.cri();
     for i in 0..6 {
         assert!(
             client
@@ -344,7 +348,14 @@ async fn a_spec_change_cancels_in_flight_pulls_within_250ms_and_the_next_generat
     };
     let r = b
         .reconciler
-        .reconcile(&gen1, &n, &mut status, cancel, None)
+        .reconcile(
+            &gen1,
+            &n,
+            support::decisions(&b.policy),
+            &mut status,
+            cancel,
+            None,
+        )
         .await
         .unwrap();
     let cancelled_at = watcher.await.unwrap();
@@ -396,7 +407,14 @@ async fn runtime_restart_reconnects_and_removed_sets_are_unpinned_not_deleted() 
     b.server.take().unwrap().shutdown().await;
     let err = b
         .reconciler
-        .reconcile(&both, &n, &mut status, CancellationToken::new(), None)
+        .reconcile(
+            &both,
+            &n,
+            support::decisions(&b.policy),
+            &mut status,
+            CancellationToken::new(),
+            None,
+        )
         .await
         .unwrap_err();
     assert!(
@@ -413,7 +431,7 @@ async fn runtime_restart_reconnects_and_removed_sets_are_unpinned_not_deleted() 
     assert_eq!(b.pinned(), vec![image(1), image(2), image(3)]);
     let img0 = b
         .reconciler
-        .cri
+        .cri()
         .image_status(&image(0))
         .await
         .unwrap()
@@ -424,7 +442,7 @@ async fn runtime_restart_reconnects_and_removed_sets_are_unpinned_not_deleted() 
 
 #[tokio::test]
 async fn a_hostile_policy_is_contained_and_the_reference_pulls() {
-    let path = Path::new(env!("PINSET_WASM_POLICY_DIR")).join("pinset_test_policy_hostile.wasm");
+    let path = support::policy_dir().join("pinset_test_policy_hostile.wasm");
     let limits = Limits {
         deadline: Duration::from_millis(20),
         ..Limits::default()

@@ -2,9 +2,11 @@
 //! is contained (clear error naming module and hook, fallback to the reference, process alive),
 //! and modules that must not load are refused.
 
-use pinset::policy::{
-    Compiler, Guarded, Hook, Limits, LoadError, PolicyError, PolicyInstance, PolicyModule,
-    WasmRuntime, synth,
+mod support;
+
+use pinset_policy::{
+    Compiler, Decisions, Guarded, Hook, Limits, LoadError, PolicyError, PolicyInstance,
+    PolicyModule, WasmRuntime, synth,
 };
 use pinset_policy_sdk::{NodeFacts, Pressure, PullOutcome, Verdict};
 use std::path::PathBuf;
@@ -12,7 +14,7 @@ use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 fn component(stem: &str) -> PathBuf {
-    PathBuf::from(env!("PINSET_WASM_POLICY_DIR")).join(format!("{stem}.wasm"))
+    support::policy_dir().join(format!("{stem}.wasm"))
 }
 
 fn runtime() -> &'static WasmRuntime {
@@ -86,7 +88,7 @@ fn infinite_loop_hits_the_deadline_in_every_hook_and_falls_back() {
     let kinds: Vec<(Hook, &str)> = guarded
         .fallbacks()
         .iter()
-        .map(|f| (f.hook(), f.kind()))
+        .map(|f| (f.hook, f.kind))
         .collect();
     assert_eq!(
         kinds,
@@ -177,8 +179,8 @@ fn invalid_decisions_are_refused_and_replaced() {
         assert_eq!(throttle, Duration::from_secs(1), "{mode}");
         let fallbacks = g.take_fallbacks();
         assert_eq!(fallbacks.len(), 1, "{mode}: {fallbacks:?}");
-        assert_eq!(fallbacks[0].hook(), hook, "{mode}");
-        assert_eq!(fallbacks[0].kind(), "invalid", "{mode}");
+        assert_eq!(fallbacks[0].hook, hook, "{mode}");
+        assert_eq!(fallbacks[0].kind, "invalid", "{mode}");
         assert!(
             fallbacks[0]
                 .to_string()
@@ -288,7 +290,7 @@ fn child_runtime(exe: &str) -> WasmRuntime {
 
 #[test]
 fn a_module_compiled_in_a_child_process_decides_as_one_compiled_here() {
-    let child = child_runtime(env!("CARGO_BIN_EXE_pinset"));
+    let child = child_runtime(support::PINSET);
     for stem in [
         "pinset_policy_default",
         "pinset_policy_smallest_first",
@@ -323,7 +325,7 @@ fn a_module_compiled_in_a_child_process_decides_as_one_compiled_here() {
 
 #[test]
 fn the_sandbox_holds_for_a_module_compiled_in_a_child_process() {
-    let child = child_runtime(env!("CARGO_BIN_EXE_pinset"));
+    let child = child_runtime(support::PINSET);
     let hostile = child
         .load_file(
             &component("pinset_test_policy_hostile"),
@@ -341,7 +343,7 @@ fn the_sandbox_holds_for_a_module_compiled_in_a_child_process() {
 
 #[test]
 fn a_child_compiler_that_fails_is_reported_with_the_module_and_the_cause() {
-    let child = child_runtime(env!("CARGO_BIN_EXE_pinset"));
+    let child = child_runtime(support::PINSET);
     let err = child
         .load(
             "corrupt.wasm",

@@ -3,16 +3,16 @@
 
 mod support;
 
-use pinset::policy::{
+use pinset_core::scenario;
+use pinset_policy::{
     Guarded, Limits, NativePolicy, PolicyInstance, PolicyModule, WasmRuntime, synth,
 };
-use pinset::scenario;
 use pinset_policy_sdk::{GIB, Pressure, PullOutcome};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use support::{pinset, workspace};
 
 fn load(runtime: &WasmRuntime, stem: &str) -> PolicyModule {
-    let path = PathBuf::from(env!("PINSET_WASM_POLICY_DIR")).join(format!("{stem}.wasm"));
+    let path = support::policy_dir().join(format!("{stem}.wasm"));
     runtime.load_file(&path, None, Limits::default()).unwrap()
 }
 
@@ -160,7 +160,7 @@ fn cli_policy_test_passes_and_fails_with_a_diff() {
 
 #[test]
 fn cli_refuses_a_module_with_the_wrong_sha256() {
-    let module = PathBuf::from(env!("PINSET_WASM_POLICY_DIR")).join("pinset_policy_default.wasm");
+    let module = support::policy_dir().join("pinset_policy_default.wasm");
     let scenarios = workspace().join("examples/scenarios");
     let (code, _, stderr) = pinset(&[
         "policy",

@@ -2,9 +2,9 @@
 
 mod support;
 
-use pinset::core::reference::ImageRef;
-use pinset::registry::auth::Credentials;
-use pinset::registry::size::{Cached, RegistrySizer, Sizer};
+use pinset_core::reference::ImageRef;
+use pinset_node::registry::auth::Credentials;
+use pinset_node::registry::size::{Cached, RegistrySizer, Sizer};
 use std::sync::Arc;
 
 fn node_arch() -> &'static str {

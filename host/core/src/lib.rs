@@ -1,0 +1,36 @@
+//! pinset's pure core: the domain types and rules every other crate builds on.
+//!
+//! - [`reference`], [`selector`], [`quantity`]: image references by digest, label selectors,
+//!   Kubernetes quantities;
+//! - [`desired`]: from PinnedImageSets, pools and a node to the node's desired state;
+//! - [`pool`]: which sets a pool lists and how its nodes count (the controller's rules);
+//! - [`decisions`]: the [`decisions::Decisions`] a reconcile asks for (implemented by the policy
+//!   crate), the hooks, fallbacks, and the observer that metrics implement;
+//! - [`plan`]: from decisions to a pull plan; [`settle`]: from presence and pull outcomes to
+//!   per-set verdicts;
+//! - [`status`]: the per-set status model; [`scenario`]: the offline scenario format.
+//!
+//! May depend on: the policy SDK's contract types, serde, thiserror. Must not depend on any
+//! runtime or adapter: no tokio, tonic, kube, wasmtime, hyper. It touches the file system only to
+//! read scenario files named by the caller.
+
+pub mod decisions;
+pub mod desired;
+pub mod plan;
+pub mod pool;
+pub mod quantity;
+pub mod reference;
+pub mod scenario;
+pub mod selector;
+pub mod settle;
+pub mod status;
+
+/// The `*.yaml` and `*.yml` files of a directory, sorted.
+pub fn yaml_files(dir: &std::path::Path) -> std::io::Result<Vec<std::path::PathBuf>> {
+    let mut files: Vec<std::path::PathBuf> = std::fs::read_dir(dir)?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| matches!(p.extension().and_then(|e| e.to_str()), Some("yaml" | "yml")))
+        .collect();
+    files.sort();
+    Ok(files)
+}

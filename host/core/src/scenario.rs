@@ -1,0 +1,541 @@
+//! Offline policy scenarios: a YAML file gives a node, its disk, its images, pull outcomes with
+//! pressure, and the decisions expected of the policy. `pinset policy test` runs them.
+//!
+//! ```yaml
+//! name: control-plane node pulls one image at a time
+//! node:
+//!   name: master-0
+//!   labels: {node-role.kubernetes.io/master: ""}
+//!   allocatable: 120Gi          # ephemeral storage; ready: true, diskPressure: false by default
+//! disk: {capacity: 200Gi, used: 50Gi, available: 150Gi}
+//! images:
+//!   - name: quay.io/a/b@sha256:…
+//!     sets: [release]            # default [scenario]
+//!     size: 1Gi                  # or `layers: [{digest: sha256:…, size: 600Mi}]`; neither = unknown
+//!     present: false
+//! pulls:                         # each asks the throttle hook
+//!   - {image: quay.io/a/b@sha256:…, durationMs: 900, pressure: {io: 12.5}, expectThrottleMs: 1000}
+//! expect:
+//!   admission: {verdict: admit-all, reasonContains: "usable"}
+//!   order: [quay.io/a/b@sha256:…]
+//!   concurrency: 1
+//! ```
+
+use crate::decisions::{Decisions, Hook};
+use crate::plan;
+use crate::quantity::Bytes;
+use pinset_policy_sdk::{
+    self as sdk, AdmissionRequest, DiskFacts, Images, NodeFacts, Pressure, PullOutcome, Verdict,
+};
+use serde::Deserialize;
+use std::collections::{BTreeMap, HashMap};
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+
+#[derive(Debug, thiserror::Error)]
+pub enum ScenarioError {
+    #[error("scenario {path}: cannot read: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("scenario {path}: {source}")]
+    Parse {
+        path: PathBuf,
+        source: serde_yaml::Error,
+    },
+    #[error("scenario {path}: {why}")]
+    Invalid { path: PathBuf, why: String },
+    #[error("{path}: no scenario files (*.yaml, *.yml) found")]
+    Empty { path: PathBuf },
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct Scenario {
+    pub name: String,
+    #[serde(default)]
+    pub description: Option<String>,
+    pub node: NodeSpec,
+    #[serde(default)]
+    pub disk: DiskSpec,
+    #[serde(default)]
+    pub images: Vec<ImageSpec>,
+    #[serde(default)]
+    pub pulls: Vec<PullSpec>,
+    #[serde(default)]
+    pub expect: Expect,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct NodeSpec {
+    pub name: String,
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
+    #[serde(default)]
+    pub pools: Vec<String>,
+    #[serde(default = "yes")]
+    pub ready: bool,
+    #[serde(default)]
+    pub disk_pressure: bool,
+    #[serde(default)]
+    pub allocatable: Option<Bytes>,
+}
+
+fn yes() -> bool {
+    true
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct DiskSpec {
+    pub capacity: Option<Bytes>,
+    pub used: Option<Bytes>,
+    pub available: Option<Bytes>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct ImageSpec {
+    pub name: String,
+    #[serde(default)]
+    pub sets: Vec<String>,
+    #[serde(default)]
+    pub present: bool,
+    pub size: Option<Bytes>,
+    #[serde(default)]
+    pub layers: Vec<LayerSpec>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct LayerSpec {
+    pub digest: String,
+    pub size: Bytes,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct PressureSpec {
+    pub io: Option<f32>,
+    pub cpu: Option<f32>,
+    pub memory: Option<f32>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct PullSpec {
+    /// Defaults to the first image.
+    pub image: Option<String>,
+    pub error: Option<String>,
+    pub bytes: Option<Bytes>,
+    #[serde(default)]
+    pub duration_ms: u64,
+    #[serde(default)]
+    pub remaining: u32,
+    #[serde(default)]
+    pub pressure: PressureSpec,
+    pub expect_throttle_ms: Option<u64>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct Expect {
+    pub admission: Option<ExpectAdmission>,
+    /// The pull order of the admitted, absent images.
+    pub order: Option<Vec<String>>,
+    pub concurrency: Option<u32>,
+    /// Hooks expected to fall back to the reference policy (default: none).
+    #[serde(default)]
+    pub fallbacks: Vec<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct ExpectAdmission {
+    pub verdict: VerdictName,
+    /// For `admit-some`: the admitted images.
+    pub images: Option<Vec<String>>,
+    pub reason_contains: Option<String>,
+}
+
+#[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "kebab-case")]
+pub enum VerdictName {
+    AdmitAll,
+    AdmitSome,
+    Reject,
+}
+
+/// A scenario turned into contract inputs.
+#[derive(Debug)]
+pub struct Loaded {
+    pub path: PathBuf,
+    pub scenario: Scenario,
+    pub request: AdmissionRequest,
+    pub outcomes: Vec<(PullOutcome, Pressure, Option<u64>)>,
+}
+
+/// Scenario files named by `paths`: files as given, directories by their `*.yaml`/`*.yml`, sorted.
+pub fn collect(paths: &[PathBuf]) -> Result<Vec<PathBuf>, ScenarioError> {
+    let mut out = Vec::new();
+    for path in paths {
+        if path.is_dir() {
+            let found = crate::yaml_files(path).map_err(|source| ScenarioError::Read {
+                path: path.clone(),
+                source,
+            })?;
+            if found.is_empty() {
+                return Err(ScenarioError::Empty { path: path.clone() });
+            }
+            out.extend(found);
+        } else {
+            out.push(path.clone());
+        }
+    }
+    Ok(out)
+}
+
+pub fn load(path: &Path) -> Result<Loaded, ScenarioError> {
+    let text = std::fs::read_to_string(path).map_err(|source| ScenarioError::Read {
+        path: path.into(),
+        source,
+    })?;
+    let scenario: Scenario =
+        serde_yaml::from_str(&text).map_err(|source| ScenarioError::Parse {
+            path: path.into(),
+            source,
+        })?;
+    let invalid = |why: String| ScenarioError::Invalid {
+        path: path.into(),
+        why,
+    };
+    let request = request_of(&scenario).map_err(invalid)?;
+    if let Some(bad) = scenario.expect.fallbacks.iter().find(|h| !is_hook(h)) {
+        return Err(invalid(format!("expect.fallbacks: {bad:?} is not a hook")));
+    }
+    let mut outcomes = Vec::new();
+    for (n, pull) in scenario.pulls.iter().enumerate() {
+        let reference = match &pull.image {
+            Some(r) => r.clone(),
+            None => scenario
+                .images
+                .first()
+                .map(|i| i.name.clone())
+                .ok_or_else(|| invalid(format!("pull {n} names no image and there are none")))?,
+        };
+        let outcome = PullOutcome {
+            reference,
+            error: pull.error.clone(),
+            bytes: pull.bytes.map(|b| b.0),
+            duration_ms: pull.duration_ms,
+            remaining: pull.remaining,
+        };
+        let p = &pull.pressure;
+        let pressure = Pressure {
+            io: p.io,
+            cpu: p.cpu,
+            memory: p.memory,
+        };
+        outcomes.push((outcome, pressure, pull.expect_throttle_ms));
+    }
+    Ok(Loaded {
+        path: path.into(),
+        scenario,
+        request,
+        outcomes,
+    })
+}
+
+fn request_of(s: &Scenario) -> Result<AdmissionRequest, String> {
+    let labels: Vec<(String, String)> = s
+        .node
+        .labels
+        .iter()
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    let node = NodeFacts {
+        name: s.node.name.clone(),
+        control_plane: sdk::is_control_plane(labels.iter().map(|(k, _)| k.as_str())),
+        labels,
+        pools: s.node.pools.clone(),
+        ready: s.node.ready,
+        disk_pressure: s.node.disk_pressure,
+        allocatable_ephemeral_bytes: s.node.allocatable.map(|b| b.0),
+    };
+    let disk = DiskFacts {
+        capacity_bytes: s.disk.capacity.map(|b| b.0),
+        used_bytes: s.disk.used.map(|b| b.0),
+        available_bytes: s.disk.available.map(|b| b.0),
+    };
+    let mut layer_index: HashMap<&str, (u32, u64)> = HashMap::new();
+    let mut images = Images::new();
+    let mut names = std::collections::HashSet::new();
+    for spec in &s.images {
+        if !names.insert(spec.name.as_str()) {
+            return Err(format!("image {} is listed twice", spec.name));
+        }
+        if spec.name.is_empty() || spec.name.chars().any(char::is_whitespace) {
+            return Err(format!(
+                "image {:?}: a reference is non-empty and has no white space",
+                spec.name
+            ));
+        }
+        let mut layers = Vec::new();
+        let size = if !spec.layers.is_empty() {
+            let mut total = 0u64;
+            for layer in &spec.layers {
+                let (idx, size) = *layer_index
+                    .entry(layer.digest.as_str())
+                    .or_insert_with(|| (images.add_layer(layer.size.0), layer.size.0));
+                if size != layer.size.0 {
+                    return Err(format!(
+                        "layer {} has two sizes ({size} and {})",
+                        layer.digest, layer.size.0
+                    ));
+                }
+                layers.push(idx);
+                total += size;
+            }
+            if let Some(given) = spec.size
+                && given.0 != total
+            {
+                return Err(format!(
+                    "image {}: size {} differs from its layers' sum {total}",
+                    spec.name, given.0
+                ));
+            }
+            Some(total)
+        } else if let Some(size) = spec.size {
+            // One layer of its own.
+            layers.push(images.add_layer(size.0));
+            Some(size.0)
+        } else {
+            None
+        };
+        let sets: Vec<&str> = if spec.sets.is_empty() {
+            vec!["scenario"]
+        } else {
+            spec.sets.iter().map(String::as_str).collect()
+        };
+        images.push(&spec.name, sets, spec.present, size, &layers);
+    }
+    Ok(AdmissionRequest { node, disk, images })
+}
+
+/// The result of one scenario.
+#[derive(Debug)]
+pub struct Outcome {
+    pub name: String,
+    pub path: PathBuf,
+    /// Empty when the scenario passed; otherwise one `-expected / +actual` block per mismatch.
+    pub diffs: Vec<String>,
+}
+
+impl Outcome {
+    pub fn passed(&self) -> bool {
+        self.diffs.is_empty()
+    }
+}
+
+fn verdict_name(v: &Verdict) -> VerdictName {
+    match v {
+        Verdict::AdmitAll => VerdictName::AdmitAll,
+        Verdict::AdmitSome(_) => VerdictName::AdmitSome,
+        Verdict::Reject => VerdictName::Reject,
+    }
+}
+
+fn diff(what: &str, expected: impl std::fmt::Debug, actual: impl std::fmt::Debug) -> String {
+    format!("{what}:\n  - expected {expected:?}\n  + actual   {actual:?}")
+}
+
+/// What differs between the expected admission and the plan's.
+fn admission_diffs(
+    want: &ExpectAdmission,
+    plan: &plan::Plan,
+    refs: &dyn Fn(&[u32]) -> Vec<String>,
+    diffs: &mut Vec<String>,
+) {
+    let got = verdict_name(&plan.admission.verdict);
+    if got != want.verdict {
+        diffs.push(diff(
+            "admission.verdict",
+            want.verdict,
+            format_args!("{got:?} (reason: {})", plan.admission.reason),
+        ));
+    }
+    if let (Some(want_images), Verdict::AdmitSome(subset)) = (&want.images, &plan.admission.verdict)
+    {
+        let got_images = refs(subset);
+        if &got_images != want_images {
+            diffs.push(diff("admission.images", want_images, got_images));
+        }
+    }
+    if let Some(needle) = &want.reason_contains
+        && !plan.admission.reason.contains(needle.as_str())
+    {
+        diffs.push(diff(
+            "admission.reason contains",
+            needle,
+            &plan.admission.reason,
+        ));
+    }
+}
+
+/// Run a loaded scenario against a policy instance (fresh for this scenario).
+pub fn run(loaded: &Loaded, policy: &mut dyn Decisions) -> Outcome {
+    let s = &loaded.scenario;
+    let request = &loaded.request;
+    let refs = |indices: &[u32]| -> Vec<String> {
+        indices
+            .iter()
+            .filter_map(|&i| request.images.get(i as usize))
+            .map(|i| i.reference.to_string())
+            .collect()
+    };
+    let mut diffs = Vec::new();
+    let plan = plan::make(policy, request);
+
+    if let Some(want) = &s.expect.admission {
+        admission_diffs(want, &plan, &refs, &mut diffs);
+    }
+    if let Some(want) = &s.expect.order {
+        let got = refs(&plan.pulls);
+        if &got != want {
+            diffs.push(diff("order", want, got));
+        }
+    }
+    if let Some(want) = s.expect.concurrency
+        && want != plan.concurrency
+    {
+        diffs.push(diff("concurrency", want, plan.concurrency));
+    }
+    for (n, (outcome, pressure, want)) in loaded.outcomes.iter().enumerate() {
+        let got = policy
+            .throttle(&request.node, outcome, pressure)
+            .as_millis() as u64;
+        if let Some(want) = want
+            && *want != got
+        {
+            diffs.push(diff(
+                &format!("pulls[{n}] throttle ms ({})", outcome.reference),
+                want,
+                got,
+            ));
+        }
+    }
+    let fallbacks: Vec<String> = policy
+        .fallbacks()
+        .iter()
+        .map(|f| f.hook.as_str().to_string())
+        .collect();
+    if fallbacks != s.expect.fallbacks {
+        let mut detail = String::new();
+        for f in policy.fallbacks() {
+            let _ = write!(detail, "\n    {f}");
+        }
+        diffs.push(format!(
+            "fallbacks:\n  - expected {:?}\n  + actual   {fallbacks:?}{detail}",
+            s.expect.fallbacks
+        ));
+    }
+    Outcome {
+        name: s.name.clone(),
+        path: loaded.path.clone(),
+        diffs,
+    }
+}
+
+/// Whether a hook name is one of the contract's (for `expect.fallbacks`).
+pub fn is_hook(name: &str) -> bool {
+    Hook::ALL.iter().any(|h| h.as_str() == name)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::decisions::Native;
+    use pinset_policy_default::DefaultPolicy;
+
+    fn write(dir: &Path, name: &str, text: &str) -> PathBuf {
+        let p = dir.join(name);
+        std::fs::write(&p, text).unwrap();
+        p
+    }
+
+    const BASE: &str = r#"
+name: worker
+node: {name: w, allocatable: 100Gi}
+images:
+  - {name: "r/a@sha256:aa", layers: [{digest: l1, size: 1Gi}, {digest: l2, size: 1Gi}]}
+  - {name: "r/b@sha256:bb", layers: [{digest: l2, size: 1Gi}]}
+  - {name: "r/c@sha256:cc", present: true, size: 5Gi}
+"#;
+
+    #[test]
+    fn shared_layers_map_to_one_index() {
+        let dir = tempfile::tempdir().unwrap();
+        let loaded = load(&write(dir.path(), "s.yaml", BASE)).unwrap();
+        let images = &loaded.request.images;
+        assert_eq!(images.layer_sizes(), &[1 << 30, 1 << 30, 5 << 30]);
+        assert_eq!(images.get(0).unwrap().layers, &[0, 1]);
+        assert_eq!(images.get(1).unwrap().layers, &[1]);
+        assert_eq!(images.get(1).unwrap().size_bytes, Some(1 << 30));
+        assert_eq!(images.pull_bytes(images.absent()).known, 2 << 30);
+        assert_eq!(
+            images.get(0).unwrap().sets().collect::<Vec<_>>(),
+            vec!["scenario"]
+        );
+    }
+
+    #[test]
+    fn a_wrong_expectation_fails_with_a_diff() {
+        let dir = tempfile::tempdir().unwrap();
+        let text = format!(
+            "{BASE}expect:\n  concurrency: 3\n  order: [\"r/b@sha256:bb\", \"r/a@sha256:aa\"]\n"
+        );
+        let loaded = load(&write(dir.path(), "s.yaml", &text)).unwrap();
+        let mut g = Native(DefaultPolicy, Vec::new());
+        let out = run(&loaded, &mut g);
+        assert!(!out.passed());
+        assert_eq!(out.diffs.len(), 2, "{:#?}", out.diffs);
+        assert!(out.diffs[0].starts_with("order:"), "{}", out.diffs[0]);
+        assert!(out.diffs[1].contains("- expected 3") && out.diffs[1].contains("+ actual   5"));
+    }
+
+    #[test]
+    fn bad_input_is_named() {
+        let dir = tempfile::tempdir().unwrap();
+        let typo = write(
+            dir.path(),
+            "typo.yaml",
+            "name: x\nnode: {name: n, alocatable: 1Gi}\n",
+        );
+        let e = load(&typo).unwrap_err().to_string();
+        assert!(e.contains("typo.yaml") && e.contains("alocatable"), "{e}");
+        let dup = write(
+            dir.path(),
+            "dup.yaml",
+            "name: x\nnode: {name: n}\nimages: [{name: a}, {name: a}]\n",
+        );
+        assert!(
+            load(&dup)
+                .unwrap_err()
+                .to_string()
+                .contains("image a is listed twice")
+        );
+        let size = write(
+            dir.path(),
+            "size.yaml",
+            "name: x\nnode: {name: n, allocatable: 12Qi}\n",
+        );
+        assert!(load(&size).unwrap_err().to_string().contains("12Qi"));
+        let empty = tempfile::tempdir().unwrap();
+        assert!(matches!(
+            collect(&[empty.path().into()]),
+            Err(ScenarioError::Empty { .. })
+        ));
+    }
+}

@@ -1,0 +1,210 @@
+//! The status a node reports: per set desired / current / last-failed generation with the error,
+//! progress in images and bytes, and honest conditions. The CLI prints it; the Kubernetes agent
+//! publishes it on the node's MachineConfigNode.
+
+use crate::desired::Desired;
+use serde::Serialize;
+use std::collections::BTreeMap;
+
+/// Longest error kept per set (as the MachineConfigNode API allows).
+pub const MAX_ERROR_CHARS: usize = 32_768;
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SetStatus {
+    pub name: String,
+    pub desired_generation: i64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub current_generation: Option<i64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub last_failed_generation: Option<i64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub last_failed_generation_error: Option<String>,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Progress {
+    pub images_done: u64,
+    pub images_total: u64,
+    /// Compressed bytes of the images done, where their size is known.
+    pub bytes_done: u64,
+    pub bytes_total: u64,
+}
+
+/// Where the node stands. Progressing while it works, whatever the time it takes; Degraded only
+/// for a real failure, which names the failing images.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeStatus {
+    pub sets: BTreeMap<String, SetStatus>,
+    pub progress: Progress,
+    /// `Some(message)` while a reconcile runs.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub progressing: Option<String>,
+    /// `Some(message)` after a failed reconcile, until one succeeds.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub degraded: Option<String>,
+    /// Decisions the policy failed to make in the last reconcile (answered by the reference).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub policy_fallbacks: Vec<String>,
+}
+
+impl NodeStatus {
+    /// A reconcile of `desired` starts: record its generations, drop sets no longer wanted.
+    pub fn start(&mut self, desired: &Desired, progress: Progress) {
+        let wanted: Vec<(&str, i64)> = desired
+            .sets
+            .iter()
+            .map(|s| (s.name.as_str(), s.generation))
+            .chain(
+                desired
+                    .invalid
+                    .iter()
+                    .map(|s| (s.set.as_str(), s.generation)),
+            )
+            .collect();
+        self.sets
+            .retain(|name, _| wanted.iter().any(|(n, _)| n == name));
+        for (name, generation) in wanted {
+            let s = self
+                .sets
+                .entry(name.to_string())
+                .or_insert_with(|| SetStatus {
+                    name: name.to_string(),
+                    ..Default::default()
+                });
+            // Generations never go backwards in status.
+            s.desired_generation = s.desired_generation.max(generation);
+        }
+        for invalid in &desired.invalid {
+            self.fail(&invalid.set, invalid.generation, &invalid.to_string());
+        }
+        self.progress = progress;
+        self.progressing = Some(format!(
+            "pulling {} image(s) of {} set(s)",
+            progress.images_total - progress.images_done,
+            desired.sets.len()
+        ));
+    }
+
+    pub fn advance(&mut self, images: u64, bytes: u64) {
+        self.progress.images_done =
+            (self.progress.images_done + images).min(self.progress.images_total);
+        self.progress.bytes_done =
+            (self.progress.bytes_done + bytes).min(self.progress.bytes_total);
+    }
+
+    pub fn succeed(&mut self, set: &str, generation: i64) {
+        if let Some(s) = self.sets.get_mut(set) {
+            s.current_generation = Some(s.current_generation.unwrap_or(0).max(generation));
+        }
+    }
+
+    pub fn fail(&mut self, set: &str, generation: i64, error: &str) {
+        if let Some(s) = self.sets.get_mut(set) {
+            s.last_failed_generation = Some(s.last_failed_generation.unwrap_or(0).max(generation));
+            s.last_failed_generation_error = Some(truncate(error, MAX_ERROR_CHARS));
+        }
+    }
+
+    /// The reconcile is over: Progressing clears; Degraded holds `failure` until a clean run.
+    pub fn finish(&mut self, failure: Option<String>) {
+        self.progressing = None;
+        self.degraded = failure;
+    }
+
+    /// Every set at its desired generation.
+    pub fn done(&self) -> bool {
+        self.sets
+            .values()
+            .all(|s| s.current_generation == Some(s.desired_generation))
+    }
+}
+
+fn truncate(s: &str, max: usize) -> String {
+    match s.char_indices().nth(max) {
+        None => s.to_string(),
+        Some((cut, _)) => s[..cut].to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::desired::InvalidSet;
+    use crate::reference::RefError;
+
+    fn desired(sets: &[(&str, i64)]) -> Desired {
+        Desired::of_sets(sets)
+    }
+
+    #[test]
+    fn generations_and_conditions() {
+        let mut st = NodeStatus::default();
+        st.start(
+            &desired(&[("a", 1), ("b", 3)]),
+            Progress {
+                images_total: 4,
+                bytes_total: 40,
+                ..Default::default()
+            },
+        );
+        assert!(st.progressing.is_some() && st.degraded.is_none());
+        st.advance(1, 10);
+        st.advance(9, 99);
+        assert_eq!(st.progress.images_done, 4, "never past the total");
+        st.succeed("a", 1);
+        st.fail("b", 3, "img x: connection refused");
+        st.finish(Some("1 image failed".into()));
+        assert_eq!(st.sets["a"].current_generation, Some(1));
+        assert_eq!(st.sets["b"].last_failed_generation, Some(3));
+        assert!(!st.done() && st.degraded.is_some() && st.progressing.is_none());
+
+        // Generation 4 of b succeeds; a is removed from the node.
+        st.start(&desired(&[("b", 4)]), Progress::default());
+        st.succeed("b", 4);
+        st.finish(None);
+        assert!(st.done() && st.degraded.is_none());
+        assert_eq!(st.sets.keys().collect::<Vec<_>>(), vec!["b"]);
+        assert_eq!(
+            st.sets["b"].last_failed_generation,
+            Some(3),
+            "kept for history"
+        );
+        let json = serde_json::to_value(&st.sets["b"]).unwrap();
+        assert_eq!(json["desiredGeneration"], 4);
+        assert_eq!(
+            json["lastFailedGenerationError"],
+            "img x: connection refused"
+        );
+    }
+
+    #[test]
+    fn invalid_sets_fail_with_the_reason_and_errors_are_capped() {
+        let mut d = desired(&[]);
+        d.invalid.push(InvalidSet {
+            set: "bad".into(),
+            generation: 2,
+            image: "q.io/a:1".into(),
+            error: RefError::Tag("q.io/a:1".into()),
+        });
+        let mut st = NodeStatus::default();
+        st.start(&d, Progress::default());
+        let err = st.sets["bad"].last_failed_generation_error.clone().unwrap();
+        assert!(
+            err.contains("PinnedImageSet bad") && err.contains("q.io/a:1"),
+            "{err}"
+        );
+        st.fail("bad", 2, &"é".repeat(40_000));
+        assert_eq!(
+            st.sets["bad"]
+                .last_failed_generation_error
+                .as_ref()
+                .unwrap()
+                .chars()
+                .count(),
+            MAX_ERROR_CHARS
+        );
+    }
+}

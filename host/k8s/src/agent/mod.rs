@@ -1,0 +1,403 @@
+//! The node agent: watches pools and sets, reconciles its node with the node crate's
+//! [`Reconciler`], cancels and restarts when its desired state changes, and publishes status on
+//! its MachineConfigNode.
+//!
+//! - this file: the loop (one round: desired state → spec → reconcile → publish → idle);
+//! - [`watch`]: reflector caches, node facts, change detection;
+//! - [`status`]: the status model as a MachineConfigNode and its writes;
+//! - [`policies`]: which policy module a node uses.
+
+pub mod policies;
+mod status;
+mod watch;
+
+pub use policies::{ModuleRef, PolicyConfig, PolicyTable, PolicyTableError};
+pub use status::node_status;
+pub use watch::desired_of;
+
+use crate::api::{MachineConfigNode, MachineConfigPool, PinnedImageSet};
+use crate::metrics::Metrics;
+use kube::Client;
+use kube::api::Api;
+use kube::runtime::reflector::Store;
+use pinset_core::decisions::Decisions;
+use pinset_core::desired::{Desired, NodeInfo};
+use pinset_core::status::{NodeStatus, Progress};
+use pinset_node::pin::PinBackend;
+use pinset_node::registry::size::Sizer;
+use pinset_node::{ReconcileError, Reconciler, Report};
+use pinset_policy::Guarded;
+use serde_json::json;
+use status::Published;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+use tokio::sync::watch as signal;
+use tokio_util::sync::CancellationToken;
+
+pub const FIELD_MANAGER: &str = "pinset-agent";
+
+#[derive(Debug, thiserror::Error)]
+pub enum AgentError {
+    #[error("node {node}: reading the Node object: {source}")]
+    NodeApi { node: String, source: kube::Error },
+    #[error("node {node}: {source}")]
+    NodeFile {
+        node: String,
+        source: crate::objects::ObjectError,
+    },
+    #[error("node {node}: {file}: no Node object named {node} in the file")]
+    NodeMissing { node: String, file: PathBuf },
+    #[error("node {node}: {source}")]
+    Convert {
+        node: String,
+        source: crate::convert::ConvertError,
+    },
+    #[error("MachineConfigNode {node}: writing {what}: {source}")]
+    Write {
+        node: String,
+        what: &'static str,
+        source: kube::Error,
+    },
+}
+
+/// How the agent runs.
+#[derive(Clone, Debug)]
+pub struct AgentConfig {
+    pub node_name: String,
+    /// Node facts from this YAML file instead of the core API's Node object.
+    pub node_file: Option<PathBuf>,
+    /// Reconcile again this often even when nothing changed (images removed behind our back).
+    pub resync: Duration,
+    /// After a failed reconcile, retry after this long, doubling up to `retry_max`.
+    pub retry_min: Duration,
+    pub retry_max: Duration,
+    /// At most one status write per this interval while pulling.
+    pub publish_interval: Duration,
+}
+
+impl AgentConfig {
+    pub fn new(node_name: String) -> Self {
+        Self {
+            node_name,
+            node_file: None,
+            resync: Duration::from_secs(600),
+            retry_min: Duration::from_secs(10),
+            retry_max: Duration::from_secs(300),
+            publish_interval: Duration::from_secs(1),
+        }
+    }
+}
+
+pub struct Agent<S, B> {
+    pub client: Client,
+    pub config: AgentConfig,
+    pub reconciler: Reconciler<S, B>,
+    pub policies: PolicyTable,
+    pub metrics: Metrics,
+    pub ready: Arc<AtomicBool>,
+}
+
+/// What the agent's loop keeps from one round to the next.
+struct Rounds {
+    pools: Store<MachineConfigPool>,
+    sets: Store<PinnedImageSet>,
+    changed: signal::Receiver<u64>,
+    node_api: Api<MachineConfigNode>,
+    published: Published,
+    status: NodeStatus,
+    failures: u32,
+}
+
+/// What follows a round.
+enum Next {
+    /// Stop: the agent is shutting down.
+    Stop,
+    /// Reconcile again at once (the desired state changed mid-round).
+    Again,
+    /// Idle this long, or until the desired state changes.
+    Idle(Duration),
+}
+
+impl<S: Sizer + 'static, B: PinBackend> Agent<S, B> {
+    /// Run until `shutdown`; a reconcile in flight is cancelled (pulls dropped, pins left as they
+    /// were) and the status says so.
+    pub async fn run(self, shutdown: CancellationToken) {
+        let Some(mut rounds) = self.start(&shutdown).await else {
+            return;
+        };
+        loop {
+            rounds.changed.borrow_and_update();
+            let node = match watch::node_info(&self.config, &self.client).await {
+                Ok(node) => node,
+                Err(e) => match self.report_unknown_desired(&mut rounds, e, &shutdown).await {
+                    Next::Stop => return,
+                    _ => continue,
+                },
+            };
+            let desired = desired_of(&node, &rounds.pools, &rounds.sets);
+            match self.round(&mut rounds, &node, &desired, &shutdown).await {
+                Next::Stop => return,
+                Next::Again => continue,
+                Next::Idle(wait) => {
+                    let done = rounds.status.done();
+                    tracing::info!(node = %node.name, done, next_in = ?wait, "reconcile finished");
+                    // The agent idles until the next change: what the reconcile freed goes back
+                    // to the system instead of staying in the allocator.
+                    pinset_node::os::release_free_memory();
+                    self.idle(&rounds, &node, &desired, wait, &shutdown).await;
+                    if shutdown.is_cancelled() {
+                        return;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Start the caches, wait until they are filled, and read the last published status.
+    async fn start(&self, shutdown: &CancellationToken) -> Option<Rounds> {
+        let (changes, changed) = signal::channel(0u64);
+        let pools = watch::spawn_reflector::<MachineConfigPool>(
+            self.client.clone(),
+            changes.clone(),
+            shutdown.clone(),
+        );
+        let sets = watch::spawn_reflector::<PinnedImageSet>(
+            self.client.clone(),
+            changes,
+            shutdown.clone(),
+        );
+        tokio::select! {
+            _ = shutdown.cancelled() => return None,
+            _ = async { let _ = pools.wait_until_ready().await; let _ = sets.wait_until_ready().await; } => {}
+        }
+        let node_api: Api<MachineConfigNode> = Api::all(self.client.clone());
+        let mut published = Published::default();
+        let mut status = NodeStatus::default();
+        match node_api.get_opt(&self.config.node_name).await {
+            Ok(Some(mcn)) => {
+                let st = mcn.status.unwrap_or_default();
+                status.sets = st
+                    .pinned_image_sets
+                    .into_iter()
+                    .map(|s| (s.name.clone(), status::set_status(s)))
+                    .collect();
+                published.conditions = st.conditions;
+            }
+            Ok(None) => {}
+            Err(e) => {
+                tracing::warn!(node = %self.config.node_name, error = %e, "cannot read the MachineConfigNode; starting from an empty status")
+            }
+        }
+        self.ready.store(true, Ordering::Relaxed);
+        Some(Rounds {
+            pools,
+            sets,
+            changed,
+            node_api,
+            published,
+            status,
+            failures: 0,
+        })
+    }
+
+    /// The node's facts cannot be read: say so on the status, retry later.
+    async fn report_unknown_desired(
+        &self,
+        rounds: &mut Rounds,
+        e: AgentError,
+        shutdown: &CancellationToken,
+    ) -> Next {
+        tracing::error!(error = %e, "cannot compute the node's desired state");
+        rounds.status.finish(Some(e.to_string()));
+        self.publish(&rounds.node_api, &mut rounds.published, &rounds.status)
+            .await;
+        tokio::select! {
+            _ = shutdown.cancelled() => Next::Stop,
+            _ = tokio::time::sleep(self.config.retry_min) => Next::Again,
+        }
+    }
+
+    /// One round: the spec, the reconcile (cancelled when the desired state changes), the
+    /// status. Says what comes next.
+    async fn round(
+        &self,
+        rounds: &mut Rounds,
+        node: &NodeInfo,
+        desired: &Desired,
+        shutdown: &CancellationToken,
+    ) -> Next {
+        self.sync_spec(rounds, desired).await;
+        let started = Instant::now();
+        let result = self.reconcile(rounds, node, desired, shutdown).await;
+        let ok = matches!(&result, Ok(r) if !r.cancelled) && rounds.status.degraded.is_none();
+        self.metrics
+            .observe_reconcile("node", started.elapsed(), ok);
+        let cancelled = match &result {
+            Ok(r) => r.cancelled,
+            Err(e) => {
+                tracing::error!(node = %node.name, error = %e, "reconcile failed");
+                false
+            }
+        };
+        if shutdown.is_cancelled() {
+            rounds.status.progressing = Some(
+                "interrupted: the agent is stopping; the work resumes when it restarts".into(),
+            );
+            let publish = self.publish(&rounds.node_api, &mut rounds.published, &rounds.status);
+            let _ = tokio::time::timeout(Duration::from_secs(3), publish).await;
+            return Next::Stop;
+        }
+        if cancelled {
+            tracing::info!(node = %node.name, "the desired state changed: reconciling again");
+            return Next::Again;
+        }
+        self.publish(&rounds.node_api, &mut rounds.published, &rounds.status)
+            .await;
+        Next::Idle(self.next_wait(rounds))
+    }
+
+    /// After a failure, back off (doubling up to `retry_max`); after a success, resync.
+    fn next_wait(&self, rounds: &mut Rounds) -> Duration {
+        if rounds.status.degraded.is_some() {
+            rounds.failures = rounds.failures.saturating_add(1);
+            (self.config.retry_min * 2u32.saturating_pow(rounds.failures - 1))
+                .min(self.config.retry_max)
+        } else {
+            rounds.failures = 0;
+            self.config.resync
+        }
+    }
+
+    /// The reconcile with the primary pool's policy, its progress published as it goes, and a
+    /// watch that cancels it when the desired state changes (or the agent stops).
+    async fn reconcile(
+        &self,
+        rounds: &mut Rounds,
+        node: &NodeInfo,
+        desired: &Desired,
+        shutdown: &CancellationToken,
+    ) -> Result<Report, ReconcileError> {
+        let cancel = shutdown.child_token();
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        let mut preview = rounds.status.clone();
+        preview.start(
+            desired,
+            Progress {
+                images_total: desired.images.len() as u64,
+                ..Default::default()
+            },
+        );
+        preview.progressing = Some(format!("working on {} set(s)", desired.sets.len()));
+        let reconcile = self.reconciler.reconcile(
+            desired,
+            node,
+            self.decisions(&desired.pools),
+            &mut rounds.status,
+            cancel.clone(),
+            Some(tx),
+        );
+        let progress = status::publish_progress(
+            rx,
+            preview,
+            desired,
+            &rounds.node_api,
+            &self.config,
+            &self.metrics,
+        );
+        let watch_changes = watch::until_changed(
+            &self.config,
+            &self.client,
+            &rounds.pools,
+            &rounds.sets,
+            desired,
+            node,
+            rounds.changed.clone(),
+        );
+        let work = async { tokio::join!(reconcile, progress) };
+        tokio::pin!(work, watch_changes);
+        let (result, mut written) = tokio::select! {
+            r = &mut work => r,
+            // The desired state changed: cancel the reconcile; it returns promptly.
+            () = &mut watch_changes => {
+                cancel.cancel();
+                work.await
+            }
+        };
+        // The progress writer kept its own record of what it wrote.
+        if written.status.is_some() {
+            rounds.published.status = written.status.take();
+            rounds.published.conditions = std::mem::take(&mut written.conditions);
+        }
+        result
+    }
+
+    /// The decisions of one reconcile: a fresh instance of the primary pool's policy, guarded,
+    /// reporting to the agent's metrics.
+    fn decisions(&self, pools: &[String]) -> Box<dyn Decisions> {
+        let module = self.policies.for_pools(pools);
+        Box::new(
+            Guarded::new(Box::new(module.instance())).with_observer(Arc::new(self.metrics.clone())),
+        )
+    }
+
+    /// Sleep until the desired state changes, `wait` passes, or the agent stops.
+    async fn idle(
+        &self,
+        rounds: &Rounds,
+        node: &NodeInfo,
+        desired: &Desired,
+        wait: Duration,
+        shutdown: &CancellationToken,
+    ) {
+        let wait_change = watch::until_changed(
+            &self.config,
+            &self.client,
+            &rounds.pools,
+            &rounds.sets,
+            desired,
+            node,
+            rounds.changed.clone(),
+        );
+        tokio::select! {
+            _ = shutdown.cancelled() => {}
+            _ = tokio::time::sleep(wait) => {}
+            () = wait_change => {}
+        }
+    }
+
+    /// The MachineConfigNode's spec names the node and its primary pool.
+    async fn sync_spec(&self, rounds: &mut Rounds, desired: &Desired) {
+        let pool = desired.pools.first().cloned();
+        if rounds.published.pool.as_ref() == Some(&pool) {
+            return;
+        }
+        let name = &self.config.node_name;
+        let mut spec = json!({"node": {"name": name}});
+        if let Some(pool) = &pool {
+            spec["pool"] = json!({"name": pool});
+        }
+        match status::apply_node(&rounds.node_api, name, "spec", spec).await {
+            Ok(()) => {
+                self.metrics.count_api_write("node_spec");
+                rounds.published.pool = Some(pool);
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot write the MachineConfigNode spec; retrying later")
+            }
+        }
+    }
+
+    async fn publish(
+        &self,
+        api: &Api<MachineConfigNode>,
+        published: &mut Published,
+        status: &NodeStatus,
+    ) {
+        let name = &self.config.node_name;
+        if let Err(e) = status::write_status(api, name, published, status, &self.metrics).await {
+            tracing::warn!(error = %e, "status not published; it will be on the next change");
+        }
+    }
+}

@@ -1,0 +1,310 @@
+//! The agent's writes: its MachineConfigNode status (server-side apply by its own field
+//! manager, only when it changed) and progress while it pulls.
+
+use super::{AgentConfig, AgentError, FIELD_MANAGER};
+use crate::api::{
+    CONDITION_DEGRADED, CONDITION_POLICY_FALLBACK, CONDITION_PROGRESSING, MachineConfigNode,
+    MachineConfigNodeStatus, NodeProgress, NodeSetStatus,
+};
+use crate::condition;
+use crate::metrics::Metrics;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use kube::Resource;
+use kube::api::{Api, Patch, PatchParams};
+use pinset_core::desired::Desired;
+use pinset_core::status::{NodeStatus, Progress, SetStatus};
+use pinset_node::executor::Event;
+use pinset_policy_sdk::fmt_bytes;
+use serde_json::json;
+use std::time::Instant;
+use tokio::sync::mpsc::UnboundedReceiver;
+
+/// What the agent last wrote, so unchanged status is not written again.
+#[derive(Default)]
+pub(super) struct Published {
+    pub(super) pool: Option<Option<String>>,
+    pub(super) status: Option<MachineConfigNodeStatus>,
+    pub(super) conditions: Vec<Condition>,
+}
+
+/// Publish progress while the reconcile runs (at most once per `publish_interval`). Returns what
+/// it wrote last.
+pub(super) async fn publish_progress(
+    mut rx: UnboundedReceiver<Event>,
+    mut preview: NodeStatus,
+    desired: &Desired,
+    api: &Api<MachineConfigNode>,
+    config: &AgentConfig,
+    metrics: &Metrics,
+) -> Published {
+    let mut published = Published::default();
+    let mut dirty = true;
+    let mut next = Instant::now();
+    loop {
+        let deadline = tokio::time::Instant::from_std(next);
+        tokio::select! {
+            event = rx.recv() => match event {
+                None => return published,
+                Some(Event::Planned { bytes, present, pulls }) => {
+                    preview.start(desired, Progress {
+                        images_done: present,
+                        images_total: desired.images.len() as u64,
+                        bytes_done: 0,
+                        bytes_total: bytes,
+                    });
+                    preview.progressing = Some(format!("pulling {pulls} image(s) of {} set(s)", desired.sets.len()));
+                    dirty = true;
+                }
+                Some(Event::Pulled { bytes, .. }) => {
+                    preview.advance(1, bytes.unwrap_or(0));
+                    dirty = true;
+                }
+                Some(_) => {}
+            },
+            _ = tokio::time::sleep_until(deadline), if dirty => {
+                if let Err(e) = write_status(api, &config.node_name, &mut published, &preview, metrics).await {
+                    tracing::warn!(error = %e, "progress not published");
+                }
+                dirty = false;
+                next = Instant::now() + config.publish_interval;
+            }
+        }
+    }
+}
+
+pub(super) fn set_status(s: NodeSetStatus) -> SetStatus {
+    SetStatus {
+        name: s.name,
+        desired_generation: s.desired_generation,
+        current_generation: s.current_generation,
+        last_failed_generation: s.last_failed_generation,
+        last_failed_generation_error: s.last_failed_generation_error,
+    }
+}
+
+/// The MachineConfigNode status for `status`; conditions keep their transition times.
+pub fn node_status(status: &NodeStatus, previous: &[Condition]) -> MachineConfigNodeStatus {
+    let p = status.progress;
+    let progressing = status.progressing.clone();
+    let conditions = vec![
+        condition::make(
+            previous,
+            CONDITION_PROGRESSING,
+            progressing.is_some(),
+            if progressing.is_some() {
+                "ImagePrefetch"
+            } else {
+                "AsExpected"
+            },
+            &progressing.unwrap_or_else(|| {
+                if status.degraded.is_some() {
+                    "not progressing: see PinnedImageSetsDegraded".into()
+                } else {
+                    format!("all {} set(s) pulled and pinned", status.sets.len())
+                }
+            }),
+            None,
+        ),
+        condition::make(
+            previous,
+            CONDITION_DEGRADED,
+            status.degraded.is_some(),
+            if status.degraded.is_some() {
+                "PrefetchFailed"
+            } else {
+                "AsExpected"
+            },
+            &truncate(status.degraded.as_deref().unwrap_or(""), 8192),
+            None,
+        ),
+        condition::make(
+            previous,
+            CONDITION_POLICY_FALLBACK,
+            !status.policy_fallbacks.is_empty(),
+            if status.policy_fallbacks.is_empty() {
+                "AsExpected"
+            } else {
+                "PolicyFailed"
+            },
+            &truncate(&status.policy_fallbacks.join("; "), 8192),
+            None,
+        ),
+    ];
+    MachineConfigNodeStatus {
+        conditions,
+        pinned_image_sets: status
+            .sets
+            .values()
+            .map(|s| NodeSetStatus {
+                name: s.name.clone(),
+                desired_generation: s.desired_generation.max(1),
+                current_generation: s.current_generation,
+                last_failed_generation: s.last_failed_generation,
+                last_failed_generation_error: s
+                    .last_failed_generation
+                    .map(|_| s.last_failed_generation_error.clone().unwrap_or_default()),
+            })
+            .collect(),
+        pinned_image_progress: Some(NodeProgress {
+            images_done: p.images_done,
+            images_total: p.images_total,
+            bytes_done: p.bytes_done,
+            bytes_total: p.bytes_total,
+            summary: format!(
+                "{}/{} ({}/{})",
+                p.images_done,
+                p.images_total,
+                fmt_bytes(p.bytes_done),
+                fmt_bytes(p.bytes_total)
+            ),
+        }),
+    }
+}
+
+fn truncate(s: &str, max: usize) -> String {
+    match s.char_indices().nth(max) {
+        None => s.to_string(),
+        Some((cut, _)) => format!("{}…", &s[..cut]),
+    }
+}
+
+/// Same status, transition times aside.
+fn same_status(a: &MachineConfigNodeStatus, b: &MachineConfigNodeStatus) -> bool {
+    a.pinned_image_sets == b.pinned_image_sets
+        && a.pinned_image_progress == b.pinned_image_progress
+        && a.conditions.len() == b.conditions.len()
+        && a.conditions
+            .iter()
+            .zip(&b.conditions)
+            .all(|(x, y)| condition::same(x, y))
+}
+
+pub(super) async fn write_status(
+    api: &Api<MachineConfigNode>,
+    name: &str,
+    published: &mut Published,
+    status: &NodeStatus,
+    metrics: &Metrics,
+) -> Result<(), AgentError> {
+    let st = node_status(status, &published.conditions);
+    if published
+        .status
+        .as_ref()
+        .is_some_and(|p| same_status(p, &st))
+    {
+        return Ok(());
+    }
+    apply_node(
+        api,
+        name,
+        "status",
+        serde_json::to_value(&st).expect("status serializes"),
+    )
+    .await?;
+    metrics.count_api_write("node_status");
+    published.conditions = st.conditions.clone();
+    published.status = Some(st);
+    Ok(())
+}
+
+/// Server-side apply of one part (`spec` or `status`) of the node's MachineConfigNode, as
+/// pinset's agent (its own field manager: other writers' fields are left alone).
+pub(super) async fn apply_node(
+    api: &Api<MachineConfigNode>,
+    name: &str,
+    part: &'static str,
+    value: serde_json::Value,
+) -> Result<(), AgentError> {
+    let body = json!({
+        "apiVersion": MachineConfigNode::api_version(&()),
+        "kind": MachineConfigNode::kind(&()),
+        "metadata": {"name": name},
+        part: value,
+    });
+    let params = PatchParams::apply(FIELD_MANAGER).force();
+    let result = if part == "status" {
+        api.patch_status(name, &params, &Patch::Apply(&body)).await
+    } else {
+        api.patch(name, &params, &Patch::Apply(&body)).await
+    };
+    result.map(drop).map_err(|source| AgentError::Write {
+        node: name.into(),
+        what: part,
+        source,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn desired(sets: &[(&str, i64)]) -> Desired {
+        Desired {
+            sets: sets
+                .iter()
+                .map(|(n, g)| pinset_core::desired::DesiredSet {
+                    name: n.to_string(),
+                    generation: *g,
+                    images: vec![],
+                })
+                .collect(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_node_at_work_is_progressing_and_never_degraded_for_taking_time() {
+        let mut st = NodeStatus::default();
+        st.start(
+            &desired(&[("a", 1)]),
+            Progress {
+                images_total: 760,
+                bytes_total: 1 << 40,
+                ..Default::default()
+            },
+        );
+        st.advance(100, 1 << 30);
+        let s = node_status(&st, &[]);
+        let get = |t: &str| s.conditions.iter().find(|c| c.type_ == t).unwrap().clone();
+        assert_eq!(get(CONDITION_PROGRESSING).status, "True");
+        assert_eq!(get(CONDITION_PROGRESSING).reason, "ImagePrefetch");
+        assert_eq!(get(CONDITION_DEGRADED).status, "False");
+        assert_eq!(get(CONDITION_POLICY_FALLBACK).status, "False");
+        let p = s.pinned_image_progress.unwrap();
+        assert_eq!((p.images_done, p.images_total), (100, 760));
+        assert_eq!(p.summary, "100/760 (1.0 GiB/1.0 TiB)");
+        assert_eq!(s.pinned_image_sets[0].desired_generation, 1);
+        assert_eq!(s.pinned_image_sets[0].current_generation, None);
+    }
+
+    #[test]
+    fn failures_name_the_images_and_fallbacks_show() {
+        let mut st = NodeStatus::default();
+        st.start(&desired(&[("a", 2)]), Progress::default());
+        st.fail("a", 2, "1 image(s) missing: q.io/x@sha256:00: not found");
+        st.policy_fallbacks = vec!["order: trap".into()];
+        st.finish(Some(
+            "PinnedImageSet a: 1 image(s) missing: q.io/x@sha256:00: not found".into(),
+        ));
+        let s = node_status(&st, &[]);
+        let get = |t: &str| s.conditions.iter().find(|c| c.type_ == t).unwrap().clone();
+        assert_eq!(get(CONDITION_PROGRESSING).status, "False");
+        let d = get(CONDITION_DEGRADED);
+        assert_eq!(
+            (d.status.as_str(), d.reason.as_str()),
+            ("True", "PrefetchFailed")
+        );
+        assert!(d.message.contains("q.io/x@sha256:00"));
+        assert_eq!(get(CONDITION_POLICY_FALLBACK).message, "order: trap");
+        let set = &s.pinned_image_sets[0];
+        assert_eq!(set.last_failed_generation, Some(2));
+        assert!(
+            set.last_failed_generation_error
+                .as_ref()
+                .unwrap()
+                .contains("not found")
+        );
+        // Unchanged status compares equal even with fresh transition times.
+        assert!(same_status(&s, &node_status(&st, &s.conditions)));
+    }
+}

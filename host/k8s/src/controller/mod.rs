@@ -1,0 +1,287 @@
+//! `pinset controller`: for every MachineConfigPool, the PinnedImageSets it selects
+//! (`spec.pinnedImageSets`) and how far its nodes are (`status.poolSynchronizersStatus` and the
+//! `PinnedImageSetsDegraded` condition); for every PinnedImageSet, its size and pools (status).
+//!
+//! The decisions are the core's (`pinset_core::pool`); this module reads the objects from watch
+//! caches and writes only what changed. One [`Context`] is shared by both reconcilers:
+//!
+//! - this file: the context, the error and its policy (backoff per object), the wiring;
+//! - `pool`: a pool's selection (`spec.pinnedImageSets`) and status;
+//! - `set`: a set's status (image count, pools);
+//! - `watch`: the watch streams (only the changes a reconciler cares about).
+
+mod pool;
+mod set;
+mod watch;
+
+use crate::api::{MachineConfigNode, MachineConfigPool, PinnedImageSet};
+use crate::convert;
+use crate::metrics::Metrics;
+use crate::watcher_config;
+use futures::StreamExt;
+use kube::api::Api;
+use kube::runtime::controller::{Action, Controller};
+use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Client, ResourceExt};
+use std::collections::HashMap;
+use std::sync::atomic::AtomicBool;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+pub const FIELD_MANAGER: &str = "pinset-controller";
+/// Reconciles in flight per kind of object.
+pub const CONCURRENCY: u16 = 8;
+/// Everything is reconciled again this often, changes or not.
+pub const RESYNC: Duration = Duration::from_secs(600);
+
+#[derive(Debug, thiserror::Error)]
+pub enum ControllerError {
+    #[error("MachineConfigPool {pool}: writing {what}: {source}")]
+    PoolWrite {
+        pool: String,
+        what: &'static str,
+        source: kube::Error,
+    },
+    #[error("PinnedImageSet {set}: writing status: {source}")]
+    SetWrite { set: String, source: kube::Error },
+    #[error(transparent)]
+    Convert(#[from] convert::ConvertError),
+}
+
+impl ControllerError {
+    fn conflict(&self) -> bool {
+        matches!(
+            self,
+            ControllerError::PoolWrite {
+                source: kube::Error::Api(e),
+                ..
+            } | ControllerError::SetWrite {
+                source: kube::Error::Api(e),
+                ..
+            } if e.code == 409
+        )
+    }
+}
+
+/// Shared by the pool and set reconcilers.
+pub struct Context {
+    pub client: Client,
+    pub pools: Store<MachineConfigPool>,
+    pub sets: Store<PinnedImageSet>,
+    pub nodes: Store<MachineConfigNode>,
+    pub metrics: Metrics,
+    /// Each pool's selection as last computed (to trigger the sets that join or leave a pool).
+    selections: Mutex<HashMap<String, Vec<String>>>,
+    /// Sets whose pools changed, for the set reconciler.
+    set_triggers: mpsc::UnboundedSender<ObjectRef<PinnedImageSet>>,
+    /// Consecutive failures per object, for the backoff.
+    failures: Mutex<HashMap<String, u32>>,
+    /// True once every cache has its first full list.
+    synced: tokio::sync::watch::Receiver<bool>,
+}
+
+impl Context {
+    /// Wait until every cache has its first full list. (One task waits on the stores and
+    /// broadcasts: a store's readiness does not wake many concurrent waiters reliably.)
+    async fn synced(&self) {
+        let _ = self.synced.clone().wait_for(|s| *s).await;
+    }
+
+    fn backoff(&self, key: String, conflict: bool) -> Duration {
+        let mut failures = self.failures.lock().expect("failures lock");
+        let n = failures.entry(key).or_insert(0);
+        *n = n.saturating_add(1);
+        if conflict {
+            // Someone else wrote first: read again soon.
+            return Duration::from_millis(100);
+        }
+        Duration::from_millis(500u64.saturating_mul(1 << (*n - 1).min(10)))
+            .min(Duration::from_secs(300))
+    }
+
+    fn succeeded(&self, key: &str) {
+        self.failures.lock().expect("failures lock").remove(key);
+    }
+}
+
+/// The kinds the controller reconciles, each with the word that keys its backoff and metrics.
+trait Reconciled: ResourceExt {
+    const KIND: &'static str;
+}
+
+impl Reconciled for MachineConfigPool {
+    const KIND: &'static str = "pool";
+}
+
+impl Reconciled for PinnedImageSet {
+    const KIND: &'static str = "set";
+}
+
+/// Time a reconcile, count it, and forget the object's failures when it succeeded.
+async fn observed<K: Reconciled>(
+    obj: &K,
+    ctx: &Context,
+    reconcile: impl Future<Output = Result<Action, ControllerError>>,
+) -> Result<Action, ControllerError> {
+    let started = Instant::now();
+    let result = reconcile.await;
+    ctx.metrics
+        .observe_reconcile(K::KIND, started.elapsed(), result.is_ok());
+    if result.is_ok() {
+        ctx.succeeded(&format!("{}/{}", K::KIND, obj.name_any()));
+    }
+    result
+}
+
+fn error_policy<K: Reconciled>(obj: Arc<K>, error: &ControllerError, ctx: Arc<Context>) -> Action {
+    let wait = ctx.backoff(format!("{}/{}", K::KIND, obj.name_any()), error.conflict());
+    if error.conflict() {
+        tracing::debug!(error = %error, "conflict; reading again");
+    } else {
+        tracing::warn!(error = %error, retry_in = ?wait, "reconcile failed");
+    }
+    Action::requeue(wait)
+}
+
+/// Run both reconcilers until `shutdown` fires.
+pub async fn run(
+    client: Client,
+    metrics: Metrics,
+    ready: Arc<AtomicBool>,
+    shutdown: CancellationToken,
+) {
+    let pools_api: Api<MachineConfigPool> = Api::all(client.clone());
+    let sets_api: Api<PinnedImageSet> = Api::all(client.clone());
+    let nodes_api: Api<MachineConfigNode> = Api::all(client.clone());
+    let config = watcher_config();
+
+    let (sets_reader, sets_writer) = reflector::store();
+    // A pool cares about a set's labels and spec (its generation), not its status; about a
+    // node's report, not its progress.
+    let sets_stream = watch::changed_objects(
+        watcher(sets_api.clone(), config.clone())
+            .default_backoff()
+            .modify(watch::strip)
+            .reflect(sets_writer),
+        |s: &PinnedImageSet| (s.metadata.generation, s.labels().clone()),
+    );
+    let (nodes_reader, nodes_writer) = reflector::store();
+    let nodes_stream = watch::changed_objects(
+        watcher(nodes_api, config.clone())
+            .default_backoff()
+            .modify(watch::strip)
+            .reflect(nodes_writer),
+        convert::node_report,
+    );
+    let (pools_reader, pools_writer) = reflector::store();
+    let pools_stream = watcher(pools_api, config.clone())
+        .default_backoff()
+        .modify(watch::strip)
+        .reflect(pools_writer)
+        .applied_objects();
+    let (set_triggers, set_trigger_rx) = mpsc::unbounded_channel();
+    let (synced_tx, synced) = tokio::sync::watch::channel(false);
+    let ctx = Arc::new(Context {
+        client,
+        pools: pools_reader.clone(),
+        sets: sets_reader,
+        nodes: nodes_reader,
+        metrics,
+        selections: Mutex::new(HashMap::new()),
+        set_triggers,
+        failures: Mutex::new(HashMap::new()),
+        synced,
+    });
+    let node_to_pool =
+        |n: MachineConfigNode| Some(ObjectRef::<MachineConfigPool>::new(&n.spec.pool.name));
+    let stop = shutdown.clone();
+    let pools = Controller::for_stream(pools_stream, pools_reader.clone())
+        .with_config(limits())
+        .watches_stream(sets_stream, set_to_pools(pools_reader))
+        .watches_stream(nodes_stream, node_to_pool)
+        .graceful_shutdown_on(async move { stop.cancelled().await })
+        .run(pool::reconcile, error_policy, ctx.clone())
+        .for_each(watch::log_outcome);
+    let sets = run_sets(sets_api, set_trigger_rx, ctx.clone(), shutdown);
+    tokio::join!(pools, sets, announce_ready(ctx, synced_tx, ready));
+}
+
+/// Bounded concurrency: each reconcile in flight may hold an HTTP connection (a TLS session),
+/// so unbounded reconciles of a thousand objects would open a thousand connections.
+fn limits() -> kube::runtime::controller::Config {
+    kube::runtime::controller::Config::default().concurrency(CONCURRENCY)
+}
+
+/// A set change concerns the pools that select it now or listed it before.
+fn set_to_pools(
+    pools: Store<MachineConfigPool>,
+) -> impl Fn(PinnedImageSet) -> Vec<ObjectRef<MachineConfigPool>> {
+    move |set: PinnedImageSet| {
+        let labels = set.labels().clone();
+        let name = set.name_any();
+        pools
+            .state()
+            .iter()
+            .filter(|p| {
+                let listed = p
+                    .spec
+                    .pinned_image_sets
+                    .iter()
+                    .flatten()
+                    .any(|s| s.name == name);
+                listed
+                    || convert::pool(p).is_ok_and(|c| {
+                        !c.machine_config_selector.is_empty()
+                            && c.machine_config_selector.matches(&labels)
+                    })
+            })
+            .map(|p| ObjectRef::from_obj(p.as_ref()))
+            .collect()
+    }
+}
+
+/// The set reconciler: on its own watch, and on the triggers of the pool reconciler.
+async fn run_sets(
+    sets_api: Api<PinnedImageSet>,
+    triggers: mpsc::UnboundedReceiver<ObjectRef<PinnedImageSet>>,
+    ctx: Arc<Context>,
+    shutdown: CancellationToken,
+) {
+    let (reader, writer) = reflector::store();
+    let own_sets = watcher(sets_api, watcher_config())
+        .default_backoff()
+        .modify(watch::strip)
+        .reflect(writer)
+        .applied_objects();
+    Controller::for_stream(own_sets, reader)
+        .with_config(limits())
+        .reconcile_on(tokio_stream::wrappers::UnboundedReceiverStream::new(
+            triggers,
+        ))
+        .graceful_shutdown_on(async move { shutdown.cancelled().await })
+        .run(set::reconcile, error_policy, ctx)
+        .for_each(watch::log_outcome)
+        .await;
+}
+
+/// Once every cache has its first full list: let the reconcilers go, and say ready.
+async fn announce_ready(
+    ctx: Arc<Context>,
+    synced: tokio::sync::watch::Sender<bool>,
+    ready: Arc<AtomicBool>,
+) {
+    let _ = ctx.pools.wait_until_ready().await;
+    let _ = ctx.sets.wait_until_ready().await;
+    let _ = ctx.nodes.wait_until_ready().await;
+    let _ = synced.send(true);
+    ready.store(true, std::sync::atomic::Ordering::Relaxed);
+    tracing::info!(
+        pools = ctx.pools.state().len(),
+        sets = ctx.sets.state().len(),
+        nodes = ctx.nodes.state().len(),
+        "controller caches synced"
+    );
+}

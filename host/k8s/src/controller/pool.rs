@@ -1,0 +1,196 @@
+//! A pool's reconcile: the sets it selects (written to `spec.pinnedImageSets`), and how far its
+//! nodes are (the `PinnedImageSets` synchronizer entry and the Degraded condition).
+
+use super::{Context, ControllerError, FIELD_MANAGER, RESYNC, observed};
+use crate::api::{CONDITION_DEGRADED, MachineConfigPool, PoolSynchronizerStatus, SYNCHRONIZER};
+use crate::{condition, convert};
+use kube::ResourceExt;
+use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::controller::Action;
+use kube::runtime::reflector::ObjectRef;
+use pinset_core::pool::{self, PoolError};
+use serde_json::json;
+use std::sync::Arc;
+
+pub(super) async fn reconcile(
+    mcp: Arc<MachineConfigPool>,
+    ctx: Arc<Context>,
+) -> Result<Action, ControllerError> {
+    observed(mcp.as_ref(), &ctx, reconcile_pool(&mcp, &ctx)).await
+}
+
+async fn reconcile_pool(mcp: &MachineConfigPool, ctx: &Context) -> Result<Action, ControllerError> {
+    ctx.synced().await;
+    let name = mcp.name_any();
+    let api: Api<MachineConfigPool> = Api::all(ctx.client.clone());
+    let core_pool = match convert::pool(mcp) {
+        Ok(p) => p,
+        Err(e) => {
+            write_status(ctx, &api, mcp, None, Some(e.to_string())).await?;
+            return Ok(Action::await_change());
+        }
+    };
+    let sets = ctx.sets.state();
+    tracing::debug!(pool = %name, sets = sets.len(), "reconcile pool");
+    let labelled = sets
+        .iter()
+        .map(|s| (s.metadata.name.as_deref().unwrap_or(""), s.labels()));
+    let (selected, failure) = match pool::select_labelled(&core_pool, labelled) {
+        Ok(selected) => (selected, None),
+        Err(e @ PoolError::TooManySets { .. }) => (None, Some(e.to_string())),
+    };
+    if let Some(names) = &selected {
+        write_selection(ctx, &api, mcp, names).await?;
+        retrigger_sets(ctx, &name, names);
+    }
+    // Node counts for the sets the pool now holds, at their current generation.
+    let wanted: Vec<(String, i64)> = selected
+        .iter()
+        .flatten()
+        .filter_map(|n| {
+            ctx.sets
+                .get(&ObjectRef::new(n))
+                .map(|s| (n.clone(), s.metadata.generation.unwrap_or(1).max(1)))
+        })
+        .collect();
+    let reports: Vec<_> = ctx
+        .nodes
+        .state()
+        .iter()
+        .filter(|n| n.spec.pool.name == name)
+        .map(|n| convert::node_report(n))
+        .collect();
+    let sync = pool::sync_status(&name, &wanted, &reports);
+    let degraded = failure.or(sync.degraded.clone());
+    write_status(ctx, &api, mcp, Some(&sync), degraded).await?;
+    Ok(Action::requeue(RESYNC))
+}
+
+/// Write `spec.pinnedImageSets` when the selection differs from it.
+async fn write_selection(
+    ctx: &Context,
+    api: &Api<MachineConfigPool>,
+    mcp: &MachineConfigPool,
+    names: &[String],
+) -> Result<(), ControllerError> {
+    let name = mcp.name_any();
+    let current: Option<Vec<String>> = mcp
+        .spec
+        .pinned_image_sets
+        .as_ref()
+        .map(|v| v.iter().map(|s| s.name.clone()).collect());
+    let wanted = (!names.is_empty()).then(|| names.to_vec());
+    if current == wanted {
+        return Ok(());
+    }
+    // A merge patch replaces the whole list; the resourceVersion makes a concurrent writer's
+    // change a conflict (retried) instead of a lost update.
+    let list = wanted
+        .as_ref()
+        .map(|v| v.iter().map(|n| json!({"name": n})).collect::<Vec<_>>());
+    let patch = json!({
+        "metadata": {"resourceVersion": mcp.resource_version()},
+        "spec": {"pinnedImageSets": list}
+    });
+    if let Err(source) = api
+        .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+    {
+        let err = ControllerError::PoolWrite {
+            pool: name.clone(),
+            what: "spec.pinnedImageSets",
+            source,
+        };
+        if !err.conflict() {
+            // Say why on the pool too; the error itself is retried with backoff.
+            let _ = write_status(ctx, api, mcp, None, Some(err.to_string())).await;
+        }
+        return Err(err);
+    }
+    ctx.metrics.count_api_write("pool_spec");
+    tracing::info!(pool = %name, sets = ?names, "pool selection written");
+    Ok(())
+}
+
+/// The sets that joined or left the pool get their status recomputed.
+fn retrigger_sets(ctx: &Context, pool: &str, names: &[String]) {
+    let previous = ctx
+        .selections
+        .lock()
+        .expect("selections lock")
+        .insert(pool.to_string(), names.to_vec())
+        .unwrap_or_default();
+    for set in names
+        .iter()
+        .filter(|n| !previous.contains(n))
+        .chain(previous.iter().filter(|n| !names.contains(n)))
+    {
+        let _ = ctx.set_triggers.send(ObjectRef::new(set));
+    }
+}
+
+/// Apply the pool's synchronizer entry and Degraded condition, only when they differ from what
+/// the pool already says. `sync` is `None` when the counts could not be computed (kept as they are).
+async fn write_status(
+    ctx: &Context,
+    api: &Api<MachineConfigPool>,
+    mcp: &MachineConfigPool,
+    sync: Option<&pool::PoolSync>,
+    degraded: Option<String>,
+) -> Result<(), ControllerError> {
+    let status = mcp.status.clone().unwrap_or_default();
+    let old_entry = status
+        .pool_synchronizers_status
+        .iter()
+        .find(|s| s.pool_synchronizer_type == SYNCHRONIZER);
+    let entry = match sync {
+        Some(s) => Some(PoolSynchronizerStatus {
+            pool_synchronizer_type: SYNCHRONIZER.into(),
+            machine_count: s.machine_count,
+            updated_machine_count: s.updated_machine_count,
+            ready_machine_count: s.ready_machine_count,
+            available_machine_count: s.available_machine_count,
+            unavailable_machine_count: s.unavailable_machine_count,
+            observed_generation: mcp.metadata.generation,
+        }),
+        None => old_entry.cloned(),
+    };
+    let cond = condition::make(
+        &status.conditions,
+        CONDITION_DEGRADED,
+        degraded.is_some(),
+        if degraded.is_some() {
+            "PinnedImageSetsFailed"
+        } else {
+            "AsExpected"
+        },
+        degraded.as_deref().unwrap_or(""),
+        mcp.metadata.generation,
+    );
+    let same_cond = status.conditions.iter().any(|c| condition::same(c, &cond));
+    if entry.as_ref() == old_entry && same_cond {
+        return Ok(());
+    }
+    let mut body = json!({
+        "apiVersion": "machineconfiguration.openshift.io/v1",
+        "kind": "MachineConfigPool",
+        "metadata": {"resourceVersion": mcp.resource_version()},
+        "status": {"conditions": [cond]},
+    });
+    if let Some(e) = entry {
+        body["status"]["poolSynchronizersStatus"] = json!([e]);
+    }
+    api.patch_status(
+        &mcp.name_any(),
+        &PatchParams::apply(FIELD_MANAGER).force(),
+        &Patch::Apply(&body),
+    )
+    .await
+    .map_err(|source| ControllerError::PoolWrite {
+        pool: mcp.name_any(),
+        what: "status",
+        source,
+    })?;
+    ctx.metrics.count_api_write("pool_status");
+    Ok(())
+}

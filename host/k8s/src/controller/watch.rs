@@ -1,0 +1,63 @@
+//! The controller's watch streams: caches without `managedFields`, and only the changes a
+//! reconciler cares about.
+
+use futures::StreamExt;
+use kube::ResourceExt;
+use kube::runtime::controller::Action;
+use kube::runtime::reflector::ObjectRef;
+use kube::runtime::watcher;
+use std::collections::HashMap;
+
+/// Caches keep what pinset reads; `managedFields` (often the largest part of an object) go.
+pub(super) fn strip<K: kube::Resource>(obj: &mut K) {
+    obj.meta_mut().managed_fields = None;
+}
+
+/// The objects of a watch whose `key` changed since they were last seen, and every deletion.
+pub(super) fn changed_objects<K, T, S>(
+    events: S,
+    key: impl Fn(&K) -> T + Send + 'static,
+) -> impl futures::Stream<Item = Result<K, watcher::Error>> + Send
+where
+    K: kube::Resource + Send + 'static,
+    T: PartialEq + Send + 'static,
+    S: futures::Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send,
+{
+    let mut seen: HashMap<String, T> = HashMap::new();
+    events.flat_map(move |event| {
+        let out: Vec<Result<K, watcher::Error>> = match event {
+            Err(e) => vec![Err(e)],
+            Ok(watcher::Event::Apply(o) | watcher::Event::InitApply(o)) => {
+                let k = key(&o);
+                let name = o.name_any();
+                if seen.get(&name) == Some(&k) {
+                    vec![]
+                } else {
+                    seen.insert(name, k);
+                    vec![Ok(o)]
+                }
+            }
+            Ok(watcher::Event::Delete(o)) => {
+                seen.remove(&o.name_any());
+                vec![Ok(o)]
+            }
+            Ok(watcher::Event::Init | watcher::Event::InitDone) => vec![],
+        };
+        futures::stream::iter(out)
+    })
+}
+
+/// Reconcile errors are logged by the error policy; here the controller's own (watches, queue).
+pub(super) fn log_outcome<K, E: std::error::Error, W: std::error::Error>(
+    outcome: Result<(ObjectRef<K>, Action), kube::runtime::controller::Error<E, W>>,
+) -> std::future::Ready<()>
+where
+    K: kube::Resource,
+{
+    match outcome {
+        Ok((obj, _)) => tracing::trace!(object = %obj, "reconciled"),
+        Err(kube::runtime::controller::Error::ReconcilerFailed(..)) => {}
+        Err(e) => tracing::warn!(error = %e, "controller"),
+    }
+    std::future::ready(())
+}

@@ -1,0 +1,65 @@
+//! The Kubernetes adapter of pinset.
+//!
+//! - [`api`]: the API types and CRDs — the single definition of PinnedImageSet,
+//!   MachineConfigPool and MachineConfigNode (and k8s-openapi's Node) that both the cluster path
+//!   and the YAML reader ([`objects`]) use; [`convert`]: from them to the core's types;
+//! - [`controller`]: the pool controller; [`agent`]: the node agent;
+//! - [`metrics`], [`http`]: Prometheus metrics and the endpoint serving them, health and
+//!   readiness.
+//!
+//! The rules stay in `pinset-core` (which sets a pool lists, how nodes count) and the node crate
+//! (one reconcile); this crate reads and writes objects. May depend on: core, node, policy, kube,
+//! k8s-openapi, hyper. Must not hold domain rules of its own.
+
+pub mod agent;
+pub mod api;
+pub mod condition;
+pub mod controller;
+pub mod convert;
+pub mod http;
+pub mod metrics;
+pub mod objects;
+
+use std::path::{Path, PathBuf};
+
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    #[error("kubeconfig {path}: {source}")]
+    Kubeconfig {
+        path: PathBuf,
+        source: kube::config::KubeconfigError,
+    },
+    #[error(
+        "no Kubernetes configuration found (in-cluster, $KUBECONFIG or ~/.kube/config); pass --kubeconfig: {0}"
+    )]
+    Infer(kube::config::InferConfigError),
+    #[error("Kubernetes client: {0}")]
+    Client(kube::Error),
+}
+
+/// A client from `kubeconfig`, else the usual discovery (in-cluster, then `$KUBECONFIG` or
+/// `~/.kube/config`).
+pub async fn client(kubeconfig: Option<&Path>) -> Result<kube::Client, ClientError> {
+    let config = match kubeconfig {
+        Some(path) => {
+            let err = |source| ClientError::Kubeconfig {
+                path: path.into(),
+                source,
+            };
+            let kc = kube::config::Kubeconfig::read_from(path).map_err(err)?;
+            kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
+                .await
+                .map_err(err)?
+        }
+        None => kube::Config::infer().await.map_err(ClientError::Infer)?,
+    };
+    kube::Client::try_from(config).map_err(ClientError::Client)
+}
+
+/// How pinset's watches list: from the API server's watch cache (`resourceVersion=0`), then watch
+/// from the version that cache served. A quorum list would return etcd's newest version, which a
+/// watch cache fed by an etcd without progress notifications (etcd 3.4) may not reach until the
+/// next write to that resource: the watch would then wait on "too large resource version".
+pub fn watcher_config() -> kube::runtime::watcher::Config {
+    kube::runtime::watcher::Config::default().any_semantic()
+}

@@ -1,0 +1,76 @@
+//! The one way from flags to a [`Reconciler`] on a real node: `pinset node`, `pinset plan` and
+//! the agent all build theirs here.
+
+use crate::cri::client::{CriClient, CriConfig, CriError};
+use crate::pin::AnyPins;
+use crate::pin::containerd::ContainerdPins;
+use crate::pin::crio::CrioPins;
+use crate::reconcile::Reconciler;
+use crate::registry::auth::{AuthError, Credentials};
+use crate::registry::size::{Cached, RegistrySizer};
+use std::path::PathBuf;
+use std::sync::Arc;
+
+/// Which pin back end a node uses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PinKind {
+    /// The CRI-O drop-in `50-pinned-images` and a reload.
+    Crio,
+    /// The image label `io.cri-containerd.pinned=pinned` through containerd's images API.
+    Containerd,
+}
+
+/// How a node reaches its runtime, its registries and its pins.
+#[derive(Clone, Debug)]
+pub struct NodeConfig {
+    /// CRI endpoint (`unix:///…`).
+    pub cri: String,
+    pub pin: PinKind,
+    /// Directory of the CRI-O drop-in.
+    pub crio_dropin_dir: PathBuf,
+    /// Command that makes CRI-O re-read its configuration (empty: none).
+    pub crio_reload: Vec<String>,
+    /// Registry credentials (kubelet `config.json`).
+    pub auth: Option<PathBuf>,
+    /// Registries (`host[:port]`) spoken to over plain HTTP when sizing.
+    pub insecure_registries: Vec<String>,
+    /// Size absent images from their registries.
+    pub sizing: bool,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error(transparent)]
+    Cri(#[from] CriError),
+    #[error(transparent)]
+    Auth(#[from] AuthError),
+}
+
+impl NodeConfig {
+    /// The node's reconciler. Connects lazily: nothing is asked of the runtime yet.
+    pub fn connect(&self) -> Result<Reconciler<RegistrySizer, AnyPins>, ConfigError> {
+        let cri = CriClient::new(CriConfig {
+            endpoint: self.cri.clone(),
+            ..Default::default()
+        })?;
+        let credentials = Arc::new(match &self.auth {
+            Some(path) => Credentials::load(path)?,
+            None => Credentials::default(),
+        });
+        let pins = match self.pin {
+            PinKind::Crio => AnyPins::Crio(CrioPins::new(
+                &self.crio_dropin_dir,
+                self.crio_reload.clone(),
+            )),
+            PinKind::Containerd => AnyPins::Containerd(Box::new(ContainerdPins::new(&self.cri)?)),
+        };
+        let mut reconciler = Reconciler::new(cri, pins).with_credentials(credentials.clone());
+        if self.sizing {
+            reconciler = reconciler.with_sizer(Arc::new(Cached::new(RegistrySizer::new(
+                self.insecure_registries.clone(),
+                credentials,
+            ))));
+        }
+        Ok(reconciler)
+    }
+}

@@ -1,0 +1,184 @@
+//! The facts phase of a reconcile: one snapshot of the runtime's images, the disk, the sizes of
+//! what is missing, and the node — turned into the admission request the policy sees. `pinset
+//! plan` runs this same phase.
+
+use crate::cri::client::CriError;
+use crate::cri::proto;
+use crate::reconcile::Reconciler;
+use crate::registry::size::{ImageSize, Sizer};
+use pinset_core::desired::{Desired, NodeInfo};
+use pinset_policy_sdk::{self as sdk, AdmissionRequest, DiskFacts, Images, NodeFacts};
+use std::collections::{HashMap, HashSet};
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+/// One `ListImages` answer: the keys the runtime's images are found by (ids, repo digests,
+/// repo tags), and those of the images it reports pinned.
+#[derive(Clone, Debug, Default)]
+pub struct Snapshot {
+    pub keys: HashSet<String>,
+    pub pinned: HashSet<String>,
+}
+
+impl Snapshot {
+    pub fn of(images: &[proto::Image]) -> Self {
+        let mut s = Snapshot {
+            keys: HashSet::with_capacity(images.len() * 2),
+            pinned: HashSet::new(),
+        };
+        for i in images {
+            let keys = std::iter::once(&i.id)
+                .chain(&i.repo_digests)
+                .chain(&i.repo_tags);
+            if i.pinned {
+                s.pinned.extend(keys.clone().cloned());
+            }
+            s.keys.extend(keys.cloned());
+        }
+        s
+    }
+
+    pub fn contains(&self, reference: &str) -> bool {
+        self.keys.contains(reference)
+    }
+
+    /// Presence of each desired image, by index of `Desired::images`.
+    pub fn presence(&self, desired: &Desired) -> Vec<bool> {
+        desired
+            .images
+            .iter()
+            .map(|w| self.contains(w.reference.as_str()))
+            .collect()
+    }
+}
+
+/// The facts of one reconcile, as the policy sees them.
+#[derive(Clone, Debug)]
+pub struct Facts {
+    pub snapshot: Snapshot,
+    /// Images of the desired state already present, by index of `Desired::images`.
+    pub present: Vec<bool>,
+    pub request: AdmissionRequest,
+    /// Wall time of the snapshot and sizing steps.
+    pub phases: Vec<(&'static str, Duration)>,
+}
+
+/// Node facts for the policy.
+pub fn node_facts(node: &NodeInfo, pools: &[String]) -> NodeFacts {
+    NodeFacts {
+        name: node.name.clone(),
+        labels: node
+            .labels
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect(),
+        pools: pools.to_vec(),
+        control_plane: sdk::is_control_plane(node.labels.keys().map(String::as_str)),
+        ready: node.ready,
+        disk_pressure: node.disk_pressure,
+        allocatable_ephemeral_bytes: node.allocatable_ephemeral_bytes,
+    }
+}
+
+/// Build the admission request from the desired state, what is present and the sizes.
+pub fn request(
+    desired: &Desired,
+    node: NodeFacts,
+    disk: DiskFacts,
+    present: &[bool],
+    sizes: &[Option<ImageSize>],
+) -> AdmissionRequest {
+    let mut images = Images::new();
+    let mut layer_index: HashMap<&str, u32> = HashMap::new();
+    for (i, wanted) in desired.images.iter().enumerate() {
+        let size = sizes.get(i).and_then(Option::as_ref);
+        let layers: Vec<u32> = size
+            .map(|s| {
+                s.layers
+                    .iter()
+                    .map(|(digest, bytes)| {
+                        *layer_index
+                            .entry(digest.as_str())
+                            .or_insert_with(|| images.add_layer(*bytes))
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        images.push(
+            wanted.reference.as_str(),
+            wanted.sets.iter().map(String::as_str),
+            present.get(i).copied().unwrap_or(false),
+            size.map(ImageSize::total),
+            &layers,
+        );
+    }
+    AdmissionRequest { node, disk, images }
+}
+
+impl<S: Sizer + 'static, B> Reconciler<S, B> {
+    /// The facts phase: snapshot and disk (asked together), sizes of what is missing, node.
+    pub async fn facts(&self, desired: &Desired, node: &NodeInfo) -> Result<Facts, CriError> {
+        let started = Instant::now();
+        let (listed, disk) = tokio::join!(self.cri().list_images(), self.disk());
+        let (snapshot, disk) = (Snapshot::of(&listed?), disk?);
+        let present = snapshot.presence(desired);
+        let mut phases = vec![("snapshot", started.elapsed())];
+        let started = Instant::now();
+        let sizes = self.sizes(desired, &present).await;
+        phases.push(("sizing", started.elapsed()));
+        let request = request(
+            desired,
+            node_facts(node, &desired.pools),
+            disk,
+            &present,
+            &sizes,
+        );
+        Ok(Facts {
+            snapshot,
+            present,
+            request,
+            phases,
+        })
+    }
+
+    /// Disk facts: CRI ImageFsInfo, and the free space of that filesystem when it is visible.
+    pub async fn disk(&self) -> Result<DiskFacts, CriError> {
+        let fs = self.cri().image_fs_info().await?;
+        let first = fs.first();
+        let used = first.and_then(|f| f.used_bytes.as_ref()).map(|u| u.value);
+        let space = first
+            .and_then(|f| f.fs_id.as_ref())
+            .map(|id| Path::new(&id.mountpoint))
+            .filter(|p| p.exists())
+            .and_then(crate::os::filesystem_space);
+        Ok(DiskFacts {
+            capacity_bytes: space.map(|(c, _)| c),
+            used_bytes: used,
+            available_bytes: space.map(|(_, a)| a),
+        })
+    }
+
+    /// Sizes of the images not present (absent ones only: present images need no disk).
+    pub async fn sizes(&self, desired: &Desired, present: &[bool]) -> Vec<Option<ImageSize>> {
+        let Some(sizer) = self.sizer() else {
+            return vec![None; desired.images.len()];
+        };
+        let mut tasks = tokio::task::JoinSet::new();
+        for (i, wanted) in desired.images.iter().enumerate() {
+            if present[i] {
+                continue;
+            }
+            let (sizer, reference) = (sizer.clone(), wanted.reference.clone());
+            tasks.spawn(async move { (i, sizer.size(&reference).await) });
+        }
+        let mut out = vec![None; desired.images.len()];
+        while let Some(joined) = tasks.join_next().await {
+            let Ok((i, result)) = joined else { continue };
+            match result {
+                Ok(size) => out[i] = Some(size),
+                Err(e) => tracing::warn!(error = %e, "image size unknown; the policy is told so"),
+            }
+        }
+        out
+    }
+}

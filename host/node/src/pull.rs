@@ -1,0 +1,30 @@
+//! Pulls through CRI, with the credentials of the image's registry.
+
+use crate::cri::client::CriClient;
+use crate::executor::{PullFailure, Puller};
+use crate::registry::auth::Credentials;
+use pinset_core::reference::ImageRef;
+use std::sync::Arc;
+
+/// The executor's [`Puller`] over CRI `PullImage`.
+#[derive(Clone)]
+pub struct CriPuller {
+    pub cri: CriClient,
+    pub credentials: Arc<Credentials>,
+}
+
+impl Puller for CriPuller {
+    async fn pull(&self, reference: &str) -> Result<(), PullFailure> {
+        let auth = ImageRef::parse(reference)
+            .ok()
+            .and_then(|r| self.credentials.for_pull(r.registry(), r.repository()));
+        self.cri
+            .pull_image(reference, auth)
+            .await
+            .map(drop)
+            .map_err(|e| PullFailure {
+                no_space: e.is_no_space(),
+                message: e.to_string(),
+            })
+    }
+}

@@ -1,0 +1,148 @@
+//! `pinset crds`, `pinset controller` and `pinset agent`: pinset in a cluster.
+
+use super::PolicyOpts;
+use super::node::RuntimeOpts;
+use anyhow::{Context, Result};
+use pinset_k8s::agent::{self, PolicyConfig};
+use pinset_k8s::controller;
+use pinset_k8s::metrics::Metrics;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+
+#[derive(clap::Args, Clone, Debug)]
+pub struct ClusterOpts {
+    /// kubeconfig to use; default: in-cluster, then $KUBECONFIG or ~/.kube/config.
+    #[arg(long, value_name = "FILE")]
+    pub kubeconfig: Option<PathBuf>,
+    /// Address of the /metrics, /healthz and /readyz endpoint.
+    #[arg(long, default_value = "127.0.0.1:9464", value_name = "ADDR")]
+    pub metrics_addr: SocketAddr,
+}
+
+#[derive(clap::Args, Clone, Debug)]
+pub struct AgentOpts {
+    /// This node's name (the DaemonSet passes it from the downward API).
+    #[arg(long, env = "NODE_NAME")]
+    pub node_name: String,
+    /// Read this node's facts (labels, conditions, allocatable) from a Node YAML file instead of
+    /// the core API (environments without one).
+    #[arg(long, value_name = "FILE")]
+    pub node_file: Option<PathBuf>,
+    /// Policy per pool, from a YAML file (`pools: {POOL: {module: FILE, sha256: HEX}}`).
+    #[arg(long, value_name = "FILE")]
+    pub policy_config: Option<PathBuf>,
+    /// Policy of one pool: POOL=FILE.wasm[@sha256:HEX]; repeatable; wins over --policy-config.
+    #[arg(long, value_name = "POOL=FILE")]
+    pub pool_policy: Vec<String>,
+    /// Reconcile again this often even when nothing changed.
+    #[arg(long, default_value_t = 600, value_name = "SECONDS")]
+    pub resync_seconds: u64,
+    /// First wait before retrying a failed reconcile (doubles up to 5 minutes).
+    #[arg(long, default_value_t = 10, value_name = "SECONDS")]
+    pub retry_seconds: u64,
+}
+
+/// `pinset crds`
+pub fn crds() -> ExitCode {
+    print!("{}", pinset_k8s::api::crds_yaml());
+    ExitCode::SUCCESS
+}
+
+/// Cancelled on SIGTERM or SIGINT.
+fn shutdown_on_signals() -> CancellationToken {
+    let token = CancellationToken::new();
+    let t = token.clone();
+    tokio::spawn(async move {
+        use tokio::signal::unix::{SignalKind, signal};
+        let (Ok(mut term), Ok(mut int)) = (
+            signal(SignalKind::terminate()),
+            signal(SignalKind::interrupt()),
+        ) else {
+            tracing::error!("cannot install signal handlers");
+            return;
+        };
+        tokio::select! {
+            _ = term.recv() => tracing::info!("SIGTERM: stopping"),
+            _ = int.recv() => tracing::info!("SIGINT: stopping"),
+        }
+        t.cancel();
+    });
+    token
+}
+
+async fn serve(
+    opts: &ClusterOpts,
+    metrics: &Metrics,
+    ready: &Arc<AtomicBool>,
+    shutdown: &CancellationToken,
+) -> Result<()> {
+    let addr = pinset_k8s::http::serve(
+        opts.metrics_addr,
+        metrics.clone(),
+        ready.clone(),
+        shutdown.clone(),
+    )
+    .await
+    .with_context(|| format!("serving metrics on {}", opts.metrics_addr))?;
+    tracing::info!(%addr, "serving /metrics, /healthz and /readyz");
+    Ok(())
+}
+
+/// `pinset controller`
+pub async fn controller(opts: &ClusterOpts) -> Result<ExitCode> {
+    let shutdown = shutdown_on_signals();
+    let client = pinset_k8s::client(opts.kubeconfig.as_deref()).await?;
+    let metrics = Metrics::new();
+    let ready = Arc::new(AtomicBool::new(false));
+    serve(opts, &metrics, &ready, &shutdown).await?;
+    controller::run(client, metrics, ready, shutdown).await;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `pinset agent`
+pub async fn agent(
+    opts: &ClusterOpts,
+    agent_opts: &AgentOpts,
+    runtime: &RuntimeOpts,
+    policy: &PolicyOpts,
+) -> Result<ExitCode> {
+    let shutdown = shutdown_on_signals();
+    let (wasm, default) = super::load_policy_with(policy, super::child_compiler()?)?;
+    let mut config = match &agent_opts.policy_config {
+        Some(path) => PolicyConfig::read(path)?,
+        None => PolicyConfig::default(),
+    };
+    for flag in &agent_opts.pool_policy {
+        config.add_flag(flag)?;
+    }
+    let policies = config.load(&wasm, default.clone(), policy.limits())?;
+    pinset_node::os::release_free_memory();
+    let metrics = Metrics::new();
+    let reconciler = runtime
+        .config()
+        .connect()?
+        .with_observer(Arc::new(metrics.clone()));
+    let client = pinset_k8s::client(opts.kubeconfig.as_deref()).await?;
+    let ready = Arc::new(AtomicBool::new(false));
+    serve(opts, &metrics, &ready, &shutdown).await?;
+    let mut cfg = agent::AgentConfig::new(agent_opts.node_name.clone());
+    cfg.node_file = agent_opts.node_file.clone();
+    cfg.resync = Duration::from_secs(agent_opts.resync_seconds);
+    cfg.retry_min = Duration::from_secs(agent_opts.retry_seconds.max(1));
+    agent::Agent {
+        client,
+        config: cfg,
+        reconciler,
+        policies,
+        metrics,
+        ready,
+    }
+    .run(shutdown)
+    .await;
+    Ok(ExitCode::SUCCESS)
+}

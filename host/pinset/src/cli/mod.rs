@@ -1,0 +1,90 @@
+//! The subcommands. `main.rs` only parses arguments and calls into these.
+
+pub mod bench;
+pub mod demo;
+pub mod kube;
+pub mod node;
+pub mod policy;
+
+use anyhow::Context;
+use pinset_policy::{Compiler, Limits, PolicyModule, WasmRuntime};
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// Which policy module to use, shared by every subcommand that takes decisions.
+#[derive(clap::Args, Clone, Debug)]
+pub struct PolicyOpts {
+    /// A policy module (WebAssembly component); default: the embedded default policy.
+    #[arg(long, value_name = "FILE.wasm")]
+    pub policy: Option<PathBuf>,
+    /// Refuse the module unless its sha256 is this (64 hex digits).
+    #[arg(long, value_name = "HEX", requires = "policy")]
+    pub policy_sha256: Option<String>,
+    /// Deadline of one policy call, in milliseconds.
+    #[arg(long, default_value_t = 100, value_name = "MS")]
+    pub policy_deadline_ms: u64,
+    /// Memory cap of a policy instance, in MiB.
+    #[arg(long, default_value_t = 32, value_name = "MIB")]
+    pub policy_memory_mib: usize,
+}
+
+impl PolicyOpts {
+    pub fn limits(&self) -> Limits {
+        Limits {
+            deadline: Duration::from_millis(self.policy_deadline_ms),
+            memory_bytes: self.policy_memory_mib << 20,
+        }
+    }
+
+    /// Compile and check the chosen module.
+    pub fn load(&self, runtime: &WasmRuntime) -> anyhow::Result<PolicyModule> {
+        let module = match &self.policy {
+            Some(path) => runtime.load_file(path, self.policy_sha256.as_deref(), self.limits())?,
+            None => runtime.load(
+                pinset_policy::EMBEDDED_DEFAULT_NAME,
+                pinset_policy::EMBEDDED_DEFAULT,
+                None,
+                self.limits(),
+            )?,
+        };
+        Ok(module)
+    }
+}
+
+/// A runtime that compiles in this process and the chosen module, or a clear error.
+pub fn load_policy(opts: &PolicyOpts) -> anyhow::Result<(WasmRuntime, PolicyModule)> {
+    load_policy_with(opts, Compiler::InProcess)
+}
+
+pub fn load_policy_with(
+    opts: &PolicyOpts,
+    compiler: Compiler,
+) -> anyhow::Result<(WasmRuntime, PolicyModule)> {
+    let runtime = WasmRuntime::with_compiler(compiler).context("starting the Wasm runtime")?;
+    let module = opts.load(&runtime)?;
+    Ok((runtime, module))
+}
+
+/// The compiler of long-running processes: this executable, as a child process (see
+/// [`Compiler::Subprocess`]). On Linux through `/proc/self/exe`, which still works after the
+/// file was replaced by an upgrade.
+pub fn child_compiler() -> anyhow::Result<Compiler> {
+    if cfg!(target_os = "linux") {
+        return Ok(Compiler::Subprocess(PathBuf::from("/proc/self/exe")));
+    }
+    let exe = std::env::current_exe().context("finding this executable")?;
+    Ok(Compiler::Subprocess(exe))
+}
+
+/// Logs go to stderr so that command output on stdout stays clean.
+pub fn init_logging(filter: &str) {
+    let filter = tracing_subscriber::EnvFilter::try_new(filter)
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    use std::io::IsTerminal;
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_ansi(std::io::stderr().is_terminal())
+        .with_writer(std::io::stderr)
+        .with_target(false)
+        .try_init();
+}

@@ -1,0 +1,464 @@
+//! `pinset node` (pull and pin for one node from YAML files) and `pinset plan` (show what the
+//! policy decides, without pulling).
+
+use super::{PolicyOpts, load_policy};
+use anyhow::{Context, Result, bail};
+use indicatif::{ProgressBar, ProgressStyle};
+use pinset_core::decisions::Decisions;
+use pinset_core::desired::{self, Desired, NodeInfo};
+use pinset_core::plan::{self, Plan};
+use pinset_core::status::NodeStatus;
+use pinset_k8s::objects::{self, Objects};
+use pinset_node::cri::client::{CriClient, CriConfig};
+use pinset_node::executor::Event;
+use pinset_node::facts::{self, Facts};
+use pinset_node::pin::AnyPins;
+use pinset_node::pin::crio;
+use pinset_node::registry::size::RegistrySizer;
+use pinset_node::{NodeConfig, ReconcileError, Reconciler, Report};
+use pinset_policy::{Guarded, PolicyModule};
+use pinset_policy_sdk::{DiskFacts, fmt_bytes};
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+
+/// The objects a node works from.
+#[derive(clap::Args, Clone, Debug)]
+pub struct Inputs {
+    /// PinnedImageSet YAML files or directories (MachineConfigPools found there count too).
+    #[arg(long, required = true, num_args = 1.., value_name = "PATH")]
+    pub sets: Vec<PathBuf>,
+    /// MachineConfigPool YAML files or directories; default: the standard master and worker pools.
+    #[arg(long, num_args = 1.., value_name = "PATH")]
+    pub pools: Vec<PathBuf>,
+    /// The Node object (YAML) of this node.
+    #[arg(long, value_name = "FILE")]
+    pub node: PathBuf,
+}
+
+/// How the node reaches its runtime and pins.
+#[derive(clap::Args, Clone, Debug)]
+pub struct RuntimeOpts {
+    /// CRI endpoint of the container runtime.
+    #[arg(long, default_value = pinset_node::cri::client::DEFAULT_ENDPOINT)]
+    pub cri: String,
+    /// Pin back end. `crio`: the drop-in 50-pinned-images and a reload; `containerd`: the image
+    /// label io.cri-containerd.pinned=pinned through containerd's API on the --cri socket.
+    #[arg(long, value_enum, default_value = "crio")]
+    pub pin: PinKind,
+    /// Directory of the CRI-O drop-in.
+    #[arg(long, default_value = crio::DEFAULT_DIR, value_name = "DIR")]
+    pub crio_dropin_dir: PathBuf,
+    /// Command that makes CRI-O re-read its configuration (split on white space; "" for none).
+    #[arg(long, default_value = "systemctl reload crio", value_name = "COMMAND")]
+    pub crio_reload: String,
+    /// Registry credentials (kubelet config.json).
+    #[arg(long, value_name = "FILE")]
+    pub auth: Option<PathBuf>,
+    /// A registry (`host[:port]`) to speak plain HTTP to when sizing images (loopback test
+    /// registries); repeatable.
+    #[arg(long, value_name = "HOST")]
+    pub insecure_registry: Vec<String>,
+    /// Do not size images from their registries: the policy is told their size is unknown.
+    #[arg(long)]
+    pub no_sizing: bool,
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PinKind {
+    Crio,
+    Containerd,
+}
+
+/// Read the objects and compute this node's desired state.
+pub fn desired_state(inputs: &Inputs) -> Result<(NodeInfo, Desired)> {
+    let mut objects: Objects = objects::load(&inputs.sets)?;
+    let more = objects::load(&inputs.pools)?;
+    objects.pools.extend(more.pools);
+    let mut node_objects = Objects::default();
+    objects::load_file(&inputs.node, &mut node_objects)?;
+    let Some(node) = node_objects.nodes.into_iter().next() else {
+        bail!("{}: no Node object", inputs.node.display());
+    };
+    let pools = if objects.pools.is_empty() {
+        desired::standard_pools()
+    } else {
+        objects.pools
+    };
+    let d = desired::desired(&node, &pools, &objects.sets);
+    if d.pools.is_empty() {
+        tracing::warn!(node = %node.name, "the node is in no pool: nothing to do");
+    }
+    for invalid in &d.invalid {
+        tracing::error!("{invalid}");
+    }
+    Ok((node, d))
+}
+
+/// `pinset plan`: the policy's decisions for this node, without pulling. With `--cri` the
+/// reconcile's own facts phase runs (snapshot, disk); without, every image counts as absent and
+/// of unknown size.
+pub async fn plan_cmd(
+    inputs: &Inputs,
+    cri: Option<String>,
+    policy: &PolicyOpts,
+) -> Result<ExitCode> {
+    let (node, desired) = desired_state(inputs)?;
+    let (_runtime, module) = load_policy(policy)?;
+    let facts = match cri {
+        Some(endpoint) => {
+            let client = CriClient::new(CriConfig {
+                endpoint,
+                ..Default::default()
+            })?;
+            // No sizer: `plan` stays offline, sizes are unknown.
+            Reconciler::<RegistrySizer, ()>::new(client, ())
+                .facts(&desired, &node)
+                .await?
+        }
+        None => offline_facts(&desired, &node),
+    };
+    let mut guarded = Guarded::new(Box::new(module.instance()));
+    let plan = plan::make(&mut guarded, &facts.request);
+    let info = guarded.info();
+    println!(
+        "node {}  pools {:?}  policy {} {} ({})",
+        node.name,
+        desired.pools,
+        info.name,
+        info.version,
+        module.name()
+    );
+    for s in &desired.sets {
+        println!(
+            "  set {} (generation {}): {} image(s)",
+            s.name,
+            s.generation,
+            s.images.len()
+        );
+    }
+    for bad in &desired.invalid {
+        println!("  set {} refused: {}", bad.set, bad.error);
+    }
+    print_plan(&plan, &facts, &mut guarded);
+    for f in guarded.fallbacks() {
+        println!("policy fallback: {f}");
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Facts without a runtime: nothing present, sizes and disk unknown.
+fn offline_facts(desired: &Desired, node: &NodeInfo) -> Facts {
+    let present = vec![false; desired.images.len()];
+    let request = facts::request(
+        desired,
+        facts::node_facts(node, &desired.pools),
+        DiskFacts::default(),
+        &present,
+        &vec![None; desired.images.len()],
+    );
+    Facts {
+        snapshot: Default::default(),
+        present,
+        request,
+        phases: Vec::new(),
+    }
+}
+
+/// The admission, the pulls in order, and the throttle after a pull at the current pressure.
+fn print_plan(plan: &Plan, facts: &Facts, policy: &mut dyn Decisions) {
+    let request = &facts.request;
+    println!(
+        "admission: {:?} — {}",
+        plan.admission.verdict, plan.admission.reason
+    );
+    let known: u64 = plan
+        .pulls
+        .iter()
+        .filter_map(|&i| request.images.get(i as usize).and_then(|i| i.size_bytes))
+        .sum();
+    println!(
+        "pulls: {} of {} image(s) ({} present), {} known bytes, {} at once",
+        plan.pulls.len(),
+        request.images.len(),
+        facts.present.iter().filter(|p| **p).count(),
+        fmt_bytes(known),
+        plan.concurrency
+    );
+    let sample = request
+        .images
+        .get(plan.pulls.first().copied().unwrap_or(0) as usize);
+    if let Some(first) = sample {
+        let outcome = pinset_policy_sdk::PullOutcome {
+            reference: first.reference.to_string(),
+            remaining: plan.pulls.len().saturating_sub(1) as u32,
+            ..Default::default()
+        };
+        let pause = policy.throttle(&request.node, &outcome, &pinset_node::os::pressure());
+        println!("throttle after a pull (current pressure): {pause:?}");
+    }
+    for (n, &i) in plan.pulls.iter().enumerate() {
+        let image = request.images.get(i as usize).expect("valid index");
+        let size = image.size_bytes.map_or("size unknown".into(), fmt_bytes);
+        println!(
+            "  {:>4}. {}  [{}]  ({size})",
+            n + 1,
+            image.reference,
+            image.sets().collect::<Vec<_>>().join(", ")
+        );
+    }
+}
+
+/// A progress bar over images and bytes; pull events print above it.
+pub fn progress_bar(total_images: u64, label: &str) -> ProgressBar {
+    let bar = ProgressBar::new(total_images);
+    bar.set_style(
+        ProgressStyle::with_template(
+            "{prefix:>10} [{bar:32.cyan/blue}] {pos}/{len} images {msg} ({elapsed}, eta {eta})",
+        )
+        .expect("valid template")
+        .progress_chars("=> "),
+    );
+    bar.set_prefix(label.to_string());
+    bar.enable_steady_tick(Duration::from_millis(200));
+    bar
+}
+
+/// Print executor events above `bar` and advance it.
+pub async fn show_events(mut rx: tokio::sync::mpsc::UnboundedReceiver<Event>, bar: ProgressBar) {
+    let (mut bytes, mut total_bytes) = (0u64, 0u64);
+    while let Some(e) = rx.recv().await {
+        match e {
+            Event::Planned {
+                pulls,
+                bytes: planned,
+                ..
+            } => {
+                bar.set_length(pulls);
+                total_bytes = planned;
+                bar.set_message(format!("0 B / {}", fmt_bytes(total_bytes)));
+            }
+            Event::Pulled {
+                reference,
+                bytes: b,
+                duration,
+            } => {
+                bytes += b.unwrap_or(0);
+                bar.inc(1);
+                bar.set_message(format!("{} / {}", fmt_bytes(bytes), fmt_bytes(total_bytes)));
+                bar.println(format!("  pulled  {reference} in {duration:.2?}"));
+            }
+            Event::Failed { reference, error } => {
+                bar.println(format!("  FAILED  {reference}: {error}"))
+            }
+            Event::Retrying {
+                reference,
+                attempt,
+                error,
+                wait,
+            } => bar.println(format!(
+                "  retry   {reference} (attempt {attempt} failed: {error}; next in {wait:?})"
+            )),
+            Event::Started { .. } | Event::Throttle { .. } => {}
+        }
+    }
+}
+
+pub fn summary(node: &str, report: &Report, status: &NodeStatus) -> String {
+    let mut out = String::new();
+    let o = &report.outcome;
+    out.push_str(&format!(
+        "node {node}: {} pulled, {} failed, {} not attempted; {} desired image(s) present\n",
+        o.pulled.len(),
+        o.failed.len(),
+        o.drained.len(),
+        report.present_after
+    ));
+    if let Some(pin) = &report.pin {
+        out.push_str(&format!(
+            "pins: +{} −{}{}\n",
+            pin.pinned.len(),
+            pin.unpinned.len(),
+            if pin.applied {
+                " (runtime reloaded)"
+            } else {
+                " (unchanged)"
+            }
+        ));
+    }
+    for s in status.sets.values() {
+        let state = match (s.current_generation, s.last_failed_generation) {
+            (Some(c), _) if c == s.desired_generation => "done".to_string(),
+            (_, Some(f)) if f == s.desired_generation => {
+                format!(
+                    "FAILED: {}",
+                    s.last_failed_generation_error.as_deref().unwrap_or("")
+                )
+            }
+            _ => "in progress".to_string(),
+        };
+        out.push_str(&format!(
+            "  set {} generation {}: {state}\n",
+            s.name, s.desired_generation
+        ));
+    }
+    for f in &status.policy_fallbacks {
+        out.push_str(&format!("  policy fallback: {f}\n"));
+    }
+    if !report.phases.is_empty() {
+        let phases: Vec<String> = report
+            .phases
+            .iter()
+            .map(|(name, d)| format!("{name} {:.1?}", d))
+            .collect();
+        out.push_str(&format!("  time: {}\n", phases.join(", ")));
+    }
+    out
+}
+
+/// `pinset node`: make every image of the node's sets present and pinned; with `--watch`, again
+/// whenever an input file changes (a change cancels the running reconcile).
+pub async fn node_cmd(
+    inputs: &Inputs,
+    runtime: &RuntimeOpts,
+    policy: &PolicyOpts,
+    watch: bool,
+) -> Result<ExitCode> {
+    // A watching node runs for long: it compiles its policy in a child process.
+    let compiler = match watch {
+        true => super::child_compiler()?,
+        false => pinset_policy::Compiler::InProcess,
+    };
+    let (_wasm, module) = super::load_policy_with(policy, compiler)?;
+    let reconciler = runtime.config().connect()?;
+    node_loop(inputs, &reconciler, &module, watch).await
+}
+
+impl RuntimeOpts {
+    /// The node configuration these options describe.
+    pub fn config(&self) -> NodeConfig {
+        NodeConfig {
+            cri: self.cri.clone(),
+            pin: match self.pin {
+                PinKind::Crio => pinset_node::config::PinKind::Crio,
+                PinKind::Containerd => pinset_node::config::PinKind::Containerd,
+            },
+            crio_dropin_dir: self.crio_dropin_dir.clone(),
+            crio_reload: self
+                .crio_reload
+                .split_whitespace()
+                .map(String::from)
+                .collect(),
+            auth: self.auth.clone(),
+            insecure_registries: self.insecure_registry.clone(),
+            sizing: !self.no_sizing,
+        }
+    }
+}
+
+async fn node_loop(
+    inputs: &Inputs,
+    reconciler: &Reconciler<RegistrySizer, AnyPins>,
+    policy: &PolicyModule,
+    watch: bool,
+) -> Result<ExitCode> {
+    let mut status = NodeStatus::default();
+    loop {
+        let (node, desired) = desired_state(inputs)?;
+        let cancel = CancellationToken::new();
+        let watcher = watch.then(|| spawn_watcher(inputs, cancel.clone()));
+        let decisions = Box::new(Guarded::new(Box::new(policy.instance())));
+        let report = run_with_progress(
+            reconciler,
+            &desired,
+            &node,
+            decisions,
+            &mut status,
+            cancel.clone(),
+        )
+        .await;
+        if let Some(w) = watcher {
+            w.abort();
+        }
+        let report = report.with_context(|| format!("reconciling node {}", node.name))?;
+        if report.cancelled {
+            println!("inputs changed: cancelled the running reconcile; starting again");
+            continue;
+        }
+        print!("{}", summary(&node.name, &report, &status));
+        if !watch {
+            return Ok(if status.degraded.is_some() {
+                ExitCode::FAILURE
+            } else {
+                ExitCode::SUCCESS
+            });
+        }
+        println!("watching the inputs for changes…");
+        let changed = CancellationToken::new();
+        let w = spawn_watcher(inputs, changed.clone());
+        changed.cancelled().await;
+        w.abort();
+    }
+}
+
+pub async fn run_with_progress<
+    S: pinset_node::registry::size::Sizer + 'static,
+    B: pinset_node::pin::PinBackend,
+>(
+    reconciler: &Reconciler<S, B>,
+    desired: &Desired,
+    node: &NodeInfo,
+    decisions: Box<dyn Decisions>,
+    status: &mut NodeStatus,
+    cancel: CancellationToken,
+) -> Result<Report, ReconcileError> {
+    let bar = progress_bar(desired.images.len() as u64, &node.name);
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    let shower = tokio::spawn(show_events(rx, bar.clone()));
+    let report = reconciler
+        .reconcile(desired, node, decisions, status, cancel, Some(tx))
+        .await;
+    let _ = shower.await;
+    bar.finish_and_clear();
+    report
+}
+
+/// Cancels `token` when any input file's modification time changes (polled every 250 ms).
+fn spawn_watcher(inputs: &Inputs, token: CancellationToken) -> tokio::task::JoinHandle<()> {
+    let paths: Vec<PathBuf> = inputs
+        .sets
+        .iter()
+        .chain(&inputs.pools)
+        .chain(std::iter::once(&inputs.node))
+        .cloned()
+        .collect();
+    let stamp = move || -> Vec<Option<std::time::SystemTime>> {
+        let mut out = Vec::new();
+        for p in &paths {
+            let mut files = vec![p.clone()];
+            if p.is_dir() {
+                if let Ok(rd) = std::fs::read_dir(p) {
+                    files.extend(rd.filter_map(|e| e.ok().map(|e| e.path())));
+                }
+                files.sort();
+            }
+            out.extend(
+                files
+                    .iter()
+                    .map(|f| std::fs::metadata(f).and_then(|m| m.modified()).ok()),
+            );
+        }
+        out
+    };
+    tokio::spawn(async move {
+        let first = stamp();
+        loop {
+            tokio::time::sleep(Duration::from_millis(250)).await;
+            if stamp() != first {
+                token.cancel();
+                return;
+            }
+        }
+    })
+}

@@ -1,0 +1,129 @@
+//! The `pinset` binary: argument parsing and one module per subcommand (`cli/`), wiring the
+//! crates together. Nothing here decides anything.
+
+use anyhow::Result;
+use clap::{Parser, Subcommand};
+mod cli;
+
+use cli::{PolicyOpts, node::Inputs, node::RuntimeOpts, policy::PolicyCommand};
+use std::process::ExitCode;
+
+/// Pre-pull and pin container images on Kubernetes nodes; every decision is taken by a
+/// sandboxed WebAssembly policy.
+#[derive(Parser)]
+#[command(name = "pinset", version)]
+struct Args {
+    /// Log filter (tracing EnvFilter syntax), e.g. `info` or `pinset=debug`.
+    #[arg(long, global = true, env = "PINSET_LOG", default_value = "info")]
+    log: String,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// The whole node pipeline on an embedded example, against a simulated runtime: no root,
+    /// network or daemon needed.
+    Demo {
+        #[command(flatten)]
+        policy: PolicyOpts,
+    },
+    /// Pull and pin the images of one node's PinnedImageSets (from YAML files).
+    Node {
+        #[command(flatten)]
+        inputs: Inputs,
+        #[command(flatten)]
+        runtime: RuntimeOpts,
+        #[command(flatten)]
+        policy: PolicyOpts,
+        /// Keep running: reconcile again whenever an input file changes.
+        #[arg(long)]
+        watch: bool,
+    },
+    /// Print what the policy decides for one node (admission, order, concurrency, throttle)
+    /// without pulling. Works without a runtime: images then count as absent, of unknown size.
+    Plan {
+        #[command(flatten)]
+        inputs: Inputs,
+        /// Consult this CRI endpoint for the images already present.
+        #[arg(long)]
+        cri: Option<String>,
+        #[command(flatten)]
+        policy: PolicyOpts,
+    },
+    /// Test, benchmark and inspect pull policies offline.
+    #[command(subcommand)]
+    Policy(PolicyCommand),
+    /// Print the CustomResourceDefinitions pinset serves (PinnedImageSet, MachineConfigPool,
+    /// MachineConfigNode) as YAML.
+    Crds,
+    /// Run the pool controller: each pool's PinnedImageSets and node counts.
+    Controller {
+        #[command(flatten)]
+        cluster: cli::kube::ClusterOpts,
+    },
+    /// Run the node agent (one per node): pull and pin the node's sets, report on its
+    /// MachineConfigNode.
+    Agent {
+        #[command(flatten)]
+        cluster: cli::kube::ClusterOpts,
+        #[command(flatten)]
+        agent: cli::kube::AgentOpts,
+        #[command(flatten)]
+        runtime: RuntimeOpts,
+        #[command(flatten)]
+        policy: PolicyOpts,
+    },
+    /// Measure the node pipeline (use a release build).
+    #[command(subcommand)]
+    Bench(cli::bench::BenchCommand),
+    /// Compile a policy module for a running agent or node: the component on stdin, the
+    /// artifact on stdout; exit 65 with the reason on stderr when the module is not valid.
+    #[command(name = pinset_policy::COMPILE_SUBCOMMAND, hide = true)]
+    CompilePolicy,
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    cli::init_logging(&args.log);
+    match run(args) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn run(args: Args) -> Result<ExitCode> {
+    let rt = || {
+        tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build()
+    };
+    match args.command {
+        Command::Policy(cmd) => cli::policy::run(cmd),
+        Command::Demo { policy } => rt()?.block_on(cli::demo::demo(&policy)),
+        Command::Node {
+            inputs,
+            runtime,
+            policy,
+            watch,
+        } => rt()?.block_on(cli::node::node_cmd(&inputs, &runtime, &policy, watch)),
+        Command::Plan {
+            inputs,
+            cri,
+            policy,
+        } => rt()?.block_on(cli::node::plan_cmd(&inputs, cri, &policy)),
+        Command::Bench(cmd) => rt()?.block_on(cli::bench::run(cmd)),
+        Command::Crds => Ok(cli::kube::crds()),
+        Command::CompilePolicy => cli::policy::compile_child(),
+        Command::Controller { cluster } => rt()?.block_on(cli::kube::controller(&cluster)),
+        Command::Agent {
+            cluster,
+            agent,
+            runtime,
+            policy,
+        } => rt()?.block_on(cli::kube::agent(&cluster, &agent, &runtime, &policy)),
+    }
+}

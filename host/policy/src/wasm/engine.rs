@@ -1,0 +1,89 @@
+//! The engine every policy runs in, and the runtime that owns it.
+
+use super::bindings;
+use super::compile::Compiler;
+use super::store::State;
+use crate::LoadError;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+use wasmtime::component::{HasSelf, Linker};
+use wasmtime::{Config, Engine};
+
+/// How often the engine's epoch advances: the granularity of deadlines.
+pub(super) const EPOCH_TICK: Duration = Duration::from_millis(5);
+
+/// The engine configuration. Every engine in pinset, the compiling child's included, is built
+/// from this one function: an artifact loads only into an engine configured like the one that
+/// compiled it.
+pub(super) fn engine_config() -> Config {
+    let mut config = Config::new();
+    config
+        .wasm_component_model(true)
+        .epoch_interruption(true)
+        .wasm_backtrace_max_frames(None)
+        .max_wasm_stack(1 << 20);
+    // Lets `perf` name the functions of policy modules (see BENCHMARKS.md).
+    if std::env::var_os("PINSET_WASM_PERFMAP").is_some() {
+        config.profiler(wasmtime::ProfilingStrategy::PerfMap);
+    }
+    config
+}
+
+/// Engine, linker and epoch ticker shared by every module.
+#[derive(Clone)]
+pub struct WasmRuntime {
+    pub(super) engine: Engine,
+    pub(super) linker: Arc<Linker<State>>,
+    pub(super) ticker: Arc<Ticker>,
+    pub(super) compiler: Compiler,
+}
+
+pub(super) struct Ticker {
+    stop: Arc<AtomicBool>,
+}
+
+impl Drop for Ticker {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
+}
+
+impl WasmRuntime {
+    /// A runtime that compiles modules in this process.
+    pub fn new() -> Result<Self, LoadError> {
+        Self::with_compiler(Compiler::InProcess)
+    }
+
+    pub fn with_compiler(compiler: Compiler) -> Result<Self, LoadError> {
+        let engine =
+            Engine::new(&engine_config()).map_err(|e| LoadError::Engine(format!("{e:#}")))?;
+        let mut linker = Linker::new(&engine);
+        wasmtime_wasi::p2::add_to_linker_sync(&mut linker)
+            .map_err(|e| LoadError::Engine(format!("linking WASI: {e:#}")))?;
+        bindings::Policy::add_to_linker::<State, HasSelf<State>>(&mut linker, |s| s)
+            .map_err(|e| LoadError::Engine(format!("linking the host interface: {e:#}")))?;
+
+        let stop = Arc::new(AtomicBool::new(false));
+        let (ticking_engine, ticking_stop) = (engine.clone(), stop.clone());
+        std::thread::Builder::new()
+            .name("pinset-wasm-epoch".into())
+            .spawn(move || {
+                while !ticking_stop.load(Ordering::Relaxed) {
+                    std::thread::sleep(EPOCH_TICK);
+                    ticking_engine.increment_epoch();
+                }
+            })
+            .map_err(|e| LoadError::Engine(format!("starting the epoch ticker: {e}")))?;
+        Ok(Self {
+            engine,
+            linker: Arc::new(linker),
+            ticker: Arc::new(Ticker { stop }),
+            compiler,
+        })
+    }
+
+    pub fn compiler(&self) -> &Compiler {
+        &self.compiler
+    }
+}

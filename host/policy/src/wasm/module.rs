@@ -1,0 +1,172 @@
+//! Loading a module: its sha256 pin, its contract version, pre-instantiation.
+
+use super::bindings;
+use super::engine::{Ticker, WasmRuntime};
+use super::instance::WasmPolicy;
+use super::store::{Limits, State};
+use crate::LoadError;
+use sha2::{Digest, Sha256};
+use std::path::Path;
+use std::sync::Arc;
+use wasmtime::Engine;
+use wasmtime::component::Component;
+
+/// The exported interface (and version) this pinset calls.
+pub const CONTRACT: &str = "pinset:policy/decisions@0.1.0";
+const CONTRACT_PREFIX: &str = "pinset:policy/decisions@";
+
+impl WasmRuntime {
+    /// Load a module from a file. `sha256`, when given, must match the file.
+    pub fn load_file(
+        &self,
+        path: &Path,
+        sha256: Option<&str>,
+        limits: Limits,
+    ) -> Result<PolicyModule, LoadError> {
+        let bytes = std::fs::read(path).map_err(|source| LoadError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        self.load(&path.display().to_string(), &bytes, sha256, limits)
+    }
+
+    /// Compile, check and pre-instantiate a module.
+    pub fn load(
+        &self,
+        name: &str,
+        bytes: &[u8],
+        sha256: Option<&str>,
+        limits: Limits,
+    ) -> Result<PolicyModule, LoadError> {
+        let actual = hex(&Sha256::digest(bytes));
+        if let Some(expected) = sha256 {
+            let expected_norm = expected.trim().to_ascii_lowercase();
+            if expected_norm.len() != 64 || !expected_norm.bytes().all(|b| b.is_ascii_hexdigit()) {
+                return Err(LoadError::BadSha256 {
+                    module: name.into(),
+                    value: expected.into(),
+                });
+            }
+            if expected_norm != actual {
+                return Err(LoadError::Sha256Mismatch {
+                    module: name.into(),
+                    expected: expected_norm,
+                    actual,
+                });
+            }
+        }
+        let component = self.compile(name, bytes)?;
+        check_contract(&self.engine, &component, name)?;
+        let pre = self
+            .linker
+            .instantiate_pre(&component)
+            .map_err(|e| LoadError::Link {
+                module: name.into(),
+                cause: format!("{e:#}"),
+            })?;
+        let pre = bindings::PolicyPre::new(pre).map_err(|e| LoadError::Contract {
+            module: name.into(),
+            expected: CONTRACT.into(),
+            found: format!("an incompatible {CONTRACT}: {e:#}"),
+        })?;
+        let module = PolicyModule {
+            shared: Arc::new(Shared {
+                name: name.into(),
+                sha256: actual,
+                pre,
+                engine: self.engine.clone(),
+                limits,
+                _ticker: self.ticker.clone(),
+            }),
+        };
+        Ok(module)
+    }
+}
+/// The module must export [`CONTRACT`] or a semver-compatible version of it.
+fn check_contract(engine: &Engine, component: &Component, name: &str) -> Result<(), LoadError> {
+    let ty = component.component_type();
+    let exports: Vec<String> = ty.exports(engine).map(|(n, _)| n.to_string()).collect();
+    let wanted = version_of(CONTRACT).expect("CONTRACT has a version");
+    if exports
+        .iter()
+        .filter_map(|e| version_of(e))
+        .any(|v| compatible(v, wanted))
+    {
+        return Ok(());
+    }
+    let found = if exports.is_empty() {
+        "no exports".to_string()
+    } else {
+        exports.join(", ")
+    };
+    Err(LoadError::Contract {
+        module: name.into(),
+        expected: CONTRACT.into(),
+        found,
+    })
+}
+
+fn version_of(export: &str) -> Option<(u64, u64)> {
+    let version = export.strip_prefix(CONTRACT_PREFIX)?;
+    let mut parts = version.split('.');
+    Some((parts.next()?.parse().ok()?, parts.next()?.parse().ok()?))
+}
+
+/// Semver compatibility: same major, and for 0.x the same minor.
+fn compatible(found: (u64, u64), wanted: (u64, u64)) -> bool {
+    found.0 == wanted.0 && (found.0 != 0 || found.1 == wanted.1)
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+pub(super) struct Shared {
+    pub(super) name: String,
+    pub(super) sha256: String,
+    pub(super) pre: bindings::PolicyPre<State>,
+    pub(super) engine: Engine,
+    pub(super) limits: Limits,
+    _ticker: Arc<Ticker>,
+}
+
+/// A compiled, checked, pre-instantiated policy module. Cheap to clone.
+#[derive(Clone)]
+pub struct PolicyModule {
+    shared: Arc<Shared>,
+}
+
+impl PolicyModule {
+    pub fn name(&self) -> &str {
+        &self.shared.name
+    }
+    pub fn sha256(&self) -> &str {
+        &self.shared.sha256
+    }
+    pub fn limits(&self) -> Limits {
+        self.shared.limits
+    }
+    /// A fresh instance for one reconcile.
+    pub fn instance(&self) -> WasmPolicy {
+        WasmPolicy {
+            shared: self.shared.clone(),
+            live: None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn contract_versions() {
+        assert_eq!(version_of(CONTRACT), Some((0, 1)));
+        assert_eq!(version_of("pinset:policy/decisions@0.2.0"), Some((0, 2)));
+        assert_eq!(version_of("other:x/decisions@0.1.0"), None);
+        assert!(compatible((0, 1), (0, 1)));
+        assert!(!compatible((0, 2), (0, 1)));
+        assert!(compatible((1, 3), (1, 0)));
+        assert!(!compatible((2, 0), (1, 0)));
+    }
+}

@@ -1,0 +1,302 @@
+//! A real Kubernetes API server for tests: etcd 3.4 (Debian) and the real
+//! `apiextensions-apiserver` (built by `tests/bed/fetch-apiserver.sh`), on loopback ports, with a
+//! CA, a serving certificate and an admin client certificate made here with openssl. Stopped by
+//! PID when dropped. It serves CRDs and custom resources (CEL validation, status subresource,
+//! server-side apply, watch), not the core API.
+
+use super::{free_port, skip_or_fail};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+pub fn apiserver_binary() -> Option<PathBuf> {
+    [
+        std::env::var_os("PINSET_APISERVER").map(PathBuf::from),
+        Some(PathBuf::from(
+            "/opt/pinset-bed/apiserver/bin/apiextensions-apiserver",
+        )),
+    ]
+    .into_iter()
+    .flatten()
+    .find(|p| p.exists())
+}
+
+pub struct ApiServer {
+    pub kubeconfig: PathBuf,
+    pub url: String,
+    etcd: Child,
+    server: Child,
+    dir: tempfile::TempDir,
+}
+
+fn run(cmd: &mut Command) {
+    let out = cmd.output().unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
+    assert!(
+        out.status.success(),
+        "{cmd:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// A CA, a serving certificate for 127.0.0.1 and a `system:masters` client certificate, all
+/// X.509 v3 (rustls refuses v1).
+fn certificates(d: &Path) {
+    let p = |f: &str| d.join(f).to_str().unwrap().to_string();
+    run(Command::new("openssl").args([
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-days",
+        "2",
+        "-subj",
+        "/CN=pinset-test-ca",
+        "-keyout",
+        &p("ca.key"),
+        "-out",
+        &p("ca.crt"),
+        "-addext",
+        "basicConstraints=critical,CA:TRUE",
+        "-addext",
+        "keyUsage=critical,keyCertSign,cRLSign",
+    ]));
+    let leaf = |name: &str, subject: &str, ext: &str| {
+        std::fs::write(d.join(format!("{name}.ext")), ext).unwrap();
+        run(Command::new("openssl").args([
+            "req",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-subj",
+            subject,
+            "-keyout",
+            &p(&format!("{name}.key")),
+            "-out",
+            &p(&format!("{name}.csr")),
+        ]));
+        run(Command::new("openssl").args([
+            "x509",
+            "-req",
+            "-in",
+            &p(&format!("{name}.csr")),
+            "-CA",
+            &p("ca.crt"),
+            "-CAkey",
+            &p("ca.key"),
+            "-CAcreateserial",
+            "-days",
+            "2",
+            "-out",
+            &p(&format!("{name}.crt")),
+            "-extfile",
+            &p(&format!("{name}.ext")),
+        ]));
+    };
+    leaf(
+        "server",
+        "/CN=127.0.0.1",
+        "basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature,keyEncipherment\nextendedKeyUsage=serverAuth\nsubjectAltName=IP:127.0.0.1,DNS:localhost\n",
+    );
+    leaf(
+        "admin",
+        "/O=system:masters/CN=admin",
+        "basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature,keyEncipherment\nextendedKeyUsage=clientAuth\n",
+    );
+}
+
+fn b64(path: &Path) -> String {
+    use base64::Engine;
+    base64::engine::general_purpose::STANDARD.encode(std::fs::read(path).unwrap())
+}
+
+/// etcd on loopback ports with its data in `d`: the process and its client port.
+fn start_etcd(bin: &Path, d: &Path) -> (Child, u16) {
+    let (client_port, peer_port) = (free_port(), free_port());
+    let child = Command::new(bin)
+        .args([
+            "--name",
+            "pinset-test",
+            "--data-dir",
+            d.join("etcd").to_str().unwrap(),
+            "--listen-client-urls",
+            &format!("http://127.0.0.1:{client_port}"),
+            "--advertise-client-urls",
+            &format!("http://127.0.0.1:{client_port}"),
+            "--listen-peer-urls",
+            &format!("http://127.0.0.1:{peer_port}"),
+            "--initial-advertise-peer-urls",
+            &format!("http://127.0.0.1:{peer_port}"),
+            "--initial-cluster",
+            &format!("pinset-test=http://127.0.0.1:{peer_port}"),
+            "--unsafe-no-fsync",
+        ])
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(d.join("etcd.log")).unwrap())
+        .spawn()
+        .expect("start etcd");
+    (child, client_port)
+}
+
+/// An admin kubeconfig for the server at `url`, from the certificates in `d`.
+fn write_kubeconfig(d: &Path, url: &str) -> PathBuf {
+    let kubeconfig = d.join("kubeconfig");
+    std::fs::write(
+        &kubeconfig,
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: test\n  cluster:\n    server: {url}\n    certificate-authority-data: {ca}\nusers:\n- name: admin\n  user:\n    client-certificate-data: {cert}\n    client-key-data: {key}\ncontexts:\n- name: test\n  context: {{cluster: test, user: admin}}\ncurrent-context: test\n",
+            ca = b64(&d.join("ca.crt")),
+            cert = b64(&d.join("admin.crt")),
+            key = b64(&d.join("admin.key")),
+        ),
+    )
+    .unwrap();
+    kubeconfig
+}
+
+impl ApiServer {
+    /// Start etcd and the API server and wait until it serves; `None` (after a loud message)
+    /// when the bed is not installed on a developer's machine.
+    pub async fn start() -> Option<ApiServer> {
+        let Some(binary) = apiserver_binary() else {
+            skip_or_fail("apiextensions-apiserver is not built (tests/bed/fetch-apiserver.sh)");
+            return None;
+        };
+        let Some(etcd_bin) = ["/usr/bin/etcd", "/usr/local/bin/etcd"]
+            .into_iter()
+            .map(PathBuf::from)
+            .find(|p| p.exists())
+        else {
+            skip_or_fail("etcd is not installed (apt-get install etcd-server)");
+            return None;
+        };
+        let dir = tempfile::Builder::new()
+            .prefix("pinset-apiserver-")
+            .tempdir()
+            .unwrap();
+        let d = dir.path();
+        certificates(d);
+        let port = free_port();
+        let log = |name: &str| std::fs::File::create(d.join(name)).unwrap();
+        let (etcd, client_port) = start_etcd(&etcd_bin, d);
+        let url = format!("https://127.0.0.1:{port}");
+        let kubeconfig = write_kubeconfig(d, &url);
+        let kc = kubeconfig.to_str().unwrap();
+        let server = Command::new(binary)
+            .args([
+                &format!("--etcd-servers=http://127.0.0.1:{client_port}"),
+                "--bind-address=127.0.0.1",
+                &format!("--secure-port={port}"),
+                &format!("--cert-dir={}", d.join("certs").display()),
+                &format!("--tls-cert-file={}", d.join("server.crt").display()),
+                &format!("--tls-private-key-file={}", d.join("server.key").display()),
+                &format!("--client-ca-file={}", d.join("ca.crt").display()),
+                &format!("--kubeconfig={kc}"),
+                &format!("--authentication-kubeconfig={kc}"),
+                &format!("--authorization-kubeconfig={kc}"),
+                "--authentication-skip-lookup",
+                "--enable-priority-and-fairness=false",
+                "--disable-admission-plugins=NamespaceLifecycle,MutatingAdmissionWebhook,ValidatingAdmissionWebhook,ValidatingAdmissionPolicy,MutatingAdmissionPolicy",
+            ])
+            .stdout(Stdio::null())
+            .stderr(log("apiserver.log"))
+            .spawn()
+            .expect("start apiextensions-apiserver");
+        let s = ApiServer {
+            kubeconfig,
+            url,
+            etcd,
+            server,
+            dir,
+        };
+        s.wait_ready().await;
+        Some(s)
+    }
+
+    pub async fn client(&self) -> kube::Client {
+        pinset_k8s::client(Some(&self.kubeconfig))
+            .await
+            .expect("client")
+    }
+
+    async fn wait_ready(&self) {
+        let client = self.client().await;
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            // /readyz never turns ready on this server (no Services to watch): the API group
+            // answering is the sign.
+            let req = http::Request::get("/apis/apiextensions.k8s.io/v1")
+                .body(Vec::new())
+                .unwrap();
+            if client.request_text(req).await.is_ok() {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the API server did not serve within 60 s:\n{}",
+                self.log()
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    pub fn log(&self) -> String {
+        let tail = |f: &str| {
+            let t = std::fs::read_to_string(self.dir.path().join(f)).unwrap_or_default();
+            t.lines()
+                .rev()
+                .take(30)
+                .collect::<Vec<_>>()
+                .into_iter()
+                .rev()
+                .collect::<Vec<_>>()
+                .join("\n")
+        };
+        format!(
+            "--- etcd ---\n{}\n--- apiserver ---\n{}",
+            tail("etcd.log"),
+            tail("apiserver.log")
+        )
+    }
+
+    /// Apply pinset's CRDs (server-side apply) and wait until each is Established.
+    pub async fn install_crds(&self) {
+        use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+        use kube::api::{Api, Patch, PatchParams};
+        let api: Api<CustomResourceDefinition> = Api::all(self.client().await);
+        for crd in pinset_k8s::api::crds() {
+            let name = crd.metadata.name.clone().unwrap();
+            api.patch(
+                &name,
+                &PatchParams::apply("pinset-test").force(),
+                &Patch::Apply(&crd),
+            )
+            .await
+            .unwrap_or_else(|e| panic!("apply CRD {name}: {e}"));
+            let deadline = Instant::now() + Duration::from_secs(30);
+            loop {
+                let c = api.get(&name).await.unwrap();
+                let established = c
+                    .status
+                    .and_then(|s| s.conditions)
+                    .unwrap_or_default()
+                    .iter()
+                    .any(|c| c.type_ == "Established" && c.status == "True");
+                if established {
+                    break;
+                }
+                assert!(Instant::now() < deadline, "CRD {name} not Established");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    }
+}
+
+impl Drop for ApiServer {
+    fn drop(&mut self) {
+        for child in [&mut self.server, &mut self.etcd] {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}

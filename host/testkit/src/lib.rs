@@ -1,0 +1,579 @@
+//! pinset's test bed (a dev-dependency only): a real registry (`docker-registry` from Debian) on
+//! loopback, OCI images built here — tar layers of chosen sizes with random content — pushed
+//! through the registry's HTTP API, a real containerd ([`Containerd`]), a real API server
+//! ([`apiserver::ApiServer`]), and every policy of the workspace built for Wasm, the test-only
+//! ones included ([`policy_path`]). No docker, no downloads.
+//!
+//! A test that needs the bed calls [`Registry::start`] (or [`Containerd::start`], …): where the
+//! binary is missing it returns `None` after a loud message on a developer's machine, and panics
+//! under CI (`CI` set), where the bed is mandatory.
+//!
+//! May depend on every pinset crate; nothing but tests and benchmarks may depend on it, so
+//! nothing test-only is built into `pinset`.
+
+pub mod apiserver;
+pub mod procfs;
+
+use oci_client::client::{ClientConfig, ClientProtocol, Config, ImageLayer};
+use oci_client::manifest::{
+    OCI_IMAGE_INDEX_MEDIA_TYPE, OCI_IMAGE_MEDIA_TYPE, OciImageIndex, OciImageManifest, OciManifest,
+};
+use oci_client::secrets::RegistryAuth;
+use oci_client::{Client, Reference};
+use sha2::{Digest, Sha256};
+use std::net::TcpListener;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+pub const LAYER_MEDIA_TYPE: &str = "application/vnd.oci.image.layer.v1.tar";
+
+/// Whether the bed is mandatory (CI) or may be skipped (a developer's machine).
+pub fn bed_required() -> bool {
+    std::env::var_os("CI").is_some()
+}
+
+pub fn skip_or_fail(what: &str) {
+    if bed_required() {
+        panic!("test bed: {what} (the bed is mandatory in CI: run scripts/test.sh to install it)");
+    }
+    eprintln!(
+        "\n*** SKIPPING: test bed unavailable: {what}. Run scripts/test.sh to install it. ***\n"
+    );
+}
+
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// A `docker-registry` serving on 127.0.0.1 with storage in a temporary directory. Stopped (by
+/// PID) when dropped, whatever the test's outcome.
+pub struct Registry {
+    pub host: String,
+    child: Child,
+    binary: PathBuf,
+    config: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl Registry {
+    pub fn start() -> Option<Registry> {
+        Self::start_with("")
+    }
+
+    /// A registry with `extra` appended to its configuration (YAML), e.g. an `auth:` section.
+    pub fn start_with(extra: &str) -> Option<Registry> {
+        let binary = ["/usr/bin/docker-registry", "/usr/sbin/docker-registry"]
+            .into_iter()
+            .map(PathBuf::from)
+            .find(|p| p.exists());
+        let Some(binary) = binary else {
+            skip_or_fail("docker-registry is not installed");
+            return None;
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let port = free_port();
+        let config = dir.path().join("config.yml");
+        std::fs::write(
+            &config,
+            format!(
+                "version: 0.1\nlog: {{level: warn}}\nstorage:\n  filesystem: {{rootdirectory: {}}}\n  delete: {{enabled: true}}\nhttp:\n  addr: 127.0.0.1:{port}\n{extra}",
+                dir.path().join("data").display()
+            ),
+        )
+        .unwrap();
+        let child = spawn_registry(&binary, &config);
+        let host = format!("127.0.0.1:{port}");
+        let registry = Registry {
+            host,
+            child,
+            binary,
+            config,
+            _dir: dir,
+        };
+        registry.wait_ready();
+        Some(registry)
+    }
+
+    fn wait_ready(&self) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while std::net::TcpStream::connect(&self.host).is_err() {
+            assert!(
+                Instant::now() < deadline,
+                "docker-registry did not listen on {} within 10 s",
+                self.host
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Stop serving (kill by PID); the storage is kept for [`Registry::restart`].
+    pub fn stop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// Serve again on the same address with the same storage.
+    pub fn restart(&mut self) {
+        self.stop();
+        self.child = spawn_registry(&self.binary, &self.config);
+        self.wait_ready();
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    pub fn client(&self) -> Client {
+        Client::new(ClientConfig {
+            protocol: ClientProtocol::HttpsExcept(vec![self.host.clone()]),
+            ..Default::default()
+        })
+    }
+}
+
+fn spawn_registry(binary: &std::path::Path, config: &std::path::Path) -> Child {
+    Command::new(binary)
+        .args(["serve", config.to_str().unwrap()])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start docker-registry")
+}
+
+impl Drop for Registry {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Deterministic pseudo-random bytes (xorshift64*).
+pub fn random_bytes(seed: u64, len: usize) -> Vec<u8> {
+    let mut s = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    let mut out = Vec::with_capacity(len + 8);
+    while out.len() < len {
+        s ^= s >> 12;
+        s ^= s << 25;
+        s ^= s >> 27;
+        out.extend_from_slice(&s.wrapping_mul(0x2545_f491_4f6c_dd1d).to_le_bytes());
+    }
+    out.truncate(len);
+    out
+}
+
+/// An uncompressed tar holding one file `name` with `content` (ustar format).
+pub fn tar_layer(name: &str, content: &[u8]) -> Vec<u8> {
+    let mut header = [0u8; 512];
+    header[..name.len()].copy_from_slice(name.as_bytes());
+    let octal = |buf: &mut [u8], v: u64| {
+        let s = format!("{:0width$o}\0", v, width = buf.len() - 1);
+        buf.copy_from_slice(s.as_bytes());
+    };
+    octal(&mut header[100..108], 0o644);
+    octal(&mut header[108..116], 0);
+    octal(&mut header[116..124], 0);
+    octal(&mut header[124..136], content.len() as u64);
+    octal(&mut header[136..148], 0);
+    header[148..156].copy_from_slice(b"        ");
+    header[156] = b'0';
+    header[257..263].copy_from_slice(b"ustar\0");
+    header[263..265].copy_from_slice(b"00");
+    let sum: u32 = header.iter().map(|&b| b as u32).sum();
+    let s = format!("{sum:06o}\0 ");
+    header[148..156].copy_from_slice(s.as_bytes());
+    let mut out = header.to_vec();
+    out.extend_from_slice(content);
+    out.resize(out.len().div_ceil(512) * 512 + 1024, 0);
+    out
+}
+
+pub fn sha256(data: &[u8]) -> String {
+    format!(
+        "sha256:{}",
+        Sha256::digest(data)
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect::<String>()
+    )
+}
+
+/// A layer of about `size` bytes of random content.
+pub fn layer(seed: u64, size: usize) -> Vec<u8> {
+    tar_layer(
+        &format!("data-{seed}.bin"),
+        &random_bytes(seed, size.saturating_sub(1536)),
+    )
+}
+
+/// Push an image of `layers` to `repo` for `arch`; returns its manifest digest and the pushed
+/// manifest (whose layer sizes are what a registry reports).
+pub async fn push_image(
+    client: &Client,
+    registry: &str,
+    repo: &str,
+    arch: &str,
+    layers: &[Vec<u8>],
+) -> (String, OciImageManifest) {
+    let image_layers: Vec<ImageLayer> = layers
+        .iter()
+        .map(|l| ImageLayer::new(l.clone(), LAYER_MEDIA_TYPE.into(), None))
+        .collect();
+    let diff_ids: Vec<String> = layers
+        .iter()
+        .map(|l| format!("\"{}\"", sha256(l)))
+        .collect();
+    let config_json = format!(
+        r#"{{"architecture":"{arch}","os":"linux","config":{{"Cmd":["/data"]}},"rootfs":{{"type":"layers","diff_ids":[{}]}}}}"#,
+        diff_ids.join(",")
+    );
+    let config = Config::new(
+        config_json.into_bytes(),
+        "application/vnd.oci.image.config.v1+json".into(),
+        None,
+    );
+    let manifest = OciImageManifest::build(&image_layers, &config, None);
+    let tag: Reference = format!("{registry}/{repo}:{arch}").parse().unwrap();
+    client
+        .push(
+            &tag,
+            &image_layers,
+            config,
+            &RegistryAuth::Anonymous,
+            Some(manifest.clone()),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("push {tag}: {e}"));
+    let (digest, _) = manifest_digest(client, &tag, OCI_IMAGE_MEDIA_TYPE).await;
+    (digest, manifest)
+}
+
+/// Push an index of (architecture, manifest digest, manifest size) entries; returns its digest.
+pub async fn push_index(
+    client: &Client,
+    registry: &str,
+    repo: &str,
+    entries: &[(&str, String, i64)],
+) -> String {
+    let manifests: Vec<serde_json::Value> = entries
+        .iter()
+        .map(|(arch, digest, size)| {
+            serde_json::json!({
+                "mediaType": OCI_IMAGE_MEDIA_TYPE,
+                "digest": digest,
+                "size": size,
+                "platform": {"architecture": arch, "os": "linux"},
+            })
+        })
+        .collect();
+    let index: OciImageIndex = serde_json::from_value(serde_json::json!({
+        "schemaVersion": 2,
+        "mediaType": OCI_IMAGE_INDEX_MEDIA_TYPE,
+        "manifests": manifests,
+    }))
+    .unwrap();
+    let tag: Reference = format!("{registry}/{repo}:index").parse().unwrap();
+    client
+        .push_manifest(&tag, &OciManifest::ImageIndex(index))
+        .await
+        .unwrap_or_else(|e| panic!("push index {tag}: {e}"));
+    manifest_digest(client, &tag, OCI_IMAGE_INDEX_MEDIA_TYPE)
+        .await
+        .0
+}
+
+/// The digest (and size) of the manifest a tag points to, as the registry serves it.
+pub async fn manifest_digest(client: &Client, tag: &Reference, media_type: &str) -> (String, i64) {
+    let (bytes, digest) = client
+        .pull_manifest_raw(tag, &RegistryAuth::Anonymous, &[media_type])
+        .await
+        .unwrap_or_else(|e| panic!("fetch manifest {tag}: {e}"));
+    (digest, bytes.len() as i64)
+}
+
+/// Where the test bed keeps containerd (see `tests/bed/fetch-containerd.sh`).
+pub fn containerd_binary() -> Option<PathBuf> {
+    let candidates = [
+        std::env::var_os("PINSET_CONTAINERD").map(PathBuf::from),
+        Some(PathBuf::from(
+            "/opt/pinset-bed/containerd/usr/bin/containerd",
+        )),
+    ];
+    candidates.into_iter().flatten().find(|p| p.exists())
+}
+
+/// containerd with its CRI plugin on a unix socket in a temporary directory, pulling from
+/// `registry` over plain HTTP (`hosts.toml`). Stopped by PID when dropped.
+pub struct Containerd {
+    pub socket: PathBuf,
+    child: Child,
+    binary: PathBuf,
+    config: PathBuf,
+    dir: tempfile::TempDir,
+}
+
+impl Containerd {
+    pub fn start(registry: &str) -> Option<Containerd> {
+        Self::start_with_root_limit(registry, None)
+    }
+
+    /// containerd whose root (content store and snapshots) is a tmpfs of `limit` bytes when
+    /// given, so that pulls can fill it up.
+    pub fn start_with_root_limit(registry: &str, limit: Option<u64>) -> Option<Containerd> {
+        let Some(binary) = containerd_binary() else {
+            skip_or_fail("containerd 1.7 is not installed (tests/bed/fetch-containerd.sh)");
+            return None;
+        };
+        let dir = tempfile::Builder::new()
+            .prefix("pinset-containerd-")
+            .tempdir()
+            .unwrap();
+        let d = dir.path();
+        let hosts = d.join("certs.d").join(registry);
+        std::fs::create_dir_all(&hosts).unwrap();
+        std::fs::write(
+            hosts.join("hosts.toml"),
+            format!("server = \"http://{registry}\"\n\n[host.\"http://{registry}\"]\n  capabilities = [\"pull\", \"resolve\"]\n"),
+        )
+        .unwrap();
+        if let Some(bytes) = limit {
+            let root = d.join("root");
+            std::fs::create_dir_all(&root).unwrap();
+            let mounted = Command::new("mount")
+                .args(["-t", "tmpfs", "-o", &format!("size={bytes}"), "tmpfs"])
+                .arg(&root)
+                .status()
+                .is_ok_and(|s| s.success());
+            if !mounted {
+                skip_or_fail(
+                    "cannot mount a size-limited tmpfs for containerd's root (needs root)",
+                );
+                return None;
+            }
+        }
+        let socket = d.join("containerd.sock");
+        let config = d.join("config.toml");
+        std::fs::write(
+            &config,
+            format!(
+                "version = 2\nroot = \"{root}\"\nstate = \"{state}\"\n[grpc]\n  address = \"{sock}\"\n[ttrpc]\n  address = \"{sock}.ttrpc\"\n[plugins.\"io.containerd.grpc.v1.cri\".registry]\n  config_path = \"{certs}\"\n",
+                root = d.join("root").display(),
+                state = d.join("state").display(),
+                sock = socket.display(),
+                certs = d.join("certs.d").display(),
+            ),
+        )
+        .unwrap();
+        let child = spawn_containerd(&binary, &config, d);
+        let c = Containerd {
+            socket,
+            child,
+            binary,
+            config,
+            dir,
+        };
+        c.wait_ready();
+        Some(c)
+    }
+
+    fn wait_ready(&self) {
+        let deadline = Instant::now() + Duration::from_secs(15);
+        while std::os::unix::net::UnixStream::connect(&self.socket).is_err() {
+            assert!(
+                Instant::now() < deadline,
+                "containerd did not serve {} within 15 s: {}",
+                self.socket.display(),
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Kill containerd (by PID) and start it again on the same socket, root and state.
+    pub fn restart(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_file(&self.socket);
+        self.child = spawn_containerd(&self.binary, &self.config, self.dir.path());
+        self.wait_ready();
+    }
+
+    pub fn endpoint(&self) -> String {
+        format!("unix://{}", self.socket.display())
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("containerd.log")).unwrap_or_default()
+    }
+}
+
+fn spawn_containerd(
+    binary: &std::path::Path,
+    config: &std::path::Path,
+    dir: &std::path::Path,
+) -> Child {
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(dir.join("containerd.log"))
+        .unwrap();
+    Command::new(binary)
+        .args(["--config", config.to_str().unwrap()])
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .expect("start containerd")
+}
+
+impl Drop for Containerd {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let root = self.dir.path().join("root");
+        // A size-limited root is a tmpfs mount: unmount it (lazily: snapshot mounts may linger)
+        // before the directory is removed. Without one, `umount` fails harmlessly.
+        let _ = Command::new("umount")
+            .args(["-R", "-l"])
+            .arg(&root)
+            .stderr(Stdio::null())
+            .status();
+    }
+}
+
+/// The registry's name for this machine's architecture.
+pub fn arch() -> &'static str {
+    if std::env::consts::ARCH == "aarch64" {
+        "arm64"
+    } else {
+        "amd64"
+    }
+}
+
+/// A Ready node with `node-role.kubernetes.io/<role>` and 100 GiB allocatable.
+pub fn node(role: &str) -> pinset_core::desired::NodeInfo {
+    pinset_core::desired::NodeInfo {
+        name: format!("{role}-0"),
+        labels: [(format!("node-role.kubernetes.io/{role}"), String::new())].into(),
+        ready: true,
+        disk_pressure: false,
+        allocatable_ephemeral_bytes: Some(100 << 30),
+    }
+}
+
+/// The embedded default policy, compiled.
+pub fn default_policy() -> pinset_policy::PolicyModule {
+    let wasm = pinset_policy::WasmRuntime::new().unwrap();
+    wasm.load(
+        "embedded:default",
+        pinset_policy::EMBEDDED_DEFAULT,
+        None,
+        pinset_policy::Limits::default(),
+    )
+    .unwrap()
+}
+
+/// The decisions of one reconcile with `policy`, as the agent makes them: a fresh instance,
+/// guarded.
+pub fn decisions(
+    policy: &pinset_policy::PolicyModule,
+) -> Box<dyn pinset_core::decisions::Decisions> {
+    Box::new(pinset_policy::Guarded::new(Box::new(policy.instance())))
+}
+
+/// The decisions of one reconcile with the embedded default policy (compiled once).
+pub fn default_decisions() -> Box<dyn pinset_core::decisions::Decisions> {
+    static DEFAULT: std::sync::OnceLock<pinset_policy::PolicyModule> = std::sync::OnceLock::new();
+    decisions(DEFAULT.get_or_init(default_policy))
+}
+
+/// Where the workspace's policy components are built.
+pub fn policy_dir() -> PathBuf {
+    PathBuf::from(env!("PINSET_WASM_POLICY_DIR"))
+}
+
+/// Logs of the code under test to stderr, filtered by `filter` (tracing EnvFilter syntax).
+pub fn init_logging(filter: &str) {
+    let filter = tracing_subscriber::EnvFilter::try_new(filter)
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
+}
+
+/// A component built from the workspace (`policies/*` and `tests/policies/*`), by file stem,
+/// e.g. `pinset_test_policy_hostile`.
+pub fn policy_path(stem: &str) -> PathBuf {
+    PathBuf::from(env!("PINSET_WASM_POLICY_DIR")).join(format!("{stem}.wasm"))
+}
+
+/// The bed wired as a node agent would be: CRI and pins on containerd's socket, sizes from the
+/// registry when `sizing`, the given retry schedule, no pressure.
+pub fn reconciler(
+    containerd: &Containerd,
+    registry: &str,
+    backoff: pinset_node::executor::Backoff,
+    sizing: bool,
+) -> pinset_node::Reconciler<
+    pinset_node::registry::size::RegistrySizer,
+    pinset_node::pin::containerd::ContainerdPins,
+> {
+    use pinset_node::registry::size::{Cached, RegistrySizer};
+    use std::sync::Arc;
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let credentials = Arc::new(pinset_node::registry::auth::Credentials::default());
+    let endpoint = containerd.endpoint();
+    let cri = pinset_node::cri::client::CriClient::new(pinset_node::cri::client::CriConfig {
+        endpoint: endpoint.clone(),
+        ..Default::default()
+    })
+    .unwrap();
+    let pins = pinset_node::pin::containerd::ContainerdPins::new(&endpoint).unwrap();
+    let mut reconciler = pinset_node::Reconciler::new(cri, pins)
+        .with_credentials(credentials.clone())
+        .with_backoff(backoff)
+        .with_pressure(pinset_policy_sdk::Pressure::default);
+    if sizing {
+        reconciler = reconciler.with_sizer(Arc::new(Cached::new(RegistrySizer::new(
+            vec![registry.to_string()],
+            credentials,
+        ))));
+    }
+    reconciler
+}
+
+/// Push `count` images of one random layer of about `layer_bytes` each; their digest references.
+pub async fn push_images(
+    registry: &Registry,
+    prefix: &str,
+    count: usize,
+    layer_bytes: usize,
+    seed: u64,
+) -> Vec<String> {
+    let client = registry.client();
+    let mut refs = Vec::with_capacity(count);
+    for i in 0..count {
+        let repo = format!("pinset/{prefix}{i}");
+        let l = layer(seed + i as u64, layer_bytes);
+        let (digest, _) = push_image(&client, &registry.host, &repo, arch(), &[l]).await;
+        refs.push(format!("{}/{repo}@{digest}", registry.host));
+    }
+    refs
+}
+
+/// The workspace root.
+pub fn workspace() -> PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .ancestors()
+        .nth(2)
+        .unwrap()
+        .to_path_buf()
+}

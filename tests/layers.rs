@@ -1,0 +1,90 @@
+//! The layering of docs/ARCHITECTURE.md as a fact of the dependency graph: what each crate may
+//! not depend on, directly or through another crate, checked with `cargo tree`.
+
+use std::collections::BTreeSet;
+use std::process::Command;
+
+/// Every package in the normal (non-dev, non-build) dependency tree of `krate`.
+fn dependencies(krate: &str) -> BTreeSet<String> {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let out = Command::new(cargo)
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .args(["tree", "--locked", "-e", "normal", "--prefix", "none"])
+        .args(["--format", "{p}", "-p", krate])
+        .output()
+        .expect("run cargo tree");
+    assert!(
+        out.status.success(),
+        "cargo tree -p {krate}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| l.split_whitespace().next())
+        .map(String::from)
+        .collect()
+}
+
+fn forbid(krate: &str, forbidden: &[&str]) {
+    let deps = dependencies(krate);
+    assert!(
+        deps.contains(krate),
+        "{krate} is not in its own tree: {deps:?}"
+    );
+    let found: Vec<&&str> = forbidden.iter().filter(|f| deps.contains(**f)).collect();
+    assert!(found.is_empty(), "{krate} depends on {found:?}");
+}
+
+#[test]
+fn the_core_depends_on_no_runtime_and_no_adapter() {
+    forbid(
+        "pinset-core",
+        &[
+            "tokio",
+            "tonic",
+            "kube",
+            "wasmtime",
+            "hyper",
+            "pinset-policy",
+            "pinset-node",
+            "pinset-k8s",
+        ],
+    );
+}
+
+#[test]
+fn the_policy_layer_knows_neither_the_node_nor_kubernetes_nor_metrics() {
+    forbid(
+        "pinset-policy",
+        &[
+            "tonic",
+            "kube",
+            "hyper",
+            "prometheus-client",
+            "pinset-node",
+            "pinset-k8s",
+        ],
+    );
+}
+
+#[test]
+fn the_node_takes_its_decisions_as_an_argument() {
+    forbid(
+        "pinset-node",
+        &["wasmtime", "kube", "pinset-policy", "pinset-k8s"],
+    );
+}
+
+#[test]
+fn nothing_test_only_is_built_into_the_binary() {
+    forbid(
+        "pinset",
+        &[
+            "pinset-testkit",
+            "pinset-test-policy-hostile",
+            "pinset-test-policy-unthrottled",
+            "pinset-test-policy-future-contract",
+        ],
+    );
+    forbid("pinset-k8s", &["pinset-testkit", "pinset-cri-sim"]);
+}
