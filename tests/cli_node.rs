@@ -6,6 +6,7 @@ use pinset_cri_sim::{SimConfig, SimImage, SimulatedRuntime};
 use pinset_node::pin::crio;
 use std::path::Path;
 use std::process::Command;
+use std::time::Duration;
 use support::{pinset, workspace};
 
 #[test]
@@ -252,4 +253,147 @@ fn watch_restarts_on_a_changed_set_and_abandons_pulls_in_flight() {
     let _ = child.kill();
     let _ = child.wait();
     drop(server);
+}
+
+/// Policies that print, panic, sleep through WASI, probe WASI, flood the log, forge log lines
+/// or answer with a giant reason, through `pinset node` (the async path the agent runs): each is
+/// contained — the process neither crashes nor stalls, output stays bounded, and the reference
+/// decides where the policy failed.
+#[test]
+fn hostile_policies_cannot_crash_stall_or_flood_pinset_node() {
+    let hostile = support::policy_path("pinset_test_policy_hostile");
+    let images: Vec<String> = (1..=3)
+        .map(|n| format!("registry.test/h/{n}@sha256:{n:064x}"))
+        .collect();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    for mode in [
+        "trap",
+        "stderr",
+        "stdout",
+        "sleep",
+        "probe",
+        "log-flood",
+        "log-forge",
+        "giant-reason",
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let sets = dir.path().join("sets.yaml");
+        let mut set = "apiVersion: machineconfiguration.openshift.io/v1\nkind: PinnedImageSet\nmetadata:\n  name: apps\n  labels: {machineconfiguration.openshift.io/role: worker}\nspec:\n  pinnedImages:\n".to_string();
+        for r in &images {
+            set.push_str(&format!("    - name: {r}\n"));
+        }
+        std::fs::write(&sets, set).unwrap();
+        let node = dir.path().join("node.yaml");
+        std::fs::write(
+            &node,
+            format!("kind: Node\nmetadata: {{name: w1, labels: {{node-role.kubernetes.io/worker: '', pinset.test/hostile: {mode}}}}}\nstatus:\n  allocatable: {{ephemeral-storage: 50Gi}}\n  conditions: [{{type: Ready, status: 'True'}}]\n"),
+        )
+        .unwrap();
+        let dropins = dir.path().join("crio.conf.d");
+        let sim = SimulatedRuntime::new(SimConfig {
+            registry: images
+                .iter()
+                .map(|r| SimImage {
+                    reference: r.clone(),
+                    size: 1 << 20,
+                })
+                .collect(),
+            bandwidth: 1 << 30,
+            disk_capacity: 1 << 40,
+            pin_drop_in: Some(dropins.join(crio::DROP_IN)),
+        });
+        let server = rt
+            .block_on(sim.serve(&dir.path().join("cri.sock")))
+            .unwrap();
+        let started = std::time::Instant::now();
+        let out = Command::new(support::PINSET)
+            .args(["node", "--sets", sets.to_str().unwrap()])
+            .args([
+                "--node",
+                node.to_str().unwrap(),
+                "--cri",
+                &server.endpoint(),
+            ])
+            .args([
+                "--crio-dropin-dir",
+                dropins.to_str().unwrap(),
+                "--crio-reload",
+                "",
+            ])
+            .args(["--no-sizing", "--policy", hostile.to_str().unwrap()])
+            .args(["--policy-deadline-ms", "50"])
+            .env("PINSET_LOG", "info")
+            .output()
+            .unwrap();
+        let took = started.elapsed();
+        let (stdout, stderr) = (
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr),
+        );
+        let code = out.status.code();
+        let ctx = format!(
+            "mode {mode}: exit {code:?} in {took:?}\n{stdout}\n{}",
+            tail(&stderr)
+        );
+        // The reference's worker policy throttles nothing: a few hooks at 50 ms each at most.
+        assert!(took < Duration::from_secs(10), "{ctx}");
+        assert!(
+            stdout.len() < 64 << 10,
+            "stdout {} bytes: {ctx}",
+            stdout.len()
+        );
+        assert!(
+            stderr.len() < 256 << 10,
+            "stderr {} bytes: {ctx}",
+            stderr.len()
+        );
+        assert!(
+            !stderr
+                .lines()
+                .any(|l| l.starts_with("2026-12-01T00:00:00Z")),
+            "a policy forged a log line: {ctx}"
+        );
+        let flood = stderr.lines().filter(|l| l.contains("yyyyyyyy")).count();
+        assert!(
+            flood <= pinset_policy::MAX_LOG_LINES as usize,
+            "{flood} policy lines in one reconcile: {ctx}"
+        );
+        if mode == "log-flood" {
+            assert!(flood > 0, "the first lines are kept: {ctx}");
+        }
+        if mode == "giant-reason" {
+            // A rejection (valid) with a bounded reason: the set fails, naming it, once.
+            assert_eq!(code, Some(1), "{ctx}");
+            // Escaped: the policy's newlines do not start lines of their own.
+            assert!(stdout.contains(r"not admitted: z\nz\nz"), "{ctx}");
+            assert_eq!(
+                stdout.matches("not admitted").count(),
+                1,
+                "said once: {ctx}"
+            );
+            assert_eq!(sim.stats().calls("PullImage"), 0, "{ctx}");
+            continue;
+        }
+        assert_eq!(code, Some(0), "{ctx}");
+        assert!(stdout.contains("node w1: 3 pulled, 0 failed"), "{ctx}");
+        assert!(stdout.contains("set apps generation 1: done"), "{ctx}");
+        match mode {
+            "trap" => assert!(
+                stdout.contains("policy fallback:") && stdout.contains("panicked"),
+                "the panic is quoted: {ctx}"
+            ),
+            "sleep" => assert!(stdout.contains("may not wait"), "{ctx}"),
+            _ => assert!(
+                !stdout.contains("policy fallback:"),
+                "printing is no failure: {ctx}"
+            ),
+        }
+        drop(server);
+    }
+}
+
+/// The last lines of a long output.
+fn tail(text: &str) -> String {
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(30)..].join("\n")
 }

@@ -182,6 +182,10 @@ async fn registry_down_fails_each_image_clearly_and_the_next_reconcile_completes
         .clone()
         .unwrap();
     assert!(err.contains(&refs[0]) && err.contains(&refs[1]), "{err}");
+    assert!(
+        err.contains("(after 5 attempts)"),
+        "a down registry is retried: {err}"
+    );
     assert!(status.degraded.is_some());
     assert!(
         r.plan
@@ -218,6 +222,48 @@ async fn registry_down_fails_each_image_clearly_and_the_next_reconcile_completes
                 .pinned
         );
     }
+}
+
+/// A digest the registry does not have is not retried with the reference's schedule (1+2+4+8 s
+/// of waits): the reconcile completes at once, and the set's error says the cause is permanent.
+#[tokio::test]
+async fn a_missing_digest_fails_at_once_and_says_it_is_permanent() {
+    let Some(bed) = Bed::start(Backoff::default(), false) else {
+        return;
+    };
+    let refs = support::push_images(&bed.registry, "present", 1, 64_000, 60).await;
+    let missing = format!(
+        "{}/pinset/missing@sha256:{}",
+        bed.registry.host,
+        "0".repeat(64)
+    );
+    let node = support::node("worker");
+    let d = desired_of(&node, &[set("s", 1, &[refs[0].clone(), missing.clone()])]);
+    let mut status = NodeStatus::default();
+    let started = Instant::now();
+    let r = bed
+        .reconciler
+        .reconcile(
+            &d,
+            &node,
+            support::default_decisions(),
+            &mut status,
+            CancellationToken::new(),
+            None,
+        )
+        .await
+        .unwrap_or_else(|e| panic!("{e}\n{}", bed.containerd.log()));
+    let took = started.elapsed();
+    assert!(took < Duration::from_secs(2), "took {took:?}: {r:?}");
+    assert_eq!(r.outcome.pulled, vec![refs[0].clone()]);
+    let err = status.sets["s"]
+        .last_failed_generation_error
+        .clone()
+        .unwrap();
+    assert!(
+        err.contains(&missing) && err.contains("not found") && err.contains("permanent"),
+        "{err}"
+    );
 }
 
 #[tokio::test]

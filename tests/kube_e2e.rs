@@ -352,10 +352,11 @@ async fn controller_and_agents_pin_sets_and_report_through_a_real_api_server() {
         "cp-0.log",
         &[],
     );
-    // The infra pool runs a policy that loops forever in every hook: each call is cut at its
-    // deadline and answered by the reference policy, and the node still pulls and pins.
+    // The infra pool runs a policy that panics in every hook, its message on stderr (which
+    // crashed the agent's async path while WASI streams entered a runtime of their own): each
+    // call is answered by the reference policy, and the node still pulls and pins.
     let mut infra_labels = roles(&["worker", "infra"]);
-    infra_labels.push(("pinset.test/hostile".into(), "loop".into()));
+    infra_labels.push(("pinset.test/hostile".into(), "trap".into()));
     let hostile = support::policy_dir().join("pinset_test_policy_hostile.wasm");
     let infra = cluster.agent(
         "infra-0",
@@ -419,7 +420,10 @@ async fn controller_and_agents_pin_sets_and_report_through_a_real_api_server() {
         .cloned()
         .unwrap();
     assert_eq!(fallback.status, "True", "{fallback:?}");
-    assert!(fallback.message.contains("deadline"), "{fallback:?}");
+    assert!(
+        fallback.message.contains("trapped") && fallback.message.contains("panicked"),
+        "{fallback:?}"
+    );
     let cp_fallback = nodes.get("cp-0").await.unwrap().status.unwrap().conditions;
     assert!(
         cp_fallback

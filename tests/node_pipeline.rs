@@ -495,3 +495,58 @@ async fn a_rejected_admission_pulls_nothing_and_says_why() {
         "{err}"
     );
 }
+
+/// Every class of hostile module through the reconcile on a multi-threaded runtime, as the
+/// agent runs it: printing (stderr, stdout, a panic's message), waiting through WASI, probing
+/// WASI, flooding or forging the log, a giant reason. None crashes or stalls the reconcile; a
+/// failed hook is answered by the reference and reported; what reaches the status is bounded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_modules_are_contained_on_the_async_path() {
+    let path = support::policy_path("pinset_test_policy_hostile");
+    let limits = Limits {
+        deadline: Duration::from_millis(50),
+        ..Limits::default()
+    };
+    let hostile = runtime().load_file(&path, None, limits).unwrap();
+    for mode in [
+        "trap",
+        "stderr",
+        "stdout",
+        "sleep",
+        "probe",
+        "log-flood",
+        "log-forge",
+        "giant-reason",
+    ] {
+        let b = bed(3, MIB, 1 << 30, 1 << 40, hostile.clone()).await;
+        let mut n = node("worker");
+        n.labels.insert("pinset.test/hostile".into(), mode.into());
+        let d = desired_for(&n, &[set("s", "worker", 1, &[0, 1, 2])]);
+        let mut status = NodeStatus::default();
+        let started = Instant::now();
+        let r = b.run(&d, &n, &mut status).await;
+        let ctx = format!("mode {mode}: {:?} {status:?}", started.elapsed());
+        assert!(started.elapsed() < Duration::from_secs(10), "{ctx}");
+        let fallbacks = status.policy_fallbacks.join("\n");
+        if mode == "giant-reason" {
+            assert!(r.plan.unwrap().rejected(), "{ctx}");
+            let err = status.sets["s"]
+                .last_failed_generation_error
+                .clone()
+                .unwrap();
+            assert!(err.len() < 8 << 10, "{mode}: error of {} bytes", err.len());
+            assert!(
+                !err.contains('\n'),
+                "{mode}: a raw newline reached the status"
+            );
+            continue;
+        }
+        assert_eq!(r.outcome.pulled.len(), 3, "{ctx}");
+        assert!(status.done(), "{ctx}");
+        match mode {
+            "trap" => assert!(fallbacks.contains("panicked"), "{ctx}"),
+            "sleep" => assert!(fallbacks.contains(pinset_policy::NO_WAITING), "{ctx}"),
+            _ => assert!(fallbacks.is_empty(), "printing is no failure: {ctx}"),
+        }
+    }
+}

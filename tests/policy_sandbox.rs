@@ -394,3 +394,48 @@ fn a_child_compiler_that_fails_is_reported_with_the_module_and_the_cause() {
         assert!(msg.len() < 4096, "the child's message is quoted in part");
     }
 }
+
+#[test]
+fn a_module_over_the_size_limit_is_refused_before_it_is_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let big = dir.path().join("big.wasm");
+    let file = std::fs::File::create(&big).unwrap();
+    file.set_len(17 << 20).unwrap();
+    let e = runtime()
+        .load_file(&big, None, Limits::default())
+        .err()
+        .expect("refused");
+    assert!(matches!(e, LoadError::TooLarge { .. }), "{e}");
+    let text = e.to_string();
+    assert!(
+        text.contains("big.wasm") && text.contains(&(17u64 << 20).to_string()),
+        "{text}"
+    );
+    assert!(text.contains("--policy-max-module-mib"), "{text}");
+    // The limit is the caller's: a real module over a tiny limit is refused the same way.
+    let tiny = Limits {
+        max_module_bytes: 1024,
+        ..Limits::default()
+    };
+    let e = runtime()
+        .load_file(&component("pinset_policy_default"), None, tiny)
+        .err()
+        .expect("refused");
+    assert!(matches!(e, LoadError::TooLarge { max: 1024, .. }), "{e}");
+}
+
+#[test]
+fn a_policy_that_waits_through_wasi_is_stopped_at_once() {
+    let mut g = Guarded::new(Box::new(hostile().instance()));
+    let n = node("sleep");
+    let started = Instant::now();
+    assert_eq!(g.concurrency(&n), 5, "the reference's answer");
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        started.elapsed()
+    );
+    let f = g.take_fallbacks();
+    assert_eq!(f.len(), 1);
+    assert!(f[0].message.contains(pinset_policy::NO_WAITING), "{}", f[0]);
+}

@@ -116,34 +116,48 @@ pub fn record(
     failures
 }
 
-/// Why images of a set are missing, naming them.
+/// Why images of a set are missing, naming them: images are grouped by cause, so a cause shared
+/// by many (a policy's reason, a full disk) is said once; at most [`SHOWN`] images are named.
 fn missing_reason(
     missing: &[&str],
     errors: &HashMap<&str, &str>,
     plan: &Plan,
     outcome: &Outcome,
 ) -> String {
-    const SHOWN: usize = 5;
-    let mut parts: Vec<String> = missing
-        .iter()
-        .take(SHOWN)
-        .map(|m| match errors.get(m) {
-            Some(e) => format!("{m}: {e}"),
-            None if plan.rejected() => format!("{m}: not admitted: {}", plan.admission.reason),
-            None if outcome.drained.iter().any(|d| d == m) => {
-                format!(
-                    "{m}: not pulled: the disk filled up ({})",
-                    outcome.no_space.as_deref().unwrap_or("")
-                )
-            }
-            None => format!("{m}: not admitted by the policy: {}", plan.admission.reason),
-        })
-        .collect();
-    if missing.len() > SHOWN {
-        parts.push(format!("and {} more", missing.len() - SHOWN));
+    let mut causes: Vec<(String, Vec<&str>)> = Vec::new();
+    for &m in missing {
+        let cause = match errors.get(m) {
+            Some(e) => e.to_string(),
+            None if plan.rejected() => format!("not admitted: {}", plan.admission.reason),
+            None if outcome.drained.iter().any(|d| d == m) => format!(
+                "not pulled: the disk filled up ({})",
+                outcome.no_space.as_deref().unwrap_or("")
+            ),
+            None => format!("not admitted by the policy: {}", plan.admission.reason),
+        };
+        match causes.iter_mut().find(|(c, _)| *c == cause) {
+            Some((_, images)) => images.push(m),
+            None => causes.push((cause, vec![m])),
+        }
+    }
+    let mut shown = 0;
+    let mut parts = Vec::new();
+    for (cause, images) in &causes {
+        if shown >= SHOWN {
+            break;
+        }
+        let named: Vec<&str> = images.iter().take(SHOWN - shown).copied().collect();
+        shown += named.len();
+        parts.push(format!("{}: {cause}", named.join(", ")));
+    }
+    if missing.len() > shown {
+        parts.push(format!("and {} more", missing.len() - shown));
     }
     format!("{} image(s) missing: {}", missing.len(), parts.join("; "))
 }
+
+/// Images named in a set's failure; the others are counted.
+const SHOWN: usize = 5;
 
 #[cfg(test)]
 mod tests {

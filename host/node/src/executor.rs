@@ -8,7 +8,7 @@ use pinset_core::decisions::Decisions;
 use pinset_policy_sdk::{NodeFacts, Pressure, PullOutcome};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 use tokio::sync::mpsc::UnboundedSender;
 use tokio_util::sync::CancellationToken;
@@ -19,6 +19,8 @@ pub struct PullFailure {
     pub message: String,
     /// The runtime's disk is full: no retry, drain the queue.
     pub no_space: bool,
+    /// Trying again cannot help (the image does not exist, the registry refuses): no retry.
+    pub permanent: bool,
 }
 
 /// Pulls one image. Implemented by the CRI adapter; tests use their own.
@@ -221,12 +223,14 @@ async fn slot<P: Puller>(s: Arc<Shared<P>>) {
         if remaining == 0 {
             return;
         }
+        // A lock poisoned by a panic elsewhere still holds valid decisions: the guard answers
+        // every hook (the reference's answer where the policy failed).
         let pause = {
             let pressure = s.run.pressure.pressure();
             s.run
                 .policy
                 .lock()
-                .expect("policy lock")
+                .unwrap_or_else(PoisonError::into_inner)
                 .throttle(&s.run.node, &outcome, &pressure)
         };
         if !pause.is_zero() {
@@ -247,7 +251,15 @@ async fn pull_with_retries<P: Puller>(s: &Shared<P>, job: &Job) -> Result<(), Pu
     loop {
         match s.run.puller.pull(&job.reference).await {
             Ok(()) => return Ok(()),
-            Err(f) if f.no_space || attempt >= s.run.backoff.attempts => return Err(f),
+            Err(f) if f.no_space => return Err(f),
+            Err(mut f) if f.permanent => {
+                f.message = format!("{} (permanent: not retried)", f.message);
+                return Err(f);
+            }
+            Err(mut f) if attempt >= s.run.backoff.attempts => {
+                f.message = format!("{} (after {attempt} attempts)", f.message);
+                return Err(f);
+            }
             Err(f) => {
                 let wait = s.run.backoff.wait(attempt);
                 s.emit(Event::Retrying {
@@ -316,6 +328,7 @@ mod tests {
         Err(PullFailure {
             message: msg.into(),
             no_space: msg.contains("no space"),
+            permanent: msg.contains("not found"),
         })
     }
 
@@ -400,7 +413,7 @@ mod tests {
         assert_eq!(out.pulled, vec!["img0"]);
         assert_eq!(
             out.failed,
-            vec![("img1".to_string(), "refused".to_string())]
+            vec![("img1".to_string(), "refused (after 5 attempts)".to_string())]
         );
         let calls = script.calls.lock().unwrap();
         assert_eq!(calls.iter().filter(|c| *c == "img0").count(), 3);
@@ -414,6 +427,30 @@ mod tests {
             .filter(|e| matches!(e, Event::Retrying { .. }))
             .count();
         assert_eq!(retries, 2 + 4);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_permanent_failure_is_not_retried_and_says_so() {
+        let script = Script::default();
+        script
+            .results
+            .lock()
+            .unwrap()
+            .insert("img0".into(), [fail("img0: not found")].into());
+        let started = tokio::time::Instant::now();
+        let (out, events) = go(&script, jobs(2), 1, CancellationToken::new()).await;
+        assert_eq!(
+            out.failed,
+            vec![(
+                "img0".to_string(),
+                "img0: not found (permanent: not retried)".to_string()
+            )]
+        );
+        assert_eq!(out.pulled, vec!["img1"], "the others go on");
+        assert_eq!(script.calls.lock().unwrap().len(), 2, "one try each");
+        assert!(!events.iter().any(|e| matches!(e, Event::Retrying { .. })));
+        // The reference's 1 s throttle after the first pull, and no backoff (1+2+4+8 s).
+        assert_eq!(started.elapsed(), Duration::from_secs(1));
     }
 
     #[tokio::test(start_paused = true)]

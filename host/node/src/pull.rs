@@ -24,6 +24,7 @@ impl Puller for CriPuller {
             .map(drop)
             .map_err(|e| PullFailure {
                 no_space: e.is_no_space(),
+                permanent: e.is_permanent(),
                 message: e.to_string(),
             })
     }

@@ -18,7 +18,7 @@ use pinset_core::settle::{self, Confirmation, Outcome};
 use pinset_core::status::{NodeStatus, Progress};
 use pinset_policy_sdk::Pressure;
 use std::collections::BTreeSet;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender};
 use tokio_util::sync::CancellationToken;
@@ -182,7 +182,10 @@ impl<S: Sizer + 'static, B: PinBackend> Reconciler<S, B> {
         let started = Instant::now();
         let outcome = self.pulls(jobs, run, rx, status, events).await;
         phases.push(("pulls", started.elapsed()));
-        let fallbacks = policy.lock().expect("policy lock").take_fallbacks();
+        let fallbacks = policy
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take_fallbacks();
         status.policy_fallbacks = fallbacks.iter().map(|f| f.to_string()).collect();
         let mut report = Report {
             plan: Some(plan),

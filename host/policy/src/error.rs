@@ -71,6 +71,15 @@ pub enum LoadError {
     #[error("policy module {module}: not a valid WebAssembly component: {cause}")]
     Compile { module: String, cause: String },
     #[error(
+        "policy module {module}: {bytes} bytes, over the limit of {max} bytes \
+         (--policy-max-module-mib)"
+    )]
+    TooLarge {
+        module: String,
+        bytes: u64,
+        max: usize,
+    },
+    #[error(
         "policy module {module}: implements {found}, but this pinset implements {expected}; \
          rebuild the policy against wit/policy.wit of this release"
     )]

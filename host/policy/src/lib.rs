@@ -31,8 +31,9 @@ pub use pinset_policy_sdk::{
     PullOutcome, Verdict,
 };
 pub use wasm::{
-    COMPILE_INVALID_MODULE, COMPILE_SUBCOMMAND, CONTRACT, Compiler, Limits, MAX_LOG_LINES,
-    PolicyModule, WasmPolicy, WasmRuntime, precompile,
+    COMPILE_INVALID_MODULE, COMPILE_SUBCOMMAND, CONTRACT, Compiler, Limits, MAX_LOG_BYTES,
+    MAX_LOG_LINE_BYTES, MAX_LOG_LINES, NO_WAITING, PolicyModule, STDERR_CAPTURE_BYTES, WasmPolicy,
+    WasmRuntime, bounded, precompile,
 };
 
 pub use pinset_core::decisions::Hook;

@@ -62,6 +62,37 @@ impl CriError {
         matches!(self, CriError::Call { message, .. } if message.to_ascii_lowercase().contains("no space left on device"))
     }
 
+    /// Trying again cannot help: the image or its manifest does not exist, the reference is
+    /// invalid, or the registry refused the request (with the credentials pinset has, or
+    /// without any). Judged by the gRPC code and, as runtimes report registry errors as
+    /// `Unknown`, by the registry's words in the message.
+    pub fn is_permanent(&self) -> bool {
+        let CriError::Call { code, message, .. } = self else {
+            return false;
+        };
+        if matches!(
+            code,
+            tonic::Code::NotFound
+                | tonic::Code::InvalidArgument
+                | tonic::Code::PermissionDenied
+                | tonic::Code::Unauthenticated
+        ) {
+            return true;
+        }
+        let m = message.to_ascii_lowercase();
+        [
+            "manifest unknown",
+            ": not found",
+            "name unknown",
+            "invalid reference format",
+            "unauthorized",
+            "insufficient_scope",
+            "denied:",
+        ]
+        .iter()
+        .any(|w| m.contains(w))
+    }
+
     pub fn is_not_found(&self) -> bool {
         matches!(
             self,
@@ -253,5 +284,44 @@ mod tests {
         };
         assert!(e.is_no_space());
         assert!(e.to_string().contains("PullImage on /s"));
+    }
+
+    #[test]
+    fn permanent_pull_errors_are_told_from_transient_ones() {
+        let call = |code, message: &str| CriError::Call {
+            socket: "/s".into(),
+            call: "PullImage",
+            code,
+            message: message.into(),
+        };
+        for permanent in [
+            call(tonic::Code::NotFound, "image not found"),
+            call(
+                tonic::Code::Unknown,
+                "failed to pull and unpack image \"r/a@sha256:00\": failed to resolve reference \"r/a@sha256:00\": r/a@sha256:00: not found",
+            ),
+            call(tonic::Code::Unknown, "manifest unknown: manifest unknown"),
+            call(
+                tonic::Code::Unknown,
+                "pulling from host r: 401 Unauthorized",
+            ),
+            call(tonic::Code::InvalidArgument, "invalid reference format"),
+        ] {
+            assert!(permanent.is_permanent(), "{permanent}");
+        }
+        for transient in [
+            call(tonic::Code::Unavailable, "connection refused"),
+            call(tonic::Code::Unknown, "unexpected EOF"),
+            call(tonic::Code::Unknown, "503 Service Unavailable"),
+            call(tonic::Code::Unknown, "429 Too Many Requests"),
+        ] {
+            assert!(!transient.is_permanent(), "{transient}");
+        }
+        let timeout = CriError::Timeout {
+            socket: "/s".into(),
+            call: "PullImage",
+            after: Duration::from_secs(1),
+        };
+        assert!(!timeout.is_permanent());
     }
 }

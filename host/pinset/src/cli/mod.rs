@@ -21,18 +21,25 @@ pub struct PolicyOpts {
     #[arg(long, value_name = "HEX", requires = "policy")]
     pub policy_sha256: Option<String>,
     /// Deadline of one policy call, in milliseconds.
-    #[arg(long, default_value_t = 100, value_name = "MS")]
+    #[arg(long, default_value_t = 100, value_name = "MS",
+          value_parser = clap::value_parser!(u64).range(1..=60_000))]
     pub policy_deadline_ms: u64,
-    /// Memory cap of a policy instance, in MiB.
-    #[arg(long, default_value_t = 32, value_name = "MIB")]
-    pub policy_memory_mib: usize,
+    /// Memory cap of a policy instance (all its memories together), in MiB.
+    #[arg(long, default_value_t = 32, value_name = "MIB",
+          value_parser = clap::value_parser!(u64).range(1..=4096))]
+    pub policy_memory_mib: u64,
+    /// Largest policy module accepted, in MiB.
+    #[arg(long, default_value_t = 16, value_name = "MIB",
+          value_parser = clap::value_parser!(u64).range(1..=1024))]
+    pub policy_max_module_mib: u64,
 }
 
 impl PolicyOpts {
     pub fn limits(&self) -> Limits {
         Limits {
             deadline: Duration::from_millis(self.policy_deadline_ms),
-            memory_bytes: self.policy_memory_mib << 20,
+            memory_bytes: (self.policy_memory_mib as usize) << 20,
+            max_module_bytes: (self.policy_max_module_mib as usize) << 20,
         }
     }
 

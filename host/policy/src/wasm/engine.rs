@@ -59,7 +59,7 @@ impl WasmRuntime {
         let engine =
             Engine::new(&engine_config()).map_err(|e| LoadError::Engine(format!("{e:#}")))?;
         let mut linker = Linker::new(&engine);
-        wasmtime_wasi::p2::add_to_linker_sync(&mut linker)
+        super::wasi::add_to_linker(&mut linker)
             .map_err(|e| LoadError::Engine(format!("linking WASI: {e:#}")))?;
         bindings::Policy::add_to_linker::<State, HasSelf<State>>(&mut linker, |s| s)
             .map_err(|e| LoadError::Engine(format!("linking the host interface: {e:#}")))?;

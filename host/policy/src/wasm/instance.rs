@@ -1,9 +1,10 @@
 //! One reconcile's instance of a policy: calls under a deadline, failures classified, the
 //! contract's types converted to and from the SDK's.
 
+use super::bounded;
 use super::engine::EPOCH_TICK;
 use super::module::Shared;
-use super::store::{State, new_store};
+use super::store::{LogBudget, State, new_store};
 use super::{bindings, wit};
 use crate::{Hook, PolicyError, PolicyInstance};
 use pinset_policy_sdk as sdk;
@@ -14,7 +15,16 @@ use wasmtime::{Store, Trap};
 pub struct WasmPolicy {
     pub(super) shared: Arc<Shared>,
     pub(super) live: Option<(Store<State>, bindings::Policy)>,
+    /// What the policy may still log in this reconcile, whatever instances it takes.
+    pub(super) log: Arc<LogBudget>,
 }
+
+/// Longest admission reason passed on (status, logs, `pinset plan`).
+pub const MAX_REASON_BYTES: usize = 4096;
+/// Longest policy name or version passed on.
+pub const MAX_NAME_BYTES: usize = 128;
+/// Longest policy description passed on.
+pub const MAX_DESCRIPTION_BYTES: usize = 1024;
 
 impl WasmPolicy {
     fn deadline_ticks(&self) -> u64 {
@@ -32,7 +42,7 @@ impl WasmPolicy {
     ) -> Result<R, PolicyError> {
         let ticks = self.deadline_ticks();
         if self.live.is_none() {
-            let mut store = new_store(&self.shared);
+            let mut store = new_store(&self.shared, self.log.clone());
             store.set_epoch_deadline(ticks);
             let instance = match self.shared.pre.instantiate(&mut store) {
                 Ok(i) => i,
@@ -88,7 +98,7 @@ impl WasmPolicy {
                 PolicyError::Trap {
                     policy,
                     hook,
-                    message,
+                    message: bounded(&message, MAX_REASON_BYTES),
                 }
             }
         }
@@ -103,9 +113,9 @@ impl PolicyInstance for WasmPolicy {
     fn info(&mut self) -> Result<sdk::PolicyInfo, PolicyError> {
         let i = self.call(Hook::Info, |s, p| p.pinset_policy_decisions().call_info(s))?;
         Ok(sdk::PolicyInfo {
-            name: i.name,
-            version: i.version,
-            description: i.description,
+            name: bounded(&i.name, MAX_NAME_BYTES),
+            version: bounded(&i.version, MAX_NAME_BYTES),
+            description: bounded(&i.description, MAX_DESCRIPTION_BYTES),
         })
     }
 
@@ -129,7 +139,7 @@ impl PolicyInstance for WasmPolicy {
         };
         Ok(sdk::Admission {
             verdict,
-            reason: a.reason,
+            reason: bounded(&a.reason, MAX_REASON_BYTES),
         })
     }
 

@@ -21,12 +21,14 @@ mod engine;
 mod instance;
 mod module;
 mod store;
+mod wasi;
 
 pub use compile::{COMPILE_INVALID_MODULE, COMPILE_SUBCOMMAND, Compiler, precompile};
 pub use engine::WasmRuntime;
 pub use instance::WasmPolicy;
 pub use module::{CONTRACT, PolicyModule};
-pub use store::{Limits, MAX_LOG_LINES};
+pub use store::{Limits, MAX_LOG_BYTES, MAX_LOG_LINE_BYTES, MAX_LOG_LINES, STDERR_CAPTURE_BYTES};
+pub use wasi::NO_WAITING;
 
 mod bindings {
     wasmtime::component::bindgen!({
@@ -42,5 +44,42 @@ fn shorten(text: &mut String, max: usize) {
     if text.len() > max {
         text.truncate(text.floor_char_boundary(max));
         text.push('…');
+    }
+}
+
+/// A string from a policy as pinset passes it on: control characters escaped (a newline cannot
+/// start a line of its own in a log or a status), at most `max` bytes (cut marked with `…`).
+pub fn bounded(text: &str, max: usize) -> String {
+    let mut out = String::with_capacity(text.len().min(max) + 4);
+    for c in text.chars() {
+        if out.len() > max {
+            break;
+        }
+        if c.is_control() {
+            out.extend(c.escape_default());
+        } else {
+            out.push(c);
+        }
+    }
+    shorten(&mut out, max);
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::bounded;
+
+    #[test]
+    fn strings_from_a_policy_are_escaped_and_cut() {
+        assert_eq!(bounded("plain", 10), "plain");
+        assert_eq!(
+            bounded("a\nINFO pinset: forged\r\u{1b}[31m", 100),
+            "a\\nINFO pinset: forged\\r\\u{1b}[31m"
+        );
+        let long = "é".repeat(10_000);
+        let cut = bounded(&long, 4096);
+        assert!(cut.len() <= 4096 + '…'.len_utf8(), "{}", cut.len());
+        assert!(cut.ends_with('…'));
+        assert_eq!(bounded(&"x".repeat(4096), 4096), "x".repeat(4096));
     }
 }

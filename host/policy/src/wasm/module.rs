@@ -23,10 +23,14 @@ impl WasmRuntime {
         sha256: Option<&str>,
         limits: Limits,
     ) -> Result<PolicyModule, LoadError> {
-        let bytes = std::fs::read(path).map_err(|source| LoadError::Read {
+        let read = |source| LoadError::Read {
             path: path.to_path_buf(),
             source,
-        })?;
+        };
+        // Refused before it is read: a module's size bounds what loading it costs.
+        let size = std::fs::metadata(path).map_err(read)?.len();
+        too_large(&path.display().to_string(), size, limits)?;
+        let bytes = std::fs::read(path).map_err(read)?;
         self.load(&path.display().to_string(), &bytes, sha256, limits)
     }
 
@@ -38,6 +42,7 @@ impl WasmRuntime {
         sha256: Option<&str>,
         limits: Limits,
     ) -> Result<PolicyModule, LoadError> {
+        too_large(name, bytes.len() as u64, limits)?;
         let actual = hex(&Sha256::digest(bytes));
         if let Some(expected) = sha256 {
             let expected_norm = expected.trim().to_ascii_lowercase();
@@ -82,6 +87,17 @@ impl WasmRuntime {
         Ok(module)
     }
 }
+fn too_large(name: &str, bytes: u64, limits: Limits) -> Result<(), LoadError> {
+    if bytes > limits.max_module_bytes as u64 {
+        return Err(LoadError::TooLarge {
+            module: name.into(),
+            bytes,
+            max: limits.max_module_bytes,
+        });
+    }
+    Ok(())
+}
+
 /// The module must export [`CONTRACT`] or a semver-compatible version of it.
 fn check_contract(engine: &Engine, component: &Component, name: &str) -> Result<(), LoadError> {
     let ty = component.component_type();
@@ -151,6 +167,7 @@ impl PolicyModule {
         WasmPolicy {
             shared: self.shared.clone(),
             live: None,
+            log: Arc::default(),
         }
     }
 }

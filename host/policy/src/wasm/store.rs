@@ -1,26 +1,34 @@
 //! One store's state: the empty WASI context, the memory cap, the policy's log budget.
 
 use super::module::Shared;
-use super::{bindings, shorten, wit};
+use super::{bindings, bounded, wit};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 use std::time::Duration;
 use wasmtime::component::ResourceTable;
 use wasmtime::{ResourceLimiter, Store, StoreLimits, StoreLimitsBuilder};
-use wasmtime_wasi::p2::pipe::MemoryOutputPipe;
+use wasmtime_wasi::p2::pipe::{MemoryInputPipe, MemoryOutputPipe};
 use wasmtime_wasi::{WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView};
 
-/// Lines a policy may log per store; more are dropped.
+/// Lines a policy may log per reconcile (across the instances of that reconcile); more are
+/// dropped.
 pub const MAX_LOG_LINES: u32 = 100;
-const MAX_LOG_LINE_BYTES: usize = 1024;
-const STDERR_CAPTURE_BYTES: usize = 4096;
+/// Bytes of one log line; longer lines are cut.
+pub const MAX_LOG_LINE_BYTES: usize = 1024;
+/// Bytes a policy may log per reconcile.
+pub const MAX_LOG_BYTES: usize = 16 << 10;
+/// Bytes of stderr kept per instance (to quote a panic); the rest is dropped.
+pub const STDERR_CAPTURE_BYTES: usize = 4096;
 
-/// Per-call and per-store limits of a module.
+/// Per-call and per-instance limits of a module.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Limits {
     /// Wall-clock budget of one hook call (and of instantiation).
     pub deadline: Duration,
-    /// Linear memory a store may grow to.
+    /// Memory an instance may grow to: all its linear memories together.
     pub memory_bytes: usize,
+    /// Largest module accepted, in bytes.
+    pub max_module_bytes: usize,
 }
 
 impl Default for Limits {
@@ -28,7 +36,35 @@ impl Default for Limits {
         Self {
             deadline: Duration::from_millis(100),
             memory_bytes: 32 << 20,
+            max_module_bytes: 16 << 20,
         }
+    }
+}
+
+/// What a policy may still log in one reconcile; shared by the instances of that reconcile (a
+/// failed call discards its instance, the budget stays).
+#[derive(Default)]
+pub(super) struct LogBudget {
+    lines: AtomicU32,
+    bytes: AtomicUsize,
+    warned: AtomicBool,
+}
+
+impl LogBudget {
+    /// Whether a line of `len` bytes may be logged; warns once when the budget runs out.
+    fn take(&self, policy: &str, len: usize) -> bool {
+        let lines = self.lines.fetch_add(1, Ordering::Relaxed) + 1;
+        let bytes = self.bytes.fetch_add(len, Ordering::Relaxed) + len;
+        if lines <= MAX_LOG_LINES && bytes <= MAX_LOG_BYTES {
+            return true;
+        }
+        if !self.warned.swap(true, Ordering::Relaxed) {
+            tracing::warn!(
+                policy,
+                "policy log limit reached ({MAX_LOG_LINES} lines or {MAX_LOG_BYTES} bytes per reconcile); dropping further lines"
+            );
+        }
+        false
     }
 }
 
@@ -39,7 +75,13 @@ pub(super) struct State {
     pub(super) limiter: CapLimiter,
     pub(super) stderr: MemoryOutputPipe,
     policy: Arc<str>,
-    log_lines: u32,
+    log: Arc<LogBudget>,
+}
+
+impl State {
+    pub(super) fn table(&mut self) -> &mut ResourceTable {
+        &mut self.table
+    }
 }
 
 impl WasiView for State {
@@ -55,15 +97,11 @@ impl bindings::pinset::policy::types::Host for State {}
 
 impl bindings::pinset::policy::host::Host for State {
     fn log(&mut self, level: wit::Level, message: String) {
-        self.log_lines += 1;
-        if self.log_lines > MAX_LOG_LINES {
-            if self.log_lines == MAX_LOG_LINES + 1 {
-                tracing::warn!(policy = %self.policy, "policy log limit reached; dropping further lines");
-            }
+        // Control characters are escaped: a policy's line cannot forge lines of pinset's own.
+        let message = bounded(&message, MAX_LOG_LINE_BYTES);
+        if !self.log.take(&self.policy, message.len()) {
             return;
         }
-        let mut message = message;
-        shorten(&mut message, MAX_LOG_LINE_BYTES);
         let policy = &*self.policy;
         match level {
             wit::Level::Debug => tracing::debug!(policy, "{message}"),
@@ -74,9 +112,12 @@ impl bindings::pinset::policy::host::Host for State {
     }
 }
 
-/// `StoreLimits` that remembers whether it refused to grow, so the error can say so.
+/// Caps the memory of an instance as a whole (every linear memory together) and remembers
+/// whether it refused to grow, so the error can say so.
 pub(super) struct CapLimiter {
     inner: StoreLimits,
+    cap: usize,
+    total: usize,
     pub(super) hit: bool,
 }
 
@@ -87,9 +128,18 @@ impl ResourceLimiter for CapLimiter {
         desired: usize,
         maximum: Option<usize>,
     ) -> wasmtime::Result<bool> {
-        let r = self.inner.memory_growing(current, desired, maximum);
-        if !matches!(r, Ok(true)) {
-            self.hit = true;
+        let total = self.total.saturating_add(desired.saturating_sub(current));
+        let r = if total > self.cap {
+            Err(wasmtime::Error::msg(format!(
+                "the instance's memories would grow to {total} bytes, over the {}-byte cap",
+                self.cap
+            )))
+        } else {
+            self.inner.memory_growing(current, desired, maximum)
+        };
+        match r {
+            Ok(true) => self.total = total,
+            _ => self.hit = true,
         }
         r
     }
@@ -119,9 +169,12 @@ impl ResourceLimiter for CapLimiter {
 }
 
 /// A fresh store for one instance of `module`, under its limits.
-pub(super) fn new_store(s: &Shared) -> Store<State> {
+pub(super) fn new_store(s: &Shared, log: Arc<LogBudget>) -> Store<State> {
     let stderr = MemoryOutputPipe::new(STDERR_CAPTURE_BYTES);
+    // stdout is dropped (a pipe without room), stdin is empty; no sockets are linked at all.
     let wasi = WasiCtxBuilder::new()
+        .stdin(MemoryInputPipe::new(Vec::new()))
+        .stdout(MemoryOutputPipe::new(0))
         .stderr(stderr.clone())
         .allow_tcp(false)
         .allow_udp(false)
@@ -140,11 +193,13 @@ pub(super) fn new_store(s: &Shared) -> Store<State> {
         table: ResourceTable::new(),
         limiter: CapLimiter {
             inner: limits,
+            cap: s.limits.memory_bytes,
+            total: 0,
             hit: false,
         },
         stderr,
         policy: Arc::from(s.name.as_str()),
-        log_lines: 0,
+        log,
     };
     let mut store = Store::new(&s.engine, state);
     store.limiter(|state| &mut state.limiter);

@@ -1,8 +1,10 @@
 //! A test-only policy that misbehaves on request, to prove that pinset contains it.
 //!
 //! The misbehaviour is chosen by the node label `pinset.test/hostile`; without it the policy
-//! behaves like the default. `trap`, `loop` and `alloc` hit every hook; the others hit one.
-//! `counter` makes `concurrency` count its calls in this instance, to show whether state survives.
+//! behaves like the default. `trap`, `loop`, `alloc`, `stderr`, `stdout`, `sleep`, `probe`,
+//! `log-flood` and `log-forge` hit every hook; the others hit one. `counter` makes `concurrency`
+//! count its calls in this instance, to show whether state survives. Everything here is written
+//! from `wit/policy.wit` and the standard library alone: what any policy author can do.
 
 #![cfg_attr(not(target_arch = "wasm32"), allow(dead_code))]
 
@@ -31,6 +33,41 @@ fn misbehave(node: &NodeFacts) -> Option<&str> {
                 std::hint::black_box(&hoard);
             }
         }
+        "stderr" => {
+            // Answers like the default, after writing to stderr on every hook.
+            eprintln!("hostile policy writes to stderr");
+            None
+        }
+        "stdout" => {
+            println!("hostile policy writes to stdout {}", "x".repeat(100_000));
+            None
+        }
+        "sleep" => {
+            // Blocks in a host call (WASI clocks and poll), where epoch interruption cannot reach.
+            std::thread::sleep(std::time::Duration::from_secs(20));
+            None
+        }
+        "probe" => {
+            let env: Vec<(String, String)> = std::env::vars().collect();
+            let root = std::fs::read_dir("/").map(|d| d.count());
+            let now = std::time::SystemTime::now();
+            eprintln!("env {env:?} root {root:?} time {now:?}");
+            println!("env {env:?} root {root:?}");
+            None
+        }
+        "log-flood" => {
+            for n in 0..1_000 {
+                log(Level::Info, &format!("line {n} {}", "y".repeat(2_000)));
+            }
+            None
+        }
+        "log-forge" => {
+            log(
+                Level::Info,
+                "harmless\n2026-12-01T00:00:00Z  INFO pinset: every image pinned (forged)",
+            );
+            None
+        }
         other => Some(other),
     }
 }
@@ -43,6 +80,7 @@ impl Policy for Hostile {
     fn admit(&self, request: &AdmissionRequest) -> Admission {
         match misbehave(&request.node) {
             Some("bad-subset") => Admission::admit_some(vec![0, 9_999], "names an unknown image"),
+            Some("giant-reason") => Admission::reject("z\n".repeat(12 << 20)),
             _ => DefaultPolicy.admit(request),
         }
     }
