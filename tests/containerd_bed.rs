@@ -8,6 +8,7 @@ use pinset_core::desired::{self, Desired, NodeInfo, PinnedImageSet, ROLE_LABEL};
 use pinset_core::status::NodeStatus;
 use pinset_node::Reconciler;
 use pinset_node::executor::{Backoff, Event};
+use pinset_node::pin::PinBackend;
 use pinset_node::pin::containerd::ContainerdPins;
 use pinset_node::registry::size::RegistrySizer;
 use std::time::{Duration, Instant};
@@ -578,4 +579,73 @@ async fn a_full_disk_drains_the_queue_at_once_and_names_the_images() {
             .is_some_and(|i| i.pinned);
         assert!(!pinned, "an incomplete set is not pinned");
     }
+}
+
+/// In real containerd: a pin label removed through containerd's images API, and a pinned image
+/// removed, are found by the next reconcile, repaired within it and reported.
+#[tokio::test]
+async fn lost_pins_in_containerd_are_repaired_and_reported() {
+    let Some(bed) = Bed::start(QUICK, false) else {
+        return;
+    };
+    let reconciler = &bed.reconciler;
+    let refs = support::push_images(&bed.registry, "drift", 2, 64_000, 70).await;
+    let node = support::node("worker");
+    let d = desired_of(&node, &[set("s", 1, &refs)]);
+    let mut status = NodeStatus::default();
+    let run = async |status: &mut NodeStatus| {
+        reconciler
+            .reconcile(
+                &d,
+                &node,
+                support::default_decisions(),
+                status,
+                CancellationToken::new(),
+                None,
+            )
+            .await
+            .unwrap_or_else(|e| panic!("{e}\n{}", bed.containerd.log()))
+    };
+    let first = run(&mut status).await;
+    assert!(status.done() && first.drift.is_empty(), "{first:?}");
+    let pinned = async |r: &str| {
+        reconciler
+            .cri()
+            .image_status(r)
+            .await
+            .unwrap()
+            .is_some_and(|i| i.pinned)
+    };
+
+    // Someone removes the labels with containerd's API (another process, same socket).
+    let other = ContainerdPins::new(&bed.containerd.endpoint()).unwrap();
+    other
+        .apply(&Default::default(), &Default::default())
+        .await
+        .unwrap();
+    for r in &refs {
+        assert!(!pinned(r).await, "{r} unpinned by hand");
+    }
+    let r = run(&mut status).await;
+    let kinds: Vec<&str> = r.drift.iter().map(|d| d.kind.as_str()).collect();
+    assert_eq!(kinds, vec!["pin-removed", "pin-removed"], "{:?}", r.drift);
+    for r in &refs {
+        assert!(pinned(r).await, "{r} pinned again");
+    }
+    assert!(
+        status.done()
+            && status
+                .pin_drift
+                .as_deref()
+                .unwrap()
+                .contains("2 pin-removed")
+    );
+
+    // A pinned image removed: pulled again and pinned, within the same reconcile.
+    reconciler.cri().remove_image(&refs[0]).await.unwrap();
+    let r = run(&mut status).await;
+    assert_eq!(r.outcome.pulled, vec![refs[0].clone()]);
+    assert_eq!(r.drift.len(), 1, "{:?}", r.drift);
+    assert_eq!(r.drift[0].kind.as_str(), "image-deleted");
+    assert!(pinned(&refs[0]).await && status.done());
 }

@@ -550,3 +550,66 @@ async fn hostile_modules_are_contained_on_the_async_path() {
         }
     }
 }
+
+/// Pins lost behind pinset's back — the CRI-O drop-in deleted or edited, a pinned image removed —
+/// are found by the next reconcile, repaired within it (the image pulled again through the
+/// policy, the drop-in rewritten and CRI-O reloaded), and reported.
+#[tokio::test]
+async fn lost_pins_are_repaired_within_one_reconcile_and_reported() {
+    let b = bed(3, MIB, 1 << 30, 1 << 40, default_policy()).await;
+    let n = node("worker");
+    let d = desired_for(&n, &[set("s", "worker", 1, &[0, 1, 2])]);
+    let mut status = NodeStatus::default();
+    let first = b.run(&d, &n, &mut status).await;
+    assert!(status.done() && first.drift.is_empty() && status.pin_drift.is_none());
+    let written = std::fs::read_to_string(&b.drop_in).unwrap();
+
+    // The drop-in deleted: CRI-O (here, the simulated runtime reading it on every call) no
+    // longer pins the images.
+    std::fs::remove_file(&b.drop_in).unwrap();
+    let r = b.run(&d, &n, &mut status).await;
+    let kinds: Vec<&str> = r.drift.iter().map(|d| d.kind.as_str()).collect();
+    assert!(kinds.contains(&"dropin-deleted"), "{:?}", r.drift);
+    assert_eq!(
+        kinds.iter().filter(|k| **k == "pin-removed").count(),
+        3,
+        "{:?}",
+        r.drift
+    );
+    assert_eq!(std::fs::read_to_string(&b.drop_in).unwrap(), written);
+    assert!(status.done(), "{status:?}");
+    let said = status.pin_drift.clone().unwrap();
+    assert!(
+        said.contains("repaired 4 lost pin(s) (3 pin-removed, 1 dropin-deleted)"),
+        "{said}"
+    );
+
+    // Edited by hand: rewritten, reported.
+    std::fs::write(&b.drop_in, "[crio.image]\npinned_images = []\n").unwrap();
+    let r = b.run(&d, &n, &mut status).await;
+    assert!(
+        r.drift.iter().any(|d| d.kind.as_str() == "dropin-edited"),
+        "{:?}",
+        r.drift
+    );
+    assert_eq!(std::fs::read_to_string(&b.drop_in).unwrap(), written);
+
+    // A pinned image removed: pulled again (the policy plans it), pinned, reported.
+    b.sim.reset_stats();
+    b.reconciler.cri().remove_image(&image(1)).await.unwrap();
+    let r = b.run(&d, &n, &mut status).await;
+    assert_eq!(r.outcome.pulled, vec![image(1)]);
+    assert_eq!(r.drift.len(), 1, "{:?}", r.drift);
+    assert_eq!(r.drift[0].kind.as_str(), "image-deleted");
+    assert_eq!(r.drift[0].object, image(1));
+    assert_eq!(b.sim.stats().calls("PullImage"), 1);
+    assert!(status.done());
+
+    // Nothing lost: nothing reported, and the status says so.
+    let r = b.run(&d, &n, &mut status).await;
+    assert!(
+        r.drift.is_empty() && status.pin_drift.is_none(),
+        "{:?}",
+        r.drift
+    );
+}

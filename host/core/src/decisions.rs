@@ -90,6 +90,8 @@ pub trait Observer: Send + Sync {
     /// A pull finished: `Some(bytes)` (when known) pulled in `elapsed`, or `None`: failed after
     /// every retry.
     fn pull(&self, _pulled: Option<Option<u64>>, _elapsed: Duration) {}
+    /// A pin was found lost (and is being repaired); `kind` as [`crate::drift::DriftKind`].
+    fn pin_drift(&self, _kind: &'static str) {}
 }
 
 /// A native SDK policy answering as it is, for the core's own tests.

@@ -7,7 +7,7 @@
 //! - [`decisions`]: the [`decisions::Decisions`] a reconcile asks for (implemented by the policy
 //!   crate), the hooks, fallbacks, and the observer that metrics implement;
 //! - [`plan`]: from decisions to a pull plan; [`settle`]: from presence and pull outcomes to
-//!   per-set verdicts;
+//!   per-set verdicts; [`drift`]: pins lost behind pinset's back;
 //! - [`status`]: the per-set status model; [`scenario`]: the offline scenario format.
 //!
 //! May depend on: the policy SDK's contract types, serde, thiserror. Must not depend on any
@@ -16,6 +16,7 @@
 
 pub mod decisions;
 pub mod desired;
+pub mod drift;
 pub mod plan;
 pub mod pool;
 pub mod quantity;

@@ -48,6 +48,9 @@ pub struct NodeStatus {
     /// Decisions the policy failed to make in the last reconcile (answered by the reference).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub policy_fallbacks: Vec<String>,
+    /// Pins the last reconcile found lost and repaired (see [`crate::drift`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pin_drift: Option<String>,
 }
 
 impl NodeStatus {

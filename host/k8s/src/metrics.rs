@@ -36,6 +36,14 @@ struct Inner {
     reconcile_seconds: Family<KindLabels, Histogram>,
     reconcile_errors: Family<KindLabels, Counter>,
     api_writes: Family<KindLabels, Counter>,
+    pin_drift: Family<KindLabels, Counter>,
+}
+
+/// A counter per `kind`, registered as `pinset_<name>_total`.
+fn kind_counter(registry: &mut Registry, name: &str, help: &str) -> Family<KindLabels, Counter> {
+    let family = Family::<KindLabels, Counter>::default();
+    registry.register(name, help, family.clone());
+    family
 }
 
 /// pinset's metrics. Cheap to clone; clones share the same registry.
@@ -63,11 +71,9 @@ impl Metrics {
             "Latency of policy hook calls, validation excluded",
             policy_call_seconds.clone(),
         );
-        registry.register(
-            "policy_fallbacks",
-            "Policy decisions answered by the built-in reference policy because the policy failed",
-            policy_fallbacks.clone(),
-        );
+        let help =
+            "Policy decisions answered by the built-in reference policy because the policy failed";
+        registry.register("policy_fallbacks", help, policy_fallbacks.clone());
         let images_pulled = Counter::default();
         let image_pull_failures = Counter::default();
         let bytes_pulled = Counter::default();
@@ -77,13 +83,23 @@ impl Metrics {
         let reconcile_seconds = Family::<KindLabels, Histogram>::new_with_constructor(|| {
             Histogram::new(exponential_buckets(1e-4, 4.0, 14))
         });
-        let reconcile_errors = Family::<KindLabels, Counter>::default();
-        let api_writes = Family::<KindLabels, Counter>::default();
-        registry.register(
-            "images_pulled",
-            "Images pulled into the container runtime",
-            images_pulled.clone(),
+        let reconcile_errors = kind_counter(
+            &mut registry,
+            "reconcile_errors",
+            "Reconciles that ended in an error (kind: node, pool, set)",
         );
+        let api_writes = kind_counter(
+            &mut registry,
+            "api_writes",
+            "Writes to the Kubernetes API (kind: the object and part written)",
+        );
+        let pin_drift = kind_counter(
+            &mut registry,
+            "pin_drift",
+            "Pins found lost behind pinset's back and repaired (kind: image-deleted, pin-removed, dropin-deleted, dropin-edited)",
+        );
+        let help = "Images pulled into the container runtime";
+        registry.register("images_pulled", help, images_pulled.clone());
         registry.register(
             "image_pull_failures",
             "Images that failed to pull after every retry",
@@ -104,16 +120,6 @@ impl Metrics {
             "Duration of reconciles (kind: node, pool, set)",
             reconcile_seconds.clone(),
         );
-        registry.register(
-            "reconcile_errors",
-            "Reconciles that ended in an error (kind: node, pool, set)",
-            reconcile_errors.clone(),
-        );
-        registry.register(
-            "api_writes",
-            "Writes to the Kubernetes API (kind: the object and part written)",
-            api_writes.clone(),
-        );
         Self {
             inner: Arc::new(Inner {
                 registry,
@@ -126,6 +132,7 @@ impl Metrics {
                 reconcile_seconds,
                 reconcile_errors,
                 api_writes,
+                pin_drift,
             }),
         }
     }
@@ -208,5 +215,11 @@ impl Observer for Metrics {
     }
     fn pull(&self, pulled: Option<Option<u64>>, elapsed: Duration) {
         self.observe_pull(pulled.ok_or(()), elapsed);
+    }
+    fn pin_drift(&self, kind: &'static str) {
+        self.inner
+            .pin_drift
+            .get_or_create(&KindLabels { kind })
+            .inc();
     }
 }

@@ -42,6 +42,15 @@ impl Snapshot {
         self.keys.contains(reference)
     }
 
+    /// Whether the runtime reports each desired image pinned, by index of `Desired::images`.
+    pub fn pinned_flags(&self, desired: &Desired) -> Vec<bool> {
+        desired
+            .images
+            .iter()
+            .map(|w| self.pinned.contains(w.reference.as_str()))
+            .collect()
+    }
+
     /// Presence of each desired image, by index of `Desired::images`.
     pub fn presence(&self, desired: &Desired) -> Vec<bool> {
         desired

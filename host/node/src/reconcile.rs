@@ -13,6 +13,7 @@ use crate::registry::auth::Credentials;
 use crate::registry::size::{Cached, Sizer};
 use pinset_core::decisions::{Decisions, Observer};
 use pinset_core::desired::{Desired, NodeInfo};
+use pinset_core::drift::{self, Drift};
 use pinset_core::plan::{self, Plan};
 use pinset_core::settle::{self, Confirmation, Outcome};
 use pinset_core::status::{NodeStatus, Progress};
@@ -42,6 +43,10 @@ pub struct Report {
     /// Wall time of each step, in order.
     pub phases: Vec<(&'static str, Duration)>,
     pub cancelled: bool,
+    /// Pins found lost behind pinset's back, and repaired by this reconcile.
+    pub drift: Vec<Drift>,
+    /// The pin back end (`crio`, `containerd`).
+    pub backend: &'static str,
 }
 
 /// How long the runtime may take to report a pin change (containerd's CRI plugin learns of
@@ -151,6 +156,9 @@ impl<S: Sizer + 'static, B: PinBackend> Reconciler<S, B> {
         events: Option<UnboundedSender<Event>>,
     ) -> Result<Report, ReconcileError> {
         let facts = self.facts(desired, node).await?;
+        // Before anything changes: what the sets pinned earlier promise, against the snapshot.
+        let pinned = facts.snapshot.pinned_flags(desired);
+        let drift = drift::find(desired, status, &facts.present, &pinned);
         let mut phases = facts.phases.clone();
         let started = Instant::now();
         let plan = plan::make(decisions.as_mut(), &facts.request);
@@ -191,6 +199,7 @@ impl<S: Sizer + 'static, B: PinBackend> Reconciler<S, B> {
             plan: Some(plan),
             outcome,
             phases,
+            drift,
             ..Default::default()
         };
         if report.outcome.cancelled || cancel.is_cancelled() {
@@ -267,8 +276,10 @@ impl<S: Sizer + 'static, B: PinBackend> Reconciler<S, B> {
         let change = if self.pins.satisfied(&settled.pin, &after.pinned) {
             PinChange::default()
         } else {
-            self.pins.apply(&settled.pin).await?
+            self.pins.apply(&settled.pin, &after.pinned).await?
         };
+        report.drift.extend(change.drift.iter().cloned());
+        self.report_drift(&report.drift, status);
         // A set is done when the runtime itself reports its images pinned.
         let unconfirmed = if change.applied {
             self.confirm_pins(&settled.pin, &change.unpinned).await?
@@ -282,9 +293,21 @@ impl<S: Sizer + 'static, B: PinBackend> Reconciler<S, B> {
         };
         let failures = settle::record(desired, &settled, &confirmation, status);
         report.pin = Some(change);
+        report.backend = self.pins.name();
         report.phases.push(("pin", started.elapsed()));
         status.finish((!failures.is_empty()).then(|| failures.join("; ")));
         Ok(())
+    }
+
+    /// Say what was lost and repaired: a warning per pin, the observer, the status.
+    fn report_drift(&self, drift: &[Drift], status: &mut NodeStatus) {
+        for d in drift {
+            tracing::warn!(kind = d.kind.as_str(), object = %d.object, backend = self.pins.name(), "a pin was lost behind pinset's back; repaired");
+            if let Some(o) = &self.observer {
+                o.pin_drift(d.kind.as_str());
+            }
+        }
+        status.pin_drift = drift::summary(drift);
     }
 
     /// Wait until the runtime reports `pinned` pinned and `unpinned` not; returns the images

@@ -82,11 +82,10 @@ pub(super) fn set_status(s: NodeSetStatus) -> SetStatus {
     }
 }
 
-/// The MachineConfigNode status for `status`; conditions keep their transition times.
-pub fn node_status(status: &NodeStatus, previous: &[Condition]) -> MachineConfigNodeStatus {
-    let p = status.progress;
+/// Progressing, Degraded and PolicyFallback for `status`.
+fn conditions(status: &NodeStatus, previous: &[Condition]) -> Vec<Condition> {
     let progressing = status.progressing.clone();
-    let conditions = vec![
+    vec![
         condition::make(
             previous,
             CONDITION_PROGRESSING,
@@ -100,7 +99,11 @@ pub fn node_status(status: &NodeStatus, previous: &[Condition]) -> MachineConfig
                 if status.degraded.is_some() {
                     "not progressing: see PinnedImageSetsDegraded".into()
                 } else {
-                    format!("all {} set(s) pulled and pinned", status.sets.len())
+                    let mut done = format!("all {} set(s) pulled and pinned", status.sets.len());
+                    if let Some(drift) = &status.pin_drift {
+                        done = format!("{done}; {}", truncate(drift, 1024));
+                    }
+                    done
                 }
             }),
             None,
@@ -129,7 +132,13 @@ pub fn node_status(status: &NodeStatus, previous: &[Condition]) -> MachineConfig
             &truncate(&status.policy_fallbacks.join("; "), 8192),
             None,
         ),
-    ];
+    ]
+}
+
+/// The MachineConfigNode status for `status`; conditions keep their transition times.
+pub fn node_status(status: &NodeStatus, previous: &[Condition]) -> MachineConfigNodeStatus {
+    let p = status.progress;
+    let conditions = conditions(status, previous);
     MachineConfigNodeStatus {
         conditions,
         pinned_image_sets: status

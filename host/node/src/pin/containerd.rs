@@ -171,7 +171,11 @@ impl PinBackend for ContainerdPins {
         last.as_ref() == Some(images) && images.iter().all(|i| runtime_pinned.contains(i))
     }
 
-    async fn apply(&self, images: &BTreeSet<String>) -> Result<PinChange, PinError> {
+    async fn apply(
+        &self,
+        images: &BTreeSet<String>,
+        _runtime_pinned: &std::collections::HashSet<String>,
+    ) -> Result<PinChange, PinError> {
         let (managed, still_pinned) = self.managed().await?;
         let pinned: Vec<String> = images.difference(&still_pinned).cloned().collect();
         let unpinned: Vec<String> = managed.difference(images).cloned().collect();
@@ -185,6 +189,7 @@ impl PinBackend for ContainerdPins {
             pinned,
             unpinned,
             applied,
+            drift: Vec::new(),
         })
     }
 }

@@ -7,9 +7,11 @@
 //! changes; with nothing pinned it is removed.
 
 use super::{PinBackend, PinChange, PinError};
-use std::collections::BTreeSet;
+use pinset_core::drift::{Drift, DriftKind};
+use std::collections::{BTreeSet, HashSet};
 use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::sync::PoisonError;
 
 pub const DEFAULT_DIR: &str = "/etc/crio/crio.conf.d";
 pub const DROP_IN: &str = "50-pinned-images";
@@ -17,6 +19,9 @@ pub const DROP_IN: &str = "50-pinned-images";
 pub struct CrioPins {
     dir: PathBuf,
     reload: Vec<String>,
+    /// The drop-in's content as this process last wrote or found it right; `None` until the
+    /// first apply. A file that differs from it was changed by someone else.
+    last: std::sync::Mutex<Option<Option<String>>>,
 }
 
 impl CrioPins {
@@ -26,7 +31,25 @@ impl CrioPins {
         Self {
             dir: dir.into(),
             reload,
+            last: std::sync::Mutex::new(None),
         }
+    }
+
+    /// The file changed behind pinset's back since it last wrote or checked it.
+    fn drift(&self, found: Option<&str>) -> Vec<Drift> {
+        let last = self.last.lock().unwrap_or_else(PoisonError::into_inner);
+        let Some(expected) = last.as_ref() else {
+            return Vec::new();
+        };
+        let kind = match (expected.as_deref(), found) {
+            (a, b) if a == b => return Vec::new(),
+            (Some(_), None) => DriftKind::DropInDeleted,
+            _ => DriftKind::DropInEdited,
+        };
+        vec![Drift {
+            kind,
+            object: self.path().display().to_string(),
+        }]
     }
 
     pub fn default_reload() -> Vec<String> {
@@ -138,7 +161,11 @@ impl PinBackend for CrioPins {
         "crio"
     }
 
-    async fn apply(&self, images: &BTreeSet<String>) -> Result<PinChange, PinError> {
+    async fn apply(
+        &self,
+        images: &BTreeSet<String>,
+        runtime_pinned: &HashSet<String>,
+    ) -> Result<PinChange, PinError> {
         let path = self.path();
         let file_err = |action, source| PinError::File {
             path: path.clone(),
@@ -150,33 +177,38 @@ impl PinBackend for CrioPins {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
             Err(e) => return Err(file_err("read", e)),
         };
+        let drift = self.drift(old.as_deref());
         let before: BTreeSet<String> = old
             .as_deref()
             .and_then(|s| parse(s).ok())
             .unwrap_or_default()
             .into_iter()
             .collect();
-        let change = |applied| PinChange {
+        let new = (!images.is_empty()).then(|| render(images));
+        // The file is right but CRI-O lost pins (reloaded or restarted without them): reload.
+        let lost = images.iter().any(|i| !runtime_pinned.contains(i));
+        let applied = old != new || lost;
+        if old != new {
+            match &new {
+                None => std::fs::remove_file(&path).map_err(|e| file_err("remove", e))?,
+                Some(content) => {
+                    std::fs::create_dir_all(&self.dir)
+                        .map_err(|e| file_err("create directory", e))?;
+                    write_atomic(&path, content.as_bytes()).map_err(|e| file_err("write", e))?;
+                }
+            }
+        }
+        if applied {
+            tracing::info!(path = %path.display(), pinned = images.len(), "pin drop-in written; reloading CRI-O");
+            self.reload().await?;
+        }
+        *self.last.lock().unwrap_or_else(PoisonError::into_inner) = Some(new);
+        Ok(PinChange {
             pinned: images.difference(&before).cloned().collect(),
             unpinned: before.difference(images).cloned().collect(),
             applied,
-        };
-        if images.is_empty() {
-            if old.is_none() {
-                return Ok(change(false));
-            }
-            std::fs::remove_file(&path).map_err(|e| file_err("remove", e))?;
-        } else {
-            let content = render(images);
-            if old.as_deref() == Some(content.as_str()) {
-                return Ok(change(false));
-            }
-            std::fs::create_dir_all(&self.dir).map_err(|e| file_err("create directory", e))?;
-            write_atomic(&path, content.as_bytes()).map_err(|e| file_err("write", e))?;
-        }
-        tracing::info!(path = %path.display(), pinned = images.len(), "pin drop-in written; reloading CRI-O");
-        self.reload().await?;
-        Ok(change(true))
+            drift,
+        })
     }
 }
 
@@ -186,6 +218,11 @@ mod tests {
 
     fn set(items: &[&str]) -> BTreeSet<String> {
         items.iter().map(|s| s.to_string()).collect()
+    }
+
+    /// The runtime reports exactly `images` pinned.
+    fn reported(images: &BTreeSet<String>) -> HashSet<String> {
+        images.iter().cloned().collect()
     }
 
     /// A reload command that appends a line to a log, so tests can count reloads.
@@ -213,7 +250,10 @@ mod tests {
         let (cmd, log) = recorder(dir.path());
         let pins = CrioPins::new(dir.path().join("crio.conf.d"), cmd);
         let c = pins
-            .apply(&set(&["q.io/b@sha256:2", "q.io/a@sha256:1"]))
+            .apply(
+                &set(&["q.io/b@sha256:2", "q.io/a@sha256:1"]),
+                &HashSet::new(),
+            )
             .await
             .unwrap();
         assert!(c.applied);
@@ -225,21 +265,23 @@ mod tests {
         );
         assert_eq!(reloads(&log), 1);
 
-        let again = pins
-            .apply(&set(&["q.io/a@sha256:1", "q.io/b@sha256:2"]))
-            .await
-            .unwrap();
+        let both = set(&["q.io/a@sha256:1", "q.io/b@sha256:2"]);
+        let again = pins.apply(&both, &reported(&both)).await.unwrap();
         assert!(!again.applied, "unchanged content is not rewritten");
         assert_eq!(reloads(&log), 1, "and CRI-O is not reloaded");
 
-        let shrink = pins.apply(&set(&["q.io/b@sha256:2"])).await.unwrap();
+        let shrink = pins
+            .apply(&set(&["q.io/b@sha256:2"]), &reported(&both))
+            .await
+            .unwrap();
         assert_eq!(shrink.unpinned, vec!["q.io/a@sha256:1"]);
         assert_eq!(reloads(&log), 2);
 
-        let empty = pins.apply(&BTreeSet::new()).await.unwrap();
+        let empty = pins.apply(&BTreeSet::new(), &HashSet::new()).await.unwrap();
         assert!(empty.applied && !pins.path().exists());
         assert_eq!(reloads(&log), 3);
-        assert!(!pins.apply(&BTreeSet::new()).await.unwrap().applied);
+        let none = pins.apply(&BTreeSet::new(), &HashSet::new()).await.unwrap();
+        assert!(!none.applied && none.drift.is_empty());
         assert_eq!(reloads(&log), 3);
         let leftovers: Vec<_> = std::fs::read_dir(dir.path().join("crio.conf.d"))
             .unwrap()
@@ -255,7 +297,7 @@ mod tests {
             vec!["sh".into(), "-c".into(), "echo nope >&2; exit 3".into()],
         );
         let e = pins
-            .apply(&set(&["q.io/a@sha256:1"]))
+            .apply(&set(&["q.io/a@sha256:1"]), &HashSet::new())
             .await
             .unwrap_err()
             .to_string();
@@ -263,6 +305,46 @@ mod tests {
             e.contains("pin reload command") && e.contains("nope"),
             "{e}"
         );
+    }
+
+    #[tokio::test]
+    async fn a_drop_in_changed_behind_pinsets_back_is_rewritten_and_reported() {
+        let dir = tempfile::tempdir().unwrap();
+        let (cmd, log) = recorder(dir.path());
+        let pins = CrioPins::new(dir.path().join("crio.conf.d"), cmd);
+        let images = set(&["q.io/a@sha256:1", "q.io/b@sha256:2"]);
+        let first = pins.apply(&images, &HashSet::new()).await.unwrap();
+        assert!(first.applied && first.drift.is_empty(), "{first:?}");
+        let written = std::fs::read_to_string(pins.path()).unwrap();
+
+        std::fs::remove_file(pins.path()).unwrap();
+        let c = pins.apply(&images, &reported(&images)).await.unwrap();
+        assert_eq!(c.drift.len(), 1, "{c:?}");
+        assert_eq!(c.drift[0].kind, DriftKind::DropInDeleted);
+        assert!(c.applied && std::fs::read_to_string(pins.path()).unwrap() == written);
+
+        std::fs::write(
+            pins.path(),
+            "[crio.image]\npinned_images = [\"q.io/a@sha256:1\"]\n",
+        )
+        .unwrap();
+        let c = pins.apply(&images, &reported(&images)).await.unwrap();
+        assert_eq!(c.drift[0].kind, DriftKind::DropInEdited);
+        assert!(c.drift[0].object.ends_with(DROP_IN), "{c:?}");
+        assert_eq!(std::fs::read_to_string(pins.path()).unwrap(), written);
+        assert_eq!(reloads(&log), 3);
+
+        // The file is right, but CRI-O reports an image not pinned (reloaded without it):
+        // reloaded again, nothing to report about the file.
+        let c = pins
+            .apply(&images, &reported(&set(&["q.io/a@sha256:1"])))
+            .await
+            .unwrap();
+        assert!(c.applied && c.drift.is_empty(), "{c:?}");
+        assert_eq!(reloads(&log), 4);
+        let c = pins.apply(&images, &reported(&images)).await.unwrap();
+        assert!(!c.applied, "{c:?}");
+        assert_eq!(reloads(&log), 4);
     }
 
     #[test]

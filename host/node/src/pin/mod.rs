@@ -35,6 +35,19 @@ pub struct PinChange {
     pub unpinned: Vec<String>,
     /// The runtime was told (file rewritten and reloaded, labels changed).
     pub applied: bool,
+    /// What the back end found changed behind pinset's back (and put back).
+    pub drift: Vec<pinset_core::drift::Drift>,
+}
+
+impl PinChange {
+    /// What the runtime was told, in the back end's terms.
+    pub fn describe(&self, backend: &str) -> &'static str {
+        match (self.applied, backend) {
+            (false, _) => "unchanged",
+            (true, "crio") => "drop-in written, CRI-O reloaded",
+            (true, _) => "image labels updated",
+        }
+    }
 }
 
 /// Makes exactly `images` the pinned images managed by pinset. Images dropped from every set are
@@ -53,9 +66,13 @@ pub trait PinBackend: Send + Sync {
         false
     }
 
+    /// Make `images` the pins. `runtime_pinned` is what the runtime reported pinned in the
+    /// reconcile's last snapshot: a back end whose record is right but whose runtime lost the
+    /// pins (CRI-O reloaded without them) tells the runtime again.
     fn apply(
         &self,
         images: &BTreeSet<String>,
+        runtime_pinned: &std::collections::HashSet<String>,
     ) -> impl Future<Output = Result<PinChange, PinError>> + Send;
 }
 
@@ -87,10 +104,11 @@ impl PinBackend for AnyPins {
     async fn apply(
         &self,
         images: &std::collections::BTreeSet<String>,
+        runtime_pinned: &std::collections::HashSet<String>,
     ) -> Result<PinChange, PinError> {
         match self {
-            AnyPins::Crio(p) => p.apply(images).await,
-            AnyPins::Containerd(p) => p.apply(images).await,
+            AnyPins::Crio(p) => p.apply(images, runtime_pinned).await,
+            AnyPins::Containerd(p) => p.apply(images, runtime_pinned).await,
         }
     }
 }

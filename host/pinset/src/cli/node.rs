@@ -277,15 +277,14 @@ pub fn summary(node: &str, report: &Report, status: &NodeStatus) -> String {
     ));
     if let Some(pin) = &report.pin {
         out.push_str(&format!(
-            "pins: +{} −{}{}\n",
+            "pins: +{} −{} ({})\n",
             pin.pinned.len(),
             pin.unpinned.len(),
-            if pin.applied {
-                " (runtime reloaded)"
-            } else {
-                " (unchanged)"
-            }
+            pin.describe(report.backend)
         ));
+    }
+    if let Some(drift) = &status.pin_drift {
+        out.push_str(&format!("  pins lost behind pinset's back: {drift}\n"));
     }
     for s in status.sets.values() {
         let state = match (s.current_generation, s.last_failed_generation) {
