@@ -121,17 +121,13 @@ pub fn sync_status(pool: &str, wanted: &[(String, i64)], nodes: &[NodeReport]) -
     }
     out.available_machine_count = out.ready_machine_count;
     if !failures.is_empty() {
-        let mut msg = format!(
+        let msg = format!(
             "{} of {} node(s) failed to pin the pool's images: {}",
             failures.len(),
             out.machine_count,
             failures.join(" | ")
         );
-        if let Some((cut, _)) = msg.char_indices().nth(MAX_MESSAGE) {
-            msg.truncate(cut);
-            msg.push('…');
-        }
-        out.degraded = Some(msg);
+        out.degraded = Some(crate::status::cap(&msg, MAX_MESSAGE));
     }
     out
 }
@@ -321,7 +317,7 @@ mod tests {
             .map(|i| node(&format!("n{i}"), "w", &[("a", 1, None, Some((1, &long)))]))
             .collect();
         let msg = sync_status("w", &[("a".into(), 1)], &bad).degraded.unwrap();
-        assert!(msg.chars().count() <= MAX_MESSAGE + 1 && msg.ends_with('…'));
+        assert!(msg.chars().count() <= MAX_MESSAGE && msg.ends_with("more characters)"));
     }
 
     #[test]

@@ -107,7 +107,7 @@ impl NodeStatus {
     pub fn fail(&mut self, set: &str, generation: i64, error: &str) {
         if let Some(s) = self.sets.get_mut(set) {
             s.last_failed_generation = Some(s.last_failed_generation.unwrap_or(0).max(generation));
-            s.last_failed_generation_error = Some(truncate(error, MAX_ERROR_CHARS));
+            s.last_failed_generation_error = Some(cap(error, MAX_ERROR_CHARS));
         }
     }
 
@@ -125,16 +125,38 @@ impl NodeStatus {
     }
 }
 
-fn truncate(s: &str, max: usize) -> String {
-    match s.char_indices().nth(max) {
-        None => s.to_string(),
-        Some((cut, _)) => s[..cut].to_string(),
+/// `text` in at most `max` characters (the API's `maxLength` counts characters): when longer,
+/// cut and marked with how much was left out, `…(N more characters)`, the marker included.
+pub fn cap(text: &str, max: usize) -> String {
+    let len = text.chars().count();
+    if len <= max {
+        return text.to_string();
     }
+    // The marker's length depends on N, which is at most `len`.
+    let marker = format!("…({len} more characters)").chars().count();
+    let keep = max.saturating_sub(marker);
+    let cut = text.char_indices().nth(keep).map_or(text.len(), |(i, _)| i);
+    format!("{}…({} more characters)", &text[..cut], len - keep)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn capped_text_says_how_much_was_left_out_within_the_limit() {
+        assert_eq!(cap("short", 10), "short");
+        let long = "é".repeat(40_000);
+        let c = cap(&long, MAX_ERROR_CHARS);
+        let n = c.chars().count();
+        assert!((MAX_ERROR_CHARS - 2..=MAX_ERROR_CHARS).contains(&n), "{n}");
+        let kept = c.chars().take_while(|&ch| ch == 'é').count();
+        assert!(
+            c.ends_with(&format!("…({} more characters)", 40_000 - kept)),
+            "{}",
+            c.chars().skip(kept).collect::<String>()
+        );
+    }
     use crate::desired::InvalidSet;
     use crate::reference::RefError;
 
@@ -200,14 +222,8 @@ mod tests {
             "{err}"
         );
         st.fail("bad", 2, &"é".repeat(40_000));
-        assert_eq!(
-            st.sets["bad"]
-                .last_failed_generation_error
-                .as_ref()
-                .unwrap()
-                .chars()
-                .count(),
-            MAX_ERROR_CHARS
-        );
+        let capped = st.sets["bad"].last_failed_generation_error.clone().unwrap();
+        assert!(capped.chars().count() <= MAX_ERROR_CHARS);
+        assert!(capped.ends_with("more characters)"), "{capped}");
     }
 }

@@ -12,7 +12,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::Resource;
 use kube::api::{Api, Patch, PatchParams};
 use pinset_core::desired::Desired;
-use pinset_core::status::{NodeStatus, Progress, SetStatus};
+use pinset_core::status::{MAX_ERROR_CHARS, NodeStatus, Progress, SetStatus, cap};
 use pinset_node::executor::Event;
 use pinset_policy_sdk::fmt_bytes;
 use serde_json::json;
@@ -101,7 +101,7 @@ fn conditions(status: &NodeStatus, previous: &[Condition]) -> Vec<Condition> {
                 } else {
                     let mut done = format!("all {} set(s) pulled and pinned", status.sets.len());
                     if let Some(drift) = &status.pin_drift {
-                        done = format!("{done}; {}", truncate(drift, 1024));
+                        done = format!("{done}; {}", cap(drift, 1024));
                     }
                     done
                 }
@@ -117,7 +117,7 @@ fn conditions(status: &NodeStatus, previous: &[Condition]) -> Vec<Condition> {
             } else {
                 "AsExpected"
             },
-            &truncate(status.degraded.as_deref().unwrap_or(""), 8192),
+            &cap(status.degraded.as_deref().unwrap_or(""), MAX_MESSAGE_CHARS),
             None,
         ),
         condition::make(
@@ -129,7 +129,7 @@ fn conditions(status: &NodeStatus, previous: &[Condition]) -> Vec<Condition> {
             } else {
                 "PolicyFailed"
             },
-            &truncate(&status.policy_fallbacks.join("; "), 8192),
+            &cap(&status.policy_fallbacks.join("; "), MAX_MESSAGE_CHARS),
             None,
         ),
     ]
@@ -139,6 +139,7 @@ fn conditions(status: &NodeStatus, previous: &[Condition]) -> Vec<Condition> {
 pub fn node_status(status: &NodeStatus, previous: &[Condition]) -> MachineConfigNodeStatus {
     let p = status.progress;
     let conditions = conditions(status, previous);
+    let per_set = (SET_ERRORS_BUDGET / status.sets.len().max(1)).min(MAX_ERROR_CHARS);
     MachineConfigNodeStatus {
         conditions,
         pinned_image_sets: status
@@ -149,9 +150,14 @@ pub fn node_status(status: &NodeStatus, previous: &[Condition]) -> MachineConfig
                 desired_generation: s.desired_generation.max(1),
                 current_generation: s.current_generation,
                 last_failed_generation: s.last_failed_generation,
-                last_failed_generation_error: s
-                    .last_failed_generation
-                    .map(|_| s.last_failed_generation_error.clone().unwrap_or_default()),
+                last_failed_generation_error: s.last_failed_generation.map(|_| {
+                    cap(
+                        s.last_failed_generation_error
+                            .as_deref()
+                            .unwrap_or_default(),
+                        per_set,
+                    )
+                }),
             })
             .collect(),
         pinned_image_progress: Some(NodeProgress {
@@ -170,12 +176,12 @@ pub fn node_status(status: &NodeStatus, previous: &[Condition]) -> MachineConfig
     }
 }
 
-fn truncate(s: &str, max: usize) -> String {
-    match s.char_indices().nth(max) {
-        None => s.to_string(),
-        Some((cut, _)) => format!("{}…", &s[..cut]),
-    }
-}
+/// Characters of condition messages written (the API allows 32 768).
+const MAX_MESSAGE_CHARS: usize = 8192;
+/// Characters all the sets' errors may take together: the status stays far below the API
+/// server's ~1.5 MiB object limit however many sets a node has (each set's error at most
+/// `MAX_ERROR_CHARS`, less when many sets failed).
+const SET_ERRORS_BUDGET: usize = 256 << 10;
 
 /// Same status, transition times aside.
 fn same_status(a: &MachineConfigNodeStatus, b: &MachineConfigNodeStatus) -> bool {
@@ -315,5 +321,33 @@ mod tests {
         );
         // Unchanged status compares equal even with fresh transition times.
         assert!(same_status(&s, &node_status(&st, &s.conditions)));
+    }
+
+    #[test]
+    fn the_status_stays_small_however_many_sets_fail_with_long_errors() {
+        let names: Vec<(String, i64)> = (0..100).map(|n| (format!("set-{n:03}"), 1)).collect();
+        let refs: Vec<(&str, i64)> = names.iter().map(|(n, g)| (n.as_str(), *g)).collect();
+        let mut st = NodeStatus::default();
+        st.start(&desired(&refs), Progress::default());
+        for (name, _) in &names {
+            st.fail(name, 1, &format!("{name}: {}", "x".repeat(40_000)));
+        }
+        st.finish(Some("y".repeat(1 << 20)));
+        let s = node_status(&st, &[]);
+        let bytes = serde_json::to_vec(&s).unwrap().len();
+        assert!(bytes < 300 << 10, "{bytes} bytes");
+        for set in &s.pinned_image_sets {
+            let e = set.last_failed_generation_error.as_ref().unwrap();
+            assert!(
+                e.starts_with(&set.name) && e.ends_with("more characters)"),
+                "{e:.80}"
+            );
+        }
+        let degraded = s
+            .conditions
+            .iter()
+            .find(|c| c.type_ == CONDITION_DEGRADED)
+            .unwrap();
+        assert!(degraded.message.chars().count() <= MAX_MESSAGE_CHARS);
     }
 }
