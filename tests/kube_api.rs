@@ -301,3 +301,97 @@ async fn the_controller_writes_pool_selections_once() {
         quiet.encode()
     );
 }
+
+/// The API server restarts under a running controller (its watches break; resuming them may
+/// meet 410 Gone): the controller rides it out, reacts to a change made after the restart, and
+/// writes only what that change needs — no re-write of what was already converged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_controller_rides_out_an_api_server_restart_without_rewriting() {
+    let Some(server) = support::apiserver::ApiServer::start().await else {
+        return;
+    };
+    server.install_crds().await;
+    let client = server.client().await;
+    let pools: Api<pinset_k8s::api::MachineConfigPool> = Api::all(client.clone());
+    let sets: Api<PinnedImageSet> = Api::all(client.clone());
+    let pp = PostParams::default();
+    pools
+        .create(&pp, &pool("worker", &["worker"]))
+        .await
+        .unwrap();
+    sets.create(&pp, &serde_json::from_value(set("w", &[image(1)])).unwrap())
+        .await
+        .unwrap();
+    let metrics = pinset_k8s::metrics::Metrics::new();
+    let stop = tokio_util::sync::CancellationToken::new();
+    let ready = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let task = tokio::spawn(pinset_k8s::controller::run(
+        client.clone(),
+        metrics.clone(),
+        ready,
+        stop.clone(),
+    ));
+    let selection = async || {
+        pools
+            .get("worker")
+            .await
+            .ok()
+            .and_then(|p| p.spec.pinned_image_sets)
+            .map(|v| v.into_iter().map(|s| s.name).collect::<Vec<_>>())
+    };
+    let wait_for = async |want: Vec<&str>| {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        while selection().await != Some(want.iter().map(|s| s.to_string()).collect()) {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "no {want:?}\n{}",
+                server.log()
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        }
+    };
+    wait_for(vec!["w"]).await;
+    // Let the set's status and the pool's status land too.
+    tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+    let writes = |m: &pinset_k8s::metrics::Metrics| {
+        (
+            m.api_writes("pool_spec"),
+            m.api_writes("set_status"),
+            m.api_writes("pool_status"),
+        )
+    };
+    let before = writes(&metrics);
+
+    server.restart().await;
+    // The restarted server serves the custom resources again once it has read their CRDs.
+    let w2: PinnedImageSet = serde_json::from_value(set("w2", &[image(2)])).unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while let Err(e) = sets.create(&pp, &w2).await {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{e}\n{}",
+            server.log()
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+    wait_for(vec!["w", "w2"]).await;
+    tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+    let after = writes(&metrics);
+    assert_eq!(
+        after.0 - before.0,
+        1,
+        "one pool selection written: {before:?} → {after:?}"
+    );
+    assert_eq!(
+        after.1 - before.1,
+        1,
+        "only the new set's status: {before:?} → {after:?}"
+    );
+    assert!(after.2 - before.2 <= 1, "{before:?} → {after:?}");
+    assert!(!task.is_finished(), "the controller is still running");
+    stop.cancel();
+    tokio::time::timeout(std::time::Duration::from_secs(10), task)
+        .await
+        .expect("the controller stops")
+        .unwrap();
+}

@@ -709,3 +709,81 @@ async fn an_agent_killed_mid_run_is_finished_by_the_next_one_without_pulling_twi
         "only the images missing at restart are pulled again\n{m}"
     );
 }
+
+/// The API server goes away mid-run: the agent keeps pulling and pins the set without it, and
+/// publishes the final status once the server is back (nothing waits for the next resync).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_agent_works_through_an_api_server_outage_and_publishes_when_it_returns() {
+    let Some(cluster) = Cluster::start().await else {
+        return;
+    };
+    let Some(runtime) = support::Containerd::start(&cluster.registry.host) else {
+        return;
+    };
+    let (registry, server, client) = (&cluster.registry, &cluster.server, cluster.client.clone());
+    // A control-plane node pulls one image at a time with a 1 s pause: about a second per image.
+    let refs = support::push_images(registry, "o", 6, 1 << 20, 900).await;
+    let pools: Api<MachineConfigPool> = Api::all(client.clone());
+    let sets: Api<PinnedImageSet> = Api::all(client.clone());
+    let nodes: Api<MachineConfigNode> = Api::all(client.clone());
+    let pp = PostParams::default();
+    pools
+        .create(
+            &pp,
+            &pool("master", &["master"], "node-role.kubernetes.io/master"),
+        )
+        .await
+        .unwrap();
+    sets.create(&pp, &set("release", "master", &refs))
+        .await
+        .unwrap();
+    let cri = cri(&runtime);
+    let agent = cluster.agent(
+        "cp-0",
+        &roles(&["master"]),
+        &runtime,
+        support::free_port(),
+        "agent.log",
+        &[],
+    );
+    let logs = || format!("{}\n{}", agent.log(), server.log());
+    eventually("the first image pulled", &logs, || async {
+        let (present, _) = present_and_pinned(&cri, &refs).await;
+        (present >= 1)
+            .then_some(())
+            .ok_or(format!("{present} present"))
+    })
+    .await;
+    server.stop();
+    let (present, _) = present_and_pinned(&cri, &refs).await;
+    assert!(present < refs.len(), "stopped too late: {present} present");
+    // Without the API server, the agent finishes its work.
+    eventually(
+        "every image pulled and pinned, API server down",
+        &logs,
+        || async {
+            let state = present_and_pinned(&cri, &refs).await;
+            (state == (refs.len(), refs.len()))
+                .then_some(())
+                .ok_or(format!("{state:?}"))
+        },
+    )
+    .await;
+    server.restart().await;
+    let started = std::time::Instant::now();
+    eventually("the final status published", &logs, || async {
+        let n = nodes.get("cp-0").await.map_err(|e| e.to_string())?;
+        let state = node_state(&n);
+        (state == settled(&[("release", 1)]))
+            .then_some(())
+            .ok_or(format!("{state:?}"))
+    })
+    .await;
+    // Within the agent's retry interval (1 s here), not its 10-minute resync.
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(30),
+        "{:?}",
+        started.elapsed()
+    );
+    assert!(agent.log().contains("status not published"), "{}", logs());
+}

@@ -25,7 +25,10 @@ pub struct ApiServer {
     pub kubeconfig: PathBuf,
     pub url: String,
     etcd: Child,
-    server: Child,
+    /// The API server's process; `None` while stopped (etcd keeps the data).
+    server: std::sync::Mutex<Option<Child>>,
+    /// How to start it again, on the same port.
+    command: (PathBuf, Vec<String>),
     dir: tempfile::TempDir,
 }
 
@@ -177,40 +180,68 @@ impl ApiServer {
         let d = dir.path();
         certificates(d);
         let port = free_port();
-        let log = |name: &str| std::fs::File::create(d.join(name)).unwrap();
         let (etcd, client_port) = start_etcd(&etcd_bin, d);
         let url = format!("https://127.0.0.1:{port}");
         let kubeconfig = write_kubeconfig(d, &url);
         let kc = kubeconfig.to_str().unwrap();
-        let server = Command::new(binary)
-            .args([
-                &format!("--etcd-servers=http://127.0.0.1:{client_port}"),
-                "--bind-address=127.0.0.1",
-                &format!("--secure-port={port}"),
-                &format!("--cert-dir={}", d.join("certs").display()),
-                &format!("--tls-cert-file={}", d.join("server.crt").display()),
-                &format!("--tls-private-key-file={}", d.join("server.key").display()),
-                &format!("--client-ca-file={}", d.join("ca.crt").display()),
-                &format!("--kubeconfig={kc}"),
-                &format!("--authentication-kubeconfig={kc}"),
-                &format!("--authorization-kubeconfig={kc}"),
-                "--authentication-skip-lookup",
-                "--enable-priority-and-fairness=false",
-                "--disable-admission-plugins=NamespaceLifecycle,MutatingAdmissionWebhook,ValidatingAdmissionWebhook,ValidatingAdmissionPolicy,MutatingAdmissionPolicy",
-            ])
-            .stdout(Stdio::null())
-            .stderr(log("apiserver.log"))
-            .spawn()
-            .expect("start apiextensions-apiserver");
+        let args: Vec<String> = [
+            format!("--etcd-servers=http://127.0.0.1:{client_port}"),
+            "--bind-address=127.0.0.1".into(),
+            format!("--secure-port={port}"),
+            format!("--cert-dir={}", d.join("certs").display()),
+            format!("--tls-cert-file={}", d.join("server.crt").display()),
+            format!("--tls-private-key-file={}", d.join("server.key").display()),
+            format!("--client-ca-file={}", d.join("ca.crt").display()),
+            format!("--kubeconfig={kc}"),
+            format!("--authentication-kubeconfig={kc}"),
+            format!("--authorization-kubeconfig={kc}"),
+            "--authentication-skip-lookup".into(),
+            "--enable-priority-and-fairness=false".into(),
+            "--disable-admission-plugins=NamespaceLifecycle,MutatingAdmissionWebhook,ValidatingAdmissionWebhook,ValidatingAdmissionPolicy,MutatingAdmissionPolicy".into(),
+        ]
+        .into();
         let s = ApiServer {
-            kubeconfig,
+            kubeconfig: kubeconfig.clone(),
             url,
             etcd,
-            server,
+            server: std::sync::Mutex::new(None),
+            command: (binary, args),
             dir,
         };
+        s.spawn();
         s.wait_ready().await;
         Some(s)
+    }
+
+    fn spawn(&self) {
+        let (binary, args) = &self.command;
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.path().join("apiserver.log"))
+            .unwrap();
+        let child = Command::new(binary)
+            .args(args)
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("start apiextensions-apiserver");
+        *self.server.lock().unwrap() = Some(child);
+    }
+
+    /// Stop the API server (etcd and its data stay): clients see connections refused.
+    pub fn stop(&self) {
+        if let Some(mut child) = self.server.lock().unwrap().take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Start the API server again on the same address, and wait until it answers.
+    pub async fn restart(&self) {
+        self.stop();
+        self.spawn();
+        self.wait_ready().await;
     }
 
     pub async fn client(&self) -> kube::Client {
@@ -294,9 +325,8 @@ impl ApiServer {
 
 impl Drop for ApiServer {
     fn drop(&mut self) {
-        for child in [&mut self.server, &mut self.etcd] {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
+        self.stop();
+        let _ = self.etcd.kill();
+        let _ = self.etcd.wait();
     }
 }

@@ -127,10 +127,16 @@ impl<S: Sizer + 'static, B: PinBackend> Agent<S, B> {
         let Some(mut rounds) = self.start(&shutdown).await else {
             return;
         };
+        let mut known: Option<NodeInfo> = None;
         loop {
             rounds.changed.borrow_and_update();
             let node = match watch::node_info(&self.config, &self.client).await {
-                Ok(node) => node,
+                Ok(node) => known.insert(node).clone(),
+                // The API server is away: the node's last known facts do while it is.
+                Err(e @ AgentError::NodeApi { .. }) if known.is_some() => {
+                    tracing::warn!(error = %e, "using the node's last known facts");
+                    known.clone().expect("checked")
+                }
                 Err(e) => match self.report_unknown_desired(&mut rounds, e, &shutdown).await {
                     Next::Stop => return,
                     _ => continue,
@@ -253,9 +259,15 @@ impl<S: Sizer + 'static, B: PinBackend> Agent<S, B> {
             tracing::info!(node = %node.name, "the desired state changed: reconciling again");
             return Next::Again;
         }
-        self.publish(&rounds.node_api, &mut rounds.published, &rounds.status)
+        let published = self
+            .publish(&rounds.node_api, &mut rounds.published, &rounds.status)
             .await;
-        Next::Idle(self.next_wait(rounds))
+        let wait = self.next_wait(rounds);
+        // An unpublished status is not left for the next resync: try again soon.
+        Next::Idle(match published {
+            true => wait,
+            false => wait.min(self.config.retry_min),
+        })
     }
 
     /// After a failure, back off (doubling up to `retry_max`); after a success, resync.
@@ -389,15 +401,20 @@ impl<S: Sizer + 'static, B: PinBackend> Agent<S, B> {
         }
     }
 
+    /// Write the status; whether it is now published.
     async fn publish(
         &self,
         api: &Api<MachineConfigNode>,
         published: &mut Published,
         status: &NodeStatus,
-    ) {
+    ) -> bool {
         let name = &self.config.node_name;
-        if let Err(e) = status::write_status(api, name, published, status, &self.metrics).await {
-            tracing::warn!(error = %e, "status not published; it will be on the next change");
+        match status::write_status(api, name, published, status, &self.metrics).await {
+            Ok(()) => true,
+            Err(e) => {
+                tracing::warn!(error = %e, retry_in = ?self.config.retry_min, "status not published (is the API server down?); the work goes on and the status is published when it returns");
+                false
+            }
         }
     }
 }
