@@ -22,6 +22,13 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tonic::{Request, Response, Status};
 
+/// The pins of a drop-in: exact names, and glob patterns.
+#[derive(Default)]
+struct Patterns {
+    exact: std::collections::HashSet<String>,
+    globs: Vec<String>,
+}
+
 /// An image the simulated registry can serve.
 #[derive(Clone, Debug)]
 pub struct SimImage {
@@ -92,7 +99,13 @@ struct Shared {
     config: SimConfig,
     registry: HashMap<String, u64>,
     state: Mutex<State>,
+    /// The drop-in as last parsed, by the file's identity (inode, modification time, length):
+    /// read again when it changes, as CRI-O re-reads it on reload — not on every call.
+    pins: Mutex<Option<(FileStamp, Arc<Patterns>)>>,
 }
+
+/// What tells one version of a file from another.
+type FileStamp = (u64, Option<std::time::SystemTime>, u64);
 
 /// The simulated runtime. Cheap to clone.
 #[derive(Clone)]
@@ -118,6 +131,7 @@ impl SimulatedRuntime {
                 config,
                 registry,
                 state: Mutex::new(State::default()),
+                pins: Mutex::new(None),
             }),
         }
     }
@@ -166,25 +180,51 @@ impl SimulatedRuntime {
         *self.state().stats.calls.entry(call).or_default() += 1;
     }
 
-    fn pinned_patterns(&self) -> Vec<String> {
+    fn pinned_patterns(&self) -> Arc<Patterns> {
         let Some(path) = &self.shared.config.pin_drop_in else {
-            return Vec::new();
+            return Arc::default();
         };
-        std::fs::read_to_string(path)
-            .ok()
-            .and_then(|s| crio::parse(&s).ok())
-            .unwrap_or_default()
+        use std::os::unix::fs::MetadataExt;
+        let stamp: FileStamp = match std::fs::metadata(path) {
+            Ok(m) => (m.ino(), m.modified().ok(), m.len()),
+            Err(_) => return Arc::default(),
+        };
+        let mut cache = self.shared.pins.lock().expect("pin cache");
+        if let Some((seen, patterns)) = cache.as_ref()
+            && *seen == stamp
+        {
+            return patterns.clone();
+        }
+        let patterns = Arc::new(Self::parse_patterns(path));
+        *cache = Some((stamp, patterns.clone()));
+        patterns
     }
 
-    fn to_proto(stored: &Stored, patterns: &[String]) -> proto::Image {
+    fn parse_patterns(path: &Path) -> Patterns {
+        let all = std::fs::read_to_string(path)
+            .ok()
+            .and_then(|s| crio::parse(&s).ok())
+            .unwrap_or_default();
+        // As CRI-O does: exact names looked up, only globs matched one by one.
+        let (globs, exact): (Vec<String>, Vec<String>) =
+            all.into_iter().partition(|p| p.contains('*'));
+        Patterns {
+            exact: exact.into_iter().collect(),
+            globs,
+        }
+    }
+
+    fn to_proto(stored: &Stored, patterns: &Patterns) -> proto::Image {
         proto::Image {
             id: stored.id.clone(),
             repo_tags: Vec::new(),
             repo_digests: vec![stored.reference.clone()],
             size: stored.size,
-            pinned: patterns
-                .iter()
-                .any(|p| crio::pattern_matches(p, &stored.reference)),
+            pinned: patterns.exact.contains(&stored.reference)
+                || patterns
+                    .globs
+                    .iter()
+                    .any(|p| crio::pattern_matches(p, &stored.reference)),
             ..Default::default()
         }
     }
