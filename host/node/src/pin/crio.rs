@@ -178,13 +178,17 @@ impl PinBackend for CrioPins {
             Err(e) => return Err(file_err("read", e)),
         };
         let drift = self.drift(old.as_deref());
-        let before: BTreeSet<String> = old
-            .as_deref()
-            .and_then(|s| parse(s).ok())
-            .unwrap_or_default()
-            .into_iter()
-            .collect();
         let new = (!images.is_empty()).then(|| render(images));
+        // The file as it was: parsed only when it differs (50 000 pins make a 5 MB file).
+        let before: BTreeSet<String> = if old == new {
+            images.clone()
+        } else {
+            old.as_deref()
+                .and_then(|s| parse(s).ok())
+                .unwrap_or_default()
+                .into_iter()
+                .collect()
+        };
         // The file is right but CRI-O lost pins (reloaded or restarted without them): reload.
         let lost = images.iter().any(|i| !runtime_pinned.contains(i));
         let applied = old != new || lost;

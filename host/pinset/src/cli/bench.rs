@@ -22,7 +22,7 @@ pub enum BenchCommand {
     /// A reconcile with every image already present: pinset (one ListImages) against the
     /// reference's approach (one ImageStatus per image), same runtime, same images.
     Noop {
-        /// Images in the set.
+        /// Images in all, in sets of at most 500 (the API's limit per set).
         #[arg(long, default_value_t = 500)]
         images: usize,
         /// Repetitions of each side.
@@ -94,10 +94,12 @@ async fn noop(
     }
     let (mut ours, mut reference) = (Vec::new(), Vec::new());
     let calls_before = sim.as_ref().map(|s| s.stats());
+    let mut phases = Vec::new();
     for _ in 0..repeat {
         let t = Instant::now();
         let report = reconcile(&mut status).await?;
         ours.push(t.elapsed());
+        phases = report.phases;
         if !report.outcome.pulled.is_empty() {
             bail!(
                 "the no-op reconcile pulled {} image(s)",
@@ -115,6 +117,17 @@ async fn noop(
     let calls = call_counts(sim.as_ref(), calls_before, repeat as u64, n);
     println!("no-op reconcile of {n} present images, {repeat} repetitions, runtime {endpoint}");
     print_noop(Stats::of(ours), Stats::of(reference), calls);
+    let phases: Vec<String> = phases
+        .iter()
+        .map(|(name, d)| format!("{name} {}", ms(*d)))
+        .collect();
+    println!("pinset's last reconcile: {}", phases.join(", "));
+    let published = pinset_k8s::agent::node_status(&status, &[]);
+    let bytes = serde_json::to_vec(&published).map_or(0, |v| v.len());
+    println!(
+        "MachineConfigNode status of {} set(s): {bytes} bytes",
+        status.sets.len()
+    );
     Ok(ExitCode::SUCCESS)
 }
 
@@ -190,12 +203,16 @@ async fn simulated(n: usize, dir: &Path) -> Result<(SimServer, SimulatedRuntime)
 
 /// A worker node whose one set holds `images`.
 fn bench_node(images: Vec<String>) -> (NodeInfo, Desired) {
-    let set = PinnedImageSet {
-        name: "bench".into(),
-        generation: 1,
-        labels: [(ROLE_LABEL.to_string(), "worker".to_string())].into(),
-        images,
-    };
+    let sets: Vec<PinnedImageSet> = images
+        .chunks(500)
+        .enumerate()
+        .map(|(n, chunk)| PinnedImageSet {
+            name: format!("bench-{n:03}"),
+            generation: 1,
+            labels: [(ROLE_LABEL.to_string(), "worker".to_string())].into(),
+            images: chunk.to_vec(),
+        })
+        .collect();
     let node = NodeInfo {
         name: "bench-0".into(),
         labels: [("node-role.kubernetes.io/worker".to_string(), String::new())].into(),
@@ -203,7 +220,7 @@ fn bench_node(images: Vec<String>) -> (NodeInfo, Desired) {
         disk_pressure: false,
         allocatable_ephemeral_bytes: Some(1 << 40),
     };
-    let desired = desired::desired(&node, &desired::standard_pools(), &[set]);
+    let desired = desired::desired(&node, &desired::standard_pools(), &sets);
     (node, desired)
 }
 
