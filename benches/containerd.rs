@@ -93,6 +93,102 @@ async fn main() {
     if part("cancel") {
         cancellation(&registry, &unthrottled).await;
     }
+    // 4. One node with 20 sets × 100 images (not in the default PARTS: it takes minutes).
+    if part("scale") {
+        scale(&registry, &unthrottled).await;
+    }
+}
+
+/// 20 sets × 100 tiny images on one worker in real containerd: the full reconcile (5 pulls at
+/// once, no pause), then no-op reconciles; time, phases, this process's memory, the status size.
+async fn scale(registry: &support::Registry, policy: &PolicyModule) {
+    const SETS: usize = 20;
+    const PER_SET: usize = 100;
+    let c = support::Containerd::start(&registry.host).unwrap();
+    let t = Instant::now();
+    let refs = support::push_images(registry, "scale", SETS * PER_SET, 4096, 90_000).await;
+    println!(
+        "\nscale: pushed {} images in {:.1?}",
+        refs.len(),
+        t.elapsed()
+    );
+    let n = support::node("worker");
+    let sets: Vec<PinnedImageSet> = refs
+        .chunks(PER_SET)
+        .enumerate()
+        .map(|(i, chunk)| PinnedImageSet {
+            name: format!("scale-{i:02}"),
+            generation: 1,
+            labels: [(ROLE_LABEL.to_string(), "worker".to_string())].into(),
+            images: chunk.to_vec(),
+        })
+        .collect();
+    let d = desired::desired(&n, &desired::standard_pools(), &sets);
+    let rec = reconciler(&c, &registry.host);
+    let me = std::process::id();
+    let rss_before = support::procfs::status_kib(me, "VmRSS");
+    let mut status = NodeStatus::default();
+    let mut run = async || {
+        let t = Instant::now();
+        let r = rec
+            .reconcile(
+                &d,
+                &n,
+                support::decisions(policy),
+                &mut status,
+                CancellationToken::new(),
+                None,
+            )
+            .await
+            .unwrap();
+        (t.elapsed(), r)
+    };
+    let (full, r) = run().await;
+    assert_eq!(
+        r.outcome.pulled.len(),
+        refs.len(),
+        "{:?}",
+        r.outcome.failed.first()
+    );
+    let phases = |r: &pinset_node::Report| -> String {
+        let p: Vec<String> = r
+            .phases
+            .iter()
+            .map(|(p, d)| format!("{p} {d:.1?}"))
+            .collect();
+        p.join(", ")
+    };
+    println!(
+        "  full reconcile of {} images: {full:.1?} ({})",
+        refs.len(),
+        phases(&r)
+    );
+    let mut noops = Vec::new();
+    let mut last = None;
+    for _ in 0..5 {
+        let (t, r) = run().await;
+        assert!(r.outcome.pulled.is_empty());
+        noops.push(t);
+        last = Some(r);
+    }
+    let noop = Stats::of(noops);
+    println!(
+        "  no-op reconcile: median {:.1?} ({})",
+        noop.median,
+        phases(&last.unwrap())
+    );
+    let rss_after = support::procfs::status_kib(me, "VmRSS");
+    let peak = support::procfs::status_kib(me, "VmHWM");
+    let published = pinset_k8s::agent::node_status(&status, &[]);
+    let bytes = serde_json::to_vec(&published).unwrap().len();
+    println!(
+        "  this process: RSS {} → {} MiB (peak {} MiB, the harness's pushes included); status of {} sets: {bytes} bytes; done: {}",
+        rss_before >> 10,
+        rss_after >> 10,
+        peak >> 10,
+        status.sets.len(),
+        status.done()
+    );
 }
 
 async fn makespan(
