@@ -117,17 +117,7 @@ async fn noop(
     let calls = call_counts(sim.as_ref(), calls_before, repeat as u64, n);
     println!("no-op reconcile of {n} present images, {repeat} repetitions, runtime {endpoint}");
     print_noop(Stats::of(ours), Stats::of(reference), calls);
-    let phases: Vec<String> = phases
-        .iter()
-        .map(|(name, d)| format!("{name} {}", ms(*d)))
-        .collect();
-    println!("pinset's last reconcile: {}", phases.join(", "));
-    let published = pinset_k8s::agent::node_status(&status, &[]);
-    let bytes = serde_json::to_vec(&published).map_or(0, |v| v.len());
-    println!(
-        "MachineConfigNode status of {} set(s): {bytes} bytes",
-        status.sets.len()
-    );
+    print_phases_and_status(&phases, &status);
     Ok(ExitCode::SUCCESS)
 }
 
@@ -222,6 +212,21 @@ fn bench_node(images: Vec<String>) -> (NodeInfo, Desired) {
     };
     let desired = desired::desired(&node, &desired::standard_pools(), &sets);
     (node, desired)
+}
+
+/// The last reconcile's phases, and the size of the status an agent would publish for it.
+fn print_phases_and_status(phases: &[(&'static str, Duration)], status: &NodeStatus) {
+    let phases: Vec<String> = phases
+        .iter()
+        .map(|(name, d)| format!("{name} {}", ms(*d)))
+        .collect();
+    println!("pinset's last reconcile: {}", phases.join(", "));
+    let published = pinset_k8s::agent::node_status(status, &[]);
+    let bytes = serde_json::to_vec(&published).map_or(0, |v| v.len());
+    println!(
+        "MachineConfigNode status of {} set(s): {bytes} bytes",
+        status.sets.len()
+    );
 }
 
 fn print_noop(a: Stats, b: Stats, calls: (String, String)) {
