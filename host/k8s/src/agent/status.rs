@@ -19,6 +19,32 @@ use serde_json::json;
 use std::time::Instant;
 use tokio::sync::mpsc::UnboundedReceiver;
 
+/// The Events a finished reconcile is worth: pins lost and repaired, decisions a policy failed
+/// to make. `None` of either when there is nothing to say.
+pub fn events(status: &NodeStatus) -> Vec<kube::runtime::events::Event> {
+    use kube::runtime::events::{Event, EventType};
+    let mut out = Vec::new();
+    if let Some(drift) = &status.pin_drift {
+        out.push(Event {
+            type_: EventType::Warning,
+            reason: "PinsRepaired".into(),
+            note: Some(cap(drift, 1024)),
+            action: "Repair".into(),
+            secondary: None,
+        });
+    }
+    if !status.policy_fallbacks.is_empty() {
+        out.push(Event {
+            type_: EventType::Warning,
+            reason: "PolicyFallback".into(),
+            note: Some(cap(&status.policy_fallbacks.join("; "), 1024)),
+            action: "Decide".into(),
+            secondary: None,
+        });
+    }
+    out
+}
+
 /// What the agent last wrote, so unchanged status is not written again.
 #[derive(Default)]
 pub(super) struct Published {
@@ -321,6 +347,26 @@ mod tests {
         );
         // Unchanged status compares equal even with fresh transition times.
         assert!(same_status(&s, &node_status(&st, &s.conditions)));
+    }
+
+    #[test]
+    fn repaired_pins_and_fallbacks_are_events_and_a_quiet_run_is_none() {
+        let mut st = NodeStatus::default();
+        assert!(events(&st).is_empty());
+        st.pin_drift = Some("repaired 1 lost pin(s) (1 pin-removed): pin-removed: q.io/x".into());
+        st.policy_fallbacks = vec!["x".repeat(5000)];
+        let e = events(&st);
+        assert_eq!(
+            e.iter().map(|e| e.reason.as_str()).collect::<Vec<_>>(),
+            vec!["PinsRepaired", "PolicyFallback"]
+        );
+        assert!(
+            e[0].note
+                .as_deref()
+                .unwrap()
+                .contains("pin-removed: q.io/x")
+        );
+        assert!(e[1].note.as_deref().unwrap().chars().count() <= 1024);
     }
 
     #[test]
