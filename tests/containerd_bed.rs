@@ -585,11 +585,32 @@ async fn a_full_disk_drains_the_queue_at_once_and_names_the_images() {
 /// removed, are found by the next reconcile, repaired within it and reported.
 #[tokio::test]
 async fn lost_pins_in_containerd_are_repaired_and_reported() {
-    let Some(bed) = Bed::start(QUICK, false) else {
+    let Some(mut bed) = Bed::start(QUICK, false) else {
         return;
     };
-    let reconciler = &bed.reconciler;
     let refs = support::push_images(&bed.registry, "drift", 2, 64_000, 70).await;
+    // A containerd restart between two reconciles: pins are labels in containerd's metadata,
+    // so they outlive it; the next reconcile finds nothing lost and changes nothing.
+    let node = support::node("worker");
+    let d = desired_of(&node, &[set("s", 1, &refs)]);
+    let mut status = NodeStatus::default();
+    for _ in 0..2 {
+        let r = bed
+            .reconciler
+            .reconcile(
+                &d,
+                &node,
+                support::default_decisions(),
+                &mut status,
+                CancellationToken::new(),
+                None,
+            )
+            .await
+            .unwrap_or_else(|e| panic!("{e}\n{}", bed.containerd.log()));
+        assert!(status.done() && r.drift.is_empty(), "{r:?}");
+        bed.containerd.restart();
+    }
+    let reconciler = &bed.reconciler;
     let node = support::node("worker");
     let d = desired_of(&node, &[set("s", 1, &refs)]);
     let mut status = NodeStatus::default();
@@ -608,6 +629,7 @@ async fn lost_pins_in_containerd_are_repaired_and_reported() {
     };
     let first = run(&mut status).await;
     assert!(status.done() && first.drift.is_empty(), "{first:?}");
+    assert!(first.outcome.pulled.is_empty() && !first.pin.unwrap().applied);
     let pinned = async |r: &str| {
         reconciler
             .cri()

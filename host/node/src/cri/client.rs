@@ -93,6 +93,14 @@ impl CriError {
         .any(|w| m.contains(w))
     }
 
+    /// The connection broke under the call (the runtime restarted): the channel reconnects for
+    /// the next one.
+    pub fn is_broken_connection(&self) -> bool {
+        matches!(self, CriError::Call { code, message, .. }
+            if *code == tonic::Code::Unavailable
+                || (*code == tonic::Code::Unknown && message.contains("transport error")))
+    }
+
     pub fn is_not_found(&self) -> bool {
         matches!(
             self,
@@ -153,15 +161,18 @@ impl CriClient {
 
     /// Every image in the runtime's store: one call, however many images.
     pub async fn list_images(&self) -> Result<Vec<proto::Image>, CriError> {
-        let mut c = self.inner.clone();
-        let r = self
-            .call(
-                "ListImages",
-                self.config.call_timeout,
-                c.list_images(ListImagesRequest { filter: None }),
-            )
-            .await?;
-        Ok(r.images)
+        let ask = || {
+            let mut c = self.inner.clone();
+            async move {
+                self.call(
+                    "ListImages",
+                    self.config.call_timeout,
+                    c.list_images(ListImagesRequest { filter: None }),
+                )
+                .await
+            }
+        };
+        Ok(read_again_once(ask).await?.images)
     }
 
     /// One image's status; `None` when it is not present.
@@ -207,15 +218,31 @@ impl CriClient {
 
     /// Usage of the filesystems that hold images.
     pub async fn image_fs_info(&self) -> Result<Vec<FilesystemUsage>, CriError> {
-        let mut c = self.inner.clone();
-        let r = self
-            .call(
-                "ImageFsInfo",
-                self.config.call_timeout,
-                c.image_fs_info(ImageFsInfoRequest {}),
-            )
-            .await?;
-        Ok(r.image_filesystems)
+        let ask = || {
+            let mut c = self.inner.clone();
+            async move {
+                self.call(
+                    "ImageFsInfo",
+                    self.config.call_timeout,
+                    c.image_fs_info(ImageFsInfoRequest {}),
+                )
+                .await
+            }
+        };
+        Ok(read_again_once(ask).await?.image_filesystems)
+    }
+}
+
+/// A read asked again, once, when it failed on a connection the runtime closed (it restarted):
+/// the channel has reconnected by then. Reads change nothing, so asking twice is safe.
+async fn read_again_once<T, F, Fut>(ask: F) -> Result<T, CriError>
+where
+    F: Fn() -> Fut,
+    Fut: Future<Output = Result<T, CriError>>,
+{
+    match ask().await {
+        Err(e) if e.is_broken_connection() => ask().await,
+        other => other,
     }
 }
 
