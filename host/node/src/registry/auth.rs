@@ -40,11 +40,27 @@ pub struct Credentials {
 }
 
 impl Credentials {
+    /// The credentials in a kubelet `config.json`. As for the kubelet, a missing or empty file
+    /// means no credentials (said once, at info); a file that cannot be read or parsed is an
+    /// error naming it.
     pub fn load(path: &Path) -> Result<Self, AuthError> {
-        let text = std::fs::read_to_string(path).map_err(|source| AuthError::Read {
-            path: path.into(),
-            source,
-        })?;
+        let text = match std::fs::read_to_string(path) {
+            Ok(text) => text,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                tracing::info!(path = %path.display(), "no registry credentials file: pulling without credentials");
+                return Ok(Self::default());
+            }
+            Err(source) => {
+                return Err(AuthError::Read {
+                    path: path.into(),
+                    source,
+                });
+            }
+        };
+        if text.trim().is_empty() {
+            tracing::info!(path = %path.display(), "the registry credentials file is empty: pulling without credentials");
+            return Ok(Self::default());
+        }
         Self::parse(&text, path)
     }
 
@@ -139,6 +155,31 @@ fn normalise(key: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_missing_or_empty_file_means_no_credentials_and_a_bad_one_is_named() {
+        let dir = tempfile::tempdir().unwrap();
+        let missing = Credentials::load(&dir.path().join("config.json")).unwrap();
+        assert!(missing.for_pull("quay.io", "a/b").is_none());
+        let empty = dir.path().join("empty.json");
+        std::fs::write(&empty, "  \n").unwrap();
+        assert!(
+            Credentials::load(&empty)
+                .unwrap()
+                .for_pull("quay.io", "a/b")
+                .is_none()
+        );
+        let bad = dir.path().join("bad.json");
+        std::fs::write(&bad, "{not json").unwrap();
+        let e = Credentials::load(&bad).unwrap_err().to_string();
+        assert!(
+            e.contains("bad.json") && e.contains("not a config.json"),
+            "{e}"
+        );
+        // A directory where the file should be (what a hostPath mount may create) is an error.
+        let e = Credentials::load(dir.path()).unwrap_err().to_string();
+        assert!(e.contains("cannot read"), "{e}");
+    }
 
     fn b64(s: &str) -> String {
         base64::engine::general_purpose::STANDARD.encode(s)
