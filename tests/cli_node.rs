@@ -132,6 +132,11 @@ fn node_pulls_and_pins_against_a_runtime_and_refuses_a_tag_by_name() {
     let (code, out, err) = run(args(&sets));
     assert_eq!(code, 0, "{out}\n{err}");
     assert!(out.contains("node w1: 3 pulled, 0 failed"), "{out}");
+    // No --pin: the runtime says it is CRI-O (CRI Version), so the drop-in is written.
+    assert!(
+        out.contains("pins: +3 −0 (drop-in written, CRI-O reloaded)"),
+        "{out}"
+    );
     assert!(out.contains("set apps generation 1: done"), "{out}");
     let pinned =
         crio::parse(&std::fs::read_to_string(dropins.join(crio::DROP_IN)).unwrap()).unwrap();

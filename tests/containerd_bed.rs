@@ -225,6 +225,28 @@ async fn registry_down_fails_each_image_clearly_and_the_next_reconcile_completes
     }
 }
 
+/// `--pin auto` asks the runtime which it is: real containerd says `containerd`, and gets the
+/// label back end.
+#[tokio::test]
+async fn pin_auto_picks_the_label_back_end_for_containerd() {
+    let Some(bed) = Bed::start(QUICK, false) else {
+        return;
+    };
+    let config = pinset_node::NodeConfig {
+        cri: bed.containerd.endpoint(),
+        pin: pinset_node::config::PinKind::Auto,
+        crio_dropin_dir: "/nonexistent".into(),
+        crio_reload: Vec::new(),
+        auth: None,
+        insecure_registries: Vec::new(),
+        sizing: false,
+    };
+    let reconciler = config.connect().await.unwrap();
+    assert_eq!(reconciler.pins().name(), "containerd");
+    let version = reconciler.cri().version().await.unwrap();
+    assert_eq!(version.runtime_name, "containerd", "{version:?}");
+}
+
 /// A digest the registry does not have is not retried with the reference's schedule (1+2+4+8 s
 /// of waits): the reconcile completes at once, and the set's error says the cause is permanent.
 #[tokio::test]

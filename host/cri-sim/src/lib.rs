@@ -13,7 +13,9 @@ use pinset_node::cri::proto::{
     self, FilesystemIdentifier, FilesystemUsage, ImageFsInfoRequest, ImageFsInfoResponse,
     ImageStatusRequest, ImageStatusResponse, ListImagesRequest, ListImagesResponse,
     PullImageRequest, PullImageResponse, RemoveImageRequest, RemoveImageResponse, UInt64Value,
+    VersionRequest, VersionResponse,
     image_service_server::{ImageService, ImageServiceServer},
+    runtime_service_server::{RuntimeService, RuntimeServiceServer},
 };
 use pinset_node::pin::crio;
 use std::collections::{BTreeMap, HashMap, VecDeque};
@@ -236,9 +238,11 @@ impl SimulatedRuntime {
         let incoming = tokio_stream::wrappers::UnixListenerStream::new(listener);
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();
         let service = ImageServiceServer::new(self.clone());
+        let runtime = RuntimeServiceServer::new(RuntimeInfo);
         let task = tokio::spawn(async move {
             let _ = tonic::transport::Server::builder()
                 .add_service(service)
+                .add_service(runtime)
                 .serve_with_incoming_shutdown(incoming, async {
                     let _ = rx.await;
                 })
@@ -249,6 +253,28 @@ impl SimulatedRuntime {
             stop: Some(tx),
             task: Some(task),
         })
+    }
+}
+
+/// The runtime service's `Version`: the simulated runtime pins as CRI-O does (from its
+/// drop-in), so it says it is CRI-O.
+struct RuntimeInfo;
+
+/// The name the simulated runtime reports, as CRI-O does.
+pub const RUNTIME_NAME: &str = "cri-o";
+
+#[tonic::async_trait]
+impl RuntimeService for RuntimeInfo {
+    async fn version(
+        &self,
+        _request: Request<VersionRequest>,
+    ) -> Result<Response<VersionResponse>, Status> {
+        Ok(Response::new(VersionResponse {
+            version: "0.1.0".into(),
+            runtime_name: RUNTIME_NAME.into(),
+            runtime_version: "simulated".into(),
+            runtime_api_version: "v1".into(),
+        }))
     }
 }
 

@@ -14,6 +14,8 @@ use std::sync::Arc;
 /// Which pin back end a node uses.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum PinKind {
+    /// The runtime's own: asked with CRI `Version` (`cri-o` or `containerd`).
+    Auto,
     /// The CRI-O drop-in `50-pinned-images` and a reload.
     Crio,
     /// The image label `io.cri-containerd.pinned=pinned` through containerd's images API.
@@ -44,25 +46,55 @@ pub enum ConfigError {
     Cri(#[from] CriError),
     #[error(transparent)]
     Auth(#[from] AuthError),
+    #[error(
+        "CRI endpoint {endpoint}: the runtime is {name:?}, which pinset cannot pin for; choose --pin crio or --pin containerd"
+    )]
+    UnknownRuntime { endpoint: String, name: String },
+}
+
+impl PinKind {
+    /// The back end for a runtime that calls itself `name` (CRI `Version.runtime_name`).
+    pub fn for_runtime(name: &str) -> Option<PinKind> {
+        match name {
+            "cri-o" => Some(PinKind::Crio),
+            "containerd" => Some(PinKind::Containerd),
+            _ => None,
+        }
+    }
 }
 
 impl NodeConfig {
-    /// The node's reconciler. Connects lazily: nothing is asked of the runtime yet.
-    pub fn connect(&self) -> Result<Reconciler<RegistrySizer, AnyPins>, ConfigError> {
+    /// The node's reconciler. With [`PinKind::Auto`] the runtime is asked which it is;
+    /// otherwise nothing is asked of it yet.
+    pub async fn connect(&self) -> Result<Reconciler<RegistrySizer, AnyPins>, ConfigError> {
         let cri = CriClient::new(CriConfig {
             endpoint: self.cri.clone(),
             ..Default::default()
         })?;
+        let pin = match self.pin {
+            PinKind::Auto => {
+                let name = cri.version().await?.runtime_name;
+                let pin =
+                    PinKind::for_runtime(&name).ok_or_else(|| ConfigError::UnknownRuntime {
+                        endpoint: self.cri.clone(),
+                        name: name.clone(),
+                    })?;
+                tracing::info!(endpoint = %self.cri, runtime = %name, "pinning for the node's runtime");
+                pin
+            }
+            chosen => chosen,
+        };
         let credentials = Arc::new(match &self.auth {
             Some(path) => Credentials::load(path)?,
             None => Credentials::default(),
         });
-        let pins = match self.pin {
-            PinKind::Crio => AnyPins::Crio(CrioPins::new(
+        let pins = match pin {
+            PinKind::Containerd => AnyPins::Containerd(Box::new(ContainerdPins::new(&self.cri)?)),
+            // (`Auto` was resolved above.)
+            PinKind::Crio | PinKind::Auto => AnyPins::Crio(CrioPins::new(
                 &self.crio_dropin_dir,
                 self.crio_reload.clone(),
             )),
-            PinKind::Containerd => AnyPins::Containerd(Box::new(ContainerdPins::new(&self.cri)?)),
         };
         let mut reconciler = Reconciler::new(cri, pins).with_credentials(credentials.clone());
         if self.sizing {

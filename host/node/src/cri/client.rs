@@ -5,8 +5,8 @@
 
 use super::proto::{
     self, AuthConfig, FilesystemUsage, ImageFsInfoRequest, ImageSpec, ImageStatusRequest,
-    ListImagesRequest, PullImageRequest, RemoveImageRequest,
-    image_service_client::ImageServiceClient,
+    ListImagesRequest, PullImageRequest, RemoveImageRequest, VersionRequest, VersionResponse,
+    image_service_client::ImageServiceClient, runtime_service_client::RuntimeServiceClient,
 };
 use hyper_util::rt::TokioIo;
 use std::path::{Path, PathBuf};
@@ -14,6 +14,23 @@ use std::time::Duration;
 use tonic::transport::{Channel, Endpoint, Uri};
 
 pub const DEFAULT_ENDPOINT: &str = "unix:///run/crio/crio.sock";
+
+/// The sockets a node's runtime listens on, probed in this order (as crictl does).
+pub const STANDARD_ENDPOINTS: [&str; 2] = [
+    "unix:///run/crio/crio.sock",
+    "unix:///run/containerd/containerd.sock",
+];
+
+/// The first of `candidates` whose socket exists.
+pub fn find_endpoint(candidates: &[&str]) -> Result<String, CriError> {
+    candidates
+        .iter()
+        .find(|c| socket_path(c).is_ok_and(|p| p.exists()))
+        .map(|c| c.to_string())
+        .ok_or_else(|| CriError::NoRuntime {
+            tried: candidates.iter().map(|c| c.to_string()).collect(),
+        })
+}
 
 #[derive(Clone, Debug)]
 pub struct CriConfig {
@@ -48,6 +65,8 @@ pub enum CriError {
         code: tonic::Code,
         message: String,
     },
+    #[error("no container runtime socket found (tried {tried:?}); name one with --cri")]
+    NoRuntime { tried: Vec<String> },
     #[error("CRI {call} on {socket}: no answer within {after:?}")]
     Timeout {
         socket: PathBuf,
@@ -118,6 +137,7 @@ pub struct CriClient {
     socket: PathBuf,
     config: CriConfig,
     inner: ImageServiceClient<Channel>,
+    runtime: RuntimeServiceClient<Channel>,
 }
 
 impl CriClient {
@@ -125,12 +145,31 @@ impl CriClient {
     pub fn new(config: CriConfig) -> Result<Self, CriError> {
         let socket = socket_path(&config.endpoint)?;
         let channel = unix_channel(&socket, config.connect_timeout);
-        let inner = ImageServiceClient::new(channel).max_decoding_message_size(64 << 20);
+        let inner = ImageServiceClient::new(channel.clone()).max_decoding_message_size(64 << 20);
         Ok(Self {
             socket,
             config,
             inner,
+            runtime: RuntimeServiceClient::new(channel),
         })
+    }
+
+    /// The runtime's name and version (`runtime_name`: `cri-o`, `containerd`).
+    pub async fn version(&self) -> Result<VersionResponse, CriError> {
+        let ask = || {
+            let mut c = self.runtime.clone();
+            async move {
+                self.call(
+                    "Version",
+                    self.config.call_timeout,
+                    c.version(VersionRequest {
+                        version: "v1".into(),
+                    }),
+                )
+                .await
+            }
+        };
+        read_again_once(ask).await
     }
 
     pub fn socket(&self) -> &Path {
@@ -311,6 +350,31 @@ mod tests {
         };
         assert!(e.is_no_space());
         assert!(e.to_string().contains("PullImage on /s"));
+    }
+
+    #[test]
+    fn the_first_standard_socket_that_exists_is_the_runtime() {
+        let dir = tempfile::tempdir().unwrap();
+        let crio = dir.path().join("crio.sock");
+        let containerd = dir.path().join("containerd.sock");
+        let candidates = [
+            format!("unix://{}", crio.display()),
+            format!("unix://{}", containerd.display()),
+        ];
+        let c: Vec<&str> = candidates.iter().map(String::as_str).collect();
+        let e = find_endpoint(&c).unwrap_err().to_string();
+        assert!(
+            e.contains("crio.sock") && e.contains("containerd.sock") && e.contains("--cri"),
+            "{e}"
+        );
+        let _listener = std::os::unix::net::UnixListener::bind(&containerd).unwrap();
+        assert_eq!(find_endpoint(&c).unwrap(), candidates[1]);
+        let _other = std::os::unix::net::UnixListener::bind(&crio).unwrap();
+        assert_eq!(
+            find_endpoint(&c).unwrap(),
+            candidates[0],
+            "CRI-O first, as crictl"
+        );
     }
 
     #[test]

@@ -124,8 +124,9 @@ pub async fn agent(
     pinset_node::os::release_free_memory();
     let metrics = Metrics::new();
     let reconciler = runtime
-        .config()
-        .connect()?
+        .config()?
+        .connect()
+        .await?
         .with_observer(Arc::new(metrics.clone()));
     let client = pinset_k8s::client(opts.kubeconfig.as_deref()).await?;
     let ready = Arc::new(AtomicBool::new(false));

@@ -9,7 +9,7 @@ use pinset_core::desired::{self, Desired, NodeInfo};
 use pinset_core::plan::{self, Plan};
 use pinset_core::status::NodeStatus;
 use pinset_k8s::objects::{self, Objects};
-use pinset_node::cri::client::{CriClient, CriConfig};
+use pinset_node::cri::client::{CriClient, CriConfig, STANDARD_ENDPOINTS, find_endpoint};
 use pinset_node::executor::Event;
 use pinset_node::facts::{self, Facts};
 use pinset_node::pin::AnyPins;
@@ -40,12 +40,14 @@ pub struct Inputs {
 /// How the node reaches its runtime and pins.
 #[derive(clap::Args, Clone, Debug)]
 pub struct RuntimeOpts {
-    /// CRI endpoint of the container runtime.
-    #[arg(long, default_value = pinset_node::cri::client::DEFAULT_ENDPOINT)]
-    pub cri: String,
-    /// Pin back end. `crio`: the drop-in 50-pinned-images and a reload; `containerd`: the image
-    /// label io.cri-containerd.pinned=pinned through containerd's API on the --cri socket.
-    #[arg(long, value_enum, default_value = "crio")]
+    /// CRI endpoint of the container runtime; default: the first of
+    /// unix:///run/crio/crio.sock and unix:///run/containerd/containerd.sock that exists.
+    #[arg(long, value_name = "ENDPOINT")]
+    pub cri: Option<String>,
+    /// Pin back end. `auto`: the runtime's own, asked with CRI Version; `crio`: the drop-in
+    /// 50-pinned-images and a reload; `containerd`: the image label
+    /// io.cri-containerd.pinned=pinned through containerd's API on the --cri socket.
+    #[arg(long, value_enum, default_value = "auto")]
     pub pin: PinKind,
     /// Directory of the CRI-O drop-in.
     #[arg(long, default_value = crio::DEFAULT_DIR, value_name = "DIR")]
@@ -67,6 +69,7 @@ pub struct RuntimeOpts {
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum PinKind {
+    Auto,
     Crio,
     Containerd,
 }
@@ -330,16 +333,22 @@ pub async fn node_cmd(
         false => pinset_policy::Compiler::InProcess,
     };
     let (_wasm, module) = super::load_policy_with(policy, compiler)?;
-    let reconciler = runtime.config().connect()?;
+    let reconciler = runtime.config()?.connect().await?;
     node_loop(inputs, &reconciler, &module, watch).await
 }
 
 impl RuntimeOpts {
-    /// The node configuration these options describe.
-    pub fn config(&self) -> NodeConfig {
-        NodeConfig {
-            cri: self.cri.clone(),
+    /// The node configuration these options describe (the runtime's socket found by probing
+    /// when `--cri` is not given).
+    pub fn config(&self) -> Result<NodeConfig> {
+        let cri = match &self.cri {
+            Some(endpoint) => endpoint.clone(),
+            None => find_endpoint(&STANDARD_ENDPOINTS)?,
+        };
+        Ok(NodeConfig {
+            cri,
             pin: match self.pin {
+                PinKind::Auto => pinset_node::config::PinKind::Auto,
                 PinKind::Crio => pinset_node::config::PinKind::Crio,
                 PinKind::Containerd => pinset_node::config::PinKind::Containerd,
             },
@@ -352,7 +361,7 @@ impl RuntimeOpts {
             auth: self.auth.clone(),
             insecure_registries: self.insecure_registry.clone(),
             sizing: !self.no_sizing,
-        }
+        })
     }
 }
 
