@@ -2,7 +2,7 @@
 
 mod support;
 
-use pinset_cri_sim::{SimConfig, SimImage, SimulatedRuntime};
+use pinset_cri_sim::{SimConfig, SimulatedRuntime};
 use pinset_node::pin::crio;
 use std::path::Path;
 use std::process::Command;
@@ -92,18 +92,11 @@ fn node_pulls_and_pins_against_a_runtime_and_refuses_a_tag_by_name() {
     .unwrap();
     let dropins = dir.path().join("crio.conf.d");
     let rt = tokio::runtime::Runtime::new().unwrap();
-    let sim = SimulatedRuntime::new(SimConfig {
-        registry: images
-            .iter()
-            .map(|r| SimImage {
-                reference: r.clone(),
-                size: 1 << 20,
-            })
-            .collect(),
-        bandwidth: 1 << 30,
-        disk_capacity: 1 << 40,
-        pin_drop_in: Some(dropins.join(crio::DROP_IN)),
-    });
+    let sim = SimulatedRuntime::new(SimConfig::uniform(
+        &images,
+        1 << 20,
+        dropins.join(crio::DROP_IN),
+    ));
     let server = rt
         .block_on(sim.serve(&dir.path().join("cri.sock")))
         .unwrap();
@@ -194,18 +187,11 @@ fn watch_restarts_on_a_changed_set_and_abandons_pulls_in_flight() {
     .unwrap();
     let dropins = dir.path().join("crio.conf.d");
     let rt = tokio::runtime::Runtime::new().unwrap();
-    let sim = SimulatedRuntime::new(SimConfig {
-        registry: images
-            .iter()
-            .map(|r| SimImage {
-                reference: r.clone(),
-                size: 1 << 20,
-            })
-            .collect(),
-        bandwidth: 1 << 30,
-        disk_capacity: 1 << 40,
-        pin_drop_in: Some(dropins.join(crio::DROP_IN)),
-    });
+    let sim = SimulatedRuntime::new(SimConfig::uniform(
+        &images,
+        1 << 20,
+        dropins.join(crio::DROP_IN),
+    ));
     for r in &images[..3] {
         sim.inject(r, [Fault::Hang]);
     }
@@ -295,18 +281,11 @@ fn hostile_policies_cannot_crash_stall_or_flood_pinset_node() {
         )
         .unwrap();
         let dropins = dir.path().join("crio.conf.d");
-        let sim = SimulatedRuntime::new(SimConfig {
-            registry: images
-                .iter()
-                .map(|r| SimImage {
-                    reference: r.clone(),
-                    size: 1 << 20,
-                })
-                .collect(),
-            bandwidth: 1 << 30,
-            disk_capacity: 1 << 40,
-            pin_drop_in: Some(dropins.join(crio::DROP_IN)),
-        });
+        let sim = SimulatedRuntime::new(SimConfig::uniform(
+            &images,
+            1 << 20,
+            dropins.join(crio::DROP_IN),
+        ));
         let server = rt
             .block_on(sim.serve(&dir.path().join("cri.sock")))
             .unwrap();

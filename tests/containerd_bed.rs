@@ -34,6 +34,25 @@ const QUICK: Backoff = Backoff {
     cap: Duration::from_millis(100),
 };
 
+/// One reconcile of `d` on `node` with the default policy: no events, not cancelled.
+async fn reconcile(
+    reconciler: &Reconciler<RegistrySizer, ContainerdPins>,
+    d: &Desired,
+    node: &NodeInfo,
+    status: &mut NodeStatus,
+) -> Result<pinset_node::Report, pinset_node::ReconcileError> {
+    reconciler
+        .reconcile(
+            d,
+            node,
+            support::default_decisions(),
+            status,
+            CancellationToken::new(),
+            None,
+        )
+        .await
+}
+
 /// A registry, a containerd pulling from it, and the node pipeline wired to both on the default
 /// policy. Fields drop in order: the pipeline, then containerd, then the registry.
 struct Bed {
@@ -85,15 +104,7 @@ async fn pulls_and_pins_into_real_containerd_then_unpins_a_removed_set() {
     let node = support::node("worker");
     let both = desired_of(&node, &[set("a", 1, &refs[..2]), set("b", 1, &refs[1..])]);
     let mut status = NodeStatus::default();
-    let report = reconciler
-        .reconcile(
-            &both,
-            &node,
-            support::default_decisions(),
-            &mut status,
-            CancellationToken::new(),
-            None,
-        )
+    let report = reconcile(reconciler, &both, &node, &mut status)
         .await
         .unwrap_or_else(|e| panic!("{e}\n{}", containerd.log()));
     assert_eq!(
@@ -115,30 +126,14 @@ async fn pulls_and_pins_into_real_containerd_then_unpins_a_removed_set() {
         assert!(image.pinned, "{r} pinned");
     }
 
-    let again = reconciler
-        .reconcile(
-            &both,
-            &node,
-            support::default_decisions(),
-            &mut status,
-            CancellationToken::new(),
-            None,
-        )
+    let again = reconcile(reconciler, &both, &node, &mut status)
         .await
         .unwrap();
     assert!(again.outcome.pulled.is_empty());
     assert!(!again.pin.unwrap().applied, "nothing to change");
 
     let only_b = desired_of(&node, &[set("b", 1, &refs[1..])]);
-    let r = reconciler
-        .reconcile(
-            &only_b,
-            &node,
-            support::default_decisions(),
-            &mut status,
-            CancellationToken::new(),
-            None,
-        )
+    let r = reconcile(reconciler, &only_b, &node, &mut status)
         .await
         .unwrap();
     assert_eq!(r.pin.unwrap().unpinned, vec![refs[0].clone()]);
@@ -166,17 +161,7 @@ async fn registry_down_fails_each_image_clearly_and_the_next_reconcile_completes
     let d = desired_of(&node, &[set("s", 1, &refs)]);
     bed.registry.stop();
     let mut status = NodeStatus::default();
-    let r = reconciler
-        .reconcile(
-            &d,
-            &node,
-            support::default_decisions(),
-            &mut status,
-            CancellationToken::new(),
-            None,
-        )
-        .await
-        .unwrap();
+    let r = reconcile(reconciler, &d, &node, &mut status).await.unwrap();
     assert_eq!(r.outcome.failed.len(), 2, "{r:?}");
     let err = status.sets["s"]
         .last_failed_generation_error
@@ -199,17 +184,7 @@ async fn registry_down_fails_each_image_clearly_and_the_next_reconcile_completes
     );
 
     bed.registry.restart();
-    let r = reconciler
-        .reconcile(
-            &d,
-            &node,
-            support::default_decisions(),
-            &mut status,
-            CancellationToken::new(),
-            None,
-        )
-        .await
-        .unwrap();
+    let r = reconcile(reconciler, &d, &node, &mut status).await.unwrap();
     assert_eq!(r.outcome.pulled.len(), 2);
     assert!(status.done() && status.degraded.is_none());
     for reference in &refs {
@@ -264,16 +239,7 @@ async fn a_missing_digest_fails_at_once_and_says_it_is_permanent() {
     let d = desired_of(&node, &[set("s", 1, &[refs[0].clone(), missing.clone()])]);
     let mut status = NodeStatus::default();
     let started = Instant::now();
-    let r = bed
-        .reconciler
-        .reconcile(
-            &d,
-            &node,
-            support::default_decisions(),
-            &mut status,
-            CancellationToken::new(),
-            None,
-        )
+    let r = reconcile(&bed.reconciler, &d, &node, &mut status)
         .await
         .unwrap_or_else(|e| panic!("{e}\n{}", bed.containerd.log()));
     let took = started.elapsed();
@@ -340,15 +306,7 @@ async fn cancelling_stops_pulls_in_flight_in_real_containerd() {
 
     // The next generation completes from a fresh snapshot.
     let gen2 = desired_of(&node, &[set("s", 2, &refs[..1])]);
-    let r = reconciler
-        .reconcile(
-            &gen2,
-            &node,
-            support::default_decisions(),
-            &mut status,
-            CancellationToken::new(),
-            None,
-        )
+    let r = reconcile(reconciler, &gen2, &node, &mut status)
         .await
         .unwrap();
     assert!(r.outcome.failed.is_empty());
@@ -554,15 +512,7 @@ async fn a_full_disk_drains_the_queue_at_once_and_names_the_images() {
     let d = desired_of(&node, &[set("s", 1, &refs)]);
     let mut status = NodeStatus::default();
     let started = Instant::now();
-    let r = reconciler
-        .reconcile(
-            &d,
-            &node,
-            support::default_decisions(),
-            &mut status,
-            CancellationToken::new(),
-            None,
-        )
+    let r = reconcile(reconciler, &d, &node, &mut status)
         .await
         .unwrap_or_else(|e| panic!("{e}\n{}", containerd.log()));
     let took = started.elapsed();
@@ -617,16 +567,7 @@ async fn lost_pins_in_containerd_are_repaired_and_reported() {
     let d = desired_of(&node, &[set("s", 1, &refs)]);
     let mut status = NodeStatus::default();
     for _ in 0..2 {
-        let r = bed
-            .reconciler
-            .reconcile(
-                &d,
-                &node,
-                support::default_decisions(),
-                &mut status,
-                CancellationToken::new(),
-                None,
-            )
+        let r = reconcile(&bed.reconciler, &d, &node, &mut status)
             .await
             .unwrap_or_else(|e| panic!("{e}\n{}", bed.containerd.log()));
         assert!(status.done() && r.drift.is_empty(), "{r:?}");
@@ -637,15 +578,7 @@ async fn lost_pins_in_containerd_are_repaired_and_reported() {
     let d = desired_of(&node, &[set("s", 1, &refs)]);
     let mut status = NodeStatus::default();
     let run = async |status: &mut NodeStatus| {
-        reconciler
-            .reconcile(
-                &d,
-                &node,
-                support::default_decisions(),
-                status,
-                CancellationToken::new(),
-                None,
-            )
+        reconcile(reconciler, &d, &node, status)
             .await
             .unwrap_or_else(|e| panic!("{e}\n{}", bed.containerd.log()))
     };

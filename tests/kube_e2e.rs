@@ -602,6 +602,33 @@ async fn controller_and_agents_pin_sets_and_report_through_a_real_api_server() {
 }
 
 /// Images of `refs` containerd has, and how many of them it reports pinned.
+/// The master pool and one set `release` of `count` images of 1 MiB pushed to the bed's
+/// registry (a control-plane node pulls one at a time with a 1 s pause: about a second per
+/// image); the images, and the MachineConfigNode API.
+async fn release_set(
+    cluster: &Cluster,
+    prefix: &str,
+    count: usize,
+    seed: u64,
+) -> (Vec<String>, Api<MachineConfigNode>) {
+    let client = cluster.client.clone();
+    let refs = support::push_images(&cluster.registry, prefix, count, 1 << 20, seed).await;
+    let pools: Api<MachineConfigPool> = Api::all(client.clone());
+    let sets: Api<PinnedImageSet> = Api::all(client.clone());
+    let pp = PostParams::default();
+    pools
+        .create(
+            &pp,
+            &pool("master", &["master"], "node-role.kubernetes.io/master"),
+        )
+        .await
+        .unwrap();
+    sets.create(&pp, &set("release", "master", &refs))
+        .await
+        .unwrap();
+    (refs, Api::all(client))
+}
+
 async fn present_and_pinned(
     cri: &pinset_node::cri::client::CriClient,
     refs: &[String],
@@ -631,23 +658,8 @@ async fn an_agent_killed_mid_run_is_finished_by_the_next_one_without_pulling_twi
     let Some(runtime) = support::Containerd::start(&cluster.registry.host) else {
         return;
     };
-    let (registry, server, client) = (&cluster.registry, &cluster.server, cluster.client.clone());
-    // A control-plane node pulls one image at a time with a 1 s pause: about a second per image.
-    let refs = support::push_images(registry, "k", 10, 1 << 20, 700).await;
-    let pools: Api<MachineConfigPool> = Api::all(client.clone());
-    let sets: Api<PinnedImageSet> = Api::all(client.clone());
-    let nodes: Api<MachineConfigNode> = Api::all(client.clone());
-    let pp = PostParams::default();
-    pools
-        .create(
-            &pp,
-            &pool("master", &["master"], "node-role.kubernetes.io/master"),
-        )
-        .await
-        .unwrap();
-    sets.create(&pp, &set("release", "master", &refs))
-        .await
-        .unwrap();
+    let server = &cluster.server;
+    let (refs, nodes) = release_set(&cluster, "k", 10, 700).await;
     let cri = cri(&runtime);
 
     let mut first = cluster.agent(
@@ -720,23 +732,8 @@ async fn the_agent_works_through_an_api_server_outage_and_publishes_when_it_retu
     let Some(runtime) = support::Containerd::start(&cluster.registry.host) else {
         return;
     };
-    let (registry, server, client) = (&cluster.registry, &cluster.server, cluster.client.clone());
-    // A control-plane node pulls one image at a time with a 1 s pause: about a second per image.
-    let refs = support::push_images(registry, "o", 6, 1 << 20, 900).await;
-    let pools: Api<MachineConfigPool> = Api::all(client.clone());
-    let sets: Api<PinnedImageSet> = Api::all(client.clone());
-    let nodes: Api<MachineConfigNode> = Api::all(client.clone());
-    let pp = PostParams::default();
-    pools
-        .create(
-            &pp,
-            &pool("master", &["master"], "node-role.kubernetes.io/master"),
-        )
-        .await
-        .unwrap();
-    sets.create(&pp, &set("release", "master", &refs))
-        .await
-        .unwrap();
+    let server = &cluster.server;
+    let (refs, nodes) = release_set(&cluster, "o", 6, 900).await;
     let cri = cri(&runtime);
     let agent = cluster.agent(
         "cp-0",

@@ -49,6 +49,25 @@ pub struct SimConfig {
     pub pin_drop_in: Option<PathBuf>,
 }
 
+impl SimConfig {
+    /// A registry of `references`, `size` bytes each, pulled at 1 GiB/s onto a 1 TiB disk, pins
+    /// read from the CRI-O drop-in at `pin_drop_in`.
+    pub fn uniform(references: &[String], size: u64, pin_drop_in: PathBuf) -> Self {
+        Self {
+            registry: references
+                .iter()
+                .map(|r| SimImage {
+                    reference: r.clone(),
+                    size,
+                })
+                .collect(),
+            bandwidth: 1 << 30,
+            disk_capacity: 1 << 40,
+            pin_drop_in: Some(pin_drop_in),
+        }
+    }
+}
+
 /// A scripted fault for the next pull(s) of one image.
 #[derive(Clone, Debug)]
 pub enum Fault {

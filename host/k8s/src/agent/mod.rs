@@ -99,11 +99,16 @@ pub struct Agent<S, B> {
     pub ready: Arc<AtomicBool>,
 }
 
-/// What the agent's loop keeps from one round to the next.
-struct Rounds {
+/// The watched objects, and the signal that any of them changed.
+struct Caches {
     pools: Store<MachineConfigPool>,
     sets: Store<PinnedImageSet>,
     changed: signal::Receiver<u64>,
+}
+
+/// What the agent's loop keeps from one round to the next.
+struct Rounds {
+    caches: Caches,
     node_api: Api<MachineConfigNode>,
     published: Published,
     status: NodeStatus,
@@ -129,7 +134,7 @@ impl<S: Sizer + 'static, B: PinBackend> Agent<S, B> {
         };
         let mut known: Option<NodeInfo> = None;
         loop {
-            rounds.changed.borrow_and_update();
+            rounds.caches.changed.borrow_and_update();
             let node = match watch::node_info(&self.config, &self.client).await {
                 Ok(node) => known.insert(node).clone(),
                 // The API server is away: the node's last known facts do while it is.
@@ -142,7 +147,7 @@ impl<S: Sizer + 'static, B: PinBackend> Agent<S, B> {
                     _ => continue,
                 },
             };
-            let desired = desired_of(&node, &rounds.pools, &rounds.sets);
+            let desired = desired_of(&node, &rounds.caches.pools, &rounds.caches.sets);
             match self.round(&mut rounds, &node, &desired, &shutdown).await {
                 Next::Stop => return,
                 Next::Again => continue,
@@ -198,9 +203,11 @@ impl<S: Sizer + 'static, B: PinBackend> Agent<S, B> {
         }
         self.ready.store(true, Ordering::Relaxed);
         Some(Rounds {
-            pools,
-            sets,
-            changed,
+            caches: Caches {
+                pools,
+                sets,
+                changed,
+            },
             node_api,
             published,
             status,
@@ -319,15 +326,7 @@ impl<S: Sizer + 'static, B: PinBackend> Agent<S, B> {
             &self.config,
             &self.metrics,
         );
-        let watch_changes = watch::until_changed(
-            &self.config,
-            &self.client,
-            &rounds.pools,
-            &rounds.sets,
-            desired,
-            node,
-            rounds.changed.clone(),
-        );
+        let watch_changes = self.changed(&rounds.caches, desired, node);
         let work = async { tokio::join!(reconcile, progress) };
         tokio::pin!(work, watch_changes);
         let (result, mut written) = tokio::select! {
@@ -355,6 +354,24 @@ impl<S: Sizer + 'static, B: PinBackend> Agent<S, B> {
         )
     }
 
+    /// Resolves when the desired state differs from `desired` (a pool, a set, the node file).
+    fn changed<'a>(
+        &'a self,
+        caches: &'a Caches,
+        desired: &'a Desired,
+        node: &'a NodeInfo,
+    ) -> impl Future<Output = ()> + 'a {
+        watch::until_changed(
+            &self.config,
+            &self.client,
+            &caches.pools,
+            &caches.sets,
+            desired,
+            node,
+            caches.changed.clone(),
+        )
+    }
+
     /// Sleep until the desired state changes, `wait` passes, or the agent stops.
     async fn idle(
         &self,
@@ -364,15 +381,7 @@ impl<S: Sizer + 'static, B: PinBackend> Agent<S, B> {
         wait: Duration,
         shutdown: &CancellationToken,
     ) {
-        let wait_change = watch::until_changed(
-            &self.config,
-            &self.client,
-            &rounds.pools,
-            &rounds.sets,
-            desired,
-            node,
-            rounds.changed.clone(),
-        );
+        let wait_change = self.changed(&rounds.caches, desired, node);
         tokio::select! {
             _ = shutdown.cancelled() => {}
             _ = tokio::time::sleep(wait) => {}

@@ -5,7 +5,7 @@ use anyhow::{Result, bail};
 use clap::Subcommand;
 use pinset_core::desired::{self, Desired, NodeInfo, PinnedImageSet, ROLE_LABEL};
 use pinset_core::status::NodeStatus;
-use pinset_cri_sim::{SimConfig, SimImage, SimServer, SimStats, SimulatedRuntime};
+use pinset_cri_sim::{SimConfig, SimServer, SimStats, SimulatedRuntime};
 use pinset_node::Reconciler;
 use pinset_node::cri::client::{CriClient, CriConfig};
 use pinset_node::pin::crio::CrioPins;
@@ -171,20 +171,12 @@ async fn simulated(n: usize, dir: &Path) -> Result<(SimServer, SimulatedRuntime)
     let refs: Vec<String> = (0..n)
         .map(|i| format!("registry.bench/app/{i}@sha256:{i:064x}"))
         .collect();
+    let drop_in = dir
+        .join("crio.conf.d")
+        .join(pinset_node::pin::crio::DROP_IN);
     let sim = SimulatedRuntime::new(SimConfig {
-        registry: refs
-            .iter()
-            .map(|r| SimImage {
-                reference: r.clone(),
-                size: 1 << 20,
-            })
-            .collect(),
-        bandwidth: 1 << 30,
         disk_capacity: u64::MAX / 2,
-        pin_drop_in: Some(
-            dir.join("crio.conf.d")
-                .join(pinset_node::pin::crio::DROP_IN),
-        ),
+        ..SimConfig::uniform(&refs, 1 << 20, drop_in)
     });
     refs.iter().for_each(|r| sim.preload(r));
     let server = sim.serve(&dir.join("cri.sock")).await?;
