@@ -49,9 +49,10 @@ fn plan_works_without_a_runtime() {
     ]);
     assert_eq!(code, 0, "{err}");
     assert!(
-        out.contains("node master-0") && out.contains("pools [\"master\"]"),
-        "{out}"
+        out.contains("node master-0  pools master  policy"),
+        "the scenario format's words, not Rust's debug output: {out}"
     );
+    assert!(out.contains("admission: admit-all — "), "{out}");
     assert!(
         out.contains("pulls: 5 of 5 image(s) (0 present), 0 B known bytes, 1 at once"),
         "{out}"
@@ -244,6 +245,85 @@ fn watch_restarts_on_a_changed_set_and_abandons_pulls_in_flight() {
     let _ = child.kill();
     let _ = child.wait();
     drop(server);
+}
+
+/// kubectl-grade habits: exit codes (0 ok, 1 failure, 2 usage), a dry run whose input is
+/// invalid fails, completions, `:PORT`, a module as an argument, a clear word for a non-module.
+#[test]
+fn exit_codes_completions_and_clear_words() {
+    let dir = tempfile::tempdir().unwrap();
+    let demo = workspace().join("examples/demo");
+    let node = demo.join("nodes.yaml");
+    // A tag is refused: `plan` is a dry run of that failure, so it fails.
+    let tagged = dir.path().join("tagged.yaml");
+    std::fs::write(
+        &tagged,
+        "kind: PinnedImageSet\nmetadata: {name: latest, labels: {machineconfiguration.openshift.io/role: master}}\nspec: {pinnedImages: [{name: registry.test/a/x:latest}]}\n",
+    )
+    .unwrap();
+    let (code, out, _) = pinset(&[
+        "plan",
+        "--sets",
+        tagged.to_str().unwrap(),
+        "--node",
+        node.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 1, "{out}");
+    assert!(out.contains("set latest refused"), "{out}");
+    // A runtime failure is 1 (a dead CRI socket); a usage error is 2.
+    let sets = demo.join("sets.yaml");
+    let dead = format!("unix://{}", dir.path().join("none.sock").display());
+    let (code, _, err) = pinset(&[
+        "node",
+        "--sets",
+        sets.to_str().unwrap(),
+        "--node",
+        node.to_str().unwrap(),
+        "--cri",
+        &dead,
+        "--pin",
+        "crio",
+        "--no-sizing",
+    ]);
+    assert_eq!(code, 1, "{err}");
+    let (code, _, err) = pinset(&["policy", "info", "--policy-memory-mib", "0"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("--policy-memory-mib"), "{err}");
+    let (code, _, err) = pinset(&["controller", "--metrics-addr", "nonsense"]);
+    assert_eq!(code, 2, "{err}");
+    // Completions, and `:PORT` parses (the flag is checked before anything runs).
+    let (code, out, _) = pinset(&["completion", "bash"]);
+    assert_eq!(code, 0);
+    assert!(
+        out.contains("_pinset()") && out.contains("policy"),
+        "{out:.200}"
+    );
+    let (code, _, err) = pinset(&[
+        "controller",
+        "--metrics-addr",
+        ":0",
+        "--kubeconfig",
+        "/nonexistent",
+    ]);
+    assert_eq!(code, 1, "a valid address, a missing kubeconfig: {err}");
+    assert!(
+        err.contains("/nonexistent") && !err.contains("--metrics-addr"),
+        "{err}"
+    );
+    // The module as an argument; a file that is no module says so in a line.
+    let default = support::policy_path("pinset_policy_default");
+    let (code, out, err) = pinset(&["policy", "info", default.to_str().unwrap()]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.contains("pinset_policy_default.wasm") && out.contains("sha256"),
+        "{out}"
+    );
+    let (code, _, err) = pinset(&["policy", "info", sets.to_str().unwrap()]);
+    assert_eq!(code, 1);
+    assert!(
+        err.contains("not WebAssembly at all") && err.lines().count() == 1,
+        "{err}"
+    );
 }
 
 /// Policies that print, panic, sleep through WASI, probe WASI, flood the log, forge log lines

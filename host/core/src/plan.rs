@@ -16,6 +16,15 @@ impl Plan {
     pub fn rejected(&self) -> bool {
         self.admission.verdict == Verdict::Reject
     }
+
+    /// The verdict in the words of the scenario format: `admit-all`, `admit-some (N)`, `reject`.
+    pub fn verdict(&self) -> String {
+        match &self.admission.verdict {
+            Verdict::AdmitAll => "admit-all".into(),
+            Verdict::AdmitSome(subset) => format!("admit-some ({} image(s))", subset.len()),
+            Verdict::Reject => "reject".into(),
+        }
+    }
 }
 
 /// Indices of the images an admission lets pinset pull: admitted and not present, in the

@@ -376,7 +376,7 @@ fn start(
     tracing::info!(
         node = %node.name,
         policy,
-        verdict = ?plan.admission.verdict,
+        verdict = %plan.verdict(),
         reason = %plan.admission.reason,
         pulls = plan.pulls.len(),
         concurrency = plan.concurrency,

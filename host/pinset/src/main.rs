@@ -11,7 +11,13 @@ use std::process::ExitCode;
 /// Pre-pull and pin container images on Kubernetes nodes; every decision is taken by a
 /// sandboxed WebAssembly policy.
 #[derive(Parser)]
-#[command(name = "pinset", version)]
+#[command(
+    name = "pinset",
+    version,
+    after_help = "Exit codes: 0 success; 1 failure (an input that cannot be read or parsed, a \
+                  refused set, a runtime or registry error, a failed reconcile); 2 usage \
+                  (unknown flags, bad flag values)."
+)]
 struct Args {
     /// Log filter (tracing EnvFilter syntax), e.g. `info` or `pinset=debug`.
     #[arg(long, global = true, env = "PINSET_LOG", default_value = "info")]
@@ -81,6 +87,11 @@ enum Command {
     /// artifact on stdout; exit 65 with the reason on stderr when the module is not valid.
     #[command(name = pinset_policy::COMPILE_SUBCOMMAND, hide = true)]
     CompilePolicy,
+    /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
+    Completion {
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
 }
 
 fn main() -> ExitCode {
@@ -90,7 +101,7 @@ fn main() -> ExitCode {
         Ok(code) => code,
         Err(e) => {
             eprintln!("error: {e:#}");
-            ExitCode::from(2)
+            ExitCode::FAILURE
         }
     }
 }
@@ -118,6 +129,12 @@ fn run(args: Args) -> Result<ExitCode> {
         Command::Bench(cmd) => rt()?.block_on(cli::bench::run(cmd)),
         Command::Crds => Ok(cli::kube::crds()),
         Command::CompilePolicy => cli::policy::compile_child(),
+        Command::Completion { shell } => {
+            use clap::CommandFactory;
+            let mut command = Args::command();
+            clap_complete::generate(shell, &mut command, "pinset", &mut std::io::stdout());
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Controller { cluster } => rt()?.block_on(cli::kube::controller(&cluster)),
         Command::Agent {
             cluster,

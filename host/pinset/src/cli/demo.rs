@@ -110,9 +110,9 @@ async fn run_node(
             table: sizes(&desired),
         })));
     println!(
-        "\n== {} (pools {:?}): {} set(s), {} image(s); CRI at {}",
+        "\n== {} (pools {}): {} set(s), {} image(s); CRI at {}",
         node.name,
-        desired.pools,
+        desired.pools.join(", "),
         desired.sets.len(),
         desired.images.len(),
         server.endpoint()
@@ -133,10 +133,7 @@ async fn run_node(
         .plan
         .clone()
         .unwrap_or_else(|| unreachable!("a finished reconcile has a plan"));
-    println!(
-        "admission: {:?} — {}",
-        plan.admission.verdict, plan.admission.reason
-    );
+    println!("admission: {} — {}", plan.verdict(), plan.admission.reason);
     print!("{}", summary(&node.name, &report, &status));
     let drop_in = std::fs::read_to_string(drop_in_dir.join(DROP_IN)).unwrap_or_default();
     println!(

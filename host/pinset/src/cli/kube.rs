@@ -20,7 +20,8 @@ pub struct ClusterOpts {
     #[arg(long, value_name = "FILE")]
     pub kubeconfig: Option<PathBuf>,
     /// Address of the /metrics, /healthz and /readyz endpoint.
-    #[arg(long, default_value = "127.0.0.1:9464", value_name = "ADDR")]
+    /// `:PORT` listens on every address, as in controller-runtime.
+    #[arg(long, default_value = "127.0.0.1:9464", value_name = "ADDR", value_parser = listen_addr)]
     pub metrics_addr: SocketAddr,
 }
 
@@ -45,6 +46,16 @@ pub struct AgentOpts {
     /// First wait before retrying a failed reconcile (doubles up to 5 minutes).
     #[arg(long, default_value_t = 10, value_name = "SECONDS")]
     pub retry_seconds: u64,
+}
+
+/// `HOST:PORT`, or `:PORT` for every address.
+fn listen_addr(text: &str) -> Result<SocketAddr, String> {
+    let full = match text.strip_prefix(':') {
+        Some(port) => format!("0.0.0.0:{port}"),
+        None => text.to_string(),
+    };
+    full.parse()
+        .map_err(|e| format!("{text:?}: {e} (expected HOST:PORT or :PORT)"))
 }
 
 /// `pinset crds`

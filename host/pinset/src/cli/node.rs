@@ -101,7 +101,7 @@ pub fn desired_state(inputs: &Inputs) -> Result<(NodeInfo, Desired)> {
 
 /// `pinset plan`: the policy's decisions for this node, without pulling. With `--cri` the
 /// reconcile's own facts phase runs (snapshot, disk); without, every image counts as absent and
-/// of unknown size.
+/// of unknown size. Exits 1 when a set is refused or the policy rejects the admission.
 pub async fn plan_cmd(
     inputs: &Inputs,
     cri: Option<String>,
@@ -126,9 +126,9 @@ pub async fn plan_cmd(
     let plan = plan::make(&mut guarded, &facts.request);
     let info = guarded.info();
     println!(
-        "node {}  pools {:?}  policy {} {} ({})",
+        "node {}  pools {}  policy {} {} ({})",
         node.name,
-        desired.pools,
+        desired.pools.join(", "),
         info.name,
         info.version,
         module.name()
@@ -148,7 +148,12 @@ pub async fn plan_cmd(
     for f in guarded.fallbacks() {
         println!("policy fallback: {f}");
     }
-    Ok(ExitCode::SUCCESS)
+    // A dry run whose input would fail fails too: a refused set, a rejected admission.
+    Ok(if desired.invalid.is_empty() && !plan.rejected() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
 }
 
 /// Facts without a runtime: nothing present, sizes and disk unknown.
@@ -172,10 +177,7 @@ fn offline_facts(desired: &Desired, node: &NodeInfo) -> Facts {
 /// The admission, the pulls in order, and the throttle after a pull at the current pressure.
 fn print_plan(plan: &Plan, facts: &Facts, policy: &mut dyn Decisions) {
     let request = &facts.request;
-    println!(
-        "admission: {:?} — {}",
-        plan.admission.verdict, plan.admission.reason
-    );
+    println!("admission: {} — {}", plan.verdict(), plan.admission.reason);
     let known: u64 = plan
         .pulls
         .iter()

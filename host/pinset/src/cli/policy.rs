@@ -35,6 +35,9 @@ pub enum PolicyCommand {
     Info {
         #[command(flatten)]
         policy: PolicyOpts,
+        /// The module to inspect (the same as --policy).
+        #[arg(value_name = "FILE.wasm", conflicts_with = "policy")]
+        module: Option<PathBuf>,
     },
 }
 
@@ -69,7 +72,8 @@ pub fn run(cmd: PolicyCommand) -> Result<ExitCode> {
             images,
             iterations,
         } => bench_cmd(&policy, images, iterations.max(1)),
-        PolicyCommand::Info { policy } => {
+        PolicyCommand::Info { mut policy, module } => {
+            policy.policy = module.or(policy.policy);
             let (_runtime, module) = load_policy(&policy)?;
             println!("{}", describe(&module));
             Ok(ExitCode::SUCCESS)

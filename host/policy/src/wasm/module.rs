@@ -60,6 +60,7 @@ impl WasmRuntime {
                 });
             }
         }
+        check_header(name, bytes)?;
         let component = self.compile(name, bytes)?;
         check_contract(&self.engine, &component, name)?;
         let pre = self
@@ -87,6 +88,22 @@ impl WasmRuntime {
         Ok(module)
     }
 }
+/// A component starts with `\0asm`, a version, and layer 1 (a core module has layer 0): say
+/// what the file is instead of quoting the compiler's byte dump.
+fn check_header(name: &str, bytes: &[u8]) -> Result<(), LoadError> {
+    let cause = match bytes {
+        [0, b'a', b's', b'm', _, _, 1, 0, ..] => return Ok(()),
+        [0, b'a', b's', b'm', _, _, 0, 0, ..] => {
+            "a core WebAssembly module, not a component: build the policy for wasm32-wasip2"
+        }
+        _ => "not WebAssembly at all (no \\0asm header)",
+    };
+    Err(LoadError::Compile {
+        module: name.into(),
+        cause: cause.into(),
+    })
+}
+
 fn too_large(name: &str, bytes: u64, limits: Limits) -> Result<(), LoadError> {
     if bytes > limits.max_module_bytes as u64 {
         return Err(LoadError::TooLarge {
