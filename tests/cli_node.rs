@@ -35,6 +35,17 @@ fn demo_runs_both_nodes_and_pins_everything() {
     // node, pulls, at once, max seen, …
     assert_eq!(&row("master-0")[1..4], ["5", "1", "1"]);
     assert_eq!(&row("worker-0")[1..4], ["11", "5", "5"]);
+    // Into a pipe, one plain line per event: every pull, and the control plane's pauses.
+    let lines = |prefix: &str| out.lines().filter(|l| l.starts_with(prefix)).count();
+    assert_eq!(lines("  pulling "), 16, "{out}");
+    assert_eq!(lines("  pulled  "), 16, "{out}");
+    // The control plane pulls one at a time: a pause after each pull but the last.
+    let master = out.split("== worker-0").next().unwrap();
+    let pauses = master
+        .lines()
+        .filter(|l| l.starts_with("  pause   1s (throttle)"))
+        .count();
+    assert_eq!(pauses, 4, "{master}");
 }
 
 #[test]

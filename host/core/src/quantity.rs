@@ -38,7 +38,7 @@ pub fn parse_bytes(input: &str) -> Result<u64, QuantityError> {
         "T" => 1_000_000_000_000,
         "P" => 1_000_000_000_000_000,
         "E" => 1_000_000_000_000_000_000,
-        _ => return Err(err("unknown suffix")),
+        _ => decimal_exponent(suffix).ok_or_else(|| err("unknown suffix"))?,
     };
     let (int, frac) = number.split_once('.').unwrap_or((number, ""));
     if int.is_empty() && frac.is_empty() || frac.contains('.') {
@@ -63,6 +63,13 @@ pub fn parse_bytes(input: &str) -> Result<u64, QuantityError> {
             .ok_or_else(|| err("too large"))?;
     }
     Ok(bytes)
+}
+
+/// `e3`, `E+11`: a decimal exponent, as Kubernetes quantities allow (`E` alone is exa).
+fn decimal_exponent(suffix: &str) -> Option<u64> {
+    let digits = suffix.strip_prefix(['e', 'E'])?;
+    let n: u32 = digits.strip_prefix('+').unwrap_or(digits).parse().ok()?;
+    10u64.checked_pow(n)
 }
 
 /// A byte count that reads and writes as a quantity (`16Gi`) in YAML; plain integers also read.
@@ -93,6 +100,15 @@ impl<'de> serde::Deserialize<'de> for Bytes {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn decimal_exponents_read_as_kubernetes_reads_them() {
+        assert_eq!(parse_bytes("1e11").unwrap(), 100_000_000_000);
+        assert_eq!(parse_bytes("1.5E+3").unwrap(), 1_500);
+        assert_eq!(parse_bytes("2E").unwrap(), 2_000_000_000_000_000_000);
+        assert!(parse_bytes("1e-3").is_err());
+        assert!(parse_bytes("1e99").is_err());
+    }
 
     #[test]
     fn parses_binary_decimal_and_plain() {

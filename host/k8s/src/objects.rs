@@ -118,6 +118,7 @@ pub fn parse(text: &str, path: &Path, out: &mut Objects) -> Result<(), ObjectErr
                     .push(convert::pool(&pool).map_err(|e| invalid(e.to_string()))?);
             }
             "Node" => {
+                quantities_as_strings(&mut value);
                 let node: Node = typed(value).map_err(invalid)?;
                 out.nodes
                     .push(convert::node(&node).map_err(|e| invalid(e.to_string()))?);
@@ -126,6 +127,25 @@ pub fn parse(text: &str, path: &Path, out: &mut Objects) -> Result<(), ObjectErr
         }
     }
     Ok(())
+}
+
+/// `allocatable: {ephemeral-storage: 120000000000}` is a quantity to Kubernetes, a number to
+/// YAML: read unquoted numbers there as the quantities they are.
+fn quantities_as_strings(node: &mut serde_yaml::Value) {
+    for field in ["allocatable", "capacity"] {
+        let Some(map) = node
+            .get_mut("status")
+            .and_then(|s| s.get_mut(field))
+            .and_then(|m| m.as_mapping_mut())
+        else {
+            continue;
+        };
+        for (_, v) in map.iter_mut() {
+            if let serde_yaml::Value::Number(n) = v {
+                *v = serde_yaml::Value::String(n.to_string());
+            }
+        }
+    }
 }
 
 /// A document as its API type.
@@ -183,6 +203,23 @@ metadata: {name: ignored}
         assert_eq!(n.allocatable_ephemeral_bytes, Some(120 << 30));
         assert_eq!(o.pools[0].name, "bare");
         assert_eq!(o.pools[0].pinned_image_sets, None);
+    }
+
+    #[test]
+    fn unquoted_and_exponent_quantities_read_as_kubernetes_reads_them() {
+        for allocatable in ["120000000000", "'1.2e11'", "1.2e11"] {
+            let mut o = Objects::default();
+            let text = format!(
+                "kind: Node\nmetadata: {{name: n}}\nstatus: {{allocatable: {{ephemeral-storage: {allocatable}}}}}\n"
+            );
+            parse(&text, Path::new("n.yaml"), &mut o)
+                .unwrap_or_else(|e| panic!("{allocatable}: {e}"));
+            assert_eq!(
+                o.nodes[0].allocatable_ephemeral_bytes,
+                Some(120_000_000_000),
+                "{allocatable}"
+            );
+        }
     }
 
     #[test]

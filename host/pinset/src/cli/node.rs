@@ -230,9 +230,15 @@ pub fn progress_bar(total_images: u64, label: &str) -> ProgressBar {
     bar
 }
 
-/// Print executor events above `bar` and advance it.
+/// Print executor events above `bar` and advance it; when stdout is not a terminal (the bar is
+/// hidden) one plain line per event instead.
 pub async fn show_events(mut rx: tokio::sync::mpsc::UnboundedReceiver<Event>, bar: ProgressBar) {
     let (mut bytes, mut total_bytes) = (0u64, 0u64);
+    let plain = bar.is_hidden();
+    let say = |line: String| match plain {
+        true => println!("{line}"),
+        false => bar.println(line),
+    };
     while let Some(e) = rx.recv().await {
         match e {
             Event::Planned {
@@ -244,6 +250,8 @@ pub async fn show_events(mut rx: tokio::sync::mpsc::UnboundedReceiver<Event>, ba
                 total_bytes = planned;
                 bar.set_message(format!("0 B / {}", fmt_bytes(total_bytes)));
             }
+            Event::Started { reference } if plain => say(format!("  pulling {reference}")),
+            Event::Started { .. } => {}
             Event::Pulled {
                 reference,
                 bytes: b,
@@ -252,20 +260,25 @@ pub async fn show_events(mut rx: tokio::sync::mpsc::UnboundedReceiver<Event>, ba
                 bytes += b.unwrap_or(0);
                 bar.inc(1);
                 bar.set_message(format!("{} / {}", fmt_bytes(bytes), fmt_bytes(total_bytes)));
-                bar.println(format!("  pulled  {reference} in {duration:.2?}"));
+                say(format!("  pulled  {reference} in {duration:.2?}"));
             }
-            Event::Failed { reference, error } => {
-                bar.println(format!("  FAILED  {reference}: {error}"))
-            }
+            Event::Failed { reference, error } => say(format!("  FAILED  {reference}: {error}")),
             Event::Retrying {
                 reference,
                 attempt,
                 error,
                 wait,
-            } => bar.println(format!(
+            } => say(format!(
                 "  retry   {reference} (attempt {attempt} failed: {error}; next in {wait:?})"
             )),
-            Event::Started { .. } | Event::Throttle { .. } => {}
+            Event::Throttle { pause, .. } if plain => {
+                say(format!("  pause   {pause:?} (throttle)"))
+            }
+            Event::Throttle { pause, .. } => bar.set_message(format!(
+                "{} / {}, throttling {pause:?}",
+                fmt_bytes(bytes),
+                fmt_bytes(total_bytes)
+            )),
         }
     }
 }
