@@ -171,7 +171,8 @@ fn cli_refuses_a_module_with_the_wrong_sha256() {
         &"0".repeat(64),
         scenarios.to_str().unwrap(),
     ]);
-    assert_eq!(code, 2, "{stderr}");
+    // A failure (1), not a usage error (2): the flag is well formed, the module is refused.
+    assert_eq!(code, 1, "{stderr}");
     assert!(
         stderr.contains("sha256 is") && stderr.contains("refusing to load it"),
         "{stderr}"
