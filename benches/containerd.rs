@@ -44,6 +44,25 @@ fn desired_for(node: &NodeInfo, role: &str, refs: &[String]) -> Desired {
     desired::desired(node, &desired::standard_pools(), &[set])
 }
 
+/// One reconcile with a fresh instance of `policy`: no events, not cancelled.
+async fn reconcile_once(
+    rec: &Reconciler<RegistrySizer, ContainerdPins>,
+    d: &Desired,
+    n: &NodeInfo,
+    policy: &PolicyModule,
+    status: &mut NodeStatus,
+) -> Result<pinset_node::Report, pinset_node::ReconcileError> {
+    rec.reconcile(
+        d,
+        n,
+        support::decisions(policy),
+        status,
+        CancellationToken::new(),
+        None,
+    )
+    .await
+}
+
 fn reconciler(c: &support::Containerd, host: &str) -> Reconciler<RegistrySizer, ContainerdPins> {
     support::reconciler(c, host, Backoff::default(), true)
 }
@@ -130,15 +149,7 @@ async fn scale(registry: &support::Registry, policy: &PolicyModule) {
     let mut status = NodeStatus::default();
     let mut run = async || {
         let t = Instant::now();
-        let r = rec
-            .reconcile(
-                &d,
-                &n,
-                support::decisions(policy),
-                &mut status,
-                CancellationToken::new(),
-                None,
-            )
+        let r = reconcile_once(&rec, &d, &n, policy, &mut status)
             .await
             .unwrap();
         (t.elapsed(), r)
@@ -251,15 +262,7 @@ async fn makespan(
                     let d = desired_for(&n, role, &refs);
                     let (rec, policy) = (reconciler(&c, &registry.host), policy);
                     let mut status = NodeStatus::default();
-                    let report = rec
-                        .reconcile(
-                            &d,
-                            &n,
-                            support::decisions(&policy),
-                            &mut status,
-                            CancellationToken::new(),
-                            None,
-                        )
+                    let report = reconcile_once(&rec, &d, &n, &policy, &mut status)
                         .await
                         .unwrap();
                     assert_eq!(report.outcome.pulled.len(), IMAGES, "{case}");
@@ -308,15 +311,7 @@ async fn noop(registry: &support::Registry, unthrottled: &PolicyModule) {
     let d = desired_for(&n, "worker", &many);
     let (rec, policy) = (reconciler(&c, &registry.host), unthrottled.clone());
     let mut status = NodeStatus::default();
-    let first = rec
-        .reconcile(
-            &d,
-            &n,
-            support::decisions(&policy),
-            &mut status,
-            CancellationToken::new(),
-            None,
-        )
+    let first = reconcile_once(&rec, &d, &n, &policy, &mut status)
         .await
         .unwrap();
     assert_eq!(first.outcome.pulled.len(), 500);
@@ -325,15 +320,7 @@ async fn noop(registry: &support::Registry, unthrottled: &PolicyModule) {
     let (mut list_cpu, mut status_cpu) = (Duration::ZERO, Duration::ZERO);
     for i in 0..NOOP_RUNS {
         let t = Instant::now();
-        let r = rec
-            .reconcile(
-                &d,
-                &n,
-                support::decisions(&policy),
-                &mut status,
-                CancellationToken::new(),
-                None,
-            )
+        let r = reconcile_once(&rec, &d, &n, &policy, &mut status)
             .await
             .unwrap();
         ours.push(t.elapsed());

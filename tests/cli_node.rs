@@ -348,16 +348,7 @@ fn hostile_policies_cannot_crash_stall_or_flood_pinset_node() {
         .map(|n| format!("registry.test/h/{n}@sha256:{n:064x}"))
         .collect();
     let rt = tokio::runtime::Runtime::new().unwrap();
-    for mode in [
-        "trap",
-        "stderr",
-        "stdout",
-        "sleep",
-        "probe",
-        "log-flood",
-        "log-forge",
-        "giant-reason",
-    ] {
+    for mode in support::HOSTILE_MODES {
         let dir = tempfile::tempdir().unwrap();
         let sets = dir.path().join("sets.yaml");
         let mut set = "apiVersion: machineconfiguration.openshift.io/v1\nkind: PinnedImageSet\nmetadata:\n  name: apps\n  labels: {machineconfiguration.openshift.io/role: worker}\nspec:\n  pinnedImages:\n".to_string();

@@ -508,16 +508,7 @@ async fn hostile_modules_are_contained_on_the_async_path() {
         ..Limits::default()
     };
     let hostile = runtime().load_file(&path, None, limits).unwrap();
-    for mode in [
-        "trap",
-        "stderr",
-        "stdout",
-        "sleep",
-        "probe",
-        "log-flood",
-        "log-forge",
-        "giant-reason",
-    ] {
+    for mode in support::HOSTILE_MODES {
         let b = bed(3, MIB, 1 << 30, 1 << 40, hostile.clone()).await;
         let mut n = node("worker");
         n.labels.insert("pinset.test/hostile".into(), mode.into());

@@ -494,6 +494,20 @@ pub fn default_decisions() -> Box<dyn pinset_core::decisions::Decisions> {
     decisions(DEFAULT.get_or_init(default_policy))
 }
 
+/// The misbehaviours of the test-only hostile policy that must not cost pinset anything but a
+/// fallback: printing, panicking, waiting through WASI, probing WASI, flooding or forging the
+/// log, a giant reason (chosen by the node label `pinset.test/hostile`).
+pub const HOSTILE_MODES: [&str; 8] = [
+    "trap",
+    "stderr",
+    "stdout",
+    "sleep",
+    "probe",
+    "log-flood",
+    "log-forge",
+    "giant-reason",
+];
+
 /// Where the workspace's policy components are built.
 pub fn policy_dir() -> PathBuf {
     PathBuf::from(env!("PINSET_WASM_POLICY_DIR"))
