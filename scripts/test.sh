@@ -7,11 +7,15 @@ cd "$(dirname "$0")/.."
 echo "==> wasm32-wasip2 target (the policies are built for it)"
 rustup target add wasm32-wasip2
 
-echo "==> test bed: a real OCI registry and containerd 1.7"
-if ! command -v docker-registry >/dev/null; then
+echo "==> test bed: a real OCI registry, containerd 1.7 and runc; musl-gcc for the static image"
+if ! command -v docker-registry >/dev/null || ! command -v runc >/dev/null || ! command -v musl-gcc >/dev/null; then
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq
-  apt-get install -y -qq --no-install-recommends docker-registry
+  apt-get install -y -qq --no-install-recommends docker-registry runc musl-tools
+fi
+if ! command -v kubectl >/dev/null; then
+  echo "kubectl is missing: tests/deploy_manifests.rs renders deploy/ with kubectl kustomize" >&2
+  exit 1
 fi
 bash tests/bed/fetch-containerd.sh /opt/pinset-bed/containerd
 
@@ -21,6 +25,9 @@ bash tests/bed/fetch-apiserver.sh /opt/pinset-bed/apiserver
 echo "==> cargo clippy --workspace --all-targets -D warnings (lints, and the crates' layering compiles)"
 rustup component add clippy
 cargo clippy --workspace --all-targets --locked -- -D warnings
+
+echo "==> the container image (scripts/image.sh; the image tests run it under containerd)"
+bash scripts/image.sh
 
 echo "==> cargo test --workspace"
 cargo test --workspace --locked

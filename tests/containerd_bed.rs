@@ -211,7 +211,7 @@ async fn pin_auto_picks_the_label_back_end_for_containerd() {
         cri: bed.containerd.endpoint(),
         pin: pinset_node::config::PinKind::Auto,
         crio_dropin_dir: "/nonexistent".into(),
-        crio_reload: Vec::new(),
+        crio_reload: pinset_node::pin::crio::Reload::None,
         auth: None,
         insecure_registries: Vec::new(),
         sizing: false,

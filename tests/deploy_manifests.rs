@@ -1,16 +1,59 @@
-//! The manifests in deploy/ stay true to the binary: the CRDs are exactly what `pinset crds`
-//! prints, every document parses, and every flag the Deployment and DaemonSet pass exists.
+//! The manifests in deploy/ stay true to the binary. Each install variant is rendered with
+//! `kubectl kustomize` (the whole install, the base without CRDs, the base with every
+//! component) and checked: the CRDs are exactly what `pinset crds` prints, the image is the one
+//! `scripts/image.sh` names, every flag exists, every path a flag names lies under a mount, the
+//! runtime sockets are mounted, the security settings the issue of deployability asks for hold.
 
 mod support;
 
+use serde_yaml::Value;
 use std::collections::BTreeSet;
+use std::path::Path;
+use std::process::Command;
 
-fn docs(file: &str) -> Vec<serde_yaml::Value> {
-    let text = std::fs::read_to_string(support::workspace().join("deploy").join(file)).unwrap();
-    serde_yaml::Deserializer::from_str(&text)
-        .map(|d| {
-            serde::Deserialize::deserialize(d).unwrap_or_else(|e| panic!("deploy/{file}: {e}"))
-        })
+/// The image reference `scripts/image.sh` gives the image it builds.
+fn image_ref() -> String {
+    format!("localhost/pinset:{}", env!("CARGO_PKG_VERSION"))
+}
+
+fn parse_stream(text: &str, what: &str) -> Vec<Value> {
+    serde_yaml::Deserializer::from_str(text)
+        .map(|d| serde::Deserialize::deserialize(d).unwrap_or_else(|e| panic!("{what}: {e}")))
+        .collect()
+}
+
+/// `kubectl kustomize DIR`, parsed; `None` (skipped, or failed in CI) without kubectl.
+fn render(dir: &Path) -> Option<Vec<Value>> {
+    let out = match Command::new("kubectl").arg("kustomize").arg(dir).output() {
+        Ok(out) => out,
+        Err(e) => {
+            support::skip_or_fail(&format!("kubectl is not installed ({e})"));
+            return None;
+        }
+    };
+    assert!(
+        out.status.success(),
+        "kubectl kustomize {}: {}",
+        dir.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Some(parse_stream(
+        &String::from_utf8(out.stdout).unwrap(),
+        &dir.display().to_string(),
+    ))
+}
+
+fn deploy() -> std::path::PathBuf {
+    support::workspace().join("deploy")
+}
+
+fn of_kind<'a>(docs: &'a [Value], kind: &str) -> Vec<&'a Value> {
+    docs.iter().filter(|d| d["kind"] == kind).collect()
+}
+
+fn names(docs: &[&Value]) -> BTreeSet<String> {
+    docs.iter()
+        .map(|d| d["metadata"]["name"].as_str().unwrap().to_string())
         .collect()
 }
 
@@ -18,19 +61,28 @@ fn docs(file: &str) -> Vec<serde_yaml::Value> {
 fn crds_match_the_binary() {
     let (code, out, err) = support::pinset(&["crds"]);
     assert_eq!(code, 0, "{err}");
-    let file = std::fs::read_to_string(support::workspace().join("deploy/crds.yaml")).unwrap();
+    let path = deploy().join("components/crds/crds.yaml");
+    let file = std::fs::read_to_string(&path).unwrap();
     assert!(
         out == file,
-        "deploy/crds.yaml is stale: regenerate it with `cargo run -p pinset -- crds > deploy/crds.yaml`"
+        "{} is stale: regenerate it with `cargo run -p pinset -- crds > deploy/components/crds/crds.yaml`",
+        path.display()
     );
-    let kinds: Vec<String> = docs("crds.yaml")
+    let docs = parse_stream(&file, "crds.yaml");
+    let kinds: Vec<&str> = docs
         .iter()
-        .map(|d| d["spec"]["names"]["kind"].as_str().unwrap().to_string())
+        .map(|d| d["spec"]["names"]["kind"].as_str().unwrap())
         .collect();
     assert_eq!(
         kinds,
         vec!["PinnedImageSet", "MachineConfigPool", "MachineConfigNode"]
     );
+    for d in &docs {
+        assert_eq!(
+            d["metadata"]["labels"]["app.kubernetes.io/part-of"], "pinset",
+            "pinset's CRDs say they are pinset's (the OpenShift check tells them apart)"
+        );
+    }
 }
 
 /// `--flag` names a subcommand accepts, from its `--help`.
@@ -40,48 +92,219 @@ fn flags(subcommand: &str) -> BTreeSet<String> {
     out.split_whitespace()
         .filter(|w| w.starts_with("--"))
         .map(|w| {
-            w.trim_end_matches([',', '.'])
-                .split('=')
-                .next()
-                .unwrap()
-                .to_string()
+            let w = w.trim_end_matches([',', '.']);
+            w.split('=').next().unwrap().to_string()
         })
         .collect()
 }
 
-#[test]
-fn every_manifest_parses_and_passes_only_real_flags() {
-    let kustomization = &docs("kustomization.yaml")[0];
-    for file in kustomization["resources"].as_sequence().unwrap() {
-        for doc in docs(file.as_str().unwrap()) {
+/// A workload's container: its args are real flags of the binary, its image is the script's,
+/// and every absolute path a flag names lies under one of its mounts.
+fn check_container(workload: &Value) {
+    let name = workload["metadata"]["name"].as_str().unwrap();
+    let pod = &workload["spec"]["template"]["spec"];
+    let container = &pod["containers"][0];
+    assert_eq!(
+        container["image"].as_str(),
+        Some(image_ref().as_str()),
+        "{name}: image"
+    );
+    let args: Vec<&str> = container["args"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .map(|a| a.as_str().unwrap())
+        .collect();
+    let known = flags(args[0]);
+    let mounts: Vec<&str> = container["volumeMounts"]
+        .as_sequence()
+        .map(|m| m.iter().map(|m| m["mountPath"].as_str().unwrap()).collect())
+        .unwrap_or_default();
+    let volumes: BTreeSet<&str> = pod["volumes"]
+        .as_sequence()
+        .map(|v| v.iter().map(|v| v["name"].as_str().unwrap()).collect())
+        .unwrap_or_default();
+    for m in container["volumeMounts"]
+        .as_sequence()
+        .into_iter()
+        .flatten()
+    {
+        let volume = m["name"].as_str().unwrap();
+        assert!(
+            volumes.contains(volume),
+            "{name}: mount of undeclared volume {volume}"
+        );
+    }
+    for arg in &args[1..] {
+        let (flag, value) = arg.split_once('=').unwrap_or((arg, ""));
+        assert!(
+            known.contains(flag),
+            "{name}: {flag} is not a flag of `pinset {}`",
+            args[0]
+        );
+        if value.starts_with('/') {
             assert!(
-                doc["apiVersion"].is_string() && doc["kind"].is_string(),
-                "{file:?}: {doc:?}"
+                mounts.iter().any(|m| Path::new(value).starts_with(m)),
+                "{name}: {flag}={value} lies under no mount ({mounts:?})"
             );
         }
     }
-    for (file, kind) in [
-        ("controller.yaml", "Deployment"),
-        ("agent.yaml", "DaemonSet"),
-    ] {
-        let doc = &docs(file)[0];
-        assert_eq!(doc["kind"], kind);
-        let args: Vec<&str> = doc["spec"]["template"]["spec"]["containers"][0]["args"]
+}
+
+fn check_agent(agent: &Value) {
+    check_container(agent);
+    let pod = &agent["spec"]["template"]["spec"];
+    assert_eq!(
+        pod["hostPID"], true,
+        "CRI-O is signalled through the host's PID namespace"
+    );
+    let container = &pod["containers"][0];
+    let args = serde_yaml::to_string(&container["args"]).unwrap();
+    assert!(
+        !args.contains("--cri=") && !args.contains("--pin="),
+        "runtime chosen by the node: {args}"
+    );
+    assert!(
+        !args.contains("--crio-reload"),
+        "CRI-O reloaded by signal, no shell: {args}"
+    );
+    let mounts: Vec<&str> = container["volumeMounts"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .map(|m| m["mountPath"].as_str().unwrap())
+        .collect();
+    // Every standard socket the agent probes for is reachable.
+    for socket in ["/run/crio/crio.sock", "/run/containerd/containerd.sock"] {
+        assert!(
+            mounts.iter().any(|m| Path::new(socket).starts_with(m)),
+            "{socket} is not mounted: {mounts:?}"
+        );
+    }
+    for volume in pod["volumes"].as_sequence().unwrap() {
+        assert_ne!(
+            volume["hostPath"]["type"], "FileOrCreate",
+            "a missing host file must not be created in the kubelet's place: {volume:?}"
+        );
+    }
+}
+
+fn check_controller(controller: &Value) {
+    check_container(controller);
+    let pod = &controller["spec"]["template"]["spec"];
+    assert_eq!(pod["securityContext"]["runAsNonRoot"], true);
+    assert_eq!(
+        pod["securityContext"]["seccompProfile"]["type"],
+        "RuntimeDefault"
+    );
+    let sc = &pod["containers"][0]["securityContext"];
+    assert_eq!(sc["readOnlyRootFilesystem"], true);
+    assert_eq!(sc["allowPrivilegeEscalation"], false);
+    assert_eq!(sc["capabilities"]["drop"][0], "ALL");
+    assert!(sc["privileged"].is_null() || sc["privileged"] == false);
+}
+
+/// What every variant holds: the namespace's Pod Security level, the workloads, RBAC that names
+/// exactly pinset's CRDs for the ownership check.
+fn check_base(docs: &[Value], crd_names: &BTreeSet<String>) {
+    let ns = &of_kind(docs, "Namespace")[0];
+    assert_eq!(
+        ns["metadata"]["labels"]["pod-security.kubernetes.io/enforce"], "privileged",
+        "the agent is privileged with hostPID"
+    );
+    check_controller(of_kind(docs, "Deployment")[0]);
+    check_agent(of_kind(docs, "DaemonSet")[0]);
+    for role in of_kind(docs, "ClusterRole") {
+        let rule = role["rules"]
             .as_sequence()
             .unwrap()
             .iter()
-            .map(|a| a.as_str().unwrap())
+            .find(|r| r["resources"][0] == "customresourcedefinitions")
+            .unwrap_or_else(|| {
+                panic!(
+                    "{:?}: may not read the CRDs' owner",
+                    role["metadata"]["name"]
+                )
+            });
+        let named: BTreeSet<String> = rule["resourceNames"]
+            .as_sequence()
+            .unwrap()
+            .iter()
+            .map(|n| n.as_str().unwrap().to_string())
             .collect();
-        let known = flags(args[0]);
-        for arg in &args[1..] {
-            let flag = arg.split('=').next().unwrap();
-            assert!(
-                known.contains(flag),
-                "deploy/{file}: {flag} is not a flag of `pinset {}`",
-                args[0]
-            );
-        }
+        assert_eq!(&named, crd_names);
     }
-    let example = &docs("example-set.yaml")[0];
+}
+
+#[test]
+fn every_variant_renders_with_kubectl_and_matches_the_binary() {
+    let (_, crds, _) = support::pinset(&["crds"]);
+    let crd_docs = parse_stream(&crds, "pinset crds");
+    let crd_names = names(&crd_docs.iter().collect::<Vec<_>>());
+
+    let Some(full) = render(&deploy()) else {
+        return;
+    };
+    check_base(&full, &crd_names);
+    assert_eq!(
+        names(&of_kind(&full, "CustomResourceDefinition")),
+        crd_names
+    );
+
+    let base = render(&deploy().join("base")).unwrap();
+    check_base(&base, &crd_names);
+    assert!(
+        of_kind(&base, "CustomResourceDefinition").is_empty(),
+        "the base leaves the CRDs out"
+    );
+
+    // The base with every component, as a user's kustomization would combine them (kustomize
+    // takes relative paths only: the directory lies in target/, two levels below deploy/'s).
+    let dir = tempfile::tempdir_in(support::workspace().join("target")).unwrap();
+    let components = ["crds", "metrics", "openshift"]
+        .map(|c| format!("  - ../../deploy/components/{c}\n"))
+        .concat();
+    std::fs::write(
+        dir.path().join("kustomization.yaml"),
+        format!(
+            "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n  - ../../deploy/base\ncomponents:\n{components}images:\n  - name: localhost/pinset\n    newName: registry.example.com/pinset\n    newTag: test\n"
+        ),
+    )
+    .unwrap();
+    let all = render(dir.path()).unwrap();
+    for workload in of_kind(&all, "Deployment")
+        .into_iter()
+        .chain(of_kind(&all, "DaemonSet"))
+    {
+        assert_eq!(
+            workload["spec"]["template"]["spec"]["containers"][0]["image"],
+            "registry.example.com/pinset:test",
+            "kustomize `images:` points the manifests at a pushed copy"
+        );
+    }
+    let monitors = of_kind(&all, "ServiceMonitor");
+    assert_eq!(monitors.len(), 1);
+    let services = of_kind(&all, "Service");
+    assert_eq!(services.len(), 2);
+    for service in services {
+        assert_eq!(
+            service["spec"]["ports"][0]["port"], 9464,
+            "the --metrics-addr port"
+        );
+    }
+    let bindings: BTreeSet<&str> = of_kind(&all, "RoleBinding")
+        .iter()
+        .map(|b| b["roleRef"]["name"].as_str().unwrap())
+        .collect();
+    assert!(
+        bindings.contains("system:openshift:scc:privileged"),
+        "{bindings:?}"
+    );
+}
+
+#[test]
+fn the_example_set_is_a_pinned_image_set() {
+    let text = std::fs::read_to_string(deploy().join("example-set.yaml")).unwrap();
+    let example = &parse_stream(&text, "example-set.yaml")[0];
     assert_eq!(example["kind"], "PinnedImageSet");
 }

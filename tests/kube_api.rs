@@ -395,3 +395,110 @@ async fn the_controller_rides_out_an_api_server_restart_without_rewriting() {
         .expect("the controller stops")
         .unwrap();
 }
+
+/// Where OpenShift's Machine Config Operator owns the CRDs (annotations of its release payload,
+/// as on a real cluster), `pinset controller` and `pinset agent` refuse to start with a message
+/// that says what to do, and write nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pinset_refuses_to_run_beside_openshifts_machine_config_operator() {
+    let Some(server) = support::apiserver::ApiServer::start().await else {
+        return;
+    };
+    let mut crds = pinset_k8s::api::crds();
+    for crd in &mut crds {
+        crd.metadata.labels = None;
+        crd.metadata.annotations = Some(
+            [
+                (
+                    "api-approved.openshift.io",
+                    "https://github.com/openshift/api/pull/1453",
+                ),
+                (
+                    "include.release.openshift.io/self-managed-high-availability",
+                    "true",
+                ),
+                ("include.release.openshift.io/single-node-developer", "true"),
+            ]
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .into(),
+        );
+    }
+    server.install(crds).await;
+    let client = server.client().await;
+    let pools: Api<pinset_k8s::api::MachineConfigPool> = Api::all(client.clone());
+    pools
+        .create(&PostParams::default(), &pool("worker", &["worker"]))
+        .await
+        .unwrap();
+    let sets: Api<PinnedImageSet> = Api::all(client.clone());
+    sets.create(
+        &PostParams::default(),
+        &serde_json::from_value(set("s", &[image(1)])).unwrap(),
+    )
+    .await
+    .unwrap();
+    let before = pools.get("worker").await.unwrap().metadata.resource_version;
+
+    let dir = tempfile::tempdir().unwrap();
+    let node = dir.path().join("node.yaml");
+    std::fs::write(&node, "apiVersion: v1\nkind: Node\nmetadata:\n  name: w-0\n  labels: {node-role.kubernetes.io/worker: \"\"}\n").unwrap();
+    let kubeconfig = format!("--kubeconfig={}", server.kubeconfig.display());
+    let node_file = format!("--node-file={}", node.display());
+    let dead_cri = format!("--cri=unix://{}", dir.path().join("none.sock").display());
+    let metrics = "--metrics-addr=127.0.0.1:0".to_string();
+    for args in [
+        vec![
+            "controller".to_string(),
+            kubeconfig.clone(),
+            metrics.clone(),
+        ],
+        vec![
+            "agent".into(),
+            kubeconfig.clone(),
+            metrics.clone(),
+            "--node-name=w-0".into(),
+            node_file.clone(),
+            dead_cri.clone(),
+        ],
+    ] {
+        let started = std::time::Instant::now();
+        let (code, _, err) = tokio::task::spawn_blocking(move || {
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            support::pinset(&args)
+        })
+        .await
+        .unwrap();
+        assert_eq!(code, 1, "{err}");
+        assert!(started.elapsed() < std::time::Duration::from_secs(20));
+        for says in [
+            "belongs to OpenShift (annotation",
+            "Machine Config Operator",
+            "pinset and OpenShift",
+        ] {
+            assert!(err.contains(says), "{says:?} not in: {err}");
+        }
+        assert_eq!(
+            err.matches("belongs to OpenShift").count(),
+            1,
+            "said once: {err}"
+        );
+    }
+    let after = pools.get("worker").await.unwrap();
+    assert_eq!(
+        after.metadata.resource_version, before,
+        "the pool was written"
+    );
+    assert!(after.spec.pinned_image_sets.is_none());
+    let set = sets.get("s").await.unwrap();
+    assert!(set.status.is_none(), "the set's status was written");
+    let nodes: Api<MachineConfigNode> = Api::all(client);
+    assert!(
+        nodes
+            .list(&Default::default())
+            .await
+            .unwrap()
+            .items
+            .is_empty(),
+        "a node report was written"
+    );
+}

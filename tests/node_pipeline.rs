@@ -108,11 +108,11 @@ async fn bed(images: u32, size: u64, bandwidth: u64, disk: u64, policy: PolicyMo
         pull_timeout: Duration::from_secs(60),
     })
     .unwrap();
-    let reload = vec![
+    let reload = pinset_node::pin::crio::Reload::Command(vec![
         "sh".into(),
         "-c".into(),
         format!("echo reload >> {}", dir.path().join("reloads").display()),
-    ];
+    ]);
     let reconciler = Reconciler::new(cri, CrioPins::new(&drop_in_dir, reload))
         .with_sizer(Arc::new(Cached::new(TableSizer { table })))
         .with_backoff(FAST)

@@ -316,7 +316,15 @@ pub fn crds() -> Vec<CustomResourceDefinition> {
     alpha.name = "v1alpha1".into();
     alpha.storage = false;
     sets.spec.versions.push(alpha);
-    vec![sets, MachineConfigPool::crd(), MachineConfigNode::crd()]
+    let mut crds = vec![sets, MachineConfigPool::crd(), MachineConfigNode::crd()];
+    for crd in &mut crds {
+        let (key, value) = crate::ownership::PART_OF;
+        crd.metadata
+            .labels
+            .get_or_insert_default()
+            .insert(key.into(), value.into());
+    }
+    crds
 }
 
 /// The CRDs as one multi-document YAML stream (`pinset crds`).

@@ -5,7 +5,8 @@
 //!   and the YAML reader ([`objects`]) use; [`convert`]: from them to the core's types;
 //! - [`controller`]: the pool controller; [`agent`]: the node agent;
 //! - [`metrics`], [`http`]: Prometheus metrics and the endpoint serving them, health and
-//!   readiness.
+//!   readiness;
+//! - [`ownership`]: refuses to run where OpenShift's Machine Config Operator owns the CRDs.
 //!
 //! The rules stay in `pinset-core` (which sets a pool lists, how nodes count) and the node crate
 //! (one reconcile); this crate reads and writes objects. May depend on: core, node, policy, kube,
@@ -19,6 +20,7 @@ pub mod convert;
 pub mod http;
 pub mod metrics;
 pub mod objects;
+pub mod ownership;
 
 use std::path::{Path, PathBuf};
 

@@ -30,8 +30,8 @@ pub struct NodeConfig {
     pub pin: PinKind,
     /// Directory of the CRI-O drop-in.
     pub crio_dropin_dir: PathBuf,
-    /// Command that makes CRI-O re-read its configuration (empty: none).
-    pub crio_reload: Vec<String>,
+    /// How CRI-O is made to re-read its configuration.
+    pub crio_reload: crate::pin::reload::Reload,
     /// Registry credentials (kubelet `config.json`).
     pub auth: Option<PathBuf>,
     /// Registries (`host[:port]`) spoken to over plain HTTP when sizing.

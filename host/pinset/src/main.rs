@@ -8,12 +8,27 @@ mod cli;
 use cli::{PolicyOpts, node::Inputs, node::RuntimeOpts, policy::PolicyCommand};
 use std::process::ExitCode;
 
+/// `pinset --version`: the release, the source commit it was built from and the policy
+/// contract it speaks, e.g. `0.1.0 (commit 1a2b3c4d5e6f, policy contract
+/// pinset:policy/decisions@0.1.0)`.
+fn version() -> &'static str {
+    static VERSION: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    VERSION.get_or_init(|| {
+        format!(
+            "{} (commit {}, policy contract {})",
+            env!("CARGO_PKG_VERSION"),
+            env!("PINSET_COMMIT"),
+            pinset_policy::CONTRACT
+        )
+    })
+}
+
 /// Pre-pull and pin container images on Kubernetes nodes; every decision is taken by a
 /// sandboxed WebAssembly policy.
 #[derive(Parser)]
 #[command(
     name = "pinset",
-    version,
+    version = version(),
     after_help = "Exit codes: 0 success; 1 failure (an input that cannot be read or parsed, a \
                   refused set, a runtime or registry error, a failed reconcile); 2 usage \
                   (unknown flags, bad flag values)."

@@ -292,10 +292,18 @@ impl ApiServer {
 
     /// Apply pinset's CRDs (server-side apply) and wait until each is Established.
     pub async fn install_crds(&self) {
+        self.install(pinset_k8s::api::crds()).await
+    }
+
+    /// Apply `crds` (server-side apply) and wait until each is Established.
+    pub async fn install(
+        &self,
+        crds: Vec<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition>,
+    ) {
         use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
         use kube::api::{Api, Patch, PatchParams};
         let api: Api<CustomResourceDefinition> = Api::all(self.client().await);
-        for crd in pinset_k8s::api::crds() {
+        for crd in crds {
             let name = crd.metadata.name.clone().unwrap();
             api.patch(
                 &name,

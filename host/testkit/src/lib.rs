@@ -413,6 +413,15 @@ impl Containerd {
     pub fn log(&self) -> String {
         std::fs::read_to_string(self.dir.path().join("containerd.log")).unwrap_or_default()
     }
+
+    /// containerd's own client, `ctr`, on this containerd's socket and `namespace`.
+    pub fn ctr(&self, namespace: &str) -> Command {
+        let mut c = Command::new(self.binary.with_file_name("ctr"));
+        c.arg("--address")
+            .arg(&self.socket)
+            .args(["--namespace", namespace]);
+        c
+    }
 }
 
 fn spawn_containerd(
@@ -425,8 +434,16 @@ fn spawn_containerd(
         .append(true)
         .open(dir.join("containerd.log"))
         .unwrap();
+    // The shim (containerd-shim-runc-v2) lies beside containerd; runc is Debian's (/usr/sbin).
+    let bin_dir = binary.parent().unwrap();
+    let path = format!(
+        "{}:/usr/sbin:/usr/bin:/sbin:/bin:{}",
+        bin_dir.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
     Command::new(binary)
         .args(["--config", config.to_str().unwrap()])
+        .env("PATH", path)
         .stdout(Stdio::null())
         .stderr(log)
         .spawn()

@@ -1,11 +1,12 @@
-//! CRI-O pins by configuration: `[crio.image] pinned_images = [...]` in a drop-in, re-read on
-//! `systemctl reload crio`.
+//! CRI-O pins by configuration: `[crio.image] pinned_images = [...]` in a drop-in, re-read when
+//! CRI-O is reloaded (SIGHUP, see [`Reload`]).
 //!
 //! The drop-in is written atomically (temporary file in the same directory, fsync, rename,
 //! fsync of the directory): after a crash at any point the file is either the old one or the
 //! new one, never partial. It is rewritten, and the runtime reloaded, only when its content
 //! changes; with nothing pinned it is removed.
 
+pub use super::reload::Reload;
 use super::{PinBackend, PinChange, PinError};
 use pinset_core::drift::{Drift, DriftKind};
 use std::collections::{BTreeSet, HashSet};
@@ -18,16 +19,15 @@ pub const DROP_IN: &str = "50-pinned-images";
 
 pub struct CrioPins {
     dir: PathBuf,
-    reload: Vec<String>,
+    reload: Reload,
     /// The drop-in's content as this process last wrote or found it right; `None` until the
     /// first apply. A file that differs from it was changed by someone else.
     last: std::sync::Mutex<Option<Option<String>>>,
 }
 
 impl CrioPins {
-    /// `reload` is the command (program and arguments) that makes CRI-O re-read its
-    /// configuration, `systemctl reload crio` by default; empty for none.
-    pub fn new(dir: impl Into<PathBuf>, reload: Vec<String>) -> Self {
+    /// `reload` is how CRI-O is made to re-read its configuration.
+    pub fn new(dir: impl Into<PathBuf>, reload: Reload) -> Self {
         Self {
             dir: dir.into(),
             reload,
@@ -52,35 +52,15 @@ impl CrioPins {
         }]
     }
 
-    pub fn default_reload() -> Vec<String> {
-        vec!["systemctl".into(), "reload".into(), "crio".into()]
-    }
-
     pub fn path(&self) -> PathBuf {
         self.dir.join(DROP_IN)
     }
 
     async fn reload(&self) -> Result<(), PinError> {
-        let Some((program, args)) = self.reload.split_first() else {
-            return Ok(());
-        };
-        let err = |why: String| PinError::Reload {
-            command: self.reload.clone(),
+        self.reload.run().await.map_err(|why| PinError::Reload {
+            how: self.reload.describe(),
             why,
-        };
-        let out = tokio::process::Command::new(program)
-            .args(args)
-            .output()
-            .await
-            .map_err(|e| err(e.to_string()))?;
-        if !out.status.success() {
-            return Err(err(format!(
-                "{}: {}",
-                out.status,
-                String::from_utf8_lossy(&out.stderr).trim()
-            )));
-        }
-        Ok(())
+        })
     }
 }
 
@@ -230,14 +210,14 @@ mod tests {
     }
 
     /// A reload command that appends a line to a log, so tests can count reloads.
-    fn recorder(dir: &Path) -> (Vec<String>, PathBuf) {
+    fn recorder(dir: &Path) -> (Reload, PathBuf) {
         let log = dir.join("reloads.log");
         (
-            vec![
+            Reload::Command(vec![
                 "sh".into(),
                 "-c".into(),
                 format!("echo reload >> {}", log.display()),
-            ],
+            ]),
             log,
         )
     }
@@ -298,7 +278,11 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let pins = CrioPins::new(
             dir.path(),
-            vec!["sh".into(), "-c".into(), "echo nope >&2; exit 3".into()],
+            Reload::Command(vec![
+                "sh".into(),
+                "-c".into(),
+                "echo nope >&2; exit 3".into(),
+            ]),
         );
         let e = pins
             .apply(&set(&["q.io/a@sha256:1"]), &HashSet::new())
@@ -306,7 +290,7 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(
-            e.contains("pin reload command") && e.contains("nope"),
+            e.contains("reloading CRI-O (command") && e.contains("nope"),
             "{e}"
         );
     }

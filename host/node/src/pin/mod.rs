@@ -6,6 +6,7 @@
 
 pub mod containerd;
 pub mod crio;
+pub mod reload;
 
 use std::collections::BTreeSet;
 
@@ -17,8 +18,8 @@ pub enum PinError {
         action: &'static str,
         source: std::io::Error,
     },
-    #[error("pin reload command {command:?}: {why}")]
-    Reload { command: Vec<String>, why: String },
+    #[error("reloading CRI-O ({how}): {why}")]
+    Reload { how: String, why: String },
     #[error("containerd {call} on {socket} for image {image}: {message}")]
     Containerd {
         socket: std::path::PathBuf,

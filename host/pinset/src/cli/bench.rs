@@ -71,7 +71,10 @@ async fn noop(
     let (node, desired) = bench_node(present.clone());
     let reconciler: Reconciler<TableSizer, _> = Reconciler::new(
         cri.clone(),
-        CrioPins::new(dir.path().join("crio.conf.d"), Vec::new()),
+        CrioPins::new(
+            dir.path().join("crio.conf.d"),
+            pinset_node::pin::crio::Reload::None,
+        ),
     );
     let mut status = NodeStatus::default();
     let reconcile = async |status: &mut NodeStatus| {

@@ -13,7 +13,7 @@ use pinset_cri_sim::{SimConfig, SimImage, SimServer, SimulatedRuntime};
 use pinset_k8s::objects::{self, Objects};
 use pinset_node::Reconciler;
 use pinset_node::cri::client::{CriClient, CriConfig};
-use pinset_node::pin::crio::{CrioPins, DROP_IN};
+use pinset_node::pin::crio::{CrioPins, DROP_IN, Reload};
 use pinset_node::registry::size::{Cached, ImageSize, TableSizer};
 use pinset_policy::{Guarded, PolicyModule};
 use pinset_policy_sdk::{MIB, fmt_bytes};
@@ -105,7 +105,7 @@ async fn run_node(
         ..Default::default()
     })?;
     // The simulated runtime re-reads the drop-in on every call: no reload command needed.
-    let reconciler = Reconciler::new(cri.clone(), CrioPins::new(&drop_in_dir, Vec::new()))
+    let reconciler = Reconciler::new(cri.clone(), CrioPins::new(&drop_in_dir, Reload::None))
         .with_sizer(Arc::new(Cached::new(TableSizer {
             table: sizes(&desired),
         })));

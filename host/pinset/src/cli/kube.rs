@@ -6,6 +6,7 @@ use anyhow::{Context, Result};
 use pinset_k8s::agent::{self, PolicyConfig};
 use pinset_k8s::controller;
 use pinset_k8s::metrics::Metrics;
+use pinset_k8s::ownership;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -47,6 +48,9 @@ pub struct AgentOpts {
     #[arg(long, default_value_t = 10, value_name = "SECONDS")]
     pub retry_seconds: u64,
 }
+
+/// How often the CRDs' owner is asked again while the API server does not answer.
+const OWNERSHIP_RETRY: Duration = Duration::from_secs(2);
 
 /// `HOST:PORT`, or `:PORT` for every address.
 fn listen_addr(text: &str) -> Result<SocketAddr, String> {
@@ -108,6 +112,9 @@ async fn serve(
 pub async fn controller(opts: &ClusterOpts) -> Result<ExitCode> {
     let shutdown = shutdown_on_signals();
     let client = pinset_k8s::client(opts.kubeconfig.as_deref()).await?;
+    if !ownership::check(client.clone(), OWNERSHIP_RETRY, &shutdown).await? {
+        return Ok(ExitCode::SUCCESS);
+    }
     let metrics = Metrics::new();
     let ready = Arc::new(AtomicBool::new(false));
     serve(opts, &metrics, &ready, &shutdown).await?;
@@ -133,13 +140,16 @@ pub async fn agent(
     }
     let policies = config.load(&wasm, default.clone(), policy.limits())?;
     pinset_node::os::release_free_memory();
+    let client = pinset_k8s::client(opts.kubeconfig.as_deref()).await?;
+    if !ownership::check(client.clone(), OWNERSHIP_RETRY, &shutdown).await? {
+        return Ok(ExitCode::SUCCESS);
+    }
     let metrics = Metrics::new();
     let reconciler = runtime
         .config()?
         .connect()
         .await?
         .with_observer(Arc::new(metrics.clone()));
-    let client = pinset_k8s::client(opts.kubeconfig.as_deref()).await?;
     let ready = Arc::new(AtomicBool::new(false));
     serve(opts, &metrics, &ready, &shutdown).await?;
     let mut cfg = agent::AgentConfig::new(agent_opts.node_name.clone());

@@ -13,7 +13,7 @@ use pinset_node::cri::client::{CriClient, CriConfig, STANDARD_ENDPOINTS, find_en
 use pinset_node::executor::Event;
 use pinset_node::facts::{self, Facts};
 use pinset_node::pin::AnyPins;
-use pinset_node::pin::crio;
+use pinset_node::pin::crio::{self, Reload};
 use pinset_node::registry::size::RegistrySizer;
 use pinset_node::{NodeConfig, ReconcileError, Reconciler, Report};
 use pinset_policy::{Guarded, PolicyModule};
@@ -53,8 +53,10 @@ pub struct RuntimeOpts {
     #[arg(long, default_value = crio::DEFAULT_DIR, value_name = "DIR")]
     pub crio_dropin_dir: PathBuf,
     /// Command that makes CRI-O re-read its configuration (split on white space; "" for none).
-    #[arg(long, default_value = "systemctl reload crio", value_name = "COMMAND")]
-    pub crio_reload: String,
+    /// Default: SIGHUP to the host's crio process, found in /proc (what `systemctl reload crio`
+    /// does; the agent needs the host's PID namespace).
+    #[arg(long, value_name = "COMMAND")]
+    pub crio_reload: Option<String>,
     /// Registry credentials (kubelet config.json).
     #[arg(long, value_name = "FILE")]
     pub auth: Option<PathBuf>,
@@ -368,11 +370,7 @@ impl RuntimeOpts {
                 PinKind::Containerd => pinset_node::config::PinKind::Containerd,
             },
             crio_dropin_dir: self.crio_dropin_dir.clone(),
-            crio_reload: self
-                .crio_reload
-                .split_whitespace()
-                .map(String::from)
-                .collect(),
+            crio_reload: Reload::from_flag(self.crio_reload.as_deref()),
             auth: self.auth.clone(),
             insecure_registries: self.insecure_registry.clone(),
             sizing: !self.no_sizing,

@@ -1,0 +1,173 @@
+//! How CRI-O is made to re-read its configuration once the pin drop-in changed.
+//!
+//! `systemctl reload crio` sends CRI-O SIGHUP (its unit's `ExecReload`); the agent does the same
+//! without systemd, a shell or `nsenter` in its image: with the host's PID namespace (`hostPID`)
+//! it finds the `crio` processes in `/proc` and signals them. A command stays available as an
+//! override for hosts that reload differently.
+
+use std::path::{Path, PathBuf};
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Reload {
+    /// SIGHUP to every process named `crio` under this proc filesystem.
+    Signal { proc: PathBuf },
+    /// A command: program and arguments.
+    Command(Vec<String>),
+    /// Nothing: CRI-O is not told (tests, a runtime that watches its files).
+    None,
+}
+
+impl Default for Reload {
+    fn default() -> Self {
+        Reload::Signal {
+            proc: PathBuf::from("/proc"),
+        }
+    }
+}
+
+impl Reload {
+    /// From a `--crio-reload` value: absent is the signal, empty is none, else a command split
+    /// on white space.
+    pub fn from_flag(flag: Option<&str>) -> Reload {
+        match flag {
+            None => Reload::default(),
+            Some(command) if command.trim().is_empty() => Reload::None,
+            Some(command) => {
+                Reload::Command(command.split_whitespace().map(String::from).collect())
+            }
+        }
+    }
+
+    /// What is done, for errors and logs.
+    pub fn describe(&self) -> String {
+        match self {
+            Reload::Signal { proc } => format!("SIGHUP to crio (found in {})", proc.display()),
+            Reload::Command(command) => format!("command {command:?}"),
+            Reload::None => "none".into(),
+        }
+    }
+
+    /// Tell CRI-O; `Err` says why it could not be told.
+    pub async fn run(&self) -> Result<(), String> {
+        match self {
+            Reload::None => Ok(()),
+            Reload::Signal { proc } => signal_crio(proc),
+            Reload::Command(command) => run_command(command).await,
+        }
+    }
+}
+
+fn signal_crio(proc: &Path) -> Result<(), String> {
+    let pids = processes_named(proc, "crio")
+        .map_err(|e| format!("cannot list processes in {}: {e}", proc.display()))?;
+    if pids.is_empty() {
+        return Err(format!(
+            "no process named crio in {}: the agent needs the host's PID namespace (hostPID: true) on a CRI-O node, or --crio-reload COMMAND",
+            proc.display()
+        ));
+    }
+    for pid in pids {
+        // SAFETY: kill(2) with a PID read from /proc and a valid signal number.
+        if unsafe { libc::kill(pid, libc::SIGHUP) } != 0 {
+            let e = std::io::Error::last_os_error();
+            // A process that exited since /proc was read needs no reload.
+            if e.raw_os_error() != Some(libc::ESRCH) {
+                return Err(format!("SIGHUP to crio (pid {pid}): {e}"));
+            }
+        }
+        tracing::debug!(pid, "SIGHUP sent to crio");
+    }
+    Ok(())
+}
+
+/// PIDs whose command name (`/proc/PID/comm`) is exactly `name`.
+pub fn processes_named(proc: &Path, name: &str) -> std::io::Result<Vec<i32>> {
+    let mut pids = Vec::new();
+    for entry in std::fs::read_dir(proc)? {
+        let entry = entry?;
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|s| s.parse::<i32>().ok())
+        else {
+            continue;
+        };
+        // Processes exit while the directory is read: a missing comm is skipped.
+        if let Ok(comm) = std::fs::read_to_string(entry.path().join("comm"))
+            && comm.trim_end_matches('\n') == name
+        {
+            pids.push(pid);
+        }
+    }
+    pids.sort_unstable();
+    Ok(pids)
+}
+
+async fn run_command(command: &[String]) -> Result<(), String> {
+    let Some((program, args)) = command.split_first() else {
+        return Ok(());
+    };
+    let out = tokio::process::Command::new(program)
+        .args(args)
+        .output()
+        .await
+        .map_err(|e| e.to_string())?;
+    if !out.status.success() {
+        return Err(format!(
+            "{}: {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::process::ExitStatusExt;
+
+    #[test]
+    fn flag_values() {
+        assert_eq!(Reload::from_flag(None), Reload::default());
+        assert_eq!(Reload::from_flag(Some("")), Reload::None);
+        assert_eq!(
+            Reload::from_flag(Some("systemctl reload crio")),
+            Reload::Command(vec!["systemctl".into(), "reload".into(), "crio".into()])
+        );
+    }
+
+    /// A process whose command name is `crio` (a copy of sleep) receives SIGHUP, as CRI-O
+    /// does from `systemctl reload crio`; sleep dies of it, which the test observes.
+    #[tokio::test]
+    async fn the_signal_reaches_the_process_named_crio() {
+        let dir = tempfile::tempdir().unwrap();
+        let crio = dir.path().join("crio");
+        std::fs::copy("/bin/sleep", &crio).unwrap();
+        let mut child = std::process::Command::new(&crio).arg("30").spawn().unwrap();
+        let pid = child.id() as i32;
+        assert!(
+            processes_named(Path::new("/proc"), "crio")
+                .unwrap()
+                .contains(&pid)
+        );
+        Reload::default().run().await.unwrap();
+        let status = child.wait().unwrap();
+        assert_eq!(status.signal(), Some(libc::SIGHUP), "{status:?}");
+    }
+
+    #[tokio::test]
+    async fn no_crio_process_says_what_the_agent_needs() {
+        let empty = tempfile::tempdir().unwrap();
+        let e = Reload::Signal {
+            proc: empty.path().into(),
+        }
+        .run()
+        .await
+        .unwrap_err();
+        assert!(
+            e.contains("no process named crio") && e.contains("hostPID"),
+            "{e}"
+        );
+    }
+}

@@ -1,0 +1,31 @@
+//! Records the source commit for `pinset --version` and the image's labels: `PINSET_COMMIT` when
+//! set (scripts/image.sh sets it), else `git rev-parse` of the checkout, else `unknown`.
+
+use std::path::Path;
+use std::process::Command;
+
+fn main() {
+    println!("cargo:rerun-if-env-changed=PINSET_COMMIT");
+    let git = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../.git");
+    // A new commit or checkout appends to logs/HEAD; only watched when it exists (a path that
+    // does not exist would rerun this script on every build).
+    let head_log = git.join("logs/HEAD");
+    if head_log.exists() {
+        println!("cargo:rerun-if-changed={}", head_log.display());
+    }
+    let commit = std::env::var("PINSET_COMMIT")
+        .ok()
+        .filter(|c| !c.is_empty())
+        .or_else(|| {
+            let out = Command::new("git")
+                .args(["rev-parse", "--short=12", "HEAD"])
+                .current_dir(env!("CARGO_MANIFEST_DIR"))
+                .output()
+                .ok()?;
+            out.status
+                .success()
+                .then(|| String::from_utf8_lossy(&out.stdout).trim().to_string())
+        })
+        .unwrap_or_else(|| "unknown".into());
+    println!("cargo:rustc-env=PINSET_COMMIT={commit}");
+}
