@@ -24,7 +24,7 @@ created=$(date -u -d "@$epoch" +%Y-%m-%dT%H:%M:%SZ)
 out=target/image
 certs=/etc/ssl/certs/ca-certificates.crt
 
-echo "==> static binary ($target, profile image)" >&2
+echo "==> static binary ($target, profile static)" >&2
 rustup target add "$target" >&2
 if ! command -v musl-gcc >/dev/null; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
@@ -36,10 +36,10 @@ if ! command -v musl-gcc >/dev/null; then
 fi
 [ -r "$certs" ] || { echo "image.sh: $certs is missing (Debian: apt-get install ca-certificates)" >&2; exit 1; }
 PINSET_COMMIT=${commit:0:12} CC_x86_64_unknown_linux_musl=musl-gcc \
-  cargo build --locked --profile image --target "$target" -p pinset >&2
-binary=target/$target/image/pinset
-if ldd "$binary" >/dev/null 2>&1; then
-  echo "image.sh: $binary is dynamically linked" >&2
+  cargo build --locked --profile static --target "$target" -p pinset >&2
+binary=target/$target/static/pinset
+if ! ldd "$binary" 2>&1 | grep -qE "statically linked|not a dynamic executable"; then
+  echo "image.sh: $binary is dynamically linked: $(ldd "$binary" 2>&1 | head -3)" >&2
   exit 1
 fi
 

@@ -57,6 +57,8 @@ fn plan_works_without_a_runtime() {
         demo.join("sets.yaml").to_str().unwrap(),
         "--node",
         demo.join("nodes.yaml").to_str().unwrap(),
+        "--node-name",
+        "master-0",
     ]);
     assert_eq!(code, 0, "{err}");
     assert!(
@@ -278,6 +280,8 @@ fn exit_codes_completions_and_clear_words() {
         tagged.to_str().unwrap(),
         "--node",
         node.to_str().unwrap(),
+        "--node-name",
+        "master-0",
     ]);
     assert_eq!(code, 1, "{out}");
     assert!(out.contains("set latest refused"), "{out}");
@@ -290,6 +294,8 @@ fn exit_codes_completions_and_clear_words() {
         sets.to_str().unwrap(),
         "--node",
         node.to_str().unwrap(),
+        "--node-name",
+        "master-0",
         "--cri",
         &dead,
         "--pin",
@@ -334,6 +340,120 @@ fn exit_codes_completions_and_clear_words() {
     assert!(
         err.contains("not WebAssembly at all") && err.lines().count() == 1,
         "{err}"
+    );
+}
+
+/// kubectl's habits for input files: `FILE:LINE:COL: field.path: message`, said once; unknown
+/// fields refused unless `--lenient`; an empty directory warned about; several Nodes need
+/// `--node-name`; a missing file's cause said once.
+#[test]
+fn input_errors_name_file_line_and_field_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let demo = workspace().join("examples/demo");
+    let nodes = demo.join("nodes.yaml");
+    let plan = |sets: &Path, extra: &[&str]| {
+        let mut args = vec![
+            "plan",
+            "--sets",
+            sets.to_str().unwrap(),
+            "--node",
+            nodes.to_str().unwrap(),
+        ];
+        args.extend_from_slice(extra);
+        pinset(&args)
+    };
+    let write = |name: &str, text: &str| {
+        let path = dir.path().join(name);
+        std::fs::write(&path, text).unwrap();
+        path
+    };
+    let digest = "86d26e7ebcccd6f07a75db5b1e56283b25c2ee1c6a755d6ffc5a4d59beb9c504";
+    let broken = write(
+        "broken.yaml",
+        "kind: PinnedImageSet\nmetadata:\n  name: a\nspec:\n  pinnedImages: [\n",
+    );
+    let (code, _, err) = plan(&broken, &["--node-name", "master-0"]);
+    assert_eq!(code, 1, "{err}");
+    let at = format!("{}:", broken.display());
+    assert!(
+        err.starts_with(&format!("error: {at}")) && err.matches(&at).count() == 1,
+        "{err}"
+    );
+    let line_col: Vec<&str> = err[("error: ".len() + at.len())..].splitn(3, ':').collect();
+    assert!(
+        line_col[0].parse::<usize>().is_ok() && line_col[1].parse::<usize>().is_ok(),
+        "{err}"
+    );
+
+    let typo = format!(
+        "kind: PinnedImageSet\nmetadata:\n  name: a\n  labels: {{machineconfiguration.openshift.io/role: master}}\nspec:\n  pinnedImages: [{{name: 'q.io/a@sha256:{digest}'}}]\n  pinnedImage: []\n"
+    );
+    let typo = write("typo.yaml", &typo);
+    let (code, _, err) = plan(&typo, &["--node-name", "master-0"]);
+    assert_eq!(code, 1, "{err}");
+    assert_eq!(
+        err.trim(),
+        format!(
+            "error: {}:7:3: spec.pinnedImage: unknown field",
+            typo.display()
+        )
+    );
+    let (code, out, err) = plan(&typo, &["--node-name", "master-0", "--lenient"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        err.contains("7:3: spec.pinnedImage: unknown field (read because of --lenient)"),
+        "{err}"
+    );
+    assert!(out.contains("admission: admit-all"), "{out}");
+
+    let (code, _, err) = plan(&typo, &["--lenient"]);
+    assert_eq!(code, 1);
+    assert!(
+        err.contains("2 Nodes (master-0, worker-0): choose one with --node-name"),
+        "{err}"
+    );
+
+    let empty = dir.path().join("empty");
+    std::fs::create_dir(&empty).unwrap();
+    let (code, _, err) = plan(&empty, &["--node-name", "master-0"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        err.contains(&format!(
+            "--sets {}: no PinnedImageSet found",
+            empty.display()
+        )),
+        "{err}"
+    );
+    let (code, _, err) = pinset(&["policy", "test", empty.to_str().unwrap()]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        err.contains(&format!("scenarios {}: no scenario file", empty.display())),
+        "{err}"
+    );
+
+    let (code, _, err) = pinset(&[
+        "node",
+        "--sets",
+        typo.to_str().unwrap(),
+        "--node",
+        nodes.to_str().unwrap(),
+        "--node-name",
+        "master-0",
+        "--lenient",
+        "--auth",
+        "/nonexistent/config.json",
+        "--cri",
+        "unix:///nonexistent.sock",
+        "--pin",
+        "containerd",
+    ]);
+    assert_eq!(code, 1, "{err}");
+    assert_eq!(
+        err.matches("os error")
+            .count()
+            .max(err.matches("No such file").count()),
+        1,
+        "each cause once: {err}"
     );
 }
 

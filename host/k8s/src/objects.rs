@@ -9,8 +9,8 @@ use crate::api::{MachineConfigPool, PinnedImageSet};
 use crate::convert;
 use k8s_openapi::api::core::v1::Node;
 use pinset_core::desired::{self, NodeInfo, Pool};
+use pinset_core::yaml::{self, Fields, YamlError};
 use serde::Deserialize;
-use serde::de::DeserializeOwned;
 use std::path::{Path, PathBuf};
 
 #[derive(Debug, thiserror::Error)]
@@ -20,15 +20,15 @@ pub enum ObjectError {
         path: PathBuf,
         source: std::io::Error,
     },
-    #[error("{path}: document {doc}: {source}")]
-    Parse {
-        path: PathBuf,
-        doc: usize,
-        source: serde_yaml::Error,
-    },
-    #[error("{path}: {kind} {name}: {why}")]
+    /// Not YAML, a field of the wrong type, an unknown field: `FILE:LINE:COL: field.path: …`.
+    #[error("{path}:{error}")]
+    Parse { path: PathBuf, error: YamlError },
+    /// Read, but not valid as what it is: `FILE:LINE:COL: KIND NAME: why`.
+    #[error("{path}:{line}:{col}: {kind} {name}: {why}")]
     Invalid {
         path: PathBuf,
+        line: usize,
+        col: usize,
         kind: String,
         name: String,
         why: String,
@@ -40,6 +40,9 @@ pub struct Objects {
     pub sets: Vec<desired::PinnedImageSet>,
     pub pools: Vec<Pool>,
     pub nodes: Vec<NodeInfo>,
+    /// Unknown fields read under [`Fields::Lenient`], each `FILE:LINE:COL: field.path: unknown
+    /// field`.
+    pub warnings: Vec<String>,
 }
 
 /// What every document is asked first: its kind and name.
@@ -55,7 +58,7 @@ struct HeadMeta {
 }
 
 /// Read every object of `paths` (files or directories).
-pub fn load(paths: &[PathBuf]) -> Result<Objects, ObjectError> {
+pub fn load(paths: &[PathBuf], fields: Fields) -> Result<Objects, ObjectError> {
     let mut out = Objects::default();
     for path in paths {
         if path.is_dir() {
@@ -64,93 +67,135 @@ pub fn load(paths: &[PathBuf]) -> Result<Objects, ObjectError> {
                 source,
             })?;
             for f in files {
-                load_file(&f, &mut out)?;
+                load_file(&f, fields, &mut out)?;
             }
         } else {
-            load_file(path, &mut out)?;
+            load_file(path, fields, &mut out)?;
         }
     }
     Ok(out)
 }
 
-pub fn load_file(path: &Path, out: &mut Objects) -> Result<(), ObjectError> {
+pub fn load_file(path: &Path, fields: Fields, out: &mut Objects) -> Result<(), ObjectError> {
     let text = std::fs::read_to_string(path).map_err(|source| ObjectError::Read {
         path: path.into(),
         source,
     })?;
-    parse(&text, path, out)
+    parse(&text, path, fields, out)
 }
 
-pub fn parse(text: &str, path: &Path, out: &mut Objects) -> Result<(), ObjectError> {
-    for (n, de) in serde_yaml::Deserializer::from_str(text).enumerate() {
-        let parse_err = |source| ObjectError::Parse {
-            path: path.into(),
-            doc: n + 1,
-            source,
-        };
-        let mut value = serde_yaml::Value::deserialize(de).map_err(parse_err)?;
-        if value.is_null() {
+pub fn parse(
+    text: &str,
+    path: &Path,
+    fields: Fields,
+    out: &mut Objects,
+) -> Result<(), ObjectError> {
+    let parse_err = |error| ObjectError::Parse {
+        path: path.into(),
+        error,
+    };
+    for doc in yaml::documents(text).map_err(parse_err)? {
+        // Other kinds, and documents without a kind or a name, are not pinset's.
+        let Ok((head, _)) = doc.typed::<Head>(doc.value.clone(), Fields::Lenient) else {
             continue;
-        }
-        let head: Head = serde_yaml::from_value(value.clone()).map_err(parse_err)?;
+        };
         let (Some(kind), Some(meta)) = (head.kind, head.metadata) else {
             continue;
         };
         let invalid = |why: String| ObjectError::Invalid {
             path: path.into(),
+            line: doc.start.0,
+            col: doc.start.1,
             kind: kind.clone(),
             name: meta.name.clone(),
             why,
         };
+        let mut value = doc.value.clone();
+        if kind != "Node"
+            && let Some(map) = value.as_object_mut()
+        {
+            // kube's derived types take apiVersion and kind from the type, not the document:
+            // they were read above and are not unknown fields.
+            map.remove("apiVersion");
+            map.remove("kind");
+        }
+        let mut warned = Vec::new();
+        let mut typed = Typed {
+            doc: &doc,
+            fields,
+            path,
+            warned: &mut warned,
+        };
         match kind.as_str() {
             "PinnedImageSet" => {
-                let set: PinnedImageSet = typed(value).map_err(invalid)?;
+                let set: PinnedImageSet = typed.read(value)?;
                 out.sets.push(convert::set(&set));
             }
             "MachineConfigPool" => {
                 // A pool without a spec selects nothing, as in the API.
-                if let Some(map) = value.as_mapping_mut() {
-                    map.entry("spec".into())
-                        .or_insert_with(|| serde_yaml::Mapping::new().into());
+                if let Some(map) = value.as_object_mut() {
+                    map.entry("spec").or_insert_with(|| serde_json::json!({}));
                 }
-                let pool: MachineConfigPool = typed(value).map_err(invalid)?;
+                let pool: MachineConfigPool = typed.read(value)?;
                 out.pools
                     .push(convert::pool(&pool).map_err(|e| invalid(e.to_string()))?);
             }
             "Node" => {
                 quantities_as_strings(&mut value);
-                let node: Node = typed(value).map_err(invalid)?;
+                let node: Node = typed.read(value)?;
                 out.nodes
                     .push(convert::node(&node).map_err(|e| invalid(e.to_string()))?);
             }
             _ => {}
         }
+        out.warnings
+            .extend(warned.iter().map(|w| format!("{}:{w}", path.display())));
     }
     Ok(())
 }
 
+/// A document read as its API type, its unknown fields collected (lenient) or refused.
+struct Typed<'a> {
+    doc: &'a yaml::Document,
+    fields: Fields,
+    path: &'a Path,
+    warned: &'a mut Vec<YamlError>,
+}
+
+impl Typed<'_> {
+    fn read<T: serde::de::DeserializeOwned>(
+        &mut self,
+        value: serde_json::Value,
+    ) -> Result<T, ObjectError> {
+        let (t, warnings) =
+            self.doc
+                .typed(value, self.fields)
+                .map_err(|error| ObjectError::Parse {
+                    path: self.path.into(),
+                    error,
+                })?;
+        self.warned.extend(warnings);
+        Ok(t)
+    }
+}
+
 /// `allocatable: {ephemeral-storage: 120000000000}` is a quantity to Kubernetes, a number to
 /// YAML: read unquoted numbers there as the quantities they are.
-fn quantities_as_strings(node: &mut serde_yaml::Value) {
+fn quantities_as_strings(node: &mut serde_json::Value) {
     for field in ["allocatable", "capacity"] {
         let Some(map) = node
             .get_mut("status")
             .and_then(|s| s.get_mut(field))
-            .and_then(|m| m.as_mapping_mut())
+            .and_then(|m| m.as_object_mut())
         else {
             continue;
         };
         for (_, v) in map.iter_mut() {
-            if let serde_yaml::Value::Number(n) = v {
-                *v = serde_yaml::Value::String(n.to_string());
+            if let serde_json::Value::Number(n) = v {
+                *v = serde_json::Value::String(n.to_string());
             }
         }
     }
-}
-
-/// A document as its API type.
-fn typed<T: DeserializeOwned>(value: serde_yaml::Value) -> Result<T, String> {
-    serde_yaml::from_value(value).map_err(|e| e.to_string())
 }
 
 #[cfg(test)]
@@ -190,7 +235,7 @@ kind: ConfigMap
 metadata: {name: ignored}
 "#;
         let mut o = Objects::default();
-        parse(text, Path::new("x.yaml"), &mut o).unwrap();
+        parse(text, Path::new("x.yaml"), Fields::Strict, &mut o).unwrap();
         assert_eq!(o.sets.len(), 1);
         assert_eq!(o.sets[0].generation, 1);
         assert_eq!(o.sets[0].images.len(), 1);
@@ -212,7 +257,7 @@ metadata: {name: ignored}
             let text = format!(
                 "kind: Node\nmetadata: {{name: n}}\nstatus: {{allocatable: {{ephemeral-storage: {allocatable}}}}}\n"
             );
-            parse(&text, Path::new("n.yaml"), &mut o)
+            parse(&text, Path::new("n.yaml"), Fields::Strict, &mut o)
                 .unwrap_or_else(|e| panic!("{allocatable}: {e}"));
             assert_eq!(
                 o.nodes[0].allocatable_ephemeral_bytes,
@@ -228,6 +273,7 @@ metadata: {name: ignored}
         let e = parse(
             "kind: Node\nmetadata: {name: n}\nstatus: {allocatable: {ephemeral-storage: lots}}\n",
             Path::new("n.yaml"),
+            Fields::Strict,
             &mut o,
         )
         .unwrap_err()
@@ -236,17 +282,45 @@ metadata: {name: ignored}
             e.contains("n.yaml") && e.contains("Node n") && e.contains("lots"),
             "{e}"
         );
-        let e = parse("a: [\n", Path::new("bad.yaml"), &mut o)
+        let e = parse("a: [\n", Path::new("bad.yaml"), Fields::Strict, &mut o)
             .unwrap_err()
             .to_string();
-        assert!(e.contains("bad.yaml: document 1"), "{e}");
+        assert!(e.starts_with("bad.yaml:2:1: "), "{e}");
         let e = parse(
             "kind: PinnedImageSet\nmetadata: {name: s}\nspec: {pinnedImages: 3}\n",
             Path::new("s.yaml"),
+            Fields::Strict,
             &mut o,
         )
         .unwrap_err()
         .to_string();
-        assert!(e.contains("s.yaml: PinnedImageSet s"), "{e}");
+        assert!(
+            e.starts_with("s.yaml:3:8: spec.pinnedImages: invalid type"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn unknown_fields_are_refused_where_they_are_or_warned_about() {
+        let text = "apiVersion: machineconfiguration.openshift.io/v1\nkind: PinnedImageSet\nmetadata:\n  name: typo\nspec:\n  pinnedImage:\n    - name: q.io/a@sha256:86d26e7ebcccd6f07a75db5b1e56283b25c2ee1c6a755d6ffc5a4d59beb9c504\n";
+        let mut o = Objects::default();
+        let e = parse(text, Path::new("s.yaml"), Fields::Strict, &mut o).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "s.yaml:6:3: spec.pinnedImage: unknown field (and spec: missing field `pinnedImages`)"
+        );
+        assert!(o.sets.is_empty());
+        let extra = text.replace("pinnedImage:", "pinnedImages: []\n  pinnedImage:");
+        let e = parse(&extra, Path::new("s.yaml"), Fields::Strict, &mut o).unwrap_err();
+        assert_eq!(e.to_string(), "s.yaml:7:3: spec.pinnedImage: unknown field");
+        parse(&extra, Path::new("s.yaml"), Fields::Lenient, &mut o).unwrap();
+        assert_eq!(o.warnings, ["s.yaml:7:3: spec.pinnedImage: unknown field"]);
+        // A Node's unknown status field, too.
+        let node = "apiVersion: v1\nkind: Node\nmetadata: {name: n}\nstatus: {alocatable: {}}\n";
+        let e = parse(node, Path::new("n.yaml"), Fields::Strict, &mut o).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "n.yaml:4:10: status.alocatable: unknown field"
+        );
     }
 }

@@ -115,7 +115,7 @@ fn main() -> ExitCode {
     match run(args) {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            eprintln!("error: {}", cli::error_line(&e));
             ExitCode::FAILURE
         }
     }

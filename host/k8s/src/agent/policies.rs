@@ -10,6 +10,12 @@ use std::path::{Path, PathBuf};
 pub enum PolicyTableError {
     #[error("policy configuration {path}: {why}")]
     Config { path: PathBuf, why: String },
+    /// `FILE:LINE:COL: field.path: message`.
+    #[error("{path}:{error}")]
+    Parse {
+        path: PathBuf,
+        error: pinset_core::yaml::YamlError,
+    },
     #[error("--pool-policy {arg:?}: expected POOL=FILE.wasm or POOL=FILE.wasm@sha256:HEX")]
     Flag { arg: String },
     #[error("policy of pool {pool}: {source}")]
@@ -46,7 +52,12 @@ impl PolicyConfig {
             why,
         };
         let text = std::fs::read_to_string(path).map_err(|e| err(e.to_string()))?;
-        serde_yaml::from_str(&text).map_err(|e| err(e.to_string()))
+        pinset_core::yaml::from_str(&text, pinset_core::yaml::Fields::Strict)
+            .map(|(config, _)| config)
+            .map_err(|error| PolicyTableError::Parse {
+                path: path.into(),
+                error,
+            })
     }
 
     /// Add `POOL=FILE[@sha256:HEX]` (flags win over the file).

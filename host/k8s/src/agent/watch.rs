@@ -24,12 +24,11 @@ pub(super) async fn node_info(
     match &config.node_file {
         Some(file) => {
             let mut objects = crate::objects::Objects::default();
-            crate::objects::load_file(file, &mut objects).map_err(|source| {
-                AgentError::NodeFile {
+            crate::objects::load_file(file, pinset_core::yaml::Fields::Strict, &mut objects)
+                .map_err(|source| AgentError::NodeFile {
                     node: name.clone(),
                     source,
-                }
-            })?;
+                })?;
             objects
                 .nodes
                 .into_iter()

@@ -9,6 +9,7 @@ use super::{PolicyOpts, load_policy};
 use anyhow::{Context, Result};
 use pinset_core::desired::{self, Desired, NodeInfo};
 use pinset_core::status::NodeStatus;
+use pinset_core::yaml::Fields;
 use pinset_cri_sim::{SimConfig, SimImage, SimServer, SimulatedRuntime};
 use pinset_k8s::objects::{self, Objects};
 use pinset_node::Reconciler;
@@ -53,8 +54,18 @@ pub struct NodeRun {
 
 pub async fn demo(policy: &PolicyOpts) -> Result<ExitCode> {
     let mut objects = Objects::default();
-    objects::parse(SETS, Path::new("examples/demo/sets.yaml"), &mut objects)?;
-    objects::parse(NODES, Path::new("examples/demo/nodes.yaml"), &mut objects)?;
+    objects::parse(
+        SETS,
+        Path::new("examples/demo/sets.yaml"),
+        Fields::Strict,
+        &mut objects,
+    )?;
+    objects::parse(
+        NODES,
+        Path::new("examples/demo/nodes.yaml"),
+        Fields::Strict,
+        &mut objects,
+    )?;
     let (_wasm, module) = load_policy(policy)?;
     let dir = tempfile::Builder::new().prefix("pinset-demo-").tempdir()?;
     println!(

@@ -95,3 +95,57 @@ pub fn init_logging(filter: &str) {
         .with_target(false)
         .try_init();
 }
+
+/// The same warning in every command when inputs hold nothing to work on:
+/// `warning: --sets examples/empty: no PinnedImageSet found`.
+pub fn warn_if_empty(flag: &str, paths: &[std::path::PathBuf], found: usize, kind: &str) {
+    if found == 0 {
+        let paths: Vec<String> = paths.iter().map(|p| p.display().to_string()).collect();
+        tracing::warn!("{flag} {}: no {kind} found", paths.join(" "));
+    }
+}
+
+/// An error and its causes on one line, each said once: a cause whose text a message already
+/// quotes (`"… : {source}"`) is not repeated after it.
+pub fn error_line(e: &anyhow::Error) -> String {
+    let mut out = String::new();
+    for cause in e.chain() {
+        let text = cause.to_string();
+        if text.is_empty() || out.contains(&text) {
+            continue;
+        }
+        if !out.is_empty() {
+            out.push_str(": ");
+        }
+        out.push_str(&text);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("reading {path}: {source}")]
+    struct Quoting {
+        path: &'static str,
+        source: std::io::Error,
+    }
+
+    #[test]
+    fn each_cause_is_said_once() {
+        let io = || std::io::Error::new(std::io::ErrorKind::NotFound, "No such file (os error 2)");
+        let quoted = anyhow::Error::new(Quoting {
+            path: "/a",
+            source: io(),
+        })
+        .context("--auth");
+        assert_eq!(
+            error_line(&quoted),
+            "--auth: reading /a: No such file (os error 2)"
+        );
+        let plain = anyhow::Error::new(io()).context("reading /b");
+        assert_eq!(error_line(&plain), "reading /b: No such file (os error 2)");
+    }
+}

@@ -8,6 +8,7 @@ use pinset_core::decisions::Decisions;
 use pinset_core::desired::{self, Desired, NodeInfo};
 use pinset_core::plan::{self, Plan};
 use pinset_core::status::NodeStatus;
+use pinset_core::yaml::Fields;
 use pinset_k8s::objects::{self, Objects};
 use pinset_node::cri::client::{CriClient, CriConfig, STANDARD_ENDPOINTS, find_endpoint};
 use pinset_node::executor::Event;
@@ -35,6 +36,13 @@ pub struct Inputs {
     /// The Node object (YAML) of this node.
     #[arg(long, value_name = "FILE")]
     pub node: PathBuf,
+    /// Which Node of --node, when the file holds several.
+    #[arg(long, value_name = "NAME")]
+    pub node_name: Option<String>,
+    /// Accept fields the objects' types do not know, with a warning each (default: refused,
+    /// as kubectl's strict field validation).
+    #[arg(long)]
+    pub lenient: bool,
 }
 
 /// How the node reaches its runtime and pins.
@@ -78,14 +86,35 @@ pub enum PinKind {
 
 /// Read the objects and compute this node's desired state.
 pub fn desired_state(inputs: &Inputs) -> Result<(NodeInfo, Desired)> {
-    let mut objects: Objects = objects::load(&inputs.sets)?;
-    let more = objects::load(&inputs.pools)?;
-    objects.pools.extend(more.pools);
-    let mut node_objects = Objects::default();
-    objects::load_file(&inputs.node, &mut node_objects)?;
-    let Some(node) = node_objects.nodes.into_iter().next() else {
-        bail!("{}: no Node object", inputs.node.display());
+    let fields = if inputs.lenient {
+        Fields::Lenient
+    } else {
+        Fields::Strict
     };
+    let mut objects: Objects = objects::load(&inputs.sets, fields)?;
+    super::warn_if_empty("--sets", &inputs.sets, objects.sets.len(), "PinnedImageSet");
+    let more = objects::load(&inputs.pools, fields)?;
+    if !inputs.pools.is_empty() {
+        super::warn_if_empty(
+            "--pools",
+            &inputs.pools,
+            more.pools.len(),
+            "MachineConfigPool",
+        );
+    }
+    objects.pools.extend(more.pools);
+    objects.warnings.extend(more.warnings);
+    let mut node_objects = Objects::default();
+    objects::load_file(&inputs.node, fields, &mut node_objects)?;
+    objects.warnings.extend(node_objects.warnings);
+    for warning in &objects.warnings {
+        tracing::warn!("{warning} (read because of --lenient)");
+    }
+    let node = pick_node(
+        &inputs.node,
+        node_objects.nodes,
+        inputs.node_name.as_deref(),
+    )?;
     let pools = if objects.pools.is_empty() {
         desired::standard_pools()
     } else {
@@ -99,6 +128,37 @@ pub fn desired_state(inputs: &Inputs) -> Result<(NodeInfo, Desired)> {
         tracing::error!("{invalid}");
     }
     Ok((node, d))
+}
+
+/// The Node of `file` named `name`, or its only one.
+fn pick_node(file: &std::path::Path, nodes: Vec<NodeInfo>, name: Option<&str>) -> Result<NodeInfo> {
+    let names = || {
+        nodes
+            .iter()
+            .map(|n| n.name.as_str())
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    match name {
+        Some(name) => match nodes.iter().position(|n| n.name == name) {
+            Some(i) => Ok(nodes.into_iter().nth(i).expect("position found")),
+            None => bail!(
+                "{}: no Node named {name} (found: {})",
+                file.display(),
+                names()
+            ),
+        },
+        None if nodes.len() > 1 => bail!(
+            "{}: {} Nodes ({}): choose one with --node-name",
+            file.display(),
+            nodes.len(),
+            names()
+        ),
+        None => match nodes.into_iter().next() {
+            Some(node) => Ok(node),
+            None => bail!("{}: no Node object", file.display()),
+        },
+    }
 }
 
 /// `pinset plan`: the policy's decisions for this node, without pulling. With `--cri` the

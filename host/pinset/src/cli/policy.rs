@@ -103,6 +103,12 @@ fn test(opts: &PolicyOpts, paths: &[PathBuf]) -> Result<ExitCode> {
     let (_runtime, module) = load_policy(opts)?;
     println!("{}", describe(&module));
     let files = scenario::collect(paths)?;
+    super::warn_if_empty(
+        "scenarios",
+        paths,
+        files.len(),
+        "scenario file (*.yaml, *.yml)",
+    );
     let (mut passed, mut failed) = (0, 0);
     for file in files {
         let outcome = match scenario::load(&file) {
