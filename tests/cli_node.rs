@@ -79,6 +79,46 @@ fn plan_works_without_a_runtime() {
         "{out}"
     );
     assert_eq!(out.matches("(size unknown)").count(), 5, "{out}");
+
+    // The same plan as a document, in JSON and YAML.
+    let as_doc = |format: &str| {
+        let (code, out, err) = pinset(&[
+            "plan",
+            "--sets",
+            demo.join("sets.yaml").to_str().unwrap(),
+            "--node",
+            demo.join("nodes.yaml").to_str().unwrap(),
+            "--node-name",
+            "master-0",
+            "-o",
+            format,
+        ]);
+        assert_eq!(code, 0, "{err}");
+        out
+    };
+    let json: serde_json::Value = serde_json::from_str(&as_doc("json")).unwrap();
+    let yaml: serde_json::Value = serde_yaml::from_str(&as_doc("yaml")).unwrap();
+    assert_eq!(json, yaml, "one document, two syntaxes");
+    assert_eq!(json["node"], "master-0");
+    assert_eq!(json["pools"], serde_json::json!(["master"]));
+    assert_eq!(json["admission"]["verdict"], "admit-all");
+    assert_eq!(json["images"], 5);
+    assert_eq!(json["present"], 0);
+    assert_eq!(json["concurrency"], 1);
+    assert_eq!(json["throttleAfterPullMs"], 1000);
+    let pulls = json["pulls"].as_array().unwrap();
+    assert_eq!(pulls.len(), 5);
+    assert!(
+        pulls
+            .iter()
+            .all(|p| p["sizeBytes"].is_null() && p["image"].as_str().unwrap().contains("@sha256:"))
+    );
+    assert!(
+        json["refused"].as_array().unwrap().is_empty()
+            && json["fallbacks"].as_array().unwrap().is_empty()
+    );
+    let (code, _, err) = pinset(&["plan", "-o", "xml", "--sets", "x", "--node", "y"]);
+    assert_eq!(code, 2, "a bad -o is a usage error: {err}");
 }
 
 #[test]

@@ -69,6 +69,9 @@ enum Command {
         /// Consult this CRI endpoint for the images already present.
         #[arg(long)]
         cri: Option<String>,
+        /// text for people; json or yaml for scripts (fields: see the README).
+        #[arg(long, short = 'o', value_enum, default_value = "text")]
+        output: cli::plan::Output,
         #[command(flatten)]
         policy: PolicyOpts,
     },
@@ -139,8 +142,9 @@ fn run(args: Args) -> Result<ExitCode> {
         Command::Plan {
             inputs,
             cri,
+            output,
             policy,
-        } => rt()?.block_on(cli::node::plan_cmd(&inputs, cri, &policy)),
+        } => rt()?.block_on(cli::plan::plan_cmd(&inputs, cri, &policy, output)),
         Command::Bench(cmd) => rt()?.block_on(cli::bench::run(cmd)),
         Command::Crds => Ok(cli::kube::crds()),
         Command::CompilePolicy => cli::policy::compile_child(),

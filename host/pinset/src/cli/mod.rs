@@ -4,6 +4,7 @@ pub mod bench;
 pub mod demo;
 pub mod kube;
 pub mod node;
+pub mod plan;
 pub mod policy;
 
 use anyhow::Context;

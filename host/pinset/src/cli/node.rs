@@ -1,24 +1,22 @@
 //! `pinset node` (pull and pin for one node from YAML files) and `pinset plan` (show what the
 //! policy decides, without pulling).
 
-use super::{PolicyOpts, load_policy};
+use super::PolicyOpts;
 use anyhow::{Context, Result, bail};
 use indicatif::{ProgressBar, ProgressStyle};
 use pinset_core::decisions::Decisions;
 use pinset_core::desired::{self, Desired, NodeInfo};
-use pinset_core::plan::{self, Plan};
 use pinset_core::status::NodeStatus;
 use pinset_core::yaml::Fields;
 use pinset_k8s::objects::{self, Objects};
-use pinset_node::cri::client::{CriClient, CriConfig, STANDARD_ENDPOINTS, find_endpoint};
+use pinset_node::cri::client::{STANDARD_ENDPOINTS, find_endpoint};
 use pinset_node::executor::Event;
-use pinset_node::facts::{self, Facts};
 use pinset_node::pin::AnyPins;
 use pinset_node::pin::crio::{self, Reload};
 use pinset_node::registry::size::RegistrySizer;
 use pinset_node::{NodeConfig, ReconcileError, Reconciler, Report};
 use pinset_policy::{Guarded, PolicyModule};
-use pinset_policy_sdk::{DiskFacts, fmt_bytes};
+use pinset_policy_sdk::fmt_bytes;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
@@ -158,122 +156,6 @@ fn pick_node(file: &std::path::Path, nodes: Vec<NodeInfo>, name: Option<&str>) -
             Some(node) => Ok(node),
             None => bail!("{}: no Node object", file.display()),
         },
-    }
-}
-
-/// `pinset plan`: the policy's decisions for this node, without pulling. With `--cri` the
-/// reconcile's own facts phase runs (snapshot, disk); without, every image counts as absent and
-/// of unknown size. Exits 1 when a set is refused or the policy rejects the admission.
-pub async fn plan_cmd(
-    inputs: &Inputs,
-    cri: Option<String>,
-    policy: &PolicyOpts,
-) -> Result<ExitCode> {
-    let (node, desired) = desired_state(inputs)?;
-    let (_runtime, module) = load_policy(policy)?;
-    let facts = match cri {
-        Some(endpoint) => {
-            let client = CriClient::new(CriConfig {
-                endpoint,
-                ..Default::default()
-            })?;
-            // No sizer: `plan` stays offline, sizes are unknown.
-            Reconciler::<RegistrySizer, ()>::new(client, ())
-                .facts(&desired, &node)
-                .await?
-        }
-        None => offline_facts(&desired, &node),
-    };
-    let mut guarded = Guarded::new(Box::new(module.instance()));
-    let plan = plan::make(&mut guarded, &facts.request);
-    let info = guarded.info();
-    println!(
-        "node {}  pools {}  policy {} {} ({})",
-        node.name,
-        desired.pools.join(", "),
-        info.name,
-        info.version,
-        module.name()
-    );
-    for s in &desired.sets {
-        println!(
-            "  set {} (generation {}): {} image(s)",
-            s.name,
-            s.generation,
-            s.images.len()
-        );
-    }
-    for bad in &desired.invalid {
-        println!("  set {} refused: {}", bad.set, bad.error);
-    }
-    print_plan(&plan, &facts, &mut guarded);
-    for f in guarded.fallbacks() {
-        println!("policy fallback: {f}");
-    }
-    // A dry run whose input would fail fails too: a refused set, a rejected admission.
-    Ok(if desired.invalid.is_empty() && !plan.rejected() {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::FAILURE
-    })
-}
-
-/// Facts without a runtime: nothing present, sizes and disk unknown.
-fn offline_facts(desired: &Desired, node: &NodeInfo) -> Facts {
-    let present = vec![false; desired.images.len()];
-    let request = facts::request(
-        desired,
-        facts::node_facts(node, &desired.pools),
-        DiskFacts::default(),
-        &present,
-        &vec![None; desired.images.len()],
-    );
-    Facts {
-        snapshot: Default::default(),
-        present,
-        request,
-        phases: Vec::new(),
-    }
-}
-
-/// The admission, the pulls in order, and the throttle after a pull at the current pressure.
-fn print_plan(plan: &Plan, facts: &Facts, policy: &mut dyn Decisions) {
-    let request = &facts.request;
-    println!("admission: {} — {}", plan.verdict(), plan.admission.reason);
-    let known: u64 = plan
-        .pulls
-        .iter()
-        .filter_map(|&i| request.images.get(i as usize).and_then(|i| i.size_bytes))
-        .sum();
-    println!(
-        "pulls: {} of {} image(s) ({} present), {} known bytes, {} at once",
-        plan.pulls.len(),
-        request.images.len(),
-        facts.present.iter().filter(|p| **p).count(),
-        fmt_bytes(known),
-        plan.concurrency
-    );
-    let sample = request
-        .images
-        .get(plan.pulls.first().copied().unwrap_or(0) as usize);
-    if let Some(first) = sample {
-        let outcome = pinset_policy_sdk::PullOutcome {
-            reference: first.reference.to_string(),
-            remaining: plan.pulls.len().saturating_sub(1) as u32,
-            ..Default::default()
-        };
-        let pause = policy.throttle(&request.node, &outcome, &pinset_node::os::pressure());
-        println!("throttle after a pull (current pressure): {pause:?}");
-    }
-    for (n, &i) in plan.pulls.iter().enumerate() {
-        let image = request.images.get(i as usize).expect("valid index");
-        let size = image.size_bytes.map_or("size unknown".into(), fmt_bytes);
-        println!(
-            "  {:>4}. {}  [{}]  ({size})",
-            n + 1,
-            image.reference,
-            image.sets().collect::<Vec<_>>().join(", ")
-        );
     }
 }
 

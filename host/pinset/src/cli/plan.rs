@@ -1,0 +1,275 @@
+//! `pinset plan`: the policy's decisions for one node, without pulling — as text for people or
+//! as a document (`-o json|yaml`) for scripts. The document's fields are described on
+//! [`PlanReport`] and in the README.
+
+use super::node::{Inputs, desired_state};
+use super::{PolicyOpts, load_policy};
+use anyhow::Result;
+use pinset_core::decisions::Decisions;
+use pinset_core::desired::{Desired, NodeInfo};
+use pinset_core::plan::{self, Plan};
+use pinset_node::Reconciler;
+use pinset_node::cri::client::{CriClient, CriConfig};
+use pinset_node::facts::{self, Facts};
+use pinset_node::registry::size::RegistrySizer;
+use pinset_policy::Guarded;
+use pinset_policy_sdk::{DiskFacts, Verdict, fmt_bytes};
+use serde::Serialize;
+use std::process::ExitCode;
+
+/// How `plan` prints.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Output {
+    #[default]
+    Text,
+    Json,
+    Yaml,
+}
+
+/// What `plan -o json|yaml` prints (camelCase keys).
+#[derive(Serialize, Debug)]
+#[serde(rename_all = "camelCase")]
+pub struct PlanReport {
+    pub node: String,
+    pub pools: Vec<String>,
+    pub policy: PolicyRef,
+    /// The node's sets, with their generation and image count.
+    pub sets: Vec<SetRef>,
+    /// Sets refused before the policy is asked (an image by tag…), with why.
+    pub refused: Vec<Refused>,
+    pub admission: AdmissionReport,
+    /// Images of the sets (deduplicated), and how many of them the runtime already has.
+    pub images: usize,
+    pub present: usize,
+    /// The pulls in the policy's order.
+    pub pulls: Vec<Pull>,
+    /// Sum of the known sizes of the pulls.
+    pub known_bytes: u64,
+    pub concurrency: u32,
+    /// The pause the policy asks after the first pull at the current pressure.
+    pub throttle_after_pull_ms: Option<u64>,
+    /// Hooks where the policy failed and the reference decided, with why.
+    pub fallbacks: Vec<String>,
+}
+
+#[derive(Serialize, Debug)]
+pub struct PolicyRef {
+    pub name: String,
+    pub version: String,
+    pub module: String,
+}
+
+#[derive(Serialize, Debug)]
+pub struct SetRef {
+    pub name: String,
+    pub generation: i64,
+    pub images: usize,
+}
+
+#[derive(Serialize, Debug)]
+pub struct Refused {
+    pub set: String,
+    pub error: String,
+}
+
+#[derive(Serialize, Debug)]
+#[serde(rename_all = "camelCase")]
+pub struct AdmissionReport {
+    /// `admit-all`, `admit-some` or `reject`: the contract's words.
+    pub verdict: &'static str,
+    /// For `admit-some`: how many images were admitted.
+    pub admitted: Option<usize>,
+    pub reason: String,
+}
+
+#[derive(Serialize, Debug)]
+#[serde(rename_all = "camelCase")]
+pub struct Pull {
+    pub image: String,
+    pub sets: Vec<String>,
+    pub size_bytes: Option<u64>,
+}
+
+/// `pinset plan`. With `--cri` the reconcile's own facts phase runs (snapshot, disk); without,
+/// every image counts as absent and of unknown size. Exits 1 when a set is refused or the
+/// policy rejects the admission.
+pub async fn plan_cmd(
+    inputs: &Inputs,
+    cri: Option<String>,
+    policy: &PolicyOpts,
+    output: Output,
+) -> Result<ExitCode> {
+    let (node, desired) = desired_state(inputs)?;
+    let (_runtime, module) = load_policy(policy)?;
+    let facts = match cri {
+        Some(endpoint) => {
+            let client = CriClient::new(CriConfig {
+                endpoint,
+                ..Default::default()
+            })?;
+            // No sizer: `plan` stays offline, sizes are unknown.
+            Reconciler::<RegistrySizer, ()>::new(client, ())
+                .facts(&desired, &node)
+                .await?
+        }
+        None => offline_facts(&desired, &node),
+    };
+    let mut guarded = Guarded::new(Box::new(module.instance()));
+    let plan = plan::make(&mut guarded, &facts.request);
+    let report = report(&node, &desired, &plan, &facts, &mut guarded, module.name());
+    match output {
+        Output::Text => print_text(&report),
+        Output::Json => println!("{}", serde_json::to_string_pretty(&report)?),
+        Output::Yaml => print!("{}", serde_yaml::to_string(&report)?),
+    }
+    // A dry run whose input would fail fails too: a refused set, a rejected admission.
+    Ok(if desired.invalid.is_empty() && !plan.rejected() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
+}
+
+/// Facts without a runtime: nothing present, sizes and disk unknown.
+fn offline_facts(desired: &Desired, node: &NodeInfo) -> Facts {
+    let present = vec![false; desired.images.len()];
+    let request = facts::request(
+        desired,
+        facts::node_facts(node, &desired.pools),
+        DiskFacts::default(),
+        &present,
+        &vec![None; desired.images.len()],
+    );
+    Facts {
+        snapshot: Default::default(),
+        present,
+        request,
+        phases: Vec::new(),
+    }
+}
+
+fn report(
+    node: &NodeInfo,
+    desired: &Desired,
+    plan: &Plan,
+    facts: &Facts,
+    policy: &mut Guarded,
+    module: &str,
+) -> PlanReport {
+    let request = &facts.request;
+    let pulls: Vec<Pull> = plan
+        .pulls
+        .iter()
+        .filter_map(|&i| request.images.get(i as usize))
+        .map(|image| Pull {
+            image: image.reference.to_string(),
+            sets: image.sets().map(String::from).collect(),
+            size_bytes: image.size_bytes,
+        })
+        .collect();
+    let throttle = pulls.first().map(|first| {
+        let outcome = pinset_policy_sdk::PullOutcome {
+            reference: first.image.clone(),
+            remaining: plan.pulls.len().saturating_sub(1) as u32,
+            ..Default::default()
+        };
+        let pause = policy.throttle(&request.node, &outcome, &pinset_node::os::pressure());
+        pause.as_millis() as u64
+    });
+    let info = policy.info();
+    let (verdict, admitted) = match &plan.admission.verdict {
+        Verdict::AdmitAll => ("admit-all", None),
+        Verdict::AdmitSome(subset) => ("admit-some", Some(subset.len())),
+        Verdict::Reject => ("reject", None),
+    };
+    PlanReport {
+        node: node.name.clone(),
+        pools: desired.pools.clone(),
+        policy: PolicyRef {
+            name: info.name,
+            version: info.version,
+            module: module.to_string(),
+        },
+        sets: desired
+            .sets
+            .iter()
+            .map(|s| SetRef {
+                name: s.name.clone(),
+                generation: s.generation,
+                images: s.images.len(),
+            })
+            .collect(),
+        refused: desired
+            .invalid
+            .iter()
+            .map(|bad| Refused {
+                set: bad.set.clone(),
+                error: bad.error.to_string(),
+            })
+            .collect(),
+        admission: AdmissionReport {
+            verdict,
+            admitted,
+            reason: plan.admission.reason.clone(),
+        },
+        images: request.images.len(),
+        present: facts.present.iter().filter(|p| **p).count(),
+        known_bytes: pulls.iter().filter_map(|p| p.size_bytes).sum(),
+        pulls,
+        concurrency: plan.concurrency,
+        throttle_after_pull_ms: throttle,
+        fallbacks: policy.fallbacks().iter().map(ToString::to_string).collect(),
+    }
+}
+
+fn print_text(r: &PlanReport) {
+    let p = &r.policy;
+    println!(
+        "node {}  pools {}  policy {} {} ({})",
+        r.node,
+        r.pools.join(", "),
+        p.name,
+        p.version,
+        p.module
+    );
+    for s in &r.sets {
+        println!(
+            "  set {} (generation {}): {} image(s)",
+            s.name, s.generation, s.images
+        );
+    }
+    for bad in &r.refused {
+        println!("  set {} refused: {}", bad.set, bad.error);
+    }
+    let verdict = match r.admission.admitted {
+        Some(n) => format!("{} ({n} image(s))", r.admission.verdict),
+        None => r.admission.verdict.to_string(),
+    };
+    println!("admission: {verdict} — {}", r.admission.reason);
+    println!(
+        "pulls: {} of {} image(s) ({} present), {} known bytes, {} at once",
+        r.pulls.len(),
+        r.images,
+        r.present,
+        fmt_bytes(r.known_bytes),
+        r.concurrency
+    );
+    if let Some(ms) = r.throttle_after_pull_ms {
+        println!(
+            "throttle after a pull (current pressure): {:?}",
+            std::time::Duration::from_millis(ms)
+        );
+    }
+    for (n, pull) in r.pulls.iter().enumerate() {
+        let size = pull.size_bytes.map_or("size unknown".into(), fmt_bytes);
+        println!(
+            "  {:>4}. {}  [{}]  ({size})",
+            n + 1,
+            pull.image,
+            pull.sets.join(", ")
+        );
+    }
+    for f in &r.fallbacks {
+        println!("policy fallback: {f}");
+    }
+}
