@@ -623,3 +623,36 @@ fn tail(text: &str) -> String {
     let lines: Vec<&str> = text.lines().collect();
     lines[lines.len().saturating_sub(30)..].join("\n")
 }
+
+/// `--log-format json`: every log line is one JSON object with the level, the message and the
+/// event's fields; the reconcile's lines carry their node (span field).
+#[test]
+fn json_logs_parse_line_by_line() {
+    let out = Command::new(support::PINSET)
+        .args(["--log-format", "json", "demo"])
+        .env("PINSET_LOG", "info")
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let lines: Vec<serde_json::Value> = stderr
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}")))
+        .collect();
+    assert!(!lines.is_empty(), "no logs: {stderr}");
+    for l in &lines {
+        assert!(
+            l["timestamp"].is_string() && l["level"].is_string() && l["message"].is_string(),
+            "{l}"
+        );
+    }
+    let nodes: std::collections::BTreeSet<&str> = lines
+        .iter()
+        .filter_map(|l| l["span"]["node"].as_str().or(l["node"].as_str()))
+        .collect();
+    assert!(
+        nodes.contains("master-0") && nodes.contains("worker-0"),
+        "{nodes:?}\n{stderr}"
+    );
+}

@@ -604,6 +604,23 @@ async fn controller_and_agents_pin_sets_and_report_through_a_real_api_server() {
         c.contains("pinset_api_writes_total{kind=\"pool_spec\"}"),
         "{c}"
     );
+    // The build, the node's sets by state, the last time every set was pinned.
+    let build = format!(
+        "pinset_build_info{{version=\"{}\",commit=\"",
+        env!("CARGO_PKG_VERSION")
+    );
+    assert!(m.contains(&build) && c.contains(&build), "{build}\n{m}");
+    for state in ["pinned", "failed", "pending"] {
+        assert!(
+            m.contains(&format!("pinset_node_sets{{state=\"{state}\"}}")),
+            "{m}"
+        );
+    }
+    let last = metric(&m, "pinset_last_successful_reconcile_timestamp_seconds");
+    assert!(
+        last > 1_700_000_000,
+        "a reconcile pinned every set: {last}\n{m}"
+    );
 
     // SIGTERM: the agent stops within seconds.
     let took = cp.terminate();

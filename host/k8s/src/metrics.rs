@@ -4,9 +4,11 @@ use pinset_core::decisions::{Hook, Observer};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
 use std::time::Duration;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -25,6 +27,18 @@ struct KindLabels {
     kind: &'static str,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct StateLabels {
+    state: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct BuildLabels {
+    version: String,
+    commit: String,
+    contract: String,
+}
+
 struct Inner {
     registry: Registry,
     policy_call_seconds: Family<HookLabels, Histogram>,
@@ -37,6 +51,25 @@ struct Inner {
     reconcile_errors: Family<KindLabels, Counter>,
     api_writes: Family<KindLabels, Counter>,
     pin_drift: Family<KindLabels, Counter>,
+    node_sets: Family<StateLabels, Gauge>,
+    last_success: Gauge<f64, AtomicU64>,
+    build_info: Family<BuildLabels, Gauge>,
+}
+
+/// The node's sets by state, the last success, the build.
+type Gauges = (
+    Family<StateLabels, Gauge>,
+    Gauge<f64, AtomicU64>,
+    Family<BuildLabels, Gauge>,
+);
+
+/// `metric`, registered as `pinset_<name>`.
+fn registered<M>(registry: &mut Registry, name: &str, help: &str, metric: M) -> M
+where
+    M: prometheus_client::registry::Metric + Clone,
+{
+    registry.register(name, help, metric.clone());
+    metric
 }
 
 /// A counter per `kind`, registered as `pinset_<name>_total`.
@@ -74,52 +107,34 @@ impl Metrics {
         let help =
             "Policy decisions answered by the built-in reference policy because the policy failed";
         registry.register("policy_fallbacks", help, policy_fallbacks.clone());
-        let images_pulled = Counter::default();
-        let image_pull_failures = Counter::default();
-        let bytes_pulled = Counter::default();
-        // 10 ms .. ~45 min.
-        let pull_seconds = Histogram::new(exponential_buckets(0.01, 3.0, 12));
+        let (images_pulled, image_pull_failures, bytes_pulled, pull_seconds) =
+            Self::register_pulls(&mut registry);
+        let r = &mut registry;
         // 100 µs .. ~4 h.
-        let reconcile_seconds = Family::<KindLabels, Histogram>::new_with_constructor(|| {
-            Histogram::new(exponential_buckets(1e-4, 4.0, 14))
-        });
+        let reconcile_seconds = registered(
+            r,
+            "reconcile_seconds",
+            "Duration of reconciles (kind: node, pool, set)",
+            Family::<KindLabels, Histogram>::new_with_constructor(|| {
+                Histogram::new(exponential_buckets(1e-4, 4.0, 14))
+            }),
+        );
         let reconcile_errors = kind_counter(
-            &mut registry,
+            r,
             "reconcile_errors",
             "Reconciles that ended in an error (kind: node, pool, set)",
         );
         let api_writes = kind_counter(
-            &mut registry,
+            r,
             "api_writes",
             "Writes to the Kubernetes API (kind: the object and part written)",
         );
         let pin_drift = kind_counter(
-            &mut registry,
+            r,
             "pin_drift",
             "Pins found lost behind pinset's back and repaired (kind: image-deleted, pin-removed, dropin-deleted, dropin-edited)",
         );
-        let help = "Images pulled into the container runtime";
-        registry.register("images_pulled", help, images_pulled.clone());
-        registry.register(
-            "image_pull_failures",
-            "Images that failed to pull after every retry",
-            image_pull_failures.clone(),
-        );
-        registry.register(
-            "pulled_bytes",
-            "Compressed bytes of the pulled images whose size is known",
-            bytes_pulled.clone(),
-        );
-        registry.register(
-            "image_pull_seconds",
-            "Duration of successful pulls, retries included",
-            pull_seconds.clone(),
-        );
-        registry.register(
-            "reconcile_seconds",
-            "Duration of reconciles (kind: node, pool, set)",
-            reconcile_seconds.clone(),
-        );
+        let (node_sets, last_success, build_info) = Self::register_gauges(&mut registry);
         Self {
             inner: Arc::new(Inner {
                 registry,
@@ -133,7 +148,105 @@ impl Metrics {
                 reconcile_errors,
                 api_writes,
                 pin_drift,
+                node_sets,
+                last_success,
+                build_info,
             }),
+        }
+    }
+
+    fn register_pulls(r: &mut Registry) -> (Counter, Counter, Counter, Histogram) {
+        let images_pulled = registered(
+            r,
+            "images_pulled",
+            "Images pulled into the container runtime",
+            Counter::default(),
+        );
+        let image_pull_failures = registered(
+            r,
+            "image_pull_failures",
+            "Images that failed to pull after every retry",
+            Counter::default(),
+        );
+        let bytes_pulled = registered(
+            r,
+            "pulled_bytes",
+            "Compressed bytes of the pulled images whose size is known",
+            Counter::default(),
+        );
+        // 10 ms .. ~45 min.
+        let pull_seconds = registered(
+            r,
+            "image_pull_seconds",
+            "Duration of successful pulls, retries included",
+            Histogram::new(exponential_buckets(0.01, 3.0, 12)),
+        );
+        (
+            images_pulled,
+            image_pull_failures,
+            bytes_pulled,
+            pull_seconds,
+        )
+    }
+
+    fn register_gauges(registry: &mut Registry) -> Gauges {
+        let node_sets = Family::<StateLabels, Gauge>::default();
+        registry.register(
+            "node_sets",
+            "This node's PinnedImageSets by state (pinned: at their generation; failed: the last try failed; pending: neither yet)",
+            node_sets.clone(),
+        );
+        let last_success = Gauge::<f64, AtomicU64>::default();
+        registry.register(
+            "last_successful_reconcile_timestamp_seconds",
+            "When the last reconcile that left every set pinned ended (Unix time)",
+            last_success.clone(),
+        );
+        let build_info = Family::<BuildLabels, Gauge>::default();
+        registry.register(
+            "build_info",
+            "The running build: release, source commit and policy contract (always 1)",
+            build_info.clone(),
+        );
+        (node_sets, last_success, build_info)
+    }
+
+    /// `pinset_build_info{version, commit, contract} 1`.
+    pub fn set_build_info(&self, version: &str, commit: &str, contract: &str) {
+        self.inner
+            .build_info
+            .get_or_create(&BuildLabels {
+                version: version.into(),
+                commit: commit.into(),
+                contract: contract.into(),
+            })
+            .set(1);
+    }
+
+    /// The node's sets by state after a reconcile; a reconcile that pinned every set is the
+    /// last success.
+    pub fn observe_node_sets(&self, status: &pinset_core::status::NodeStatus) {
+        let (mut pinned, mut failed, mut pending) = (0, 0, 0);
+        for set in status.sets.values() {
+            if set.current_generation == Some(set.desired_generation) {
+                pinned += 1;
+            } else if set.last_failed_generation == Some(set.desired_generation) {
+                failed += 1;
+            } else {
+                pending += 1;
+            }
+        }
+        for (state, n) in [("pinned", pinned), ("failed", failed), ("pending", pending)] {
+            self.inner
+                .node_sets
+                .get_or_create(&StateLabels { state })
+                .set(n);
+        }
+        if failed == 0 && pending == 0 && status.degraded.is_none() {
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0.0, |d| d.as_secs_f64());
+            self.inner.last_success.set(now);
         }
     }
 

@@ -262,6 +262,7 @@ async fn pull_with_retries<P: Puller>(s: &Shared<P>, job: &Job) -> Result<(), Pu
             }
             Err(f) => {
                 let wait = s.run.backoff.wait(attempt);
+                tracing::debug!(image = %job.reference, attempt, error = %f.message, ?wait, "pull failed; retrying");
                 s.emit(Event::Retrying {
                     reference: job.reference.clone(),
                     attempt,

@@ -124,6 +124,7 @@ impl<S, B> Reconciler<S, B> {
 impl<S: Sizer + 'static, B: PinBackend> Reconciler<S, B> {
     /// Reconcile the node towards `desired` with `decisions`, updating `status`. Returns early
     /// (nothing pinned, status still Progressing) when `cancel` fires.
+    #[tracing::instrument(name = "reconcile", skip_all, fields(node = %node.name))]
     pub async fn reconcile(
         &self,
         desired: &Desired,

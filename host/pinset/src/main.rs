@@ -37,6 +37,16 @@ struct Args {
     /// Log filter (tracing EnvFilter syntax), e.g. `info` or `pinset=debug`.
     #[arg(long, global = true, env = "PINSET_LOG", default_value = "info")]
     log: String,
+    /// Log lines as text, or as one JSON object per line (fields: timestamp, level, message,
+    /// and the event's own: node, set, image, hook…).
+    #[arg(
+        long,
+        global = true,
+        env = "PINSET_LOG_FORMAT",
+        value_enum,
+        default_value = "text"
+    )]
+    log_format: cli::logging::LogFormat,
     #[command(subcommand)]
     command: Command,
 }
@@ -114,7 +124,7 @@ enum Command {
 
 fn main() -> ExitCode {
     let args = Args::parse();
-    cli::init_logging(&args.log);
+    cli::logging::init(&args.log, args.log_format);
     match run(args) {
         Ok(code) => code,
         Err(e) => {

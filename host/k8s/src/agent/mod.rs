@@ -70,7 +70,8 @@ pub struct AgentConfig {
     pub node_file: Option<PathBuf>,
     /// Reconcile again this often even when nothing changed (images removed behind our back).
     pub resync: Duration,
-    /// After a failed reconcile, retry after this long, doubling up to `retry_max`.
+    /// After a failed reconcile, retry after this long, doubling up to `retry_max` (each wait
+    /// with a random jitter of up to as much again).
     pub retry_min: Duration,
     pub retry_max: Duration,
     /// At most one status write per this interval while pulling.
@@ -247,6 +248,9 @@ impl<S: Sizer + 'static, B: PinBackend> Agent<S, B> {
         let ok = matches!(&result, Ok(r) if !r.cancelled) && rounds.status.degraded.is_none();
         self.metrics
             .observe_reconcile("node", started.elapsed(), ok);
+        if !matches!(&result, Ok(r) if r.cancelled) {
+            self.metrics.observe_node_sets(&rounds.status);
+        }
         let cancelled = match &result {
             Ok(r) => r.cancelled,
             Err(e) => {
@@ -278,12 +282,16 @@ impl<S: Sizer + 'static, B: PinBackend> Agent<S, B> {
         })
     }
 
-    /// After a failure, back off (doubling up to `retry_max`); after a success, resync.
+    /// After a failure, back off (doubling up to `retry_max`, with jitter); after a success,
+    /// resync.
     fn next_wait(&self, rounds: &mut Rounds) -> Duration {
         if rounds.status.degraded.is_some() {
             rounds.failures = rounds.failures.saturating_add(1);
-            (self.config.retry_min * 2u32.saturating_pow(rounds.failures - 1))
-                .min(self.config.retry_max)
+            crate::backoff::delay(
+                self.config.retry_min,
+                self.config.retry_max,
+                rounds.failures,
+            )
         } else {
             rounds.failures = 0;
             self.config.resync

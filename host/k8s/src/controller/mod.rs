@@ -98,8 +98,7 @@ impl Context {
             // Someone else wrote first: read again soon.
             return Duration::from_millis(100);
         }
-        Duration::from_millis(500u64.saturating_mul(1 << (*n - 1).min(10)))
-            .min(Duration::from_secs(300))
+        crate::backoff::delay(Duration::from_millis(500), Duration::from_secs(300), *n)
     }
 
     fn succeeded(&self, key: &str) {

@@ -108,6 +108,17 @@ async fn serve(
     Ok(())
 }
 
+/// The process's metrics, `pinset_build_info` set.
+fn metrics() -> Metrics {
+    let metrics = Metrics::new();
+    metrics.set_build_info(
+        env!("CARGO_PKG_VERSION"),
+        env!("PINSET_COMMIT"),
+        pinset_policy::CONTRACT,
+    );
+    metrics
+}
+
 /// `pinset controller`
 pub async fn controller(opts: &ClusterOpts) -> Result<ExitCode> {
     let shutdown = shutdown_on_signals();
@@ -115,7 +126,7 @@ pub async fn controller(opts: &ClusterOpts) -> Result<ExitCode> {
     if !ownership::check(client.clone(), OWNERSHIP_RETRY, &shutdown).await? {
         return Ok(ExitCode::SUCCESS);
     }
-    let metrics = Metrics::new();
+    let metrics = metrics();
     let ready = Arc::new(AtomicBool::new(false));
     serve(opts, &metrics, &ready, &shutdown).await?;
     controller::run(client, metrics, ready, shutdown).await;
@@ -144,7 +155,7 @@ pub async fn agent(
     if !ownership::check(client.clone(), OWNERSHIP_RETRY, &shutdown).await? {
         return Ok(ExitCode::SUCCESS);
     }
-    let metrics = Metrics::new();
+    let metrics = metrics();
     let reconciler = runtime
         .config()?
         .connect()

@@ -3,6 +3,7 @@
 pub mod bench;
 pub mod demo;
 pub mod kube;
+pub mod logging;
 pub mod node;
 pub mod plan;
 pub mod policy;
@@ -82,19 +83,6 @@ pub fn child_compiler() -> anyhow::Result<Compiler> {
     }
     let exe = std::env::current_exe().context("finding this executable")?;
     Ok(Compiler::Subprocess(exe))
-}
-
-/// Logs go to stderr so that command output on stdout stays clean.
-pub fn init_logging(filter: &str) {
-    let filter = tracing_subscriber::EnvFilter::try_new(filter)
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    use std::io::IsTerminal;
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_ansi(std::io::stderr().is_terminal())
-        .with_writer(std::io::stderr)
-        .with_target(false)
-        .try_init();
 }
 
 /// The same warning in every command when inputs hold nothing to work on:

@@ -161,7 +161,7 @@ fn pick_node(file: &std::path::Path, nodes: Vec<NodeInfo>, name: Option<&str>) -
 
 /// A progress bar over images and bytes; pull events print above it.
 pub fn progress_bar(total_images: u64, label: &str) -> ProgressBar {
-    let bar = ProgressBar::new(total_images);
+    let bar = super::logging::bars().add(ProgressBar::new(total_images));
     bar.set_style(
         ProgressStyle::with_template(
             "{prefix:>10} [{bar:32.cyan/blue}] {pos}/{len} images {msg} ({elapsed}, eta {eta})",

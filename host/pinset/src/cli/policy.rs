@@ -150,11 +150,13 @@ fn bench_cmd(opts: &PolicyOpts, images: usize, iterations: usize) -> Result<Exit
     if cfg!(debug_assertions) {
         println!("warning: this is a debug build; measure with `cargo run --release`");
     }
-    let bar = ProgressBar::new(bench::ROWS.len() as u64).with_style(
-        ProgressStyle::with_template("{spinner} [{bar:30}] {pos}/{len} {msg}")
-            .expect("valid template")
-            .progress_chars("=> "),
-    );
+    let bar = super::logging::bars()
+        .add(ProgressBar::new(bench::ROWS.len() as u64))
+        .with_style(
+            ProgressStyle::with_template("{spinner} [{bar:30}] {pos}/{len} {msg}")
+                .expect("valid template")
+                .progress_chars("=> "),
+        );
     bar.enable_steady_tick(Duration::from_millis(100));
     let rows = bench::run(&module, images, iterations, |what| {
         bar.inc(1);
