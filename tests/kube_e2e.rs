@@ -241,6 +241,7 @@ impl Cluster {
         let registry = support::Registry::start()?;
         let server = support::apiserver::ApiServer::start().await?;
         server.install_crds().await;
+        server.install_events().await;
         let client = server.client().await;
         let dir = tempfile::tempdir().unwrap();
         Some(Cluster {
@@ -580,6 +581,53 @@ async fn controller_and_agents_pin_sets_and_report_through_a_real_api_server() {
             && pool_message.contains("PinnedImageSet broken")
             && pool_message.contains(&missing),
         "{pool_message}"
+    );
+    // Events, as `kubectl get events` shows them: sets pinned and failed on the node's
+    // MachineConfigNode, the infra agent's policy fallbacks, the pool turning Degraded.
+    let events: Api<k8s_openapi::api::events::v1::Event> = Api::all(client.clone());
+    let want = [
+        ("MachineConfigNode", "cp-0", "SetPinned"),
+        ("MachineConfigNode", "cp-0", "SetFailed"),
+        ("MachineConfigNode", "infra-0", "PolicyFallback"),
+        ("MachineConfigPool", "master", "PoolDegraded"),
+    ];
+    let seen = eventually("events recorded", &logs, || async {
+        let list = events
+            .list(&Default::default())
+            .await
+            .map_err(|e| e.to_string())?;
+        let seen: Vec<(String, String, String, String)> = list
+            .items
+            .iter()
+            .map(|e| {
+                let r = e.regarding.clone().unwrap_or_default();
+                let note = e.note.clone().unwrap_or_default();
+                (
+                    r.kind.unwrap_or_default(),
+                    r.name.unwrap_or_default(),
+                    e.reason.clone().unwrap_or_default(),
+                    note,
+                )
+            })
+            .collect();
+        let all = want.iter().all(|(k, n, r)| {
+            seen.iter()
+                .any(|(k2, n2, r2, _)| (k2.as_str(), n2.as_str(), r2.as_str()) == (*k, *n, *r))
+        });
+        all.then_some(seen.clone()).ok_or(format!("{seen:?}"))
+    })
+    .await;
+    let failed = seen.iter().find(|e| e.2 == "SetFailed").unwrap();
+    assert!(
+        failed.3.contains("broken") && failed.3.contains(&missing),
+        "{failed:?}"
+    );
+    assert_eq!(
+        seen.iter()
+            .filter(|e| e.1 == "cp-0" && e.2 == "SetPinned" && e.3.contains("master-set"))
+            .count(),
+        1,
+        "a set is announced pinned once, not at every resync: {seen:?}"
     );
     // The set that is fine stays done on that node.
     let cp_sets = node_state(&nodes.get("cp-0").await.unwrap()).0;

@@ -18,6 +18,7 @@ pub mod backoff;
 pub mod condition;
 pub mod controller;
 pub mod convert;
+pub mod events;
 pub mod http;
 pub mod metrics;
 pub mod objects;

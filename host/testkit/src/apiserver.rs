@@ -295,6 +295,31 @@ impl ApiServer {
         self.install(pinset_k8s::api::crds()).await
     }
 
+    /// Serve `events.k8s.io/v1` Events, which this API server (apiextensions-apiserver, no core
+    /// API) lacks, through a CRD of the same group, version and kind with an open schema: the
+    /// events pinset records are then created and listed through the real API machinery.
+    pub async fn install_events(&self) {
+        let crd = serde_json::from_value(serde_json::json!({
+            "apiVersion": "apiextensions.k8s.io/v1",
+            "kind": "CustomResourceDefinition",
+            "metadata": {
+                "name": "events.events.k8s.io",
+                "annotations": {"api-approved.kubernetes.io": "unapproved, pinset's test bed only"}
+            },
+            "spec": {
+                "group": "events.k8s.io",
+                "names": {"kind": "Event", "listKind": "EventList", "plural": "events", "singular": "event"},
+                "scope": "Namespaced",
+                "versions": [{
+                    "name": "v1", "served": true, "storage": true,
+                    "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}}
+                }]
+            }
+        }))
+        .expect("the Events CRD");
+        self.install(vec![crd]).await;
+    }
+
     /// Apply `crds` (server-side apply) and wait until each is Established.
     pub async fn install(
         &self,

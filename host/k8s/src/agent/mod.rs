@@ -17,9 +17,9 @@ pub use watch::desired_of;
 
 use crate::api::{MachineConfigNode, MachineConfigPool, PinnedImageSet};
 use crate::metrics::Metrics;
+use kube::Client;
 use kube::api::Api;
 use kube::runtime::reflector::Store;
-use kube::{Client, Resource};
 use pinset_core::decisions::Decisions;
 use pinset_core::desired::{Desired, NodeInfo};
 use pinset_core::status::{NodeStatus, Progress};
@@ -114,6 +114,8 @@ struct Rounds {
     published: Published,
     status: NodeStatus,
     failures: u32,
+    /// Each set's state as the last Events told it.
+    seen: status::Seen,
 }
 
 /// What follows a round.
@@ -211,6 +213,7 @@ impl<S: Sizer + 'static, B: PinBackend> Agent<S, B> {
             },
             node_api,
             published,
+            seen: status::Seen::of(&status),
             status,
             failures: 0,
         })
@@ -273,7 +276,7 @@ impl<S: Sizer + 'static, B: PinBackend> Agent<S, B> {
         let published = self
             .publish(&rounds.node_api, &mut rounds.published, &rounds.status)
             .await;
-        self.record_events(&rounds.status).await;
+        self.record_events(&rounds.status, &mut rounds.seen).await;
         let wait = self.next_wait(rounds);
         // An unpublished status is not left for the next resync: try again soon.
         Next::Idle(match published {
@@ -422,28 +425,18 @@ impl<S: Sizer + 'static, B: PinBackend> Agent<S, B> {
     /// Events on the node's MachineConfigNode for what this reconcile repaired or could not
     /// ask its policy. An API server without Events (or without the right to write them) costs
     /// a debug line, nothing else.
-    async fn record_events(&self, status: &NodeStatus) {
-        use kube::runtime::events::{Recorder, Reporter};
-        let events = status::events(status);
-        if events.is_empty() {
-            return;
-        }
-        let reporter = Reporter {
-            controller: FIELD_MANAGER.into(),
-            instance: Some(self.config.node_name.clone()),
-        };
-        let recorder = Recorder::new(self.client.clone(), reporter);
-        let reference = k8s_openapi::api::core::v1::ObjectReference {
-            api_version: Some(MachineConfigNode::api_version(&()).into()),
-            kind: Some(MachineConfigNode::kind(&()).into()),
-            name: Some(self.config.node_name.clone()),
-            ..Default::default()
-        };
-        for event in &events {
-            if let Err(e) = recorder.publish(event, &reference).await {
-                tracing::debug!(error = %e, reason = %event.reason, "event not recorded");
-            }
-        }
+    /// Events for what changed since the last round (sets pinned or failed, pins repaired,
+    /// policy fallbacks).
+    async fn record_events(&self, status: &NodeStatus, seen: &mut status::Seen) {
+        let events = status::events(status, seen);
+        crate::events::record::<MachineConfigNode>(
+            self.client.clone(),
+            FIELD_MANAGER,
+            Some(self.config.node_name.clone()),
+            &self.config.node_name,
+            &events,
+        )
+        .await;
     }
 
     /// Write the status; whether it is now published.

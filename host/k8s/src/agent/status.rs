@@ -19,28 +19,69 @@ use serde_json::json;
 use std::time::Instant;
 use tokio::sync::mpsc::UnboundedReceiver;
 
-/// The Events a finished reconcile is worth: pins lost and repaired, decisions a policy failed
-/// to make. `None` of either when there is nothing to say.
-pub fn events(status: &NodeStatus) -> Vec<kube::runtime::events::Event> {
+/// Each set's (current, last failed) generation as the Events last told them, so a set is
+/// announced pinned or failed once per generation, not at every resync.
+#[derive(Debug, Default)]
+pub struct Seen(std::collections::BTreeMap<String, (Option<i64>, Option<i64>)>);
+
+impl Seen {
+    /// What a status already says (the agent starts from its MachineConfigNode's).
+    pub fn of(status: &NodeStatus) -> Seen {
+        Seen(
+            status
+                .sets
+                .iter()
+                .map(|(name, s)| {
+                    (
+                        name.clone(),
+                        (s.current_generation, s.last_failed_generation),
+                    )
+                })
+                .collect(),
+        )
+    }
+}
+
+/// The Events a finished reconcile is worth: sets pinned or failed at a generation not yet
+/// announced, pins lost and repaired, decisions a policy failed to make. A quiet resync is none.
+pub fn events(status: &NodeStatus, seen: &mut Seen) -> Vec<kube::runtime::events::Event> {
     use kube::runtime::events::{Event, EventType};
+    let event = |type_, reason: &str, action: &str, note: String| Event {
+        type_,
+        reason: reason.into(),
+        note: Some(cap(&note, 1024)),
+        action: action.into(),
+        secondary: None,
+    };
     let mut out = Vec::new();
+    for (name, set) in &status.sets {
+        let (current, failed) = seen.0.get(name).copied().unwrap_or_default();
+        let g = Some(set.desired_generation);
+        if set.current_generation == g && current != g {
+            let note = format!("set {name} pinned at generation {}", set.desired_generation);
+            out.push(event(EventType::Normal, "SetPinned", "Pin", note));
+        }
+        if set.last_failed_generation == g && failed != g {
+            let why = set
+                .last_failed_generation_error
+                .as_deref()
+                .unwrap_or("failed");
+            let note = format!("set {name} generation {}: {why}", set.desired_generation);
+            out.push(event(EventType::Warning, "SetFailed", "Pull", note));
+        }
+    }
+    *seen = Seen::of(status);
     if let Some(drift) = &status.pin_drift {
-        out.push(Event {
-            type_: EventType::Warning,
-            reason: "PinsRepaired".into(),
-            note: Some(cap(drift, 1024)),
-            action: "Repair".into(),
-            secondary: None,
-        });
+        out.push(event(
+            EventType::Warning,
+            "PinsRepaired",
+            "Repair",
+            drift.clone(),
+        ));
     }
     if !status.policy_fallbacks.is_empty() {
-        out.push(Event {
-            type_: EventType::Warning,
-            reason: "PolicyFallback".into(),
-            note: Some(cap(&status.policy_fallbacks.join("; "), 1024)),
-            action: "Decide".into(),
-            secondary: None,
-        });
+        let note = status.policy_fallbacks.join("; ");
+        out.push(event(EventType::Warning, "PolicyFallback", "Decide", note));
     }
     out
 }
@@ -352,10 +393,11 @@ mod tests {
     #[test]
     fn repaired_pins_and_fallbacks_are_events_and_a_quiet_run_is_none() {
         let mut st = NodeStatus::default();
-        assert!(events(&st).is_empty());
+        let mut seen = Seen::default();
+        assert!(events(&st, &mut seen).is_empty());
         st.pin_drift = Some("repaired 1 lost pin(s) (1 pin-removed): pin-removed: q.io/x".into());
         st.policy_fallbacks = vec!["x".repeat(5000)];
-        let e = events(&st);
+        let e = events(&st, &mut seen);
         assert_eq!(
             e.iter().map(|e| e.reason.as_str()).collect::<Vec<_>>(),
             vec!["PinsRepaired", "PolicyFallback"]
@@ -367,6 +409,35 @@ mod tests {
                 .contains("pin-removed: q.io/x")
         );
         assert!(e[1].note.as_deref().unwrap().chars().count() <= 1024);
+    }
+
+    #[test]
+    fn a_set_is_announced_pinned_or_failed_once_per_generation() {
+        let set = |current, failed| SetStatus {
+            name: "a".into(),
+            desired_generation: 2,
+            current_generation: current,
+            last_failed_generation: failed,
+            last_failed_generation_error: failed.map(|_| "q.io/x: not found".into()),
+        };
+        let mut st = NodeStatus::default();
+        let reasons = |st: &NodeStatus, seen: &mut Seen| -> Vec<String> {
+            events(st, seen).into_iter().map(|e| e.reason).collect()
+        };
+        // Restarted with the set already pinned: nothing to announce.
+        st.sets.insert("a".into(), set(Some(2), None));
+        let mut seen = Seen::of(&st);
+        assert!(reasons(&st, &mut seen).is_empty());
+        st.sets.insert("a".into(), set(Some(1), Some(2)));
+        let mut seen = Seen::of(&NodeStatus::default());
+        assert_eq!(reasons(&st, &mut seen), ["SetFailed"]);
+        assert!(
+            reasons(&st, &mut seen).is_empty(),
+            "a resync says nothing again"
+        );
+        st.sets.insert("a".into(), set(Some(2), Some(2)));
+        assert_eq!(reasons(&st, &mut seen), ["SetPinned"]);
+        assert!(reasons(&st, &mut seen).is_empty());
     }
 
     #[test]

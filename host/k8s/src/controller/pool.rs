@@ -192,5 +192,27 @@ async fn write_status(
         source,
     })?;
     ctx.metrics.count_api_write("pool_status");
+    let was_degraded = status
+        .conditions
+        .iter()
+        .any(|c| c.type_ == CONDITION_DEGRADED && c.status == "True");
+    if let (Some(why), false) = (&degraded, was_degraded) {
+        let event = kube::runtime::events::Event {
+            type_: kube::runtime::events::EventType::Warning,
+            reason: "PoolDegraded".into(),
+            note: Some(pinset_core::status::cap(why, 1024)),
+            action: "Aggregate".into(),
+            secondary: None,
+        };
+        let name = mcp.name_any();
+        crate::events::record::<MachineConfigPool>(
+            ctx.client.clone(),
+            FIELD_MANAGER,
+            None,
+            &name,
+            &[event],
+        )
+        .await;
+    }
     Ok(())
 }
