@@ -129,6 +129,25 @@ fn retrigger_sets(ctx: &Context, pool: &str, names: &[String]) {
     }
 }
 
+/// A `PoolDegraded` Event on the pool that just turned Degraded.
+async fn announce_degraded(ctx: &Context, pool: &str, why: &str) {
+    let event = kube::runtime::events::Event {
+        type_: kube::runtime::events::EventType::Warning,
+        reason: "PoolDegraded".into(),
+        note: Some(pinset_core::status::cap(why, 1024)),
+        action: "Aggregate".into(),
+        secondary: None,
+    };
+    crate::events::record::<MachineConfigPool>(
+        ctx.client.clone(),
+        FIELD_MANAGER,
+        None,
+        pool,
+        &[event],
+    )
+    .await;
+}
+
 /// Apply the pool's synchronizer entry and Degraded condition, only when they differ from what
 /// the pool already says. `sync` is `None` when the counts could not be computed (kept as they are).
 async fn write_status(
@@ -197,22 +216,7 @@ async fn write_status(
         .iter()
         .any(|c| c.type_ == CONDITION_DEGRADED && c.status == "True");
     if let (Some(why), false) = (&degraded, was_degraded) {
-        let event = kube::runtime::events::Event {
-            type_: kube::runtime::events::EventType::Warning,
-            reason: "PoolDegraded".into(),
-            note: Some(pinset_core::status::cap(why, 1024)),
-            action: "Aggregate".into(),
-            secondary: None,
-        };
-        let name = mcp.name_any();
-        crate::events::record::<MachineConfigPool>(
-            ctx.client.clone(),
-            FIELD_MANAGER,
-            None,
-            &name,
-            &[event],
-        )
-        .await;
+        announce_degraded(ctx, &mcp.name_any(), why).await;
     }
     Ok(())
 }
