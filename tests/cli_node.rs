@@ -11,8 +11,40 @@ use support::{pinset, workspace};
 
 #[test]
 fn demo_runs_both_nodes_and_pins_everything() {
-    let (code, out, err) = pinset(&["demo"]);
+    let timelines = tempfile::tempdir().unwrap();
+    let (code, out, err) = pinset(&["demo", "--timeline-dir", timelines.path().to_str().unwrap()]);
     assert_eq!(code, 0, "{out}\n{err}");
+    // One timeline per node: well-formed SVG, one lane per pull slot, one bar per pull, a
+    // throttle pause after each pull of the control-plane node but the last.
+    for (node, slots, pulls) in [("master-0", 1, 5), ("worker-0", 5, 11)] {
+        let path = timelines.path().join(format!("{node}.timeline.svg"));
+        assert!(
+            out.contains(&format!("timeline: {}", path.display())),
+            "{out}"
+        );
+        let text = std::fs::read_to_string(&path).unwrap();
+        let doc = roxmltree::Document::parse(&text).unwrap_or_else(|e| panic!("{node}: {e}"));
+        let class = |n: &roxmltree::Node, c: &str| n.attribute("class") == Some(c);
+        let lanes: Vec<roxmltree::Node> = doc.descendants().filter(|n| class(n, "lane")).collect();
+        assert_eq!(lanes.len(), slots, "{node}: one lane per slot");
+        let bars = doc.descendants().filter(|n| class(n, "pull")).count();
+        assert_eq!(bars, pulls, "{node}: one bar per pull");
+        let pauses = doc.descendants().filter(|n| class(n, "throttle")).count();
+        if node == "master-0" {
+            assert!(pauses >= pulls - 1, "{node}: {pauses} pauses");
+        }
+        let trace: serde_json::Value = serde_json::from_str(
+            &std::fs::read_to_string(path.with_extension("trace.json")).unwrap(),
+        )
+        .unwrap();
+        let complete = trace["traceEvents"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|e| e["ph"] == "X" && e["cat"] == "pull")
+            .count();
+        assert_eq!(complete, pulls, "{node}: the trace holds the same pulls");
+    }
     assert!(
         out.contains("runtime reports 5 of 5 image(s) pinned"),
         "{out}"

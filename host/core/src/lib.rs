@@ -25,6 +25,7 @@ pub mod scenario;
 pub mod selector;
 pub mod settle;
 pub mod status;
+pub mod timeline;
 pub mod yaml;
 
 /// The `*.yaml` and `*.yml` files of a directory, sorted.

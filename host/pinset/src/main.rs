@@ -58,6 +58,10 @@ enum Command {
     Demo {
         #[command(flatten)]
         policy: PolicyOpts,
+        /// Where each node's pull timeline is written (NODE.timeline.svg and .trace.json);
+        /// default: pinset-demo-timelines in the system's temporary directory.
+        #[arg(long, value_name = "DIR")]
+        timeline_dir: Option<std::path::PathBuf>,
     },
     /// Pull and pin the images of one node's PinnedImageSets (from YAML files).
     Node {
@@ -70,6 +74,10 @@ enum Command {
         /// Keep running: reconcile again whenever an input file changes.
         #[arg(long)]
         watch: bool,
+        /// Draw the pulls of each reconcile into FILE (SVG: one lane per pull slot, a bar per
+        /// pull, throttle pauses and retries marked) and FILE's .trace.json (Chrome trace format).
+        #[arg(long, value_name = "FILE.svg")]
+        timeline: Option<std::path::PathBuf>,
     },
     /// Print what the policy decides for one node (admission, order, concurrency, throttle)
     /// without pulling. Works without a runtime: images then count as absent, of unknown size.
@@ -142,13 +150,27 @@ fn run(args: Args) -> Result<ExitCode> {
     };
     match args.command {
         Command::Policy(cmd) => cli::policy::run(cmd),
-        Command::Demo { policy } => rt()?.block_on(cli::demo::demo(&policy)),
+        Command::Demo {
+            policy,
+            timeline_dir,
+        } => {
+            let dir =
+                timeline_dir.unwrap_or_else(|| std::env::temp_dir().join("pinset-demo-timelines"));
+            rt()?.block_on(cli::demo::demo(&policy, &dir))
+        }
         Command::Node {
             inputs,
             runtime,
             policy,
             watch,
-        } => rt()?.block_on(cli::node::node_cmd(&inputs, &runtime, &policy, watch)),
+            timeline,
+        } => rt()?.block_on(cli::node::node_cmd(
+            &inputs,
+            &runtime,
+            &policy,
+            watch,
+            timeline.as_deref(),
+        )),
         Command::Plan {
             inputs,
             cri,

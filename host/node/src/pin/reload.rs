@@ -137,20 +137,29 @@ mod tests {
         );
     }
 
-    /// A process whose command name is `crio` (a copy of sleep) receives SIGHUP, as CRI-O
-    /// does from `systemctl reload crio`; sleep dies of it, which the test observes.
+    /// A process whose command name is `crio` (sleep run through a symlink of that name: the
+    /// kernel names a process after the path it was started by) receives SIGHUP, as CRI-O does
+    /// from `systemctl reload crio`; sleep dies of it, which the test observes. (A copy of the
+    /// binary would be a file open for writing while other tests fork: "text file busy".)
     #[tokio::test]
     async fn the_signal_reaches_the_process_named_crio() {
         let dir = tempfile::tempdir().unwrap();
         let crio = dir.path().join("crio");
-        std::fs::copy("/bin/sleep", &crio).unwrap();
+        std::os::unix::fs::symlink("/bin/sleep", &crio).unwrap();
         let mut child = std::process::Command::new(&crio).arg("30").spawn().unwrap();
         let pid = child.id() as i32;
-        assert!(
-            processes_named(Path::new("/proc"), "crio")
-                .unwrap()
-                .contains(&pid)
-        );
+        // The kernel renames the process late in exec, after the parent has seen it start.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while !processes_named(Path::new("/proc"), "crio")
+            .unwrap()
+            .contains(&pid)
+        {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "pid {pid} never named crio"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
         Reload::default().run().await.unwrap();
         let status = child.wait().unwrap();
         assert_eq!(status.signal(), Some(libc::SIGHUP), "{status:?}");

@@ -52,7 +52,7 @@ pub struct NodeRun {
     pub pinned: usize,
 }
 
-pub async fn demo(policy: &PolicyOpts) -> Result<ExitCode> {
+pub async fn demo(policy: &PolicyOpts, timelines: &Path) -> Result<ExitCode> {
     let mut objects = Objects::default();
     objects::parse(
         SETS,
@@ -73,9 +73,12 @@ pub async fn demo(policy: &PolicyOpts) -> Result<ExitCode> {
         module.name(),
         dir.path().display()
     );
+    std::fs::create_dir_all(timelines)
+        .with_context(|| format!("creating the timeline directory {}", timelines.display()))?;
     let mut runs = Vec::new();
     for node in &objects.nodes {
-        runs.push(run_node(node, &objects, &module, dir.path()).await?);
+        let timeline = timelines.join(format!("{}.timeline.svg", node.name));
+        runs.push(run_node(node, &objects, &module, dir.path(), &timeline).await?);
     }
     println!(
         "\n{:<10} {:>6} {:>10} {:>10} {:>10} {:>9} {:>7}",
@@ -105,6 +108,7 @@ async fn run_node(
     objects: &Objects,
     module: &PolicyModule,
     root: &Path,
+    timeline: &Path,
 ) -> Result<NodeRun> {
     let desired = desired::desired(node, &desired::standard_pools(), &objects.sets);
     let work = root.join(&node.name);
@@ -137,6 +141,7 @@ async fn run_node(
         Box::new(Guarded::new(Box::new(module.instance()))),
         &mut status,
         CancellationToken::new(),
+        Some(timeline),
     )
     .await?;
     let makespan = started.elapsed();

@@ -7,6 +7,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use pinset_core::decisions::Decisions;
 use pinset_core::desired::{self, Desired, NodeInfo};
 use pinset_core::status::NodeStatus;
+use pinset_core::timeline::{self, Recorder};
 use pinset_core::yaml::Fields;
 use pinset_k8s::objects::{self, Objects};
 use pinset_node::cri::client::{STANDARD_ENDPOINTS, find_endpoint};
@@ -17,7 +18,7 @@ use pinset_node::registry::size::RegistrySizer;
 use pinset_node::{NodeConfig, ReconcileError, Reconciler, Report};
 use pinset_policy::{Guarded, PolicyModule};
 use pinset_policy_sdk::fmt_bytes;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
@@ -176,14 +177,20 @@ pub fn progress_bar(total_images: u64, label: &str) -> ProgressBar {
 
 /// Print executor events above `bar` and advance it; when stdout is not a terminal (the bar is
 /// hidden) one plain line per event instead.
-pub async fn show_events(mut rx: tokio::sync::mpsc::UnboundedReceiver<Event>, bar: ProgressBar) {
+pub async fn show_events(
+    mut rx: tokio::sync::mpsc::UnboundedReceiver<Event>,
+    bar: ProgressBar,
+) -> Recorder {
     let (mut bytes, mut total_bytes) = (0u64, 0u64);
+    let mut timeline = Recorder::default();
+    let t0 = std::time::Instant::now();
     let plain = bar.is_hidden();
     let say = |line: String| match plain {
         true => println!("{line}"),
         false => bar.println(line),
     };
     while let Some(e) = rx.recv().await {
+        record(&mut timeline, t0.elapsed().as_secs_f64() * 1000.0, &e);
         match e {
             Event::Planned {
                 pulls,
@@ -225,6 +232,54 @@ pub async fn show_events(mut rx: tokio::sync::mpsc::UnboundedReceiver<Event>, ba
             )),
         }
     }
+    timeline
+}
+
+/// One executor event on the timeline, `at_ms` after the reconcile's events began.
+fn record(timeline: &mut Recorder, at_ms: f64, e: &Event) {
+    let ms = |d: &Duration| d.as_secs_f64() * 1000.0;
+    match e {
+        Event::Planned { .. } => {}
+        Event::Started { reference } => timeline.started(at_ms, reference),
+        Event::Retrying {
+            reference, wait, ..
+        } => timeline.retrying(at_ms, reference, ms(wait)),
+        Event::Pulled {
+            reference, bytes, ..
+        } => timeline.finished(at_ms, reference, true, *bytes),
+        Event::Failed { reference, .. } => timeline.finished(at_ms, reference, false, None),
+        Event::Throttle { reference, pause } => timeline.throttle(at_ms, reference, ms(pause)),
+    }
+}
+
+/// Write the timeline of a reconcile as `path` (SVG) and beside it `….trace.json` (Chrome
+/// trace format); the paths written.
+pub fn write_timeline(
+    recorder: Recorder,
+    node: &str,
+    report: &Report,
+    path: &Path,
+) -> std::io::Result<(PathBuf, PathBuf)> {
+    let mut notes = Vec::new();
+    if let Some(plan) = &report.plan {
+        notes.push(format!(
+            "admission: {} — {}",
+            plan.verdict(),
+            plan.admission.reason
+        ));
+        notes.push(format!(
+            "{} pull(s), {} at once; {} pulled, {} failed",
+            plan.pulls.len(),
+            plan.concurrency,
+            report.outcome.pulled.len(),
+            report.outcome.failed.len()
+        ));
+    }
+    let t = recorder.finish(format!("pinset: pulls of node {node}"), notes);
+    std::fs::write(path, timeline::svg(&t))?;
+    let trace = path.with_extension("trace.json");
+    std::fs::write(&trace, serde_json::to_string(&timeline::chrome_trace(&t))?)?;
+    Ok((path.to_path_buf(), trace))
 }
 
 pub fn summary(node: &str, report: &Report, status: &NodeStatus) -> String {
@@ -285,6 +340,7 @@ pub async fn node_cmd(
     runtime: &RuntimeOpts,
     policy: &PolicyOpts,
     watch: bool,
+    timeline: Option<&Path>,
 ) -> Result<ExitCode> {
     // A watching node runs for long: it compiles its policy in a child process.
     let compiler = match watch {
@@ -293,7 +349,7 @@ pub async fn node_cmd(
     };
     let (_wasm, module) = super::load_policy_with(policy, compiler)?;
     let reconciler = runtime.config()?.connect().await?;
-    node_loop(inputs, &reconciler, &module, watch).await
+    node_loop(inputs, &reconciler, &module, watch, timeline).await
 }
 
 impl RuntimeOpts {
@@ -325,6 +381,7 @@ async fn node_loop(
     reconciler: &Reconciler<RegistrySizer, AnyPins>,
     policy: &PolicyModule,
     watch: bool,
+    timeline: Option<&Path>,
 ) -> Result<ExitCode> {
     let mut status = NodeStatus::default();
     loop {
@@ -339,6 +396,7 @@ async fn node_loop(
             decisions,
             &mut status,
             cancel.clone(),
+            timeline,
         )
         .await;
         if let Some(w) = watcher {
@@ -375,6 +433,7 @@ pub async fn run_with_progress<
     decisions: Box<dyn Decisions>,
     status: &mut NodeStatus,
     cancel: CancellationToken,
+    timeline: Option<&Path>,
 ) -> Result<Report, ReconcileError> {
     let bar = progress_bar(desired.images.len() as u64, &node.name);
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
@@ -382,8 +441,16 @@ pub async fn run_with_progress<
     let report = reconciler
         .reconcile(desired, node, decisions, status, cancel, Some(tx))
         .await;
-    let _ = shower.await;
+    let recorder = shower.await.unwrap_or_default();
     bar.finish_and_clear();
+    if let (Some(path), Ok(report)) = (timeline, &report) {
+        match write_timeline(recorder, &node.name, report, path) {
+            Ok((svg, trace)) => println!("timeline: {} ({})", svg.display(), trace.display()),
+            Err(e) => {
+                tracing::error!(path = %path.display(), error = %e, "cannot write the timeline")
+            }
+        }
+    }
     report
 }
 
