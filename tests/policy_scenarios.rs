@@ -156,6 +156,55 @@ fn cli_policy_test_passes_and_fails_with_a_diff() {
         "{stdout}"
     );
     assert!(stdout.contains("0 passed, 1 failed"), "{stdout}");
+
+    // The same run for machines: JSON on stdout, JUnit XML for CI systems.
+    let junit = dir.path().join("junit.xml");
+    let (code, stdout, _) = pinset(&[
+        "policy",
+        "test",
+        "-o",
+        "json",
+        "--junit",
+        junit.to_str().unwrap(),
+        scenarios.to_str().unwrap(),
+        bad.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 1, "{stdout}");
+    let report: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(
+        (report["passed"].as_u64(), report["failed"].as_u64()),
+        (Some(13), Some(1))
+    );
+    assert_eq!(report["policy"]["name"], "default");
+    let failed: Vec<&serde_json::Value> = report["scenarios"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|s| s["passed"] == false)
+        .collect();
+    assert_eq!(failed[0]["name"], "expects the wrong concurrency");
+    assert!(
+        failed[0]["diffs"][0]
+            .as_str()
+            .unwrap()
+            .contains("+ actual   1")
+    );
+    let xml = std::fs::read_to_string(&junit).unwrap();
+    let doc = roxmltree::Document::parse(&xml).unwrap();
+    let cases: Vec<roxmltree::Node> = doc
+        .descendants()
+        .filter(|n| n.has_tag_name("testcase"))
+        .collect();
+    assert_eq!(cases.len(), 14);
+    let failures: Vec<roxmltree::Node> = doc
+        .descendants()
+        .filter(|n| n.has_tag_name("failure"))
+        .collect();
+    assert_eq!(failures.len(), 1);
+    assert_eq!(
+        failures[0].parent().unwrap().attribute("name"),
+        Some("expects the wrong concurrency")
+    );
 }
 
 #[test]
@@ -198,4 +247,23 @@ fn cli_bench_reports_every_hook() {
         );
     }
     assert!(stdout.contains("µs"), "{stdout}");
+    let (code, stdout, stderr) = pinset(&[
+        "policy",
+        "bench",
+        "--images",
+        "20",
+        "--iterations",
+        "5",
+        "-o",
+        "json",
+    ]);
+    assert_eq!(code, 0, "{stderr}");
+    let report: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    let rows = report["rows"].as_array().unwrap();
+    assert!(
+        rows.iter()
+            .any(|r| r["hook"].as_str().unwrap().starts_with("reconcile")),
+        "{stdout}"
+    );
+    assert!(rows.iter().all(|r| r["wasm"]["medianUs"].as_f64().unwrap() > 0.0 && r["ratio"].as_f64().is_some()));
 }

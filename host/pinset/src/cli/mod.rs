@@ -7,6 +7,7 @@ pub mod logging;
 pub mod node;
 pub mod plan;
 pub mod policy;
+pub mod report;
 
 use anyhow::Context;
 use pinset_policy::{Compiler, Limits, PolicyModule, WasmRuntime};

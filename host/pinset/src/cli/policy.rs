@@ -10,6 +10,13 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
+/// How `policy test` and `policy bench` print.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Format {
+    Text,
+    Json,
+}
+
 #[derive(Subcommand, Debug)]
 pub enum PolicyCommand {
     /// Run scenario files (or directories of them) against a policy; non-zero exit on failure.
@@ -19,6 +26,12 @@ pub enum PolicyCommand {
         /// Scenario files (YAML) or directories holding them.
         #[arg(required = true, value_name = "SCENARIO")]
         scenarios: Vec<PathBuf>,
+        /// text for people, json for scripts.
+        #[arg(long, short = 'o', value_enum, default_value = "text")]
+        output: Format,
+        /// Also write the results as JUnit XML (one testcase per scenario) for CI systems.
+        #[arg(long, value_name = "FILE")]
+        junit: Option<PathBuf>,
     },
     /// Per-hook latency of the policy against the native reference policy on the same inputs.
     Bench {
@@ -30,6 +43,9 @@ pub enum PolicyCommand {
         /// Measured calls per hook (after a warm-up of a tenth of that).
         #[arg(long, default_value_t = 200)]
         iterations: usize,
+        /// text for people, json for scripts.
+        #[arg(long, short = 'o', value_enum, default_value = "text")]
+        output: Format,
     },
     /// Load a policy and print its name, version, description and sha256.
     Info {
@@ -66,12 +82,18 @@ pub fn compile_child() -> Result<ExitCode> {
 
 pub fn run(cmd: PolicyCommand) -> Result<ExitCode> {
     match cmd {
-        PolicyCommand::Test { policy, scenarios } => test(&policy, &scenarios),
+        PolicyCommand::Test {
+            policy,
+            scenarios,
+            output,
+            junit,
+        } => test(&policy, &scenarios, output, junit.as_deref()),
         PolicyCommand::Bench {
             policy,
             images,
             iterations,
-        } => bench_cmd(&policy, images, iterations.max(1)),
+            output,
+        } => bench_cmd(&policy, images, iterations.max(1), output),
         PolicyCommand::Info { mut policy, module } => {
             policy.policy = module.or(policy.policy);
             let (_runtime, module) = load_policy(&policy)?;
@@ -99,9 +121,27 @@ fn describe(module: &PolicyModule) -> String {
     )
 }
 
-fn test(opts: &PolicyOpts, paths: &[PathBuf]) -> Result<ExitCode> {
+/// The policy as the JSON reports name it.
+fn policy_json(module: &PolicyModule) -> serde_json::Value {
+    let info = Guarded::new(Box::new(module.instance())).info();
+    serde_json::json!({
+        "module": module.name(),
+        "name": info.name,
+        "version": info.version,
+        "sha256": module.sha256(),
+    })
+}
+
+fn test(
+    opts: &PolicyOpts,
+    paths: &[PathBuf],
+    format: Format,
+    junit: Option<&std::path::Path>,
+) -> Result<ExitCode> {
     let (_runtime, module) = load_policy(opts)?;
-    println!("{}", describe(&module));
+    if format == Format::Text {
+        println!("{}", describe(&module));
+    }
     let files = scenario::collect(paths)?;
     super::warn_if_empty(
         "scenarios",
@@ -109,25 +149,56 @@ fn test(opts: &PolicyOpts, paths: &[PathBuf]) -> Result<ExitCode> {
         files.len(),
         "scenario file (*.yaml, *.yml)",
     );
-    let (mut passed, mut failed) = (0, 0);
-    for file in files {
-        let outcome = match scenario::load(&file) {
-            Ok(loaded) => {
-                // A fresh instance per scenario, as per reconcile.
-                let mut policy = Guarded::new(Box::new(module.instance()));
-                scenario::run(&loaded, &mut policy)
-            }
-            Err(e) => scenario::Outcome {
-                name: "(unreadable)".into(),
-                path: file.clone(),
-                diffs: vec![e.to_string()],
-            },
-        };
+    let outcomes: Vec<(scenario::Outcome, Duration)> = files
+        .iter()
+        .map(|file| {
+            let started = std::time::Instant::now();
+            let outcome = run_scenario(&module, file);
+            (outcome, started.elapsed())
+        })
+        .collect();
+    if let Some(path) = junit {
+        std::fs::write(path, super::report::junit(module.name(), &outcomes))
+            .map_err(|e| anyhow::anyhow!("--junit {}: {e}", path.display()))?;
+    }
+    match format {
+        Format::Json => println!(
+            "{}",
+            serde_json::to_string_pretty(&super::report::test_json(
+                &policy_json(&module),
+                &outcomes
+            ))?
+        ),
+        Format::Text => print_outcomes(&outcomes),
+    }
+    let failed = outcomes.iter().filter(|(o, _)| !o.passed()).count();
+    Ok(if failed == 0 {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
+}
+
+/// One scenario against a fresh instance, as per reconcile; an unreadable file fails.
+fn run_scenario(module: &PolicyModule, file: &std::path::Path) -> scenario::Outcome {
+    match scenario::load(file) {
+        Ok(loaded) => {
+            let mut policy = Guarded::new(Box::new(module.instance()));
+            scenario::run(&loaded, &mut policy)
+        }
+        Err(e) => scenario::Outcome {
+            name: "(unreadable)".into(),
+            path: file.to_path_buf(),
+            diffs: vec![e.to_string()],
+        },
+    }
+}
+
+fn print_outcomes(outcomes: &[(scenario::Outcome, Duration)]) {
+    for (outcome, _) in outcomes {
         if outcome.passed() {
-            passed += 1;
             println!("PASS  {}  ({})", outcome.name, outcome.path.display());
         } else {
-            failed += 1;
             println!("FAIL  {}  ({})", outcome.name, outcome.path.display());
             for d in &outcome.diffs {
                 for line in d.lines() {
@@ -136,19 +207,19 @@ fn test(opts: &PolicyOpts, paths: &[PathBuf]) -> Result<ExitCode> {
             }
         }
     }
-    println!("{passed} passed, {failed} failed");
-    Ok(if failed == 0 {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::FAILURE
-    })
+    let passed = outcomes.iter().filter(|(o, _)| o.passed()).count();
+    println!("{passed} passed, {} failed", outcomes.len() - passed);
 }
 
-fn bench_cmd(opts: &PolicyOpts, images: usize, iterations: usize) -> Result<ExitCode> {
+fn bench_cmd(
+    opts: &PolicyOpts,
+    images: usize,
+    iterations: usize,
+    format: Format,
+) -> Result<ExitCode> {
     let (_runtime, module) = load_policy(opts)?;
-    println!("{}", describe(&module));
     if cfg!(debug_assertions) {
-        println!("warning: this is a debug build; measure with `cargo run --release`");
+        tracing::warn!("this is a debug build; measure with `cargo run --release`");
     }
     let bar = super::logging::bars()
         .add(ProgressBar::new(bench::ROWS.len() as u64))
@@ -163,6 +234,12 @@ fn bench_cmd(opts: &PolicyOpts, images: usize, iterations: usize) -> Result<Exit
         bar.set_message(what);
     })?;
     bar.finish_and_clear();
+    if format == Format::Json {
+        let report = super::report::bench_json(&policy_json(&module), images, iterations, &rows);
+        println!("{}", serde_json::to_string_pretty(&report)?);
+        return Ok(ExitCode::SUCCESS);
+    }
+    println!("{}", describe(&module));
     println!("{images} images, {iterations} calls per row (median / p99)");
     println!(
         "{:<70} {:>22} {:>22} {:>8}",
