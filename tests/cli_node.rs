@@ -91,6 +91,7 @@ fn plan_works_without_a_runtime() {
         demo.join("nodes.yaml").to_str().unwrap(),
         "--node-name",
         "master-0",
+        "--no-sizing",
     ]);
     assert_eq!(code, 0, "{err}");
     assert!(
@@ -122,6 +123,7 @@ fn plan_works_without_a_runtime() {
             demo.join("nodes.yaml").to_str().unwrap(),
             "--node-name",
             "master-0",
+            "--no-sizing",
             "-o",
             format,
         ]);
@@ -149,6 +151,37 @@ fn plan_works_without_a_runtime() {
         json["refused"].as_array().unwrap().is_empty()
             && json["fallbacks"].as_array().unwrap().is_empty()
     );
+    // What the policy would do, drawn at a simulated pull rate: one lane (one pull at a time
+    // on the control plane), a bar per pull, the 1 s throttle between them.
+    let dir = tempfile::tempdir().unwrap();
+    let svg = dir.path().join("plan.svg");
+    let (code, _, err) = pinset(&[
+        "plan",
+        "--sets",
+        demo.join("sets.yaml").to_str().unwrap(),
+        "--node",
+        demo.join("nodes.yaml").to_str().unwrap(),
+        "--node-name",
+        "master-0",
+        "--no-sizing",
+        "--timeline",
+        svg.to_str().unwrap(),
+        "--pull-rate-mib",
+        "50",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let text = std::fs::read_to_string(&svg).unwrap();
+    let doc = roxmltree::Document::parse(&text).unwrap();
+    let count = |c: &str| {
+        doc.descendants()
+            .filter(|n| n.attribute("class") == Some(c))
+            .count()
+    };
+    assert_eq!((count("lane"), count("pull")), (1, 5), "{text}");
+    assert!(count("throttle") >= 4, "{text}");
+    assert!(svg.with_extension("trace.json").exists());
+    let (code, _, err) = pinset(&["plan", "--pull-rate-mib", "0", "--sets", "x", "--node", "y"]);
+    assert_eq!(code, 2, "a rate of 0 is a usage error: {err}");
     let (code, _, err) = pinset(&["plan", "-o", "xml", "--sets", "x", "--node", "y"]);
     assert_eq!(code, 2, "a bad -o is a usage error: {err}");
 }
@@ -354,6 +387,7 @@ fn exit_codes_completions_and_clear_words() {
         node.to_str().unwrap(),
         "--node-name",
         "master-0",
+        "--no-sizing",
     ]);
     assert_eq!(code, 1, "{out}");
     assert!(out.contains("set latest refused"), "{out}");
@@ -430,6 +464,7 @@ fn input_errors_name_file_line_and_field_once() {
             sets.to_str().unwrap(),
             "--node",
             nodes.to_str().unwrap(),
+            "--no-sizing",
         ];
         args.extend_from_slice(extra);
         pinset(&args)

@@ -5,11 +5,12 @@
 use crate::cri::client::CriError;
 use crate::cri::proto;
 use crate::reconcile::Reconciler;
-use crate::registry::size::{ImageSize, Sizer};
+use crate::registry::size::{Cached, ImageSize, Sizer};
 use pinset_core::desired::{Desired, NodeInfo};
 use pinset_policy_sdk::{self as sdk, AdmissionRequest, DiskFacts, Images, NodeFacts};
 use std::collections::{HashMap, HashSet};
 use std::path::Path;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// One `ListImages` answer: the keys the runtime's images are found by (ids, repo digests,
@@ -169,25 +170,35 @@ impl<S: Sizer + 'static, B> Reconciler<S, B> {
 
     /// Sizes of the images not present (absent ones only: present images need no disk).
     pub async fn sizes(&self, desired: &Desired, present: &[bool]) -> Vec<Option<ImageSize>> {
-        let Some(sizer) = self.sizer() else {
-            return vec![None; desired.images.len()];
-        };
-        let mut tasks = tokio::task::JoinSet::new();
-        for (i, wanted) in desired.images.iter().enumerate() {
-            if present[i] {
-                continue;
-            }
-            let (sizer, reference) = (sizer.clone(), wanted.reference.clone());
-            tasks.spawn(async move { (i, sizer.size(&reference).await) });
-        }
-        let mut out = vec![None; desired.images.len()];
-        while let Some(joined) = tasks.join_next().await {
-            let Ok((i, result)) = joined else { continue };
-            match result {
-                Ok(size) => out[i] = Some(size),
-                Err(e) => tracing::warn!(error = %e, "image size unknown; the policy is told so"),
-            }
-        }
-        out
+        sizes(self.sizer(), desired, present).await
     }
+}
+
+/// Sizes of the images of `desired` that are not `present`, asked of `sizer` at once; `None`
+/// (said at warn) where a registry cannot tell, everywhere without a sizer.
+pub async fn sizes<S: Sizer + 'static>(
+    sizer: Option<&Arc<Cached<S>>>,
+    desired: &Desired,
+    present: &[bool],
+) -> Vec<Option<ImageSize>> {
+    let Some(sizer) = sizer else {
+        return vec![None; desired.images.len()];
+    };
+    let mut tasks = tokio::task::JoinSet::new();
+    for (i, wanted) in desired.images.iter().enumerate() {
+        if present.get(i).copied().unwrap_or(false) {
+            continue;
+        }
+        let (sizer, reference) = (sizer.clone(), wanted.reference.clone());
+        tasks.spawn(async move { (i, sizer.size(&reference).await) });
+    }
+    let mut out = vec![None; desired.images.len()];
+    while let Some(joined) = tasks.join_next().await {
+        let Ok((i, result)) = joined else { continue };
+        match result {
+            Ok(size) => out[i] = Some(size),
+            Err(e) => tracing::warn!(error = %e, "image size unknown; the policy is told so"),
+        }
+    }
+    out
 }

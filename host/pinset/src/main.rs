@@ -80,7 +80,8 @@ enum Command {
         timeline: Option<std::path::PathBuf>,
     },
     /// Print what the policy decides for one node (admission, order, concurrency, throttle)
-    /// without pulling. Works without a runtime: images then count as absent, of unknown size.
+    /// without pulling: the reconcile's facts (sizes from the registries, the runtime's
+    /// snapshot and disk with --cri). Without --cri, every image counts as absent.
     Plan {
         #[command(flatten)]
         inputs: Inputs,
@@ -90,6 +91,10 @@ enum Command {
         /// text for people; json or yaml for scripts (fields: see the README).
         #[arg(long, short = 'o', value_enum, default_value = "text")]
         output: cli::plan::Output,
+        #[command(flatten)]
+        sizing: cli::node::SizingOpts,
+        #[command(flatten)]
+        simulation: cli::plan::Simulation,
         #[command(flatten)]
         policy: PolicyOpts,
     },
@@ -175,8 +180,17 @@ fn run(args: Args) -> Result<ExitCode> {
             inputs,
             cri,
             output,
+            sizing,
+            simulation,
             policy,
-        } => rt()?.block_on(cli::plan::plan_cmd(&inputs, cri, &policy, output)),
+        } => rt()?.block_on(cli::plan::plan_cmd(
+            &inputs,
+            cri,
+            &sizing,
+            &simulation,
+            &policy,
+            output,
+        )),
         Command::Bench(cmd) => rt()?.block_on(cli::bench::run(cmd)),
         Command::Crds => Ok(cli::kube::crds()),
         Command::CompilePolicy => cli::policy::compile_child(),

@@ -14,12 +14,14 @@ use pinset_node::cri::client::{STANDARD_ENDPOINTS, find_endpoint};
 use pinset_node::executor::Event;
 use pinset_node::pin::AnyPins;
 use pinset_node::pin::crio::{self, Reload};
-use pinset_node::registry::size::RegistrySizer;
+use pinset_node::registry::auth::Credentials;
+use pinset_node::registry::size::{Cached, RegistrySizer};
 use pinset_node::{NodeConfig, ReconcileError, Reconciler, Report};
 use pinset_policy::{Guarded, PolicyModule};
 use pinset_policy_sdk::fmt_bytes;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use std::sync::Arc;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
@@ -64,7 +66,14 @@ pub struct RuntimeOpts {
     /// does; the agent needs the host's PID namespace).
     #[arg(long, value_name = "COMMAND")]
     pub crio_reload: Option<String>,
-    /// Registry credentials (kubelet config.json).
+    #[command(flatten)]
+    pub sizing: SizingOpts,
+}
+
+/// How images are sized from their registries (`node`, `plan`, the agent).
+#[derive(clap::Args, Clone, Debug)]
+pub struct SizingOpts {
+    /// Registry credentials (kubelet config.json; missing or empty: none).
     #[arg(long, value_name = "FILE")]
     pub auth: Option<PathBuf>,
     /// A registry (`host[:port]`) to speak plain HTTP to when sizing images (loopback test
@@ -74,6 +83,23 @@ pub struct RuntimeOpts {
     /// Do not size images from their registries: the policy is told their size is unknown.
     #[arg(long)]
     pub no_sizing: bool,
+}
+
+impl SizingOpts {
+    /// The registry sizer these options describe; `None` with `--no-sizing`.
+    pub fn sizer(&self) -> Result<Option<Arc<Cached<RegistrySizer>>>> {
+        if self.no_sizing {
+            return Ok(None);
+        }
+        let credentials = match &self.auth {
+            Some(path) => Credentials::load(path)?,
+            None => Credentials::default(),
+        };
+        Ok(Some(Arc::new(Cached::new(RegistrySizer::new(
+            self.insecure_registry.clone(),
+            Arc::new(credentials),
+        )))))
+    }
 }
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -369,9 +395,9 @@ impl RuntimeOpts {
             },
             crio_dropin_dir: self.crio_dropin_dir.clone(),
             crio_reload: Reload::from_flag(self.crio_reload.as_deref()),
-            auth: self.auth.clone(),
-            insecure_registries: self.insecure_registry.clone(),
-            sizing: !self.no_sizing,
+            auth: self.sizing.auth.clone(),
+            insecure_registries: self.sizing.insecure_registry.clone(),
+            sizing: !self.sizing.no_sizing,
         })
     }
 }

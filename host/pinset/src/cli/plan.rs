@@ -2,20 +2,22 @@
 //! as a document (`-o json|yaml`) for scripts. The document's fields are described on
 //! [`PlanReport`] and in the README.
 
-use super::node::{Inputs, desired_state};
+use super::node::{Inputs, SizingOpts, desired_state};
 use super::{PolicyOpts, load_policy};
-use anyhow::Result;
+use anyhow::{Context, Result};
 use pinset_core::decisions::Decisions;
 use pinset_core::desired::{Desired, NodeInfo};
 use pinset_core::plan::{self, Plan};
+use pinset_core::timeline::{self, Recorder, Timeline};
 use pinset_node::Reconciler;
 use pinset_node::cri::client::{CriClient, CriConfig};
 use pinset_node::facts::{self, Facts};
-use pinset_node::registry::size::RegistrySizer;
+use pinset_node::registry::size::{Cached, RegistrySizer};
 use pinset_policy::Guarded;
 use pinset_policy_sdk::{DiskFacts, Verdict, fmt_bytes};
 use serde::Serialize;
 use std::process::ExitCode;
+use std::sync::Arc;
 
 /// How `plan` prints.
 #[derive(clap::ValueEnum, Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -24,6 +26,71 @@ pub enum Output {
     Text,
     Json,
     Yaml,
+}
+
+/// `plan --timeline`: the pulls drawn as the policy would run them at a simulated pull rate.
+#[derive(clap::Args, Clone, Debug)]
+pub struct Simulation {
+    /// Draw the plan's pulls as they would run (slots, the policy's throttle after each) into
+    /// FILE (SVG) and FILE's .trace.json.
+    #[arg(long, value_name = "FILE.svg")]
+    pub timeline: Option<std::path::PathBuf>,
+    /// Simulated pull rate per slot for --timeline, MiB/s (an image of unknown size takes 1 s).
+    #[arg(long, default_value_t = 100.0, value_name = "MIB_PER_S", value_parser = positive_rate)]
+    pub pull_rate_mib: f64,
+}
+
+fn positive_rate(text: &str) -> Result<f64, String> {
+    match text.parse::<f64>() {
+        Ok(r) if r > 0.0 && r.is_finite() => Ok(r),
+        _ => Err(format!("{text:?}: expected a rate above 0")),
+    }
+}
+
+/// The plan's pulls on `concurrency` slots in the policy's order: each takes its size at
+/// `rate` MiB/s (1 s when unknown), then the slot pauses for the policy's throttle (asked with
+/// that simulated outcome and the node's current pressure).
+fn simulate(node: &str, plan: &Plan, facts: &Facts, policy: &mut Guarded, rate: f64) -> Timeline {
+    let request = &facts.request;
+    let mut free_at = vec![0.0_f64; plan.concurrency.max(1) as usize];
+    let mut recorder = Recorder::default();
+    let pressure = pinset_node::os::pressure();
+    for (n, &i) in plan.pulls.iter().enumerate() {
+        let Some(image) = request.images.get(i as usize) else {
+            continue;
+        };
+        let (slot, start) = free_at
+            .iter()
+            .copied()
+            .enumerate()
+            .min_by(|a, b| a.1.total_cmp(&b.1))
+            .unwrap_or((0, 0.0));
+        let ms = image
+            .size_bytes
+            .map_or(1000.0, |b| b as f64 / (rate * 1048576.0) * 1000.0);
+        recorder.started(start, image.reference);
+        recorder.finished(start + ms, image.reference, true, image.size_bytes);
+        let outcome = pinset_policy_sdk::PullOutcome {
+            reference: image.reference.to_string(),
+            bytes: image.size_bytes,
+            duration_ms: ms as u64,
+            remaining: (plan.pulls.len() - n - 1) as u32,
+            ..Default::default()
+        };
+        let pause = policy
+            .throttle(&request.node, &outcome, &pressure)
+            .as_secs_f64()
+            * 1000.0;
+        recorder.throttle(start + ms, image.reference, pause);
+        free_at[slot] = start + ms + pause;
+    }
+    recorder.finish(
+        format!("pinset plan: node {node}, simulated at {rate} MiB/s per slot"),
+        vec![
+            format!("admission: {} — {}", plan.verdict(), plan.admission.reason),
+            format!("{} pull(s), {} at once", plan.pulls.len(), plan.concurrency),
+        ],
+    )
 }
 
 /// What `plan -o json|yaml` prints (camelCase keys).
@@ -90,32 +157,46 @@ pub struct Pull {
     pub size_bytes: Option<u64>,
 }
 
-/// `pinset plan`. With `--cri` the reconcile's own facts phase runs (snapshot, disk); without,
-/// every image counts as absent and of unknown size. Exits 1 when a set is refused or the
+/// `pinset plan`. With `--cri` the reconcile's own facts phase runs (snapshot, disk, sizes);
+/// without, every image counts as absent; sizes come from the registries unless `--no-sizing`. Exits 1 when a set is refused or the
 /// policy rejects the admission.
 pub async fn plan_cmd(
     inputs: &Inputs,
     cri: Option<String>,
+    sizing: &SizingOpts,
+    sim: &Simulation,
     policy: &PolicyOpts,
     output: Output,
 ) -> Result<ExitCode> {
     let (node, desired) = desired_state(inputs)?;
     let (_runtime, module) = load_policy(policy)?;
+    let sizer = sizing.sizer()?;
     let facts = match cri {
+        // The reconcile's own facts phase: snapshot and disk, sizes of what is absent.
         Some(endpoint) => {
             let client = CriClient::new(CriConfig {
                 endpoint,
                 ..Default::default()
             })?;
-            // No sizer: `plan` stays offline, sizes are unknown.
-            Reconciler::<RegistrySizer, ()>::new(client, ())
-                .facts(&desired, &node)
-                .await?
+            let mut reconciler = Reconciler::<RegistrySizer, ()>::new(client, ());
+            if let Some(sizer) = sizer {
+                reconciler = reconciler.with_sizer(sizer);
+            }
+            reconciler.facts(&desired, &node).await?
         }
-        None => offline_facts(&desired, &node),
+        None => offline_facts(&desired, &node, sizer.as_ref()).await,
     };
     let mut guarded = Guarded::new(Box::new(module.instance()));
     let plan = plan::make(&mut guarded, &facts.request);
+    if let Some(path) = &sim.timeline {
+        let t = simulate(&node.name, &plan, &facts, &mut guarded, sim.pull_rate_mib);
+        std::fs::write(path, timeline::svg(&t))
+            .with_context(|| format!("--timeline {}", path.display()))?;
+        let trace = path.with_extension("trace.json");
+        std::fs::write(&trace, serde_json::to_string(&timeline::chrome_trace(&t))?)
+            .with_context(|| format!("--timeline {}", trace.display()))?;
+        eprintln!("timeline: {} ({})", path.display(), trace.display());
+    }
     let report = report(&node, &desired, &plan, &facts, &mut guarded, module.name());
     match output {
         Output::Text => print_text(&report),
@@ -130,15 +211,21 @@ pub async fn plan_cmd(
     })
 }
 
-/// Facts without a runtime: nothing present, sizes and disk unknown.
-fn offline_facts(desired: &Desired, node: &NodeInfo) -> Facts {
+/// Facts without a runtime: nothing present, disk unknown, sizes from the registries (unless
+/// `--no-sizing`).
+async fn offline_facts(
+    desired: &Desired,
+    node: &NodeInfo,
+    sizer: Option<&Arc<Cached<RegistrySizer>>>,
+) -> Facts {
     let present = vec![false; desired.images.len()];
+    let sizes = facts::sizes(sizer, desired, &present).await;
     let request = facts::request(
         desired,
         facts::node_facts(node, &desired.pools),
         DiskFacts::default(),
         &present,
-        &vec![None; desired.images.len()],
+        &sizes,
     );
     Facts {
         snapshot: Default::default(),
