@@ -697,7 +697,7 @@ fn tail(text: &str) -> String {
 fn json_logs_parse_line_by_line() {
     let out = Command::new(support::PINSET)
         .args(["--log-format", "json", "demo"])
-        .env("PINSET_LOG", "info")
+        .env("PINSET_LOG", "info,pinset_node=debug")
         .output()
         .unwrap();
     assert!(out.status.success());

@@ -195,6 +195,7 @@ async fn slot<P: Puller>(s: Arc<Shared<P>>) {
         };
         match result {
             Ok(()) => {
+                tracing::debug!(image = %job.reference, bytes = job.bytes, ?duration, "pulled");
                 s.emit(Event::Pulled {
                     reference: job.reference.clone(),
                     bytes: job.bytes,
@@ -207,6 +208,7 @@ async fn slot<P: Puller>(s: Arc<Shared<P>>) {
                     .push(job.reference.clone());
             }
             Err(f) => {
+                tracing::debug!(image = %job.reference, error = %f.message, "pull failed");
                 s.emit(Event::Failed {
                     reference: job.reference.clone(),
                     error: f.message.clone(),

@@ -293,6 +293,10 @@ impl<S: Sizer + 'static, B: PinBackend> Reconciler<S, B> {
             waited: PIN_CONFIRM_TIMEOUT,
         };
         let failures = settle::record(desired, &settled, &confirmation, status);
+        for (i, why) in &settled.incomplete {
+            let set = &desired.sets[*i];
+            tracing::warn!(set = %set.name, generation = set.generation, error = %why, "set not pinned");
+        }
         report.pin = Some(change);
         report.backend = self.pins.name();
         report.phases.push(("pin", started.elapsed()));
