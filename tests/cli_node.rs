@@ -83,16 +83,23 @@ fn demo_runs_both_nodes_and_pins_everything() {
 #[test]
 fn plan_works_without_a_runtime() {
     let demo = workspace().join("examples/demo");
-    let (code, out, err) = pinset(&[
-        "plan",
-        "--sets",
-        demo.join("sets.yaml").to_str().unwrap(),
-        "--node",
-        demo.join("nodes.yaml").to_str().unwrap(),
-        "--node-name",
-        "master-0",
-        "--no-sizing",
-    ]);
+    let (sets, nodes) = (demo.join("sets.yaml"), demo.join("nodes.yaml"));
+    // The demo's control-plane node, offline, with `extra` flags.
+    let plan = |extra: &[&str]| {
+        let mut args = vec![
+            "plan",
+            "--sets",
+            sets.to_str().unwrap(),
+            "--node",
+            nodes.to_str().unwrap(),
+            "--node-name",
+            "master-0",
+            "--no-sizing",
+        ];
+        args.extend_from_slice(extra);
+        pinset(&args)
+    };
+    let (code, out, err) = plan(&[]);
     assert_eq!(code, 0, "{err}");
     assert!(
         out.contains("node master-0  pools master  policy"),
@@ -115,18 +122,7 @@ fn plan_works_without_a_runtime() {
 
     // The same plan as a document, in JSON and YAML.
     let as_doc = |format: &str| {
-        let (code, out, err) = pinset(&[
-            "plan",
-            "--sets",
-            demo.join("sets.yaml").to_str().unwrap(),
-            "--node",
-            demo.join("nodes.yaml").to_str().unwrap(),
-            "--node-name",
-            "master-0",
-            "--no-sizing",
-            "-o",
-            format,
-        ]);
+        let (code, out, err) = plan(&["-o", format]);
         assert_eq!(code, 0, "{err}");
         out
     };
@@ -155,20 +151,7 @@ fn plan_works_without_a_runtime() {
     // on the control plane), a bar per pull, the 1 s throttle between them.
     let dir = tempfile::tempdir().unwrap();
     let svg = dir.path().join("plan.svg");
-    let (code, _, err) = pinset(&[
-        "plan",
-        "--sets",
-        demo.join("sets.yaml").to_str().unwrap(),
-        "--node",
-        demo.join("nodes.yaml").to_str().unwrap(),
-        "--node-name",
-        "master-0",
-        "--no-sizing",
-        "--timeline",
-        svg.to_str().unwrap(),
-        "--pull-rate-mib",
-        "50",
-    ]);
+    let (code, _, err) = plan(&["--timeline", svg.to_str().unwrap(), "--pull-rate-mib", "50"]);
     assert_eq!(code, 0, "{err}");
     let text = std::fs::read_to_string(&svg).unwrap();
     let doc = roxmltree::Document::parse(&text).unwrap();
