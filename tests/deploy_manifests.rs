@@ -2,7 +2,7 @@
 //! `kubectl kustomize` (the whole install, the base without CRDs, the base with every
 //! component) and checked: the CRDs are exactly what `pinset crds` prints, the image is the one
 //! `scripts/image.sh` names, every flag exists, every path a flag names lies under a mount, the
-//! runtime sockets are mounted, the security settings the issue of deployability asks for hold.
+//! runtime sockets are mounted, and the agent's and the controller's security settings hold.
 
 mod support;
 
