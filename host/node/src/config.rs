@@ -84,10 +84,7 @@ impl NodeConfig {
             }
             chosen => chosen,
         };
-        let credentials = Arc::new(match &self.auth {
-            Some(path) => Credentials::load(path)?,
-            None => Credentials::default(),
-        });
+        let credentials = credentials(self.auth.as_deref())?;
         let pins = match pin {
             PinKind::Containerd => AnyPins::Containerd(Box::new(ContainerdPins::new(&self.cri)?)),
             // (`Auto` was resolved above.)
@@ -98,11 +95,27 @@ impl NodeConfig {
         };
         let mut reconciler = Reconciler::new(cri, pins).with_credentials(credentials.clone());
         if self.sizing {
-            reconciler = reconciler.with_sizer(Arc::new(Cached::new(RegistrySizer::new(
-                self.insecure_registries.clone(),
-                credentials,
-            ))));
+            reconciler = reconciler.with_sizer(sizer(&self.insecure_registries, credentials));
         }
         Ok(reconciler)
     }
+}
+
+/// The registry credentials of a kubelet `config.json` (none without one).
+pub fn credentials(auth: Option<&std::path::Path>) -> Result<Arc<Credentials>, AuthError> {
+    Ok(Arc::new(match auth {
+        Some(path) => Credentials::load(path)?,
+        None => Credentials::default(),
+    }))
+}
+
+/// The cached registry sizer every command and the agent size images with.
+pub fn sizer(
+    insecure_registries: &[String],
+    credentials: Arc<Credentials>,
+) -> Arc<Cached<RegistrySizer>> {
+    Arc::new(Cached::new(RegistrySizer::new(
+        insecure_registries.to_vec(),
+        credentials,
+    )))
 }

@@ -14,7 +14,6 @@ use pinset_node::cri::client::{STANDARD_ENDPOINTS, find_endpoint};
 use pinset_node::executor::Event;
 use pinset_node::pin::AnyPins;
 use pinset_node::pin::crio::{self, Reload};
-use pinset_node::registry::auth::Credentials;
 use pinset_node::registry::size::{Cached, RegistrySizer};
 use pinset_node::{NodeConfig, ReconcileError, Reconciler, Report};
 use pinset_policy::{Guarded, PolicyModule};
@@ -91,14 +90,11 @@ impl SizingOpts {
         if self.no_sizing {
             return Ok(None);
         }
-        let credentials = match &self.auth {
-            Some(path) => Credentials::load(path)?,
-            None => Credentials::default(),
-        };
-        Ok(Some(Arc::new(Cached::new(RegistrySizer::new(
-            self.insecure_registry.clone(),
-            Arc::new(credentials),
-        )))))
+        let credentials = pinset_node::config::credentials(self.auth.as_deref())?;
+        Ok(Some(pinset_node::config::sizer(
+            &self.insecure_registry,
+            credentials,
+        )))
     }
 }
 
