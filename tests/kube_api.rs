@@ -188,6 +188,12 @@ fn pool(name: &str, roles: &[&str]) -> pinset_k8s::api::MachineConfigPool {
     .unwrap()
 }
 
+/// The embedded default fleet policy for every pool.
+fn default_fleet() -> pinset_k8s::controller::FleetTable {
+    let runtime = pinset_policy::WasmRuntime::new().unwrap();
+    pinset_k8s::controller::FleetTable::embedded(&runtime).unwrap()
+}
+
 /// Run the controller in this process until `done` holds, then stop it; its metrics.
 async fn run_controller_until<F, Fut>(
     client: kube::Client,
@@ -204,6 +210,7 @@ where
     let task = tokio::spawn(pinset_k8s::controller::run(
         client,
         metrics.clone(),
+        default_fleet(),
         ready.clone(),
         stop.clone(),
     ));
@@ -328,6 +335,7 @@ async fn the_controller_rides_out_an_api_server_restart_without_rewriting() {
     let task = tokio::spawn(pinset_k8s::controller::run(
         client.clone(),
         metrics.clone(),
+        default_fleet(),
         ready,
         stop.clone(),
     ));

@@ -744,7 +744,7 @@ async fn an_agent_killed_mid_run_is_finished_by_the_next_one_without_pulling_twi
         &runtime,
         support::free_port(),
         "first.log",
-        &[],
+        &["--rollout=free".into()],
     );
     let logs = || format!("{}\n{}", first.log(), server.log());
     // Kill it once some images are in and others are not.
@@ -775,7 +775,7 @@ async fn an_agent_killed_mid_run_is_finished_by_the_next_one_without_pulling_twi
         &runtime,
         port,
         "second.log",
-        &[],
+        &["--rollout=free".into()],
     );
     let logs = || format!("{}\n{}", second.log(), server.log());
     eventually("the restarted agent finishes the set", &logs, || async {
@@ -817,7 +817,7 @@ async fn the_agent_works_through_an_api_server_outage_and_publishes_when_it_retu
         &runtime,
         support::free_port(),
         "agent.log",
-        &[],
+        &["--rollout=free".into()],
     );
     let logs = || format!("{}\n{}", agent.log(), server.log());
     eventually("the first image pulled", &logs, || async {
@@ -1073,6 +1073,8 @@ async fn the_agent_from_the_image_pins_a_set() {
             "agent".into(),
             "--kubeconfig=/etc/pinset/kubeconfig".into(),
             "--node-file=/etc/pinset/node.yaml".into(),
+            // No controller here: pull as soon as the set appears.
+            "--rollout=free".into(),
             format!("--metrics-addr=127.0.0.1:{port}"),
             format!("--insecure-registry={}", cluster.registry.host),
             "--retry-seconds=1".into(),

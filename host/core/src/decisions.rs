@@ -14,6 +14,8 @@ pub enum Hook {
     Order,
     Concurrency,
     Throttle,
+    /// The fleet policy's hook (`pinset:fleet/rollout`), asked by the controller.
+    Grant,
 }
 
 impl Hook {
@@ -32,6 +34,7 @@ impl Hook {
             Hook::Order => "order",
             Hook::Concurrency => "concurrency",
             Hook::Throttle => "throttle",
+            Hook::Grant => "grant",
         }
     }
 }

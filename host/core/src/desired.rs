@@ -136,6 +136,12 @@ pub struct Desired {
     pub images: Vec<Wanted>,
     /// Sets refused because an image reference is invalid; their images are not pulled.
     pub invalid: Vec<InvalidSet>,
+    /// The node's rollout grant, when a fleet policy paces its pool: a set is pulled only up
+    /// to the generation the grant covers (see [`crate::rollout::gate`]). `None`: no pacing.
+    pub grant: Option<crate::rollout::RolloutGrant>,
+    /// Sets held back by the grant in this reconcile (name, generation): they miss images and
+    /// wait for a grant.
+    pub waiting: Vec<(String, i64)>,
 }
 
 impl Desired {

@@ -21,6 +21,7 @@ pub mod plan;
 pub mod pool;
 pub mod quantity;
 pub mod reference;
+pub mod rollout;
 pub mod scenario;
 pub mod selector;
 pub mod settle;

@@ -42,12 +42,21 @@ pub struct NodeStatus {
     /// `Some(message)` while a reconcile runs.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub progressing: Option<String>,
+    /// Sets (name, generation) waiting for a rollout grant (see [`crate::rollout`]): the node is
+    /// Progressing, not failed.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub waiting: Vec<(String, i64)>,
     /// `Some(message)` after a failed reconcile, until one succeeds.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub degraded: Option<String>,
     /// Decisions the policy failed to make in the last reconcile (answered by the reference).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub policy_fallbacks: Vec<String>,
+    /// The node's Ready condition and labels as last read (reported for the fleet policy).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub node_ready: Option<bool>,
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub node_labels: BTreeMap<String, String>,
     /// Pins the last reconcile found lost and repaired (see [`crate::drift`]).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub pin_drift: Option<String>,
@@ -66,6 +75,7 @@ impl NodeStatus {
                     .iter()
                     .map(|s| (s.set.as_str(), s.generation)),
             )
+            .chain(desired.waiting.iter().map(|(n, g)| (n.as_str(), *g)))
             .collect();
         self.sets
             .retain(|name, _| wanted.iter().any(|(n, _)| n == name));
@@ -84,6 +94,7 @@ impl NodeStatus {
             self.fail(&invalid.set, invalid.generation, &invalid.to_string());
         }
         self.progress = progress;
+        self.waiting = desired.waiting.clone();
         self.progressing = Some(format!(
             "pulling {} image(s) of {} set(s)",
             progress.images_total - progress.images_done,

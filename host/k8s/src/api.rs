@@ -124,9 +124,31 @@ pub struct PinnedImageSetStatus {
         description = "Nodes with every set of the pool pulled and pinned"
     ),
     printcolumn(
+        name = "Granted",
+        type_ = "integer",
+        json_path = ".status.rollout.granted",
+        description = "Nodes the fleet policy allowed to pull the target"
+    ),
+    printcolumn(
+        name = "Pulling",
+        type_ = "integer",
+        json_path = ".status.rollout.pulling"
+    ),
+    printcolumn(
+        name = "Failed",
+        type_ = "integer",
+        json_path = ".status.rollout.failed"
+    ),
+    printcolumn(
         name = "Degraded",
         type_ = "string",
         json_path = ".status.conditions[?(@.type==\"PinnedImageSetsDegraded\")].status"
+    ),
+    printcolumn(
+        name = "Rollout",
+        type_ = "string",
+        json_path = ".status.rollout.reason",
+        priority = 1
     ),
     printcolumn(
         name = "Age",
@@ -165,6 +187,30 @@ pub struct MachineConfigPoolStatus {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
     pub conditions: Vec<Condition>,
+    /// pinset's addition: the fleet rollout of the pool's target.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rollout: Option<PoolRollout>,
+}
+
+/// Where the pool's rollout stands: node counts against the target, and the fleet policy's
+/// last decision.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PoolRollout {
+    /// The target: `set@generation` of every set of the pool.
+    pub target: String,
+    /// Nodes holding a grant for the target.
+    pub granted: u32,
+    /// Granted nodes working towards it.
+    pub pulling: u32,
+    pub done: u32,
+    pub failed: u32,
+    /// Nodes waiting for a grant.
+    pub waiting: u32,
+    /// The fleet policy that decided last.
+    pub policy: String,
+    #[schemars(length(max = 4096))]
+    pub reason: String,
 }
 
 /// Node counts of one synchronizer of a pool.
@@ -233,6 +279,35 @@ pub struct MachineConfigNodeSpec {
     pub node: NameRef,
     /// The node's primary pool.
     pub pool: NameRef,
+    /// Written by the controller (its own field manager): what the pool's fleet policy allows
+    /// this node to pull. The agent pulls a set only up to the generation granted here.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rollout_grant: Option<RolloutGrant>,
+}
+
+/// A node's rollout grant: the sets and generations it may pull, and how.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RolloutGrant {
+    #[schemars(length(max = 100))]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["name"]))]
+    pub sets: Vec<GrantedSet>,
+    /// Pulls at once on this node, over the node policy's concurrency.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 64))]
+    pub max_pulls: Option<u32>,
+    /// The fleet policy's reason, when granted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 4096))]
+    pub reason: Option<String>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub struct GrantedSet {
+    #[schemars(length(min = 1, max = 253))]
+    pub name: String,
+    #[schemars(range(min = 1))]
+    pub generation: i64,
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
@@ -255,6 +330,17 @@ pub struct MachineConfigNodeStatus {
     /// pinset's addition: how far the node is.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pinned_image_progress: Option<NodeProgress>,
+    /// pinset's addition: the node as its agent sees it (for the fleet policy).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_state: Option<NodeState>,
+}
+
+/// The node's readiness and labels, as the agent last read them.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub struct NodeState {
+    pub ready: bool,
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub labels: std::collections::BTreeMap<String, String>,
 }
 
 /// One set on one node. Generations are at least 1 and never decrease.

@@ -8,7 +8,7 @@ use pinset_core::desired::{self, NodeInfo, Pool};
 use pinset_core::pool::NodeReport;
 use pinset_core::quantity::parse_bytes;
 use pinset_core::selector::{LabelSelector, Operator, Requirement};
-use pinset_core::status::SetStatus;
+use pinset_core::status::{Progress, SetStatus};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConvertError {
@@ -128,6 +128,47 @@ pub fn node_report(n: &MachineConfigNode) -> NodeReport {
             .iter()
             .find(|c| c.type_ == CONDITION_DEGRADED && c.status == "True")
             .map(|c| c.message.clone()),
+    }
+}
+
+/// A rollout grant as the core knows it.
+pub fn grant(g: &crate::api::RolloutGrant) -> pinset_core::rollout::RolloutGrant {
+    pinset_core::rollout::RolloutGrant {
+        sets: g
+            .sets
+            .iter()
+            .map(|s| (s.name.clone(), s.generation))
+            .collect(),
+        max_pulls: g.max_pulls,
+    }
+}
+
+/// A node of a pool for the fleet decision, from its MachineConfigNode.
+pub fn member(n: &MachineConfigNode) -> pinset_core::rollout::Member {
+    let status = n.status.clone().unwrap_or_default();
+    let report = node_report(n);
+    let progressing_since_ms = status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == crate::api::CONDITION_PROGRESSING && c.status == "True")
+        .and_then(|c| u64::try_from(c.last_transition_time.0.as_millisecond()).ok());
+    pinset_core::rollout::Member {
+        name: report.name,
+        labels: status
+            .node_state
+            .as_ref()
+            .map(|s| s.labels.clone())
+            .unwrap_or_default(),
+        ready: status.node_state.as_ref().is_some_and(|s| s.ready),
+        grant: n.spec.rollout_grant.as_ref().map(grant),
+        sets: report.sets,
+        progress: status.pinned_image_progress.as_ref().map(|p| Progress {
+            images_done: p.images_done,
+            images_total: p.images_total,
+            bytes_done: p.bytes_done,
+            bytes_total: p.bytes_total,
+        }),
+        progressing_since_ms,
     }
 }
 

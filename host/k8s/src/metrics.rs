@@ -33,6 +33,12 @@ struct StateLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PoolStateLabels {
+    pool: String,
+    state: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct BuildLabels {
     version: String,
     commit: String,
@@ -54,6 +60,8 @@ struct Inner {
     node_sets: Family<StateLabels, Gauge>,
     last_success: Gauge<f64, AtomicU64>,
     build_info: Family<BuildLabels, Gauge>,
+    rollout_waiting: Gauge,
+    pool_rollout: Family<PoolStateLabels, Gauge>,
 }
 
 /// The node's sets by state, the last success, the build.
@@ -135,6 +143,18 @@ impl Metrics {
             "Pins found lost behind pinset's back and repaired (kind: image-deleted, pin-removed, dropin-deleted, dropin-edited)",
         );
         let (node_sets, last_success, build_info) = Self::register_gauges(&mut registry);
+        let rollout_waiting = registered(
+            &mut registry,
+            "rollout_waiting",
+            "This node's PinnedImageSets waiting for a rollout grant from the pool's fleet policy",
+            Gauge::default(),
+        );
+        let pool_rollout = registered(
+            &mut registry,
+            "pool_rollout_nodes",
+            "Nodes of each pool by rollout state against the pool's target (granted, pulling, done, failed, waiting)",
+            Family::<PoolStateLabels, Gauge>::default(),
+        );
         Self {
             inner: Arc::new(Inner {
                 registry,
@@ -151,6 +171,8 @@ impl Metrics {
                 node_sets,
                 last_success,
                 build_info,
+                rollout_waiting,
+                pool_rollout,
             }),
         }
     }
@@ -247,6 +269,30 @@ impl Metrics {
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(0.0, |d| d.as_secs_f64());
             self.inner.last_success.set(now);
+        }
+    }
+
+    /// Sets of this node waiting for a rollout grant.
+    pub fn observe_rollout_waiting(&self, sets: usize) {
+        self.inner.rollout_waiting.set(sets as i64);
+    }
+
+    /// A pool's nodes by rollout state.
+    pub fn observe_pool_rollout(&self, pool: &str, counts: &pinset_core::rollout::Counts) {
+        for (state, n) in [
+            ("granted", counts.granted),
+            ("pulling", counts.pulling),
+            ("done", counts.done),
+            ("failed", counts.failed),
+            ("waiting", counts.waiting),
+        ] {
+            self.inner
+                .pool_rollout
+                .get_or_create(&PoolStateLabels {
+                    pool: pool.into(),
+                    state,
+                })
+                .set(i64::from(n));
         }
     }
 

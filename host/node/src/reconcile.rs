@@ -15,6 +15,7 @@ use pinset_core::decisions::{Decisions, Observer};
 use pinset_core::desired::{Desired, NodeInfo};
 use pinset_core::drift::{self, Drift};
 use pinset_core::plan::{self, Plan};
+use pinset_core::rollout;
 use pinset_core::settle::{self, Confirmation, Outcome};
 use pinset_core::status::{NodeStatus, Progress};
 use pinset_policy_sdk::Pressure;
@@ -156,13 +157,19 @@ impl<S: Sizer + 'static, B: PinBackend> Reconciler<S, B> {
         cancel: CancellationToken,
         events: Option<UnboundedSender<Event>>,
     ) -> Result<Report, ReconcileError> {
+        let gated = self.gate(desired).await?;
+        let desired = &gated;
         let facts = self.facts(desired, node).await?;
         // Before anything changes: what the sets pinned earlier promise, against the snapshot.
         let pinned = facts.snapshot.pinned_flags(desired);
         let drift = drift::find(desired, status, &facts.present, &pinned);
         let mut phases = facts.phases.clone();
         let started = Instant::now();
-        let plan = plan::make(decisions.as_mut(), &facts.request);
+        let mut plan = plan::make(decisions.as_mut(), &facts.request);
+        if let Some(cap) = desired.grant.as_ref().and_then(|g| g.max_pulls) {
+            // The fleet policy's cap on this node, over the node policy's concurrency.
+            plan.concurrency = plan.concurrency.min(cap.max(1));
+        }
         phases.push(("policy", started.elapsed()));
         let jobs = start(
             desired,
@@ -210,6 +217,27 @@ impl<S: Sizer + 'static, B: PinBackend> Reconciler<S, B> {
         self.verify_pin_settle(desired, facts.snapshot, status, &mut report)
             .await?;
         Ok(report)
+    }
+
+    /// Under a rollout grant: the sets it does not cover and that miss images wait (one
+    /// snapshot tells which); nothing of theirs is sized or pulled.
+    async fn gate(&self, desired: &Desired) -> Result<Desired, ReconcileError> {
+        let Some(grant) = &desired.grant else {
+            return Ok(desired.clone());
+        };
+        if desired
+            .sets
+            .iter()
+            .all(|s| grant.covers(&s.name, s.generation))
+        {
+            return Ok(desired.clone());
+        }
+        let snapshot = Snapshot::of(&self.cri.list_images().await?);
+        let gated = rollout::gate(desired, &snapshot.presence(desired));
+        if !gated.waiting.is_empty() {
+            tracing::info!(waiting = ?gated.waiting, "sets wait for a rollout grant");
+        }
+        Ok(gated)
     }
 
     /// The pulls phase: the plan's jobs through the executor, progress into `status` and the

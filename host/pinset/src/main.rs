@@ -108,6 +108,8 @@ enum Command {
     Controller {
         #[command(flatten)]
         cluster: cli::kube::ClusterOpts,
+        #[command(flatten)]
+        controller: cli::kube::ControllerOpts,
     },
     /// Run the node agent (one per node): pull and pin the node's sets, report on its
     /// MachineConfigNode.
@@ -200,7 +202,10 @@ fn run(args: Args) -> Result<ExitCode> {
             clap_complete::generate(shell, &mut command, "pinset", &mut std::io::stdout());
             Ok(ExitCode::SUCCESS)
         }
-        Command::Controller { cluster } => rt()?.block_on(cli::kube::controller(&cluster)),
+        Command::Controller {
+            cluster,
+            controller,
+        } => rt()?.block_on(cli::kube::controller(&cluster, &controller)),
         Command::Agent {
             cluster,
             agent,

@@ -81,7 +81,7 @@ pub enum LoadError {
     },
     #[error(
         "policy module {module}: implements {found}, but this pinset implements {expected}; \
-         rebuild the policy against wit/policy.wit of this release"
+         rebuild the policy against the WIT (wit/) of this release"
     )]
     Contract {
         module: String,

@@ -16,6 +16,7 @@
 
 pub mod bench;
 mod error;
+pub mod fleet;
 mod guard;
 mod native;
 pub mod synth;
@@ -23,6 +24,7 @@ pub mod validate;
 mod wasm;
 
 pub use error::{LoadError, PolicyError};
+pub use fleet::{Decided, FleetInstance, GuardedFleet, NativeFleet};
 pub use guard::Guarded;
 pub use native::NativePolicy;
 pub use pinset_core::decisions::{Decisions, Fallback, Observer};
@@ -31,9 +33,9 @@ pub use pinset_policy_sdk::{
     PullOutcome, Verdict,
 };
 pub use wasm::{
-    COMPILE_INVALID_MODULE, COMPILE_SUBCOMMAND, CONTRACT, Compiler, Limits, MAX_LOG_BYTES,
-    MAX_LOG_LINE_BYTES, MAX_LOG_LINES, NO_WAITING, PolicyModule, STDERR_CAPTURE_BYTES, WasmPolicy,
-    WasmRuntime, bounded, precompile,
+    COMPILE_INVALID_MODULE, COMPILE_SUBCOMMAND, CONTRACT, Compiler, FLEET_CONTRACT, FleetModule,
+    Limits, MAX_LOG_BYTES, MAX_LOG_LINE_BYTES, MAX_LOG_LINES, NO_WAITING, PolicyModule,
+    STDERR_CAPTURE_BYTES, WasmFleet, WasmPolicy, WasmRuntime, bounded, precompile,
 };
 
 pub use pinset_core::decisions::Hook;

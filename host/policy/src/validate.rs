@@ -2,7 +2,7 @@
 //! of the policy, never something pinset acts on.
 
 use super::{MAX_CONCURRENCY, MAX_THROTTLE};
-use pinset_policy_sdk::Verdict;
+use pinset_policy_sdk::{Grant, Phase, RolloutRequest, Verdict};
 
 /// `order` must be a permutation of `0..len`.
 pub fn order(order: &[u32], len: usize) -> Result<(), String> {
@@ -58,6 +58,51 @@ pub fn throttle_ms(ms: u64) -> Result<(), String> {
             MAX_THROTTLE.as_millis()
         ))
     }
+}
+
+/// A fleet grant must name nodes of the request, each once, allow 1..=64 pulls per node when
+/// it caps them, and keep the pool within its ceiling (`pinset.io/rollout-max-pulling`): the
+/// nodes in flight after the grant (granted, Ready, pulling or failed and retrying, plus the
+/// newly granted) may not outnumber it.
+pub fn grant(grant: &Grant, request: &RolloutRequest) -> Result<(), String> {
+    let n = request.nodes.len();
+    let mut seen = vec![false; n];
+    for &i in &grant.nodes {
+        let slot = seen
+            .get_mut(i as usize)
+            .ok_or_else(|| format!("grant names node {i} of {n}"))?;
+        if std::mem::replace(slot, true) {
+            return Err(format!("grant names node {i} twice"));
+        }
+    }
+    if let Some(m) = grant.max_pulls
+        && !(1..=crate::fleet::MAX_PULLS).contains(&m)
+    {
+        return Err(format!(
+            "max-pulls {m} is outside 1..={}",
+            crate::fleet::MAX_PULLS
+        ));
+    }
+    let Some(ceiling) = request.pool.max_pulling else {
+        return Ok(());
+    };
+    let in_flight = request
+        .nodes
+        .iter()
+        .zip(&seen)
+        .filter(|(node, added)| {
+            node.ready
+                && ((node.granted && node.in_flight())
+                    || (**added && !node.granted && node.phase == Phase::Waiting))
+        })
+        .count();
+    if in_flight > ceiling as usize {
+        return Err(format!(
+            "grant leaves {in_flight} nodes pulling at once, over the pool's ceiling of {ceiling} ({})",
+            pinset_policy_sdk::MAX_PULLING_ANNOTATION
+        ));
+    }
+    Ok(())
 }
 
 #[cfg(test)]

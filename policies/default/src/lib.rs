@@ -13,6 +13,9 @@
 //! Images of unknown size cannot be counted; they are admitted and named in the reason.
 //! The same source is compiled into pinset as its native fallback policy.
 
+pub mod fleet;
+
+pub use fleet::DefaultFleet;
 use pinset_policy_sdk::*;
 
 /// Ephemeral storage a node keeps for everything else.
@@ -124,6 +127,8 @@ pub fn node_gate(node: &NodeFacts) -> Option<String> {
 
 #[cfg(feature = "export")]
 export_policy!(DefaultPolicy);
+#[cfg(feature = "export")]
+export_fleet!(DefaultFleet);
 
 #[cfg(test)]
 mod tests {

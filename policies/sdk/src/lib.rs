@@ -33,9 +33,14 @@
 //! # fn main() { assert_eq!(TwoAtATime.concurrency(&NodeFacts::default()), 2); }
 //! ```
 
+pub mod fleet;
 mod helpers;
 mod types;
 
+pub use fleet::{
+    Fleet, FleetNode, FleetPool, Grant, MAX_PULLING_ANNOTATION, NodeProgress, Phase,
+    RolloutRequest, SetState, Target, TargetSet, count_or_percent,
+};
 pub use helpers::*;
 pub use types::*;
 
@@ -57,13 +62,17 @@ pub trait Policy {
 
 /// Write a line to pinset's log. In a native build (unit tests) this does nothing.
 pub fn log(level: Level, message: &str) {
-    #[cfg(target_arch = "wasm32")]
+    #[cfg(all(target_arch = "wasm32", feature = "decisions"))]
     guest::log(level, message);
+    #[cfg(all(target_arch = "wasm32", not(feature = "decisions"), feature = "fleet"))]
+    fleet_guest::log(level, message);
     #[cfg(not(target_arch = "wasm32"))]
     let _ = (level, message);
 }
 
-#[cfg(target_arch = "wasm32")]
+// Each contract's bindings exist only when the crate exports it (features `decisions`, on by
+// default, and `fleet`): a component must export every interface its bindings declare.
+#[cfg(all(target_arch = "wasm32", feature = "decisions"))]
 #[doc(hidden)]
 pub mod bindings {
     wit_bindgen::generate!({
@@ -75,9 +84,51 @@ pub mod bindings {
     });
 }
 
-#[cfg(target_arch = "wasm32")]
+#[cfg(all(target_arch = "wasm32", feature = "decisions"))]
 #[doc(hidden)]
 pub mod guest;
+
+#[cfg(all(target_arch = "wasm32", feature = "fleet"))]
+#[doc(hidden)]
+pub mod fleet_bindings {
+    wit_bindgen::generate!({
+        path: "../../wit/fleet",
+        world: "fleet-policy",
+        pub_export_macro: true,
+        export_macro_name: "__export_rollout",
+        default_bindings_module: "pinset_policy_sdk::fleet_bindings",
+    });
+}
+
+#[cfg(all(target_arch = "wasm32", feature = "fleet"))]
+#[doc(hidden)]
+pub mod fleet_guest;
+
+/// Export a [`Fleet`] type (which must implement `Default`) as the module's fleet rollout
+/// policy (`wit/fleet/fleet.wit`). Needs the SDK's `fleet` feature; a module may export a
+/// fleet policy, node decisions ([`export_policy!`], feature `decisions`), or both.
+///
+/// Expands to nothing in a native build, so the crate's unit tests run with `cargo test`.
+#[macro_export]
+macro_rules! export_fleet {
+    ($fleet:ty) => {
+        #[cfg(target_arch = "wasm32")]
+        const _: () = {
+            struct ExportedFleet;
+            impl $crate::fleet_bindings::exports::pinset::fleet::rollout::Guest for ExportedFleet {
+                fn info() -> $crate::fleet_bindings::pinset::fleet::types::PolicyInfo {
+                    $crate::fleet_guest::info::<$fleet>()
+                }
+                fn grant(
+                    request: $crate::fleet_bindings::pinset::fleet::types::RolloutRequest,
+                ) -> $crate::fleet_bindings::pinset::fleet::types::RolloutGrant {
+                    $crate::fleet_guest::grant::<$fleet>(request)
+                }
+            }
+            $crate::fleet_bindings::__export_rollout!(ExportedFleet with_types_in $crate::fleet_bindings);
+        };
+    };
+}
 
 /// Export a [`Policy`] type (which must implement `Default`) as the module's decisions.
 ///

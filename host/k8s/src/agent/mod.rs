@@ -76,6 +76,9 @@ pub struct AgentConfig {
     pub retry_max: Duration,
     /// At most one status write per this interval while pulling.
     pub publish_interval: Duration,
+    /// Pull only what the pool's fleet policy granted (recorded by the controller on the
+    /// node's MachineConfigNode); `false` pulls as soon as the sets change, as the reference.
+    pub wait_for_grants: bool,
 }
 
 impl AgentConfig {
@@ -87,6 +90,7 @@ impl AgentConfig {
             retry_min: Duration::from_secs(10),
             retry_max: Duration::from_secs(300),
             publish_interval: Duration::from_secs(1),
+            wait_for_grants: true,
         }
     }
 }
@@ -104,6 +108,8 @@ pub struct Agent<S, B> {
 struct Caches {
     pools: Store<MachineConfigPool>,
     sets: Store<PinnedImageSet>,
+    /// The node's own MachineConfigNode (its rollout grant).
+    own: Store<MachineConfigNode>,
     changed: signal::Receiver<u64>,
 }
 
@@ -150,7 +156,7 @@ impl<S: Sizer + 'static, B: PinBackend> Agent<S, B> {
                     _ => continue,
                 },
             };
-            let desired = desired_of(&node, &rounds.caches.pools, &rounds.caches.sets);
+            let desired = watch::desired_now(&self.config, &node, &rounds.caches);
             match self.round(&mut rounds, &node, &desired, &shutdown).await {
                 Next::Stop => return,
                 Next::Again => continue,
@@ -174,17 +180,29 @@ impl<S: Sizer + 'static, B: PinBackend> Agent<S, B> {
         let (changes, changed) = signal::channel(0u64);
         let pools = watch::spawn_reflector::<MachineConfigPool>(
             self.client.clone(),
+            crate::watcher_config(),
             changes.clone(),
             shutdown.clone(),
         );
         let sets = watch::spawn_reflector::<PinnedImageSet>(
             self.client.clone(),
+            crate::watcher_config(),
+            changes.clone(),
+            shutdown.clone(),
+        );
+        let own = watch::spawn_reflector::<MachineConfigNode>(
+            self.client.clone(),
+            crate::watcher_config().fields(&format!("metadata.name={}", self.config.node_name)),
             changes,
             shutdown.clone(),
         );
         tokio::select! {
             _ = shutdown.cancelled() => return None,
-            _ = async { let _ = pools.wait_until_ready().await; let _ = sets.wait_until_ready().await; } => {}
+            _ = async {
+                let _ = pools.wait_until_ready().await;
+                let _ = sets.wait_until_ready().await;
+                let _ = own.wait_until_ready().await;
+            } => {}
         }
         let node_api: Api<MachineConfigNode> = Api::all(self.client.clone());
         let mut published = Published::default();
@@ -209,6 +227,7 @@ impl<S: Sizer + 'static, B: PinBackend> Agent<S, B> {
             caches: Caches {
                 pools,
                 sets,
+                own,
                 changed,
             },
             node_api,
@@ -246,6 +265,8 @@ impl<S: Sizer + 'static, B: PinBackend> Agent<S, B> {
         shutdown: &CancellationToken,
     ) -> Next {
         self.sync_spec(rounds, desired).await;
+        rounds.status.node_ready = Some(node.ready);
+        rounds.status.node_labels = node.labels.clone();
         let started = Instant::now();
         let result = self.reconcile(rounds, node, desired, shutdown).await;
         let ok = matches!(&result, Ok(r) if !r.cancelled) && rounds.status.degraded.is_none();
@@ -253,6 +274,8 @@ impl<S: Sizer + 'static, B: PinBackend> Agent<S, B> {
             .observe_reconcile("node", started.elapsed(), ok);
         if !matches!(&result, Ok(r) if r.cancelled) {
             self.metrics.observe_node_sets(&rounds.status);
+            self.metrics
+                .observe_rollout_waiting(rounds.status.waiting.len());
         }
         let cancelled = match &result {
             Ok(r) => r.cancelled,
@@ -372,15 +395,7 @@ impl<S: Sizer + 'static, B: PinBackend> Agent<S, B> {
         desired: &'a Desired,
         node: &'a NodeInfo,
     ) -> impl Future<Output = ()> + 'a {
-        watch::until_changed(
-            &self.config,
-            &self.client,
-            &caches.pools,
-            &caches.sets,
-            desired,
-            node,
-            caches.changed.clone(),
-        )
+        watch::until_changed(&self.config, &self.client, caches, desired, node)
     }
 
     /// Sleep until the desired state changes, `wait` passes, or the agent stops.

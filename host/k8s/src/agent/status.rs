@@ -4,7 +4,7 @@
 use super::{AgentConfig, AgentError, FIELD_MANAGER};
 use crate::api::{
     CONDITION_DEGRADED, CONDITION_POLICY_FALLBACK, CONDITION_PROGRESSING, MachineConfigNode,
-    MachineConfigNodeStatus, NodeProgress, NodeSetStatus,
+    MachineConfigNodeStatus, NodeProgress, NodeSetStatus, NodeState,
 };
 use crate::condition;
 use crate::metrics::Metrics;
@@ -149,19 +149,25 @@ pub(super) fn set_status(s: NodeSetStatus) -> SetStatus {
     }
 }
 
+/// The reason of the Progressing condition while sets wait for a rollout grant.
+pub const REASON_WAITING: &str = "WaitingForRolloutGrant";
+
 /// Progressing, Degraded and PolicyFallback for `status`.
 fn conditions(status: &NodeStatus, previous: &[Condition]) -> Vec<Condition> {
-    let progressing = status.progressing.clone();
+    let (progressing, reason) = match &status.progressing {
+        Some(p) => (Some(p.clone()), "ImagePrefetch"),
+        None if !status.waiting.is_empty() => (
+            Some(pinset_core::rollout::waiting_message(&status.waiting)),
+            REASON_WAITING,
+        ),
+        None => (None, "AsExpected"),
+    };
     vec![
         condition::make(
             previous,
             CONDITION_PROGRESSING,
             progressing.is_some(),
-            if progressing.is_some() {
-                "ImagePrefetch"
-            } else {
-                "AsExpected"
-            },
+            reason,
             &progressing.unwrap_or_else(|| {
                 if status.degraded.is_some() {
                     "not progressing: see PinnedImageSetsDegraded".into()
@@ -208,6 +214,10 @@ pub fn node_status(status: &NodeStatus, previous: &[Condition]) -> MachineConfig
     let conditions = conditions(status, previous);
     let per_set = (SET_ERRORS_BUDGET / status.sets.len().max(1)).min(MAX_ERROR_CHARS);
     MachineConfigNodeStatus {
+        node_state: status.node_ready.map(|ready| NodeState {
+            ready,
+            labels: status.node_labels.clone(),
+        }),
         conditions,
         pinned_image_sets: status
             .sets
@@ -254,6 +264,7 @@ const SET_ERRORS_BUDGET: usize = 256 << 10;
 fn same_status(a: &MachineConfigNodeStatus, b: &MachineConfigNodeStatus) -> bool {
     a.pinned_image_sets == b.pinned_image_sets
         && a.pinned_image_progress == b.pinned_image_progress
+        && a.node_state == b.node_state
         && a.conditions.len() == b.conditions.len()
         && a.conditions
             .iter()

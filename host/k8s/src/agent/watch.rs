@@ -2,15 +2,16 @@
 //! object or a file), and whether the desired state changed.
 
 use super::{AgentConfig, AgentError};
-use crate::api::{MachineConfigPool, PinnedImageSet};
+use crate::api::{MachineConfigNode, MachineConfigPool, PinnedImageSet};
 use crate::convert;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Node;
 use kube::api::Api;
-use kube::runtime::reflector::{self, Store};
+use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, Resource};
 use pinset_core::desired::{self, Desired, NodeInfo};
+use pinset_core::rollout::RolloutGrant;
 use std::time::Duration;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
@@ -74,17 +75,44 @@ pub fn desired_of(
     desired::desired(node, &pools, &sets)
 }
 
-/// Return as soon as the desired state differs from `running` (a pool or set changed, or the
-/// node file).
+/// The node's rollout grant from its cached MachineConfigNode: `None` when the agent does not
+/// wait for grants (`--rollout=free`), an empty grant while the controller has granted nothing.
+pub(super) fn grant_of(
+    config: &AgentConfig,
+    own: &Store<MachineConfigNode>,
+) -> Option<RolloutGrant> {
+    if !config.wait_for_grants {
+        return None;
+    }
+    let mcn = own.get(&ObjectRef::new(&config.node_name));
+    Some(
+        mcn.and_then(|m| m.spec.rollout_grant.clone())
+            .map(|g| convert::grant(&g))
+            .unwrap_or_default(),
+    )
+}
+
+/// The desired state of the node under its grant.
+pub(super) fn desired_now(
+    config: &AgentConfig,
+    node: &NodeInfo,
+    caches: &super::Caches,
+) -> Desired {
+    let mut desired = desired_of(node, &caches.pools, &caches.sets);
+    desired.grant = grant_of(config, &caches.own);
+    desired
+}
+
+/// Return as soon as the desired state differs from `running` (a pool, a set or the node's
+/// grant changed, or the node file).
 pub(super) async fn until_changed(
     config: &AgentConfig,
     client: &Client,
-    pools: &Store<MachineConfigPool>,
-    sets: &Store<PinnedImageSet>,
+    caches: &super::Caches,
     running: &Desired,
     node: &NodeInfo,
-    mut changed: watch::Receiver<u64>,
 ) {
+    let mut changed = caches.changed.clone();
     let mut file_stamp = stamp(config);
     loop {
         tokio::select! {
@@ -106,7 +134,7 @@ pub(super) async fn until_changed(
         } else {
             node.clone()
         };
-        if &desired_of(&node, pools, sets) != running {
+        if &desired_now(config, &node, caches) != running {
             return;
         }
     }
@@ -121,6 +149,7 @@ fn stamp(config: &AgentConfig) -> Option<std::time::SystemTime> {
 
 pub(super) fn spawn_reflector<K>(
     client: Client,
+    config: watcher::Config,
     changes: watch::Sender<u64>,
     shutdown: CancellationToken,
 ) -> Store<K>
@@ -135,7 +164,7 @@ where
 {
     let (reader, writer) = reflector::store();
     let api: Api<K> = Api::all(client);
-    let stream = watcher(api, crate::watcher_config())
+    let stream = watcher(api, config)
         .default_backoff()
         .modify(|o: &mut K| o.meta_mut().managed_fields = None)
         .reflect(writer);

@@ -11,8 +11,11 @@
 //! - `watch`: the watch streams (only the changes a reconciler cares about).
 
 mod pool;
+mod rollout;
 mod set;
 mod watch;
+
+pub use rollout::FleetTable;
 
 use crate::api::{MachineConfigNode, MachineConfigPool, PinnedImageSet};
 use crate::convert;
@@ -45,6 +48,12 @@ pub enum ControllerError {
         what: &'static str,
         source: kube::Error,
     },
+    #[error("MachineConfigNode {node} (pool {pool}): writing its rollout grant: {source}")]
+    GrantWrite {
+        node: String,
+        pool: String,
+        source: kube::Error,
+    },
     #[error("PinnedImageSet {set}: writing status: {source}")]
     SetWrite { set: String, source: kube::Error },
     #[error(transparent)]
@@ -73,6 +82,10 @@ pub struct Context {
     pub sets: Store<PinnedImageSet>,
     pub nodes: Store<MachineConfigNode>,
     pub metrics: Metrics,
+    /// The fleet policy of each pool.
+    pub fleet: FleetTable,
+    /// Each pool's last fleet decision, and the state it was made for.
+    decisions: rollout::Decisions,
     /// Each pool's selection as last computed (to trigger the sets that join or leave a pool).
     selections: Mutex<HashMap<String, Vec<String>>>,
     /// Sets whose pools changed, for the set reconciler.
@@ -149,6 +162,7 @@ fn error_policy<K: Reconciled>(obj: Arc<K>, error: &ControllerError, ctx: Arc<Co
 pub async fn run(
     client: Client,
     metrics: Metrics,
+    fleet: FleetTable,
     ready: Arc<AtomicBool>,
     shutdown: CancellationToken,
 ) {
@@ -189,6 +203,8 @@ pub async fn run(
         sets: sets_reader,
         nodes: nodes_reader,
         metrics,
+        fleet,
+        decisions: rollout::Decisions::default(),
         selections: Mutex::new(HashMap::new()),
         set_triggers,
         failures: Mutex::new(HashMap::new()),

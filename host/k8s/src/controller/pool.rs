@@ -2,7 +2,10 @@
 //! nodes are (the `PinnedImageSets` synchronizer entry and the Degraded condition).
 
 use super::{Context, ControllerError, FIELD_MANAGER, RESYNC, observed};
-use crate::api::{CONDITION_DEGRADED, MachineConfigPool, PoolSynchronizerStatus, SYNCHRONIZER};
+use crate::api::{
+    CONDITION_DEGRADED, CONDITION_POLICY_FALLBACK, MachineConfigPool, PoolSynchronizerStatus,
+    SYNCHRONIZER,
+};
 use crate::{condition, convert};
 use kube::ResourceExt;
 use kube::api::{Api, Patch, PatchParams};
@@ -26,7 +29,7 @@ async fn reconcile_pool(mcp: &MachineConfigPool, ctx: &Context) -> Result<Action
     let core_pool = match convert::pool(mcp) {
         Ok(p) => p,
         Err(e) => {
-            write_status(ctx, &api, mcp, None, Some(e.to_string())).await?;
+            write_status(ctx, &api, mcp, Report::failed(e.to_string())).await?;
             return Ok(Action::await_change());
         }
     };
@@ -61,9 +64,48 @@ async fn reconcile_pool(mcp: &MachineConfigPool, ctx: &Context) -> Result<Action
         .map(|n| convert::node_report(n))
         .collect();
     let sync = pool::sync_status(&name, &wanted, &reports);
-    let degraded = failure.or(sync.degraded.clone());
-    write_status(ctx, &api, mcp, Some(&sync), degraded).await?;
+    let target: Vec<(String, i64, u32)> = wanted
+        .iter()
+        .map(|(n, g)| {
+            let images = ctx
+                .sets
+                .get(&ObjectRef::new(n))
+                .map_or(0, |s| s.spec.pinned_images.len() as u32);
+            (n.clone(), *g, images)
+        })
+        .collect();
+    let rollout = super::rollout::step(ctx, mcp, &target).await?;
+    let held = rollout.as_ref().and_then(|r| r.held.clone());
+    let degraded = match (failure, held, sync.degraded.clone()) {
+        (Some(f), _, _) => Some(f),
+        (None, Some(held), Some(d)) => Some(format!("{held}; {d}")),
+        (None, held, d) => held.or(d),
+    };
+    let report = Report {
+        sync: Some(&sync),
+        degraded,
+        rollout,
+    };
+    write_status(ctx, &api, mcp, report).await?;
     Ok(Action::requeue(RESYNC))
+}
+
+/// What a pool's status says: node counts, Degraded, the rollout.
+pub(super) struct Report<'a> {
+    /// `None` when the counts could not be computed (kept as they are).
+    sync: Option<&'a pool::PoolSync>,
+    degraded: Option<String>,
+    rollout: Option<super::rollout::Outcome>,
+}
+
+impl Report<'_> {
+    fn failed(degraded: String) -> Self {
+        Report {
+            sync: None,
+            degraded: Some(degraded),
+            rollout: None,
+        }
+    }
 }
 
 /// Write `spec.pinnedImageSets` when the selection differs from it.
@@ -103,7 +145,7 @@ async fn write_selection(
         };
         if !err.conflict() {
             // Say why on the pool too; the error itself is retried with backoff.
-            let _ = write_status(ctx, api, mcp, None, Some(err.to_string())).await;
+            let _ = write_status(ctx, api, mcp, Report::failed(err.to_string())).await;
         }
         return Err(err);
     }
@@ -148,56 +190,47 @@ async fn announce_degraded(ctx: &Context, pool: &str, why: &str) {
     .await;
 }
 
-/// Apply the pool's synchronizer entry and Degraded condition, only when they differ from what
-/// the pool already says. `sync` is `None` when the counts could not be computed (kept as they are).
+/// Apply the pool's synchronizer entry, Degraded and PolicyFallback conditions and rollout,
+/// only when they differ from what the pool already says.
 async fn write_status(
     ctx: &Context,
     api: &Api<MachineConfigPool>,
     mcp: &MachineConfigPool,
-    sync: Option<&pool::PoolSync>,
-    degraded: Option<String>,
+    report: Report<'_>,
 ) -> Result<(), ControllerError> {
     let status = mcp.status.clone().unwrap_or_default();
     let old_entry = status
         .pool_synchronizers_status
         .iter()
         .find(|s| s.pool_synchronizer_type == SYNCHRONIZER);
-    let entry = match sync {
-        Some(s) => Some(PoolSynchronizerStatus {
-            pool_synchronizer_type: SYNCHRONIZER.into(),
-            machine_count: s.machine_count,
-            updated_machine_count: s.updated_machine_count,
-            ready_machine_count: s.ready_machine_count,
-            available_machine_count: s.available_machine_count,
-            unavailable_machine_count: s.unavailable_machine_count,
-            observed_generation: mcp.metadata.generation,
-        }),
+    let entry = match report.sync {
+        Some(s) => Some(entry(s, mcp)),
         None => old_entry.cloned(),
     };
-    let cond = condition::make(
-        &status.conditions,
-        CONDITION_DEGRADED,
-        degraded.is_some(),
-        if degraded.is_some() {
-            "PinnedImageSetsFailed"
-        } else {
-            "AsExpected"
-        },
-        degraded.as_deref().unwrap_or(""),
-        mcp.metadata.generation,
-    );
-    let same_cond = status.conditions.iter().any(|c| condition::same(c, &cond));
-    if entry.as_ref() == old_entry && same_cond {
+    let degraded = report.degraded;
+    let conditions = conditions(&status, &degraded, &report.rollout, mcp);
+    let rollout = match &report.rollout {
+        Some(r) => Some(r.rollout.clone()),
+        None if report.sync.is_some() => None,
+        None => status.rollout.clone(),
+    };
+    let same_conds = conditions
+        .iter()
+        .all(|cond| status.conditions.iter().any(|c| condition::same(c, cond)));
+    if entry.as_ref() == old_entry && same_conds && rollout == status.rollout {
         return Ok(());
     }
     let mut body = json!({
         "apiVersion": "machineconfiguration.openshift.io/v1",
         "kind": "MachineConfigPool",
         "metadata": {"resourceVersion": mcp.resource_version()},
-        "status": {"conditions": [cond]},
+        "status": {"conditions": conditions},
     });
     if let Some(e) = entry {
         body["status"]["poolSynchronizersStatus"] = json!([e]);
+    }
+    if let Some(r) = rollout {
+        body["status"]["rollout"] = json!(r);
     }
     api.patch_status(
         &mcp.name_any(),
@@ -219,4 +252,60 @@ async fn write_status(
         announce_degraded(ctx, &mcp.name_any(), why).await;
     }
     Ok(())
+}
+
+fn entry(s: &pool::PoolSync, mcp: &MachineConfigPool) -> PoolSynchronizerStatus {
+    PoolSynchronizerStatus {
+        pool_synchronizer_type: SYNCHRONIZER.into(),
+        machine_count: s.machine_count,
+        updated_machine_count: s.updated_machine_count,
+        ready_machine_count: s.ready_machine_count,
+        available_machine_count: s.available_machine_count,
+        unavailable_machine_count: s.unavailable_machine_count,
+        observed_generation: mcp.metadata.generation,
+    }
+}
+
+/// Degraded, and PolicyFallback (the fleet policy failed; kept as it is when the rollout was not
+/// looked at).
+fn conditions(
+    status: &crate::api::MachineConfigPoolStatus,
+    degraded: &Option<String>,
+    rollout: &Option<super::rollout::Outcome>,
+    mcp: &MachineConfigPool,
+) -> Vec<k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition> {
+    let mut out = vec![condition::make(
+        &status.conditions,
+        CONDITION_DEGRADED,
+        degraded.is_some(),
+        if degraded.is_some() {
+            "PinnedImageSetsFailed"
+        } else {
+            "AsExpected"
+        },
+        degraded.as_deref().unwrap_or(""),
+        mcp.metadata.generation,
+    )];
+    let fallback = rollout.as_ref().map(|r| r.fallback.clone());
+    let previous = status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == CONDITION_POLICY_FALLBACK);
+    match (fallback, previous) {
+        (Some(f), _) => out.push(condition::make(
+            &status.conditions,
+            CONDITION_POLICY_FALLBACK,
+            f.is_some(),
+            if f.is_some() {
+                "FleetPolicyFailed"
+            } else {
+                "AsExpected"
+            },
+            &pinset_core::status::cap(f.as_deref().unwrap_or(""), 8192),
+            mcp.metadata.generation,
+        )),
+        (None, Some(c)) => out.push(c.clone()),
+        (None, None) => {}
+    }
+    out
 }

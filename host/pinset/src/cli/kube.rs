@@ -27,6 +27,25 @@ pub struct ClusterOpts {
 }
 
 #[derive(clap::Args, Clone, Debug)]
+pub struct ControllerOpts {
+    /// Fleet rollout policy: `FILE.wasm[@sha256:HEX]` for every pool, or
+    /// `POOL=FILE.wasm[@sha256:HEX]` for one (wins); repeatable. A module exporting
+    /// `pinset:fleet/rollout` (it may export the node decisions too). Default: the embedded
+    /// default policy's (a canary, then waves of 10 %).
+    #[arg(long, value_name = "[POOL=]FILE")]
+    pub fleet_policy: Vec<String>,
+}
+
+/// When the agent pulls a changed set.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Rollout {
+    /// When the pool's fleet policy grants it (the controller records grants).
+    Grants,
+    /// At once, as the reference does (no controller needed).
+    Free,
+}
+
+#[derive(clap::Args, Clone, Debug)]
 pub struct AgentOpts {
     /// This node's name (the DaemonSet passes it from the downward API).
     #[arg(long, env = "NODE_NAME")]
@@ -47,6 +66,9 @@ pub struct AgentOpts {
     /// First wait before retrying a failed reconcile (doubles up to 5 minutes).
     #[arg(long, default_value_t = 10, value_name = "SECONDS")]
     pub retry_seconds: u64,
+    /// Pull a changed set when the pool's fleet policy grants it, or at once.
+    #[arg(long, value_enum, default_value = "grants")]
+    pub rollout: Rollout,
 }
 
 /// How often the CRDs' owner is asked again while the API server does not answer.
@@ -119,9 +141,45 @@ fn metrics() -> Metrics {
     metrics
 }
 
+/// The fleet policies of `--fleet-policy`, compiled in a child process.
+fn fleet_table(flags: &[String]) -> Result<controller::FleetTable> {
+    let runtime = pinset_policy::WasmRuntime::with_compiler(super::child_compiler()?)
+        .context("starting the Wasm runtime")?;
+    let limits = pinset_policy::Limits::default();
+    let load = |arg: &str| -> Result<pinset_policy::FleetModule> {
+        let (file, sha256) = match arg.rsplit_once("@sha256:") {
+            Some((f, h)) => (f, Some(h)),
+            None => (arg, None),
+        };
+        Ok(runtime.load_fleet_file(std::path::Path::new(file), sha256, limits)?)
+    };
+    let mut default = None;
+    let mut by_pool = std::collections::BTreeMap::new();
+    for flag in flags {
+        match flag.split_once('=') {
+            Some((pool, rest)) if !pool.is_empty() && !pool.contains('/') => {
+                let module = load(rest).with_context(|| format!("--fleet-policy {flag}"))?;
+                by_pool.insert(pool.to_string(), module);
+            }
+            _ => default = Some(load(flag).with_context(|| format!("--fleet-policy {flag}"))?),
+        }
+    }
+    let mut table = match default {
+        Some(default) => controller::FleetTable {
+            default,
+            by_pool: Default::default(),
+        },
+        None => controller::FleetTable::embedded(&runtime)?,
+    };
+    table.by_pool = by_pool;
+    Ok(table)
+}
+
 /// `pinset controller`
-pub async fn controller(opts: &ClusterOpts) -> Result<ExitCode> {
+pub async fn controller(opts: &ClusterOpts, controller_opts: &ControllerOpts) -> Result<ExitCode> {
     let shutdown = shutdown_on_signals();
+    let fleet = fleet_table(&controller_opts.fleet_policy)?;
+    pinset_node::os::release_free_memory();
     let client = pinset_k8s::client(opts.kubeconfig.as_deref()).await?;
     if !ownership::check(client.clone(), OWNERSHIP_RETRY, &shutdown).await? {
         return Ok(ExitCode::SUCCESS);
@@ -129,7 +187,7 @@ pub async fn controller(opts: &ClusterOpts) -> Result<ExitCode> {
     let metrics = metrics();
     let ready = Arc::new(AtomicBool::new(false));
     serve(opts, &metrics, &ready, &shutdown).await?;
-    controller::run(client, metrics, ready, shutdown).await;
+    controller::run(client, metrics, fleet, ready, shutdown).await;
     Ok(ExitCode::SUCCESS)
 }
 
@@ -167,6 +225,7 @@ pub async fn agent(
     cfg.node_file = agent_opts.node_file.clone();
     cfg.resync = Duration::from_secs(agent_opts.resync_seconds);
     cfg.retry_min = Duration::from_secs(agent_opts.retry_seconds.max(1));
+    cfg.wait_for_grants = agent_opts.rollout == Rollout::Grants;
     agent::Agent {
         client,
         config: cfg,

@@ -63,6 +63,11 @@ impl WasmRuntime {
             .map_err(|e| LoadError::Engine(format!("linking WASI: {e:#}")))?;
         bindings::Policy::add_to_linker::<State, HasSelf<State>>(&mut linker, |s| s)
             .map_err(|e| LoadError::Engine(format!("linking the host interface: {e:#}")))?;
+        super::fleet_bindings::FleetPolicy::add_to_linker::<State, HasSelf<State>>(
+            &mut linker,
+            |s| s,
+        )
+        .map_err(|e| LoadError::Engine(format!("linking the fleet host interface: {e:#}")))?;
 
         let stop = Arc::new(AtomicBool::new(false));
         let (ticking_engine, ticking_stop) = (engine.clone(), stop.clone());

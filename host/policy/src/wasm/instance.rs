@@ -4,7 +4,7 @@
 use super::bounded;
 use super::engine::EPOCH_TICK;
 use super::module::Shared;
-use super::store::{LogBudget, State, new_store};
+use super::store::{Limits, LogBudget, State, new_store};
 use super::{bindings, wit};
 use crate::{Hook, PolicyError, PolicyInstance};
 use pinset_policy_sdk as sdk;
@@ -26,13 +26,14 @@ pub const MAX_NAME_BYTES: usize = 128;
 /// Longest policy description passed on.
 pub const MAX_DESCRIPTION_BYTES: usize = 1024;
 
-impl WasmPolicy {
-    fn deadline_ticks(&self) -> u64 {
-        let tick = EPOCH_TICK.as_nanos();
-        // The deadline passes between ticks-1 and ticks epochs from now: add one for the floor.
-        (self.shared.limits.deadline.as_nanos().div_ceil(tick) as u64).max(1) + 1
-    }
+/// Epochs until `limits.deadline` has passed.
+pub(super) fn deadline_ticks(limits: Limits) -> u64 {
+    let tick = EPOCH_TICK.as_nanos();
+    // The deadline passes between ticks-1 and ticks epochs from now: add one for the floor.
+    (limits.deadline.as_nanos().div_ceil(tick) as u64).max(1) + 1
+}
 
+impl WasmPolicy {
     /// Run one hook, instantiating first when there is no live instance. Any failure drops the
     /// store: a trapped instance may not be entered again.
     fn call<R>(
@@ -40,13 +41,14 @@ impl WasmPolicy {
         hook: Hook,
         f: impl FnOnce(&mut Store<State>, &bindings::Policy) -> wasmtime::Result<R>,
     ) -> Result<R, PolicyError> {
-        let ticks = self.deadline_ticks();
+        let ticks = deadline_ticks(self.shared.limits);
         if self.live.is_none() {
-            let mut store = new_store(&self.shared, self.log.clone());
+            let s = &self.shared;
+            let mut store = new_store(&s.engine, &s.name, s.limits, self.log.clone());
             store.set_epoch_deadline(ticks);
             let instance = match self.shared.pre.instantiate(&mut store) {
                 Ok(i) => i,
-                Err(e) => return Err(self.classify(hook, &store, e)),
+                Err(e) => return Err(classify(&s.name, s.limits, hook, &store, e)),
             };
             self.live = Some((store, instance));
         }
@@ -56,50 +58,64 @@ impl WasmPolicy {
             Ok(r) => Ok(r),
             Err(e) => {
                 let (store, _) = self.live.take().expect("live instance");
-                Err(self.classify(hook, &store, e))
+                Err(classify(
+                    &self.shared.name,
+                    self.shared.limits,
+                    hook,
+                    &store,
+                    e,
+                ))
             }
         }
     }
+}
 
-    fn classify(&self, hook: Hook, store: &Store<State>, e: wasmtime::Error) -> PolicyError {
-        let policy = self.shared.name.clone();
-        if store.data().limiter.hit {
-            return PolicyError::MemoryCap {
+/// What a failed call or instantiation was: the memory cap, the deadline, or a trap (quoting the
+/// panic message the policy wrote to stderr, if any).
+pub(super) fn classify(
+    policy: &str,
+    limits: Limits,
+    hook: Hook,
+    store: &Store<State>,
+    e: wasmtime::Error,
+) -> PolicyError {
+    let policy = policy.to_string();
+    if store.data().limiter.hit {
+        return PolicyError::MemoryCap {
+            policy,
+            hook,
+            cap_bytes: limits.memory_bytes,
+        };
+    }
+    match e.downcast_ref::<Trap>() {
+        Some(Trap::Interrupt) => PolicyError::Deadline {
+            policy,
+            hook,
+            deadline: limits.deadline,
+        },
+        trap => {
+            let mut message = trap.map_or_else(|| format!("{e:#}"), |t| t.to_string());
+            let stderr = store.data().stderr.contents();
+            let stderr = String::from_utf8_lossy(&stderr);
+            if let Some(panic) = stderr.lines().find(|l| l.contains("panicked at")) {
+                let detail: Vec<&str> = stderr
+                    .lines()
+                    .skip_while(|l| !l.contains("panicked at"))
+                    .take(2)
+                    .collect();
+                message = format!(
+                    "{message} ({})",
+                    if detail.len() > 1 {
+                        detail.join(" ")
+                    } else {
+                        panic.to_string()
+                    }
+                );
+            }
+            PolicyError::Trap {
                 policy,
                 hook,
-                cap_bytes: self.shared.limits.memory_bytes,
-            };
-        }
-        match e.downcast_ref::<Trap>() {
-            Some(Trap::Interrupt) => PolicyError::Deadline {
-                policy,
-                hook,
-                deadline: self.shared.limits.deadline,
-            },
-            trap => {
-                let mut message = trap.map_or_else(|| format!("{e:#}"), |t| t.to_string());
-                let stderr = store.data().stderr.contents();
-                let stderr = String::from_utf8_lossy(&stderr);
-                if let Some(panic) = stderr.lines().find(|l| l.contains("panicked at")) {
-                    let detail: Vec<&str> = stderr
-                        .lines()
-                        .skip_while(|l| !l.contains("panicked at"))
-                        .take(2)
-                        .collect();
-                    message = format!(
-                        "{message} ({})",
-                        if detail.len() > 1 {
-                            detail.join(" ")
-                        } else {
-                            panic.to_string()
-                        }
-                    );
-                }
-                PolicyError::Trap {
-                    policy,
-                    hook,
-                    message: bounded(&message, MAX_REASON_BYTES),
-                }
+                message: bounded(&message, MAX_REASON_BYTES),
             }
         }
     }

@@ -18,6 +18,7 @@
 
 mod compile;
 mod engine;
+mod fleet;
 mod instance;
 mod module;
 mod store;
@@ -25,6 +26,7 @@ mod wasi;
 
 pub use compile::{COMPILE_INVALID_MODULE, COMPILE_SUBCOMMAND, Compiler, precompile};
 pub use engine::WasmRuntime;
+pub use fleet::{FLEET_CONTRACT, FleetModule, WasmFleet};
 pub use instance::WasmPolicy;
 pub use module::{CONTRACT, PolicyModule};
 pub use store::{Limits, MAX_LOG_BYTES, MAX_LOG_LINE_BYTES, MAX_LOG_LINES, STDERR_CAPTURE_BYTES};
@@ -34,6 +36,14 @@ mod bindings {
     wasmtime::component::bindgen!({
         path: "../../wit",
         world: "policy",
+    });
+}
+
+/// The fleet contract (`wit/fleet/fleet.wit`), its own package and version.
+mod fleet_bindings {
+    wasmtime::component::bindgen!({
+        path: "../../wit/fleet",
+        world: "fleet-policy",
     });
 }
 

@@ -13,7 +13,6 @@ use wasmtime::component::Component;
 
 /// The exported interface (and version) this pinset calls.
 pub const CONTRACT: &str = "pinset:policy/decisions@0.1.0";
-const CONTRACT_PREFIX: &str = "pinset:policy/decisions@";
 
 impl WasmRuntime {
     /// Load a module from a file. `sha256`, when given, must match the file.
@@ -42,27 +41,8 @@ impl WasmRuntime {
         sha256: Option<&str>,
         limits: Limits,
     ) -> Result<PolicyModule, LoadError> {
-        too_large(name, bytes.len() as u64, limits)?;
-        let actual = hex(&Sha256::digest(bytes));
-        if let Some(expected) = sha256 {
-            let expected_norm = expected.trim().to_ascii_lowercase();
-            if expected_norm.len() != 64 || !expected_norm.bytes().all(|b| b.is_ascii_hexdigit()) {
-                return Err(LoadError::BadSha256 {
-                    module: name.into(),
-                    value: expected.into(),
-                });
-            }
-            if expected_norm != actual {
-                return Err(LoadError::Sha256Mismatch {
-                    module: name.into(),
-                    expected: expected_norm,
-                    actual,
-                });
-            }
-        }
-        check_header(name, bytes)?;
-        let component = self.compile(name, bytes)?;
-        check_contract(&self.engine, &component, name)?;
+        let (component, actual) = self.checked_component(name, bytes, sha256, limits)?;
+        check_export(&self.engine, &component, name, CONTRACT)?;
         let pre = self
             .linker
             .instantiate_pre(&component)
@@ -87,7 +67,40 @@ impl WasmRuntime {
         };
         Ok(module)
     }
+
+    /// A module's size, sha256 pin and header checked, then compiled: what every contract's
+    /// loading starts with. Returns the component and its sha256.
+    pub(super) fn checked_component(
+        &self,
+        name: &str,
+        bytes: &[u8],
+        sha256: Option<&str>,
+        limits: Limits,
+    ) -> Result<(Component, String), LoadError> {
+        too_large(name, bytes.len() as u64, limits)?;
+        let actual = hex(&Sha256::digest(bytes));
+        if let Some(expected) = sha256 {
+            let expected_norm = expected.trim().to_ascii_lowercase();
+            if expected_norm.len() != 64 || !expected_norm.bytes().all(|b| b.is_ascii_hexdigit()) {
+                return Err(LoadError::BadSha256 {
+                    module: name.into(),
+                    value: expected.into(),
+                });
+            }
+            if expected_norm != actual {
+                return Err(LoadError::Sha256Mismatch {
+                    module: name.into(),
+                    expected: expected_norm,
+                    actual,
+                });
+            }
+        }
+        check_header(name, bytes)?;
+        let component = self.compile(name, bytes)?;
+        Ok((component, actual))
+    }
 }
+
 /// A component starts with `\0asm`, a version, and layer 1 (a core module has layer 0): say
 /// what the file is instead of quoting the compiler's byte dump.
 fn check_header(name: &str, bytes: &[u8]) -> Result<(), LoadError> {
@@ -104,7 +117,7 @@ fn check_header(name: &str, bytes: &[u8]) -> Result<(), LoadError> {
     })
 }
 
-fn too_large(name: &str, bytes: u64, limits: Limits) -> Result<(), LoadError> {
+pub(super) fn too_large(name: &str, bytes: u64, limits: Limits) -> Result<(), LoadError> {
     if bytes > limits.max_module_bytes as u64 {
         return Err(LoadError::TooLarge {
             module: name.into(),
@@ -115,14 +128,20 @@ fn too_large(name: &str, bytes: u64, limits: Limits) -> Result<(), LoadError> {
     Ok(())
 }
 
-/// The module must export [`CONTRACT`] or a semver-compatible version of it.
-fn check_contract(engine: &Engine, component: &Component, name: &str) -> Result<(), LoadError> {
+/// The module must export `contract` (`package/interface@version`) or a semver-compatible
+/// version of it.
+pub(super) fn check_export(
+    engine: &Engine,
+    component: &Component,
+    name: &str,
+    contract: &str,
+) -> Result<(), LoadError> {
     let ty = component.component_type();
     let exports: Vec<String> = ty.exports(engine).map(|(n, _)| n.to_string()).collect();
-    let wanted = version_of(CONTRACT).expect("CONTRACT has a version");
+    let wanted = version_of(contract, contract).expect("a contract has a version");
     if exports
         .iter()
-        .filter_map(|e| version_of(e))
+        .filter_map(|e| version_of(e, contract))
         .any(|v| compatible(v, wanted))
     {
         return Ok(());
@@ -134,17 +153,18 @@ fn check_contract(engine: &Engine, component: &Component, name: &str) -> Result<
     };
     Err(LoadError::Contract {
         module: name.into(),
-        expected: CONTRACT.into(),
+        expected: contract.into(),
         found,
     })
 }
 
-fn version_of(export: &str) -> Option<(u64, u64)> {
-    let version = export.strip_prefix(CONTRACT_PREFIX)?;
+/// The (major, minor) version of `export` when it names the interface of `contract`.
+fn version_of(export: &str, contract: &str) -> Option<(u64, u64)> {
+    let prefix = &contract[..=contract.find('@')?];
+    let version = export.strip_prefix(prefix)?;
     let mut parts = version.split('.');
     Some((parts.next()?.parse().ok()?, parts.next()?.parse().ok()?))
 }
-
 /// Semver compatibility: same major, and for 0.x the same minor.
 fn compatible(found: (u64, u64), wanted: (u64, u64)) -> bool {
     found.0 == wanted.0 && (found.0 != 0 || found.1 == wanted.1)
@@ -195,9 +215,18 @@ mod tests {
 
     #[test]
     fn contract_versions() {
-        assert_eq!(version_of(CONTRACT), Some((0, 1)));
-        assert_eq!(version_of("pinset:policy/decisions@0.2.0"), Some((0, 2)));
-        assert_eq!(version_of("other:x/decisions@0.1.0"), None);
+        assert_eq!(version_of(CONTRACT, CONTRACT), Some((0, 1)));
+        assert_eq!(
+            version_of("pinset:policy/decisions@0.2.0", CONTRACT),
+            Some((0, 2))
+        );
+        assert_eq!(version_of("other:x/decisions@0.1.0", CONTRACT), None);
+        let fleet = super::super::fleet::FLEET_CONTRACT;
+        assert_eq!(
+            version_of("pinset:fleet/rollout@0.1.3", fleet),
+            Some((0, 1))
+        );
+        assert_eq!(version_of(CONTRACT, fleet), None);
         assert!(compatible((0, 1), (0, 1)));
         assert!(!compatible((0, 2), (0, 1)));
         assert!(compatible((1, 3), (1, 0)));

@@ -1,12 +1,11 @@
 //! One store's state: the empty WASI context, the memory cap, the policy's log budget.
 
-use super::module::Shared;
-use super::{bindings, bounded, wit};
+use super::{bindings, bounded, fleet_bindings, wit};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 use std::time::Duration;
 use wasmtime::component::ResourceTable;
-use wasmtime::{ResourceLimiter, Store, StoreLimits, StoreLimitsBuilder};
+use wasmtime::{Engine, ResourceLimiter, Store, StoreLimits, StoreLimitsBuilder};
 use wasmtime_wasi::p2::pipe::{MemoryInputPipe, MemoryOutputPipe};
 use wasmtime_wasi::{WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView};
 
@@ -97,6 +96,27 @@ impl bindings::pinset::policy::types::Host for State {}
 
 impl bindings::pinset::policy::host::Host for State {
     fn log(&mut self, level: wit::Level, message: String) {
+        self.write_log(level, message);
+    }
+}
+
+impl fleet_bindings::pinset::fleet::types::Host for State {}
+
+impl fleet_bindings::pinset::fleet::host::Host for State {
+    fn log(&mut self, level: fleet_bindings::pinset::fleet::types::Level, message: String) {
+        use fleet_bindings::pinset::fleet::types::Level;
+        let level = match level {
+            Level::Debug => wit::Level::Debug,
+            Level::Info => wit::Level::Info,
+            Level::Warn => wit::Level::Warn,
+            Level::Error => wit::Level::Error,
+        };
+        self.write_log(level, message);
+    }
+}
+
+impl State {
+    fn write_log(&mut self, level: wit::Level, message: String) {
         // Control characters are escaped: a policy's line cannot forge lines of pinset's own.
         let message = bounded(&message, MAX_LOG_LINE_BYTES);
         if !self.log.take(&self.policy, message.len()) {
@@ -168,8 +188,13 @@ impl ResourceLimiter for CapLimiter {
     }
 }
 
-/// A fresh store for one instance of `module`, under its limits.
-pub(super) fn new_store(s: &Shared, log: Arc<LogBudget>) -> Store<State> {
+/// A fresh store for one instance of the module `name`, under its limits.
+pub(super) fn new_store(
+    engine: &Engine,
+    name: &str,
+    limits: Limits,
+    log: Arc<LogBudget>,
+) -> Store<State> {
     let stderr = MemoryOutputPipe::new(STDERR_CAPTURE_BYTES);
     // stdout is dropped (a pipe without room), stdin is empty; no sockets are linked at all.
     let wasi = WasiCtxBuilder::new()
@@ -180,8 +205,8 @@ pub(super) fn new_store(s: &Shared, log: Arc<LogBudget>) -> Store<State> {
         .allow_udp(false)
         .allow_ip_name_lookup(false)
         .build();
-    let limits = StoreLimitsBuilder::new()
-        .memory_size(s.limits.memory_bytes)
+    let store_limits = StoreLimitsBuilder::new()
+        .memory_size(limits.memory_bytes)
         .table_elements(1 << 16)
         .instances(16)
         .memories(4)
@@ -192,16 +217,16 @@ pub(super) fn new_store(s: &Shared, log: Arc<LogBudget>) -> Store<State> {
         wasi,
         table: ResourceTable::new(),
         limiter: CapLimiter {
-            inner: limits,
-            cap: s.limits.memory_bytes,
+            inner: store_limits,
+            cap: limits.memory_bytes,
             total: 0,
             hit: false,
         },
         stderr,
-        policy: Arc::from(s.name.as_str()),
+        policy: Arc::from(name),
         log,
     };
-    let mut store = Store::new(&s.engine, state);
+    let mut store = Store::new(engine, state);
     store.limiter(|state| &mut state.limiter);
     store
 }

@@ -1,0 +1,490 @@
+//! Fleet rollout, with no Kubernetes in sight: where each node of a pool stands against the
+//! pool's target, what the fleet policy is asked, what its grant changes, and — on the node —
+//! which sets a node may pull under its grant.
+//!
+//! A grant is recorded per node as the sets and generations it may pull ([`RolloutGrant`]). A
+//! node pulls a set only when its grant covers the set's generation; the images it already
+//! holds are verified and pinned without one ([`gate`]).
+
+use crate::desired::{Desired, DesiredSet, Wanted};
+use crate::status::{Progress, SetStatus};
+use pinset_policy_sdk::{
+    FleetNode, FleetPool, MAX_PULLING_ANNOTATION, NodeProgress, Phase, RolloutRequest, SetState,
+    Target, TargetSet, count_or_percent,
+};
+use std::collections::{BTreeMap, HashMap};
+use std::hash::{Hash, Hasher};
+
+/// What a node may pull: each set up to a generation, and how many pulls at once.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RolloutGrant {
+    pub sets: BTreeMap<String, i64>,
+    pub max_pulls: Option<u32>,
+}
+
+impl RolloutGrant {
+    /// The grant covers `set` at `generation`.
+    pub fn covers(&self, set: &str, generation: i64) -> bool {
+        self.sets.get(set).is_some_and(|g| *g >= generation)
+    }
+
+    /// The grant covers every set of `target`.
+    pub fn covers_target(&self, target: &Target) -> bool {
+        target
+            .sets
+            .iter()
+            .all(|s| self.covers(&s.name, s.generation))
+    }
+
+    /// A grant for `target`.
+    pub fn for_target(target: &Target, max_pulls: Option<u32>) -> Self {
+        Self {
+            sets: target
+                .sets
+                .iter()
+                .map(|s| (s.name.clone(), s.generation))
+                .collect(),
+            max_pulls,
+        }
+    }
+}
+
+/// One node of a pool as its MachineConfigNode tells it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Member {
+    pub name: String,
+    pub labels: BTreeMap<String, String>,
+    /// The agent reports the node Ready.
+    pub ready: bool,
+    pub grant: Option<RolloutGrant>,
+    pub sets: BTreeMap<String, SetStatus>,
+    pub progress: Option<Progress>,
+    /// Since when the node has been Progressing, in milliseconds since the Unix epoch.
+    pub progressing_since_ms: Option<u64>,
+}
+
+/// Where `member` stands against `target`.
+pub fn phase(member: &Member, target: &Target) -> Phase {
+    let mut done = true;
+    for t in &target.sets {
+        let s = member.sets.get(&t.name);
+        if s.and_then(|s| s.current_generation) >= Some(t.generation) {
+            continue;
+        }
+        done = false;
+        let failed = s.and_then(|s| s.last_failed_generation) >= Some(t.generation);
+        if failed {
+            return Phase::Failed;
+        }
+    }
+    match (done, granted(member, target)) {
+        (true, _) => Phase::Done,
+        (false, true) => Phase::Pulling,
+        (false, false) => Phase::Waiting,
+    }
+}
+
+fn granted(member: &Member, target: &Target) -> bool {
+    member
+        .grant
+        .as_ref()
+        .is_some_and(|g| g.covers_target(target))
+}
+
+/// The target of a pool: its sets as (name, generation, image count), sorted by name.
+pub fn target(sets: &[(String, i64, u32)]) -> Target {
+    let mut sets: Vec<TargetSet> = sets
+        .iter()
+        .map(|(name, generation, images)| TargetSet {
+            name: name.clone(),
+            generation: *generation,
+            images: *images,
+            bytes: 0,
+        })
+        .collect();
+    sets.sort_by(|a, b| a.name.cmp(&b.name));
+    Target {
+        images: sets.iter().map(|s| s.images).sum(),
+        bytes: 0,
+        sets,
+    }
+}
+
+/// The pool's ceiling on nodes pulling at once, from its annotation; an error names the value.
+pub fn max_pulling(
+    annotations: &BTreeMap<String, String>,
+    nodes: usize,
+) -> Result<Option<u32>, String> {
+    let Some(value) = annotations.get(MAX_PULLING_ANNOTATION) else {
+        return Ok(None);
+    };
+    count_or_percent(value, nodes).map(Some).ok_or_else(|| {
+        format!(
+            "annotation {MAX_PULLING_ANNOTATION}={value:?} is neither a count nor a percentage \
+             (0-100%); the pool has no ceiling until it is fixed"
+        )
+    })
+}
+
+/// What the fleet policy is asked for `pool`: every member, sorted by name. `now_ms` dates the
+/// progress (milliseconds since the Unix epoch).
+pub fn request(
+    pool: &str,
+    annotations: &BTreeMap<String, String>,
+    max_pulling: Option<u32>,
+    target: Target,
+    members: &[Member],
+    now_ms: u64,
+) -> RolloutRequest {
+    let mut members: Vec<&Member> = members.iter().collect();
+    members.sort_by(|a, b| a.name.cmp(&b.name));
+    let nodes = members
+        .into_iter()
+        .map(|m| fleet_node(m, &target, now_ms))
+        .collect();
+    RolloutRequest {
+        pool: FleetPool {
+            name: pool.into(),
+            annotations: annotations
+                .iter()
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect(),
+            max_pulling,
+        },
+        target,
+        nodes,
+    }
+}
+
+fn fleet_node(m: &Member, target: &Target, now_ms: u64) -> FleetNode {
+    let phase = phase(m, target);
+    let p = m.progress.unwrap_or_default();
+    FleetNode {
+        name: m.name.clone(),
+        labels: m
+            .labels
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect(),
+        ready: m.ready,
+        granted: granted(m, target),
+        phase,
+        progress: NodeProgress {
+            images_done: p.images_done,
+            images_total: p.images_total,
+            bytes_done: p.bytes_done,
+            bytes_total: p.bytes_total,
+            pulling_for_ms: (phase == Phase::Pulling)
+                .then_some(m.progressing_since_ms)
+                .flatten()
+                .map(|since| now_ms.saturating_sub(since)),
+        },
+        sets: m
+            .sets
+            .values()
+            .map(|s| SetState {
+                name: s.name.clone(),
+                desired_generation: s.desired_generation,
+                current_generation: s.current_generation,
+                last_failed_generation: s.last_failed_generation,
+                last_failed_error: s.last_failed_generation_error.clone(),
+            })
+            .collect(),
+    }
+}
+
+/// What the fleet decision depends on — the pool's annotations, the target, and each node's
+/// name, labels, readiness, grant and phase — hashed. Progress is left out: the policy is
+/// asked again when a node's phase changes, not at every image it pulls.
+pub fn fingerprint(request: &RolloutRequest) -> u64 {
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    request.pool.annotations.hash(&mut h);
+    request.pool.max_pulling.hash(&mut h);
+    for s in &request.target.sets {
+        (&s.name, s.generation, s.images).hash(&mut h);
+    }
+    for n in &request.nodes {
+        (&n.name, &n.labels, n.ready, n.granted, n.phase).hash(&mut h);
+    }
+    h.finish()
+}
+
+/// The nodes a grant adds: those it names that do not hold one for the target yet, and still
+/// have work to do (indices into `request.nodes`).
+pub fn newly_granted(request: &RolloutRequest, nodes: &[u32]) -> Vec<usize> {
+    let mut out: Vec<usize> = nodes
+        .iter()
+        .map(|&i| i as usize)
+        .filter(|&i| {
+            request
+                .nodes
+                .get(i)
+                .is_some_and(|n| !n.granted && n.phase != Phase::Done)
+        })
+        .collect();
+    out.sort_unstable();
+    out.dedup();
+    out
+}
+
+/// How far a pool's rollout is, node by node.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Counts {
+    /// Nodes holding a grant for the target.
+    pub granted: u32,
+    /// Granted nodes working towards the target.
+    pub pulling: u32,
+    pub done: u32,
+    pub failed: u32,
+    /// Nodes without a grant and not at the target.
+    pub waiting: u32,
+}
+
+pub fn counts(request: &RolloutRequest) -> Counts {
+    let mut c = Counts::default();
+    for n in &request.nodes {
+        c.granted += u32::from(n.granted);
+        match n.phase {
+            Phase::Waiting => c.waiting += 1,
+            Phase::Pulling => c.pulling += 1,
+            Phase::Done => c.done += 1,
+            Phase::Failed => c.failed += 1,
+        }
+    }
+    c
+}
+
+/// On the node: `desired` without the sets its grant does not cover and that miss an image
+/// (`present` by index of `desired.images`); those go to `waiting`. Sets whose images are all
+/// present stay: they are verified and pinned without a grant. Without a grant field
+/// (`desired.grant` is `None`) everything stays.
+pub fn gate(desired: &Desired, present: &[bool]) -> Desired {
+    let Some(grant) = &desired.grant else {
+        return desired.clone();
+    };
+    let held = |s: &DesiredSet| {
+        !grant.covers(&s.name, s.generation)
+            && s.images
+                .iter()
+                .any(|&i| !present.get(i).copied().unwrap_or(false))
+    };
+    let mut out = Desired {
+        pools: desired.pools.clone(),
+        invalid: desired.invalid.clone(),
+        grant: desired.grant.clone(),
+        waiting: desired.waiting.clone(),
+        ..Default::default()
+    };
+    let mut index: HashMap<usize, usize> = HashMap::new();
+    for set in &desired.sets {
+        if held(set) {
+            out.waiting.push((set.name.clone(), set.generation));
+            continue;
+        }
+        let images = set
+            .images
+            .iter()
+            .map(|&i| {
+                *index.entry(i).or_insert_with(|| {
+                    out.images.push(Wanted {
+                        reference: desired.images[i].reference.clone(),
+                        sets: Vec::new(),
+                    });
+                    out.images.len() - 1
+                })
+            })
+            .collect::<Vec<_>>();
+        for &i in &images {
+            out.images[i].sets.push(set.name.clone());
+        }
+        out.sets.push(DesiredSet {
+            name: set.name.clone(),
+            generation: set.generation,
+            images,
+        });
+    }
+    out
+}
+
+/// The node's Progressing message while sets wait for a grant.
+pub fn waiting_message(waiting: &[(String, i64)]) -> String {
+    let sets: Vec<String> = waiting
+        .iter()
+        .map(|(name, generation)| format!("{name} generation {generation}"))
+        .collect();
+    format!(
+        "waiting for a rollout grant from the pool's fleet policy to pull PinnedImageSet(s) {}; \
+         images already present are pinned",
+        sets.join(", ")
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::reference::ImageRef;
+
+    fn set(name: &str, generation: i64, current: Option<i64>, failed: Option<i64>) -> SetStatus {
+        SetStatus {
+            name: name.into(),
+            desired_generation: generation,
+            current_generation: current,
+            last_failed_generation: failed,
+            last_failed_generation_error: failed.map(|_| "image x: not found".into()),
+        }
+    }
+
+    fn member(name: &str, sets: Vec<SetStatus>, grant: Option<&[(&str, i64)]>) -> Member {
+        Member {
+            name: name.into(),
+            ready: true,
+            grant: grant.map(|g| RolloutGrant {
+                sets: g.iter().map(|(n, g)| (n.to_string(), *g)).collect(),
+                max_pulls: None,
+            }),
+            sets: sets.into_iter().map(|s| (s.name.clone(), s)).collect(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn phases_against_the_target() {
+        let t = target(&[("a".into(), 2, 3), ("b".into(), 1, 1)]);
+        assert_eq!(t.images, 4);
+        let done = member(
+            "d",
+            vec![set("a", 2, Some(2), None), set("b", 1, Some(1), None)],
+            None,
+        );
+        assert_eq!(phase(&done, &t), Phase::Done);
+        let old = member(
+            "w",
+            vec![set("a", 2, Some(1), None)],
+            Some(&[("a", 1), ("b", 1)]),
+        );
+        assert_eq!(
+            phase(&old, &t),
+            Phase::Waiting,
+            "a grant of an older generation"
+        );
+        let pulling = member("p", vec![], Some(&[("a", 2), ("b", 1)]));
+        assert_eq!(phase(&pulling, &t), Phase::Pulling);
+        let failed = member(
+            "f",
+            vec![set("a", 2, Some(1), Some(2))],
+            Some(&[("a", 2), ("b", 1)]),
+        );
+        assert_eq!(phase(&failed, &t), Phase::Failed);
+        let recovered = member(
+            "r",
+            vec![set("a", 2, Some(2), Some(1)), set("b", 1, Some(1), None)],
+            None,
+        );
+        assert_eq!(
+            phase(&recovered, &t),
+            Phase::Done,
+            "an old failure is history"
+        );
+    }
+
+    #[test]
+    fn the_request_sorts_nodes_counts_them_and_fingerprints_ignore_progress() {
+        let t = target(&[("a".into(), 1, 2)]);
+        let mut members = vec![
+            member("z", vec![], Some(&[("a", 1)])),
+            member("b", vec![set("a", 1, Some(1), None)], None),
+            member("m", vec![], None),
+        ];
+        members[0].progressing_since_ms = Some(1_000);
+        let r = request("worker", &BTreeMap::new(), None, t.clone(), &members, 4_000);
+        let names: Vec<&str> = r.nodes.iter().map(|n| n.name.as_str()).collect();
+        assert_eq!(names, vec!["b", "m", "z"]);
+        assert_eq!(r.nodes[2].progress.pulling_for_ms, Some(3_000));
+        let c = counts(&r);
+        assert_eq!(
+            (c.granted, c.pulling, c.done, c.failed, c.waiting),
+            (1, 1, 1, 0, 1)
+        );
+        assert_eq!(
+            newly_granted(&r, &[0, 1, 2, 1]),
+            vec![1],
+            "done and granted nodes are not re-granted"
+        );
+
+        let mut moved = members.clone();
+        moved[0].progress = Some(Progress {
+            images_done: 1,
+            ..Default::default()
+        });
+        let again = request("worker", &BTreeMap::new(), None, t.clone(), &moved, 9_000);
+        assert_eq!(fingerprint(&r), fingerprint(&again));
+        moved[2].ready = false;
+        let changed = request("worker", &BTreeMap::new(), None, t, &moved, 9_000);
+        assert_ne!(fingerprint(&r), fingerprint(&changed));
+    }
+
+    #[test]
+    fn the_ceiling_annotation() {
+        let a = |v: &str| BTreeMap::from([(MAX_PULLING_ANNOTATION.to_string(), v.to_string())]);
+        assert_eq!(max_pulling(&BTreeMap::new(), 10), Ok(None));
+        assert_eq!(max_pulling(&a("2"), 10), Ok(Some(2)));
+        assert_eq!(max_pulling(&a("50%"), 10), Ok(Some(5)));
+        let err = max_pulling(&a("lots"), 10).unwrap_err();
+        assert!(err.contains("\"lots\""), "{err}");
+    }
+
+    fn digest(n: u8) -> ImageRef {
+        ImageRef::parse(&format!("q.io/x@sha256:{}", format!("{n:02x}").repeat(32))).unwrap()
+    }
+
+    #[test]
+    fn the_gate_holds_ungranted_sets_that_miss_images_and_keeps_present_ones() {
+        let wanted = |n: u8, sets: &[&str]| Wanted {
+            reference: digest(n),
+            sets: sets.iter().map(|s| s.to_string()).collect(),
+        };
+        let desired = Desired {
+            pools: vec!["worker".into()],
+            sets: vec![
+                DesiredSet {
+                    name: "granted".into(),
+                    generation: 2,
+                    images: vec![0, 1],
+                },
+                DesiredSet {
+                    name: "present".into(),
+                    generation: 5,
+                    images: vec![1],
+                },
+                DesiredSet {
+                    name: "held".into(),
+                    generation: 3,
+                    images: vec![1, 2],
+                },
+            ],
+            images: vec![
+                wanted(0, &["granted"]),
+                wanted(1, &["granted", "present", "held"]),
+                wanted(2, &["held"]),
+            ],
+            grant: Some(RolloutGrant {
+                sets: BTreeMap::from([("granted".into(), 2), ("held".into(), 2)]),
+                max_pulls: None,
+            }),
+            ..Default::default()
+        };
+        let gated = gate(&desired, &[false, true, false]);
+        let names: Vec<&str> = gated.sets.iter().map(|s| s.name.as_str()).collect();
+        assert_eq!(names, vec!["granted", "present"]);
+        assert_eq!(gated.waiting, vec![("held".to_string(), 3)]);
+        assert_eq!(gated.images.len(), 2, "image 2 is only the held set's");
+        assert_eq!(gated.images[1].sets, vec!["granted", "present"]);
+        assert_eq!(gated.sets[1].images, vec![1]);
+        let open = Desired {
+            grant: None,
+            ..desired
+        };
+        assert_eq!(gate(&open, &[false; 3]), open);
+        assert!(waiting_message(&gated.waiting).contains("held generation 3"));
+    }
+}

@@ -1,0 +1,295 @@
+//! A pool's fleet rollout: the state of its nodes against its target, the fleet policy asked
+//! when that state changes, grants recorded on the nodes' MachineConfigNodes, Events.
+//!
+//! The rules are the core's (`pinset_core::rollout`) and the policy's; this module reads the
+//! caches, calls the guarded policy off the async runtime, and writes only new grants. Grants
+//! live in the API (each node's `spec.rolloutGrant`, owned by the controller's field manager),
+//! so a restarted controller finds them where it left them: it neither grants a node twice nor
+//! loses count.
+
+use super::{Context, ControllerError, FIELD_MANAGER};
+use crate::api::{MachineConfigNode, MachineConfigPool, PoolRollout};
+use crate::convert;
+use kube::ResourceExt;
+use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::events::{Event, EventType};
+use pinset_core::rollout::{self, Counts, RolloutGrant};
+use pinset_policy::{Decided, FleetModule, GuardedFleet};
+use pinset_policy_sdk::{Phase, RolloutRequest};
+use serde_json::json;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+
+/// The fleet policy of each pool; pools without their own use the default.
+#[derive(Clone)]
+pub struct FleetTable {
+    pub default: FleetModule,
+    pub by_pool: BTreeMap<String, FleetModule>,
+}
+
+impl FleetTable {
+    /// Every pool with the embedded default module's fleet policy.
+    pub fn embedded(
+        runtime: &pinset_policy::WasmRuntime,
+    ) -> Result<Self, pinset_policy::LoadError> {
+        Ok(Self {
+            default: runtime.load_fleet(
+                pinset_policy::EMBEDDED_DEFAULT_NAME,
+                pinset_policy::EMBEDDED_DEFAULT,
+                None,
+                pinset_policy::Limits::default(),
+            )?,
+            by_pool: BTreeMap::new(),
+        })
+    }
+
+    pub fn for_pool(&self, pool: &str) -> &FleetModule {
+        self.by_pool.get(pool).unwrap_or(&self.default)
+    }
+}
+
+/// Each pool's last fleet decision and the state it was made for.
+#[derive(Default)]
+pub(super) struct Decisions(Mutex<HashMap<String, (u64, Decided)>>);
+
+/// What a pool's status says of its rollout.
+pub(super) struct Outcome {
+    pub rollout: PoolRollout,
+    /// The fleet policy failed and the default answered: why.
+    pub fallback: Option<String>,
+    /// The canary failed and the pool holds: why (for Degraded).
+    pub held: Option<String>,
+}
+
+/// One step of the pool's rollout for `target` (name, generation, images of each set).
+pub(super) async fn step(
+    ctx: &Context,
+    mcp: &MachineConfigPool,
+    target: &[(String, i64, u32)],
+) -> Result<Option<Outcome>, ControllerError> {
+    let pool = mcp.name_any();
+    if target.is_empty() {
+        return Ok(None);
+    }
+    let members: Vec<rollout::Member> = ctx
+        .nodes
+        .state()
+        .iter()
+        .filter(|n| n.spec.pool.name == pool)
+        .map(|n| convert::member(n))
+        .collect();
+    let annotations = mcp.annotations().clone();
+    let (max_pulling, bad_annotation) = match rollout::max_pulling(&annotations, members.len()) {
+        Ok(m) => (m, None),
+        Err(e) => (None, Some(format!("MachineConfigPool {pool}: {e}"))),
+    };
+    let mut request = rollout::request(
+        &pool,
+        &annotations,
+        max_pulling,
+        rollout::target(target),
+        &members,
+        now_ms(),
+    );
+    let (decided, fresh) = decide(ctx, &pool, &request).await;
+    let added = rollout::newly_granted(&request, &decided.grant.nodes);
+    for &i in &added {
+        write_grant(ctx, &pool, &request, i, &decided).await?;
+        request.nodes[i].granted = true;
+        request.nodes[i].phase = Phase::Pulling;
+    }
+    let counts = rollout::counts(&request);
+    ctx.metrics.observe_pool_rollout(&pool, &counts);
+    let held = held(&request, &decided);
+    if fresh {
+        announce(ctx, &pool, &request, &added, &decided, held.as_deref()).await;
+    }
+    let mut reason = decided.grant.reason.clone();
+    if let Some(bad) = &bad_annotation {
+        reason = format!("{reason}; {bad}");
+    }
+    Ok(Some(Outcome {
+        rollout: status(&request, &counts, &decided.policy, reason),
+        fallback: decided.fallback.as_ref().map(|f| f.message.clone()),
+        held,
+    }))
+}
+
+/// The pool's last decision when its state has not changed since; else the policy's answer.
+/// The call runs on a blocking thread: it is bounded by the module's deadline, but it is CPU.
+async fn decide(ctx: &Context, pool: &str, request: &RolloutRequest) -> (Decided, bool) {
+    let fingerprint = rollout::fingerprint(request);
+    if let Some((seen, decided)) = ctx.decisions.0.lock().expect("decisions lock").get(pool)
+        && *seen == fingerprint
+    {
+        return (decided.clone(), false);
+    }
+    let module = ctx.fleet.for_pool(pool).clone();
+    let metrics: Arc<dyn pinset_policy::Observer> = Arc::new(ctx.metrics.clone());
+    let owned = request.clone();
+    let decided = tokio::task::spawn_blocking(move || {
+        GuardedFleet::new(Box::new(module.instance()))
+            .with_observer(metrics)
+            .grant(&owned)
+    })
+    .await
+    .unwrap_or_else(|e| {
+        // A panic in the host's own code: answer as the default policy would.
+        tracing::error!(pool, error = %e, "fleet decision task failed");
+        GuardedFleet::new(Box::new(pinset_policy::NativeFleet::reference())).grant(request)
+    });
+    tracing::info!(
+        pool,
+        policy = %decided.policy,
+        granted = ?decided.grant.nodes,
+        reason = %decided.grant.reason,
+        "fleet decision"
+    );
+    ctx.decisions
+        .0
+        .lock()
+        .expect("decisions lock")
+        .insert(pool.to_string(), (fingerprint, decided.clone()));
+    (decided, true)
+}
+
+/// Record node `i`'s grant for the target on its MachineConfigNode.
+async fn write_grant(
+    ctx: &Context,
+    pool: &str,
+    request: &RolloutRequest,
+    i: usize,
+    decided: &Decided,
+) -> Result<(), ControllerError> {
+    let node = &request.nodes[i].name;
+    let grant = RolloutGrant::for_target(&request.target, decided.grant.max_pulls);
+    let sets: Vec<_> = grant
+        .sets
+        .iter()
+        .map(|(name, generation)| json!({"name": name, "generation": generation}))
+        .collect();
+    let mut body = json!({
+        "apiVersion": "machineconfiguration.openshift.io/v1",
+        "kind": "MachineConfigNode",
+        "metadata": {"name": node},
+        "spec": {"rolloutGrant": {"sets": sets, "reason": pinset_core::status::cap(&decided.grant.reason, 4000)}},
+    });
+    if let Some(m) = grant.max_pulls {
+        body["spec"]["rolloutGrant"]["maxPulls"] = json!(m);
+    }
+    let api: Api<MachineConfigNode> = Api::all(ctx.client.clone());
+    api.patch(
+        node,
+        &PatchParams::apply(FIELD_MANAGER).force(),
+        &Patch::Apply(&body),
+    )
+    .await
+    .map_err(|source| ControllerError::GrantWrite {
+        node: node.clone(),
+        pool: pool.to_string(),
+        source,
+    })?;
+    ctx.metrics.count_api_write("node_grant");
+    tracing::info!(pool, node = %node, "rollout grant written");
+    Ok(())
+}
+
+/// The canary failed and holds the pool: no node reached the target through a grant, a
+/// granted node failed, and the policy granted no one else.
+fn held(request: &RolloutRequest, decided: &Decided) -> Option<String> {
+    let proven = request
+        .nodes
+        .iter()
+        .any(|n| n.granted && n.phase == Phase::Done);
+    let failed = request
+        .nodes
+        .iter()
+        .find(|n| n.granted && n.phase == Phase::Failed)?;
+    if proven || !decided.grant.nodes.is_empty() {
+        return None;
+    }
+    Some(format!(
+        "the rollout holds: canary node {} failed: {}",
+        failed.name,
+        failed.error().unwrap_or("see its MachineConfigNode")
+    ))
+}
+
+/// Events for a fresh decision: a wave started, or the canary failed.
+async fn announce(
+    ctx: &Context,
+    pool: &str,
+    request: &RolloutRequest,
+    added: &[usize],
+    decided: &Decided,
+    held: Option<&str>,
+) {
+    let mut events = Vec::new();
+    if !added.is_empty() {
+        let names: Vec<&str> = added
+            .iter()
+            .map(|&i| request.nodes[i].name.as_str())
+            .collect();
+        events.push(Event {
+            type_: EventType::Normal,
+            reason: "RolloutWave".into(),
+            note: Some(pinset_core::status::cap(
+                &format!("granted {}: {}", names.join(", "), decided.grant.reason),
+                1024,
+            )),
+            action: "Grant".into(),
+            secondary: None,
+        });
+    }
+    if let Some(why) = held {
+        events.push(Event {
+            type_: EventType::Warning,
+            reason: "CanaryFailed".into(),
+            note: Some(pinset_core::status::cap(why, 1024)),
+            action: "Hold".into(),
+            secondary: None,
+        });
+    }
+    if let Some(f) = &decided.fallback {
+        events.push(Event {
+            type_: EventType::Warning,
+            reason: "PolicyFallback".into(),
+            note: Some(pinset_core::status::cap(&f.message, 1024)),
+            action: "Grant".into(),
+            secondary: None,
+        });
+    }
+    crate::events::record::<MachineConfigPool>(
+        ctx.client.clone(),
+        FIELD_MANAGER,
+        None,
+        pool,
+        &events,
+    )
+    .await;
+}
+
+fn status(request: &RolloutRequest, counts: &Counts, policy: &str, reason: String) -> PoolRollout {
+    let target: Vec<String> = request
+        .target
+        .sets
+        .iter()
+        .map(|s| format!("{}@{}", s.name, s.generation))
+        .collect();
+    PoolRollout {
+        target: target.join(","),
+        granted: counts.granted,
+        pulling: counts.pulling,
+        done: counts.done,
+        failed: counts.failed,
+        waiting: counts.waiting,
+        policy: policy.to_string(),
+        reason: pinset_core::status::cap(&reason, 4000),
+    }
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}

@@ -1,0 +1,198 @@
+//! The host side of the fleet contract (`wit/fleet/fleet.wit`): a [`FleetInstance`] is a Wasm
+//! fleet module or the native default; [`GuardedFleet`] asks one, validates the answer
+//! ([`crate::validate::grant`]) and falls back to the native default fleet policy on any failure.
+
+use crate::{Fallback, Hook, MAX_CONCURRENCY, Observer, PolicyError, validate};
+use pinset_policy_default::DefaultFleet;
+use pinset_policy_sdk::{Fleet, Grant, PolicyInfo, RolloutRequest};
+use std::sync::Arc;
+use std::time::Instant;
+
+/// A fleet policy answering one decision. Calls may fail; the controller uses [`GuardedFleet`].
+pub trait FleetInstance: Send {
+    fn name(&self) -> &str;
+    fn info(&mut self) -> Result<PolicyInfo, PolicyError>;
+    fn grant(&mut self, request: &RolloutRequest) -> Result<Grant, PolicyError>;
+}
+
+/// A fleet policy compiled into pinset. Its calls cannot fail.
+pub struct NativeFleet {
+    name: String,
+    fleet: Box<dyn Fleet + Send>,
+}
+
+impl NativeFleet {
+    pub fn new(name: impl Into<String>, fleet: impl Fleet + Send + 'static) -> Self {
+        Self {
+            name: name.into(),
+            fleet: Box::new(fleet),
+        }
+    }
+
+    /// The default fleet policy's source compiled natively: the fallback of every failed fleet
+    /// decision.
+    pub fn reference() -> Self {
+        Self::new("builtin:default-fleet", DefaultFleet)
+    }
+}
+
+impl FleetInstance for NativeFleet {
+    fn name(&self) -> &str {
+        &self.name
+    }
+    fn info(&mut self) -> Result<PolicyInfo, PolicyError> {
+        Ok(self.fleet.info())
+    }
+    fn grant(&mut self, request: &RolloutRequest) -> Result<Grant, PolicyError> {
+        Ok(self.fleet.grant(request))
+    }
+}
+
+/// A fleet decision whose answer is valid: the primary policy's when it is, else the native
+/// default's (with the failure).
+pub struct GuardedFleet {
+    primary: Box<dyn FleetInstance>,
+    observer: Option<Arc<dyn Observer>>,
+}
+
+/// A decision and how it was made.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Decided {
+    pub grant: Grant,
+    /// The policy whose answer this is.
+    pub policy: String,
+    /// Why the primary policy's answer was not used.
+    pub fallback: Option<Fallback>,
+}
+
+impl GuardedFleet {
+    pub fn new(primary: Box<dyn FleetInstance>) -> Self {
+        Self {
+            primary,
+            observer: None,
+        }
+    }
+
+    pub fn with_observer(mut self, observer: Arc<dyn Observer>) -> Self {
+        self.observer = Some(observer);
+        self
+    }
+
+    /// Which nodes of `request`'s pool may pull now. Never fails.
+    pub fn grant(&mut self, request: &RolloutRequest) -> Decided {
+        let started = Instant::now();
+        let answer = self.primary.grant(request);
+        if let Some(o) = &self.observer {
+            o.policy_call(Hook::Grant, started.elapsed());
+        }
+        let error = match answer {
+            Ok(grant) => match validate::grant(&grant, request) {
+                Ok(()) => {
+                    return Decided {
+                        grant,
+                        policy: self.primary.name().to_string(),
+                        fallback: None,
+                    };
+                }
+                Err(reason) => PolicyError::Invalid {
+                    policy: self.primary.name().to_string(),
+                    hook: Hook::Grant,
+                    reason,
+                },
+            },
+            Err(e) => e,
+        };
+        tracing::warn!(
+            policy = self.primary.name(),
+            pool = %request.pool.name,
+            hook = "grant",
+            error = %error,
+            "fleet decision failed; using the built-in default fleet policy for it"
+        );
+        if let Some(o) = &self.observer {
+            o.policy_fallback(Hook::Grant, error.kind());
+        }
+        let mut reference = NativeFleet::reference();
+        let grant = reference
+            .grant(request)
+            .expect("the native default fleet policy cannot fail");
+        Decided {
+            grant,
+            policy: reference.name().to_string(),
+            fallback: Some(Fallback {
+                hook: Hook::Grant,
+                kind: error.kind(),
+                message: error.to_string(),
+            }),
+        }
+    }
+}
+
+/// Pulls at once a grant may allow on a node.
+pub const MAX_PULLS: u32 = MAX_CONCURRENCY;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use pinset_policy_sdk::{FleetNode, FleetPool, Phase};
+
+    struct Answer(Grant);
+
+    impl FleetInstance for Answer {
+        fn name(&self) -> &str {
+            "test:answer"
+        }
+        fn info(&mut self) -> Result<PolicyInfo, PolicyError> {
+            Ok(PolicyInfo::new("answer", "0", ""))
+        }
+        fn grant(&mut self, _: &RolloutRequest) -> Result<Grant, PolicyError> {
+            Ok(self.0.clone())
+        }
+    }
+
+    fn request(n: usize, max_pulling: Option<u32>) -> RolloutRequest {
+        RolloutRequest {
+            pool: FleetPool {
+                name: "worker".into(),
+                max_pulling,
+                ..Default::default()
+            },
+            nodes: (0..n)
+                .map(|i| FleetNode {
+                    name: format!("n{i}"),
+                    ready: true,
+                    phase: Phase::Waiting,
+                    ..Default::default()
+                })
+                .collect(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_valid_answer_is_used_and_an_invalid_one_falls_back_to_the_canary() {
+        let all = Grant::new(vec![0, 1, 2], "everyone");
+        let d = GuardedFleet::new(Box::new(Answer(all.clone()))).grant(&request(3, None));
+        assert_eq!((d.grant, d.fallback), (all.clone(), None));
+
+        for (bad, why) in [
+            (Grant::new(vec![7], "x"), "names node 7 of 3"),
+            (Grant::new(vec![1, 1], "x"), "twice"),
+            (all.clone(), "over the pool's ceiling of 1"),
+            (
+                Grant {
+                    max_pulls: Some(0),
+                    ..Grant::new(vec![0], "x")
+                },
+                "max-pulls 0",
+            ),
+        ] {
+            let max = (bad == all).then_some(1);
+            let d = GuardedFleet::new(Box::new(Answer(bad))).grant(&request(3, max));
+            let fallback = d.fallback.expect("fallback");
+            assert!(fallback.message.contains(why), "{}", fallback.message);
+            assert_eq!(d.grant.nodes, vec![0], "the default's canary");
+            assert_eq!(d.policy, "builtin:default-fleet");
+        }
+    }
+}

@@ -1,0 +1,210 @@
+//! Fleet modules (`wit/fleet/fleet.wit`): loading, and one call of the `grant` hook in a fresh
+//! instance under the module's deadline and memory cap.
+
+use super::bounded;
+use super::engine::Ticker;
+use super::engine::WasmRuntime;
+use super::fleet_bindings::{self as fb, pinset::fleet::types as fw};
+use super::instance::{
+    MAX_DESCRIPTION_BYTES, MAX_NAME_BYTES, MAX_REASON_BYTES, classify, deadline_ticks,
+};
+use super::store::{Limits, LogBudget, State, new_store};
+use crate::fleet::FleetInstance;
+use crate::{Hook, LoadError, PolicyError};
+use pinset_policy_sdk as sdk;
+use std::sync::Arc;
+use wasmtime::Engine;
+
+/// The exported interface (and version) the controller calls.
+pub const FLEET_CONTRACT: &str = "pinset:fleet/rollout@0.1.0";
+
+struct FleetShared {
+    name: String,
+    sha256: String,
+    pre: fb::FleetPolicyPre<State>,
+    engine: Engine,
+    limits: Limits,
+    _ticker: Arc<Ticker>,
+}
+
+/// A compiled, checked, pre-instantiated fleet module. Cheap to clone.
+#[derive(Clone)]
+pub struct FleetModule {
+    shared: Arc<FleetShared>,
+}
+
+impl FleetModule {
+    pub fn name(&self) -> &str {
+        &self.shared.name
+    }
+    pub fn sha256(&self) -> &str {
+        &self.shared.sha256
+    }
+    /// An instance for one decision: each call runs in a fresh store.
+    pub fn instance(&self) -> WasmFleet {
+        WasmFleet {
+            shared: self.shared.clone(),
+        }
+    }
+}
+
+impl WasmRuntime {
+    /// Load a fleet module from a file. `sha256`, when given, must match the file.
+    pub fn load_fleet_file(
+        &self,
+        path: &std::path::Path,
+        sha256: Option<&str>,
+        limits: Limits,
+    ) -> Result<FleetModule, LoadError> {
+        let read = |source| LoadError::Read {
+            path: path.to_path_buf(),
+            source,
+        };
+        let size = std::fs::metadata(path).map_err(read)?.len();
+        super::module::too_large(&path.display().to_string(), size, limits)?;
+        let bytes = std::fs::read(path).map_err(read)?;
+        self.load_fleet(&path.display().to_string(), &bytes, sha256, limits)
+    }
+
+    /// Compile, check and pre-instantiate a module that exports [`FLEET_CONTRACT`].
+    pub fn load_fleet(
+        &self,
+        name: &str,
+        bytes: &[u8],
+        sha256: Option<&str>,
+        limits: Limits,
+    ) -> Result<FleetModule, LoadError> {
+        let (component, sha256) = self.checked_component(name, bytes, sha256, limits)?;
+        super::module::check_export(&self.engine, &component, name, FLEET_CONTRACT)?;
+        let pre = self
+            .linker
+            .instantiate_pre(&component)
+            .map_err(|e| LoadError::Link {
+                module: name.into(),
+                cause: format!("{e:#}"),
+            })?;
+        let pre = fb::FleetPolicyPre::new(pre).map_err(|e| LoadError::Contract {
+            module: name.into(),
+            expected: FLEET_CONTRACT.into(),
+            found: format!("an incompatible {FLEET_CONTRACT}: {e:#}"),
+        })?;
+        Ok(FleetModule {
+            shared: Arc::new(FleetShared {
+                name: name.into(),
+                sha256,
+                pre,
+                engine: self.engine.clone(),
+                limits,
+                _ticker: self.ticker.clone(),
+            }),
+        })
+    }
+}
+
+/// A fleet module's instance: each call instantiates afresh (no state survives a decision).
+pub struct WasmFleet {
+    shared: Arc<FleetShared>,
+}
+
+impl WasmFleet {
+    fn call<R>(
+        &mut self,
+        hook: Hook,
+        f: impl FnOnce(&mut wasmtime::Store<State>, &fb::FleetPolicy) -> wasmtime::Result<R>,
+    ) -> Result<R, PolicyError> {
+        let s = &self.shared;
+        let mut store = new_store(&s.engine, &s.name, s.limits, Arc::new(LogBudget::default()));
+        store.set_epoch_deadline(deadline_ticks(s.limits));
+        let result = s
+            .pre
+            .instantiate(&mut store)
+            .and_then(|instance| f(&mut store, &instance));
+        result.map_err(|e| classify(&s.name, s.limits, hook, &store, e))
+    }
+}
+
+impl FleetInstance for WasmFleet {
+    fn name(&self) -> &str {
+        &self.shared.name
+    }
+
+    fn info(&mut self) -> Result<sdk::PolicyInfo, PolicyError> {
+        let i = self.call(Hook::Info, |s, p| p.pinset_fleet_rollout().call_info(s))?;
+        Ok(sdk::PolicyInfo {
+            name: bounded(&i.name, MAX_NAME_BYTES),
+            version: bounded(&i.version, MAX_NAME_BYTES),
+            description: bounded(&i.description, MAX_DESCRIPTION_BYTES),
+        })
+    }
+
+    fn grant(&mut self, request: &sdk::RolloutRequest) -> Result<sdk::Grant, PolicyError> {
+        let request = to_wit(request);
+        let g = self.call(Hook::Grant, |s, p| {
+            p.pinset_fleet_rollout().call_grant(s, &request)
+        })?;
+        Ok(sdk::Grant {
+            nodes: g.nodes,
+            max_pulls: g.max_pulls,
+            reason: bounded(&g.reason, MAX_REASON_BYTES),
+        })
+    }
+}
+
+fn to_wit(r: &sdk::RolloutRequest) -> fw::RolloutRequest {
+    fw::RolloutRequest {
+        pool: fw::Pool {
+            name: r.pool.name.clone(),
+            annotations: r.pool.annotations.clone(),
+            max_pulling: r.pool.max_pulling,
+        },
+        target: fw::Target {
+            sets: r
+                .target
+                .sets
+                .iter()
+                .map(|s| fw::TargetSet {
+                    name: s.name.clone(),
+                    generation: s.generation,
+                    images: s.images,
+                    bytes: s.bytes,
+                })
+                .collect(),
+            images: r.target.images,
+            bytes: r.target.bytes,
+        },
+        nodes: r.nodes.iter().map(node).collect(),
+    }
+}
+
+fn node(n: &sdk::FleetNode) -> fw::Node {
+    fw::Node {
+        name: n.name.clone(),
+        labels: n.labels.clone(),
+        ready: n.ready,
+        granted: n.granted,
+        phase: match n.phase {
+            sdk::Phase::Waiting => fw::Phase::Waiting,
+            sdk::Phase::Pulling => fw::Phase::Pulling,
+            sdk::Phase::Done => fw::Phase::Done,
+            sdk::Phase::Failed => fw::Phase::Failed,
+        },
+        progress: fw::Progress {
+            images_done: n.progress.images_done,
+            images_total: n.progress.images_total,
+            bytes_done: n.progress.bytes_done,
+            bytes_total: n.progress.bytes_total,
+            pulling_for_ms: n.progress.pulling_for_ms,
+        },
+        sets: n
+            .sets
+            .iter()
+            .map(|s| fw::SetState {
+                name: s.name.clone(),
+                desired_generation: s.desired_generation,
+                current_generation: s.current_generation,
+                last_failed_generation: s.last_failed_generation,
+                last_failed_error: s.last_failed_error.clone(),
+            })
+            .collect(),
+    }
+}

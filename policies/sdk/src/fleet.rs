@@ -1,0 +1,242 @@
+//! The fleet contract's records as plain Rust values (mirrors `wit/fleet/fleet.wit`), the
+//! [`Fleet`] trait and its helpers.
+
+use crate::PolicyInfo;
+
+/// The pool annotation that bounds how many of its nodes pull at once: the default fleet
+/// policy's wave size, and a ceiling the host enforces on every fleet policy's answer. A count
+/// (`3`) or a percentage of the pool's nodes (`25%`, at least one node).
+pub const MAX_PULLING_ANNOTATION: &str = "pinset.io/rollout-max-pulling";
+
+/// The pool being rolled out.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct FleetPool {
+    pub name: String,
+    /// (key, value) pairs sorted by key.
+    pub annotations: Vec<(String, String)>,
+    /// The host's ceiling on nodes pulling at once, from [`MAX_PULLING_ANNOTATION`].
+    pub max_pulling: Option<u32>,
+}
+
+/// One PinnedImageSet of the target.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct TargetSet {
+    pub name: String,
+    pub generation: i64,
+    pub images: u32,
+    /// Compressed bytes when known, else 0.
+    pub bytes: u64,
+}
+
+/// Every set of the pool at its current generation.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Target {
+    pub sets: Vec<TargetSet>,
+    pub images: u32,
+    pub bytes: u64,
+}
+
+/// Where a node stands against the target.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Phase {
+    /// Not granted, not at the target.
+    #[default]
+    Waiting,
+    /// Granted, working towards the target.
+    Pulling,
+    /// Every set of the target pinned at its generation.
+    Done,
+    /// A set of the target failed at its generation (the node retries with backoff).
+    Failed,
+}
+
+impl Phase {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Phase::Waiting => "waiting",
+            Phase::Pulling => "pulling",
+            Phase::Done => "done",
+            Phase::Failed => "failed",
+        }
+    }
+}
+
+/// One set as a node reports it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SetState {
+    pub name: String,
+    pub desired_generation: i64,
+    pub current_generation: Option<i64>,
+    pub last_failed_generation: Option<i64>,
+    pub last_failed_error: Option<String>,
+}
+
+/// How far a node's current reconcile is.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct NodeProgress {
+    pub images_done: u64,
+    pub images_total: u64,
+    pub bytes_done: u64,
+    pub bytes_total: u64,
+    /// How long the node has been pulling for the target, when it is.
+    pub pulling_for_ms: Option<u64>,
+}
+
+/// One node of the pool.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct FleetNode {
+    pub name: String,
+    /// (key, value) pairs sorted by key.
+    pub labels: Vec<(String, String)>,
+    pub ready: bool,
+    /// Holds a grant for the target.
+    pub granted: bool,
+    pub phase: Phase,
+    pub progress: NodeProgress,
+    pub sets: Vec<SetState>,
+}
+
+impl FleetNode {
+    pub fn label(&self, key: &str) -> Option<&str> {
+        self.labels
+            .iter()
+            .find(|(k, _)| k == key)
+            .map(|(_, v)| v.as_str())
+    }
+
+    /// Granted and still at work towards the target: pulling, or failed and retrying.
+    pub fn in_flight(&self) -> bool {
+        self.granted && matches!(self.phase, Phase::Pulling | Phase::Failed)
+    }
+
+    /// The error of the first target set that failed on this node, if any.
+    pub fn error(&self) -> Option<&str> {
+        self.sets
+            .iter()
+            .find_map(|s| s.last_failed_error.as_deref())
+    }
+}
+
+/// What the controller asks a fleet policy.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RolloutRequest {
+    pub pool: FleetPool,
+    pub target: Target,
+    /// Every node of the pool, sorted by name.
+    pub nodes: Vec<FleetNode>,
+}
+
+impl RolloutRequest {
+    pub fn annotation(&self, key: &str) -> Option<&str> {
+        self.pool
+            .annotations
+            .iter()
+            .find(|(k, _)| k == key)
+            .map(|(_, v)| v.as_str())
+    }
+
+    /// Nodes in `phase`.
+    pub fn count(&self, phase: Phase) -> usize {
+        self.nodes.iter().filter(|n| n.phase == phase).count()
+    }
+
+    /// Indices of the nodes that are ready, not granted and not at the target, in name order:
+    /// the candidates for a grant.
+    pub fn candidates(&self) -> impl Iterator<Item = u32> + '_ {
+        self.nodes
+            .iter()
+            .enumerate()
+            .filter(|(_, n)| n.ready && !n.granted && n.phase == Phase::Waiting)
+            .map(|(i, _)| i as u32)
+    }
+}
+
+/// A fleet policy's answer.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Grant {
+    /// Indices into [`RolloutRequest::nodes`] of the nodes that may pull now, each once. Nodes
+    /// already granted keep their grant whether listed or not.
+    pub nodes: Vec<u32>,
+    /// Pulls at once on each granted node (1..=64), over the node policy's own concurrency.
+    pub max_pulls: Option<u32>,
+    /// Shown to operators in the pool's status, Events and logs.
+    pub reason: String,
+}
+
+impl Grant {
+    pub fn new(nodes: Vec<u32>, reason: impl Into<String>) -> Self {
+        Self {
+            nodes,
+            max_pulls: None,
+            reason: reason.into(),
+        }
+    }
+
+    /// Grant no node now.
+    pub fn none(reason: impl Into<String>) -> Self {
+        Self::new(Vec::new(), reason)
+    }
+}
+
+/// A count (`3`) or a percentage (`25%`) of `of` nodes, at least 1; `None` when `text` is
+/// neither.
+pub fn count_or_percent(text: &str, of: usize) -> Option<u32> {
+    let text = text.trim();
+    let n = match text.strip_suffix('%') {
+        Some(p) => {
+            let p: u64 = p.trim().parse().ok().filter(|p| *p <= 100)?;
+            (of as u64 * p / 100) as u32
+        }
+        None => text.parse().ok()?,
+    };
+    Some(n.max(1))
+}
+
+/// The decision of a fleet rollout policy. See `wit/fleet/fleet.wit` for the contract.
+///
+/// An instance answers one call: do not rely on state kept between calls.
+pub trait Fleet {
+    /// Name, version and a one-line description.
+    fn info(&self) -> PolicyInfo;
+    /// Which nodes of the pool may pull now.
+    fn grant(&self, request: &RolloutRequest) -> Grant;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counts_and_percentages() {
+        assert_eq!(count_or_percent("3", 100), Some(3));
+        assert_eq!(count_or_percent("25%", 10), Some(2));
+        assert_eq!(count_or_percent("10%", 3), Some(1), "at least one node");
+        assert_eq!(count_or_percent("0", 3), Some(1));
+        assert_eq!(count_or_percent("101%", 3), None);
+        assert_eq!(count_or_percent("many", 3), None);
+        assert_eq!(count_or_percent("-1", 3), None);
+    }
+
+    #[test]
+    fn candidates_are_ready_ungranted_waiting_nodes() {
+        let node = |name: &str, ready, granted, phase| FleetNode {
+            name: name.into(),
+            ready,
+            granted,
+            phase,
+            ..Default::default()
+        };
+        let r = RolloutRequest {
+            nodes: vec![
+                node("a", true, true, Phase::Pulling),
+                node("b", false, false, Phase::Waiting),
+                node("c", true, false, Phase::Done),
+                node("d", true, false, Phase::Waiting),
+            ],
+            ..Default::default()
+        };
+        assert_eq!(r.candidates().collect::<Vec<_>>(), vec![3]);
+        assert_eq!(r.count(Phase::Waiting), 2);
+        assert!(r.nodes[0].in_flight() && !r.nodes[2].in_flight());
+    }
+}
