@@ -6,7 +6,7 @@
 mod wasm_build;
 
 /// (package, file stem) of every policy built here.
-const POLICIES: [(&str, &str); 7] = [
+const POLICIES: [(&str, &str); 8] = [
     ("pinset-policy-default", "pinset_policy_default"),
     (
         "pinset-policy-smallest-first",
@@ -17,6 +17,7 @@ const POLICIES: [(&str, &str); 7] = [
         "pinset-policy-admit-what-fits",
         "pinset_policy_admit_what_fits",
     ),
+    ("pinset-policy-zone-by-zone", "pinset_policy_zone_by_zone"),
     ("pinset-test-policy-hostile", "pinset_test_policy_hostile"),
     (
         "pinset-test-policy-future-contract",

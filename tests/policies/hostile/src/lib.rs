@@ -8,6 +8,8 @@
 
 #![cfg_attr(not(target_arch = "wasm32"), allow(dead_code))]
 
+mod fleet;
+
 use pinset_policy_default::DefaultPolicy;
 use pinset_policy_sdk::*;
 
@@ -113,3 +115,4 @@ impl Policy for Hostile {
 }
 
 export_policy!(Hostile);
+export_fleet!(fleet::HostileFleet);

@@ -1,0 +1,160 @@
+//! Fleet modules (`wit/fleet/fleet.wit`) compiled from `policies/` and `tests/policies/`: the
+//! contracts load side by side (node-only, fleet-only and both), and every misbehaviour of a
+//! fleet module is contained by the guard — the default fleet policy answers, the failure named.
+
+mod support;
+
+use pinset_policy::{
+    FleetInstance, FleetModule, GuardedFleet, Hook, Limits, LoadError, PolicyError, WasmRuntime,
+};
+use pinset_policy_sdk::{FleetNode, FleetPool, Phase, RolloutRequest};
+use std::path::PathBuf;
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+fn component(stem: &str) -> PathBuf {
+    support::policy_dir().join(format!("{stem}.wasm"))
+}
+
+fn runtime() -> &'static WasmRuntime {
+    static RT: OnceLock<WasmRuntime> = OnceLock::new();
+    RT.get_or_init(|| WasmRuntime::new().expect("runtime"))
+}
+
+fn fleet(stem: &str) -> FleetModule {
+    runtime()
+        .load_fleet_file(&component(stem), None, Limits::default())
+        .unwrap_or_else(|e| panic!("{stem}: {e}"))
+}
+
+/// A pool of `n` ready nodes, none granted, the hostile module's mode in an annotation.
+fn pool(n: usize, mode: &str, max_pulling: Option<u32>) -> RolloutRequest {
+    RolloutRequest {
+        pool: FleetPool {
+            name: "worker".into(),
+            annotations: vec![("pinset.test/hostile-fleet".into(), mode.into())],
+            max_pulling,
+        },
+        nodes: (0..n)
+            .map(|i| FleetNode {
+                name: format!("w-{i}"),
+                ready: true,
+                phase: Phase::Waiting,
+                ..Default::default()
+            })
+            .collect(),
+        ..Default::default()
+    }
+}
+
+#[test]
+fn node_only_fleet_only_and_both_modules_load_for_what_they_export() {
+    // A node policy of the unchanged pinset:policy@0.1.0 contract still loads as one.
+    let node_only = component("pinset_policy_smallest_first");
+    runtime()
+        .load_file(&node_only, None, Limits::default())
+        .expect("a node-only module loads for the node");
+    let err = runtime()
+        .load_fleet_file(&node_only, None, Limits::default())
+        .err()
+        .expect("a node-only module is no fleet policy");
+    let msg = err.to_string();
+    assert!(
+        matches!(err, LoadError::Contract { .. })
+            && msg.contains("pinset:fleet/rollout@0.1.0")
+            && msg.contains("pinset:policy/decisions@0.1.0"),
+        "{msg}"
+    );
+    // A fleet-only module is refused as a node policy, and loads as a fleet policy.
+    let fleet_only = component("pinset_policy_zone_by_zone");
+    let err = runtime()
+        .load_file(&fleet_only, None, Limits::default())
+        .err()
+        .expect("a fleet-only module is no node policy");
+    assert!(
+        err.to_string().contains("pinset:policy/decisions@0.1.0"),
+        "{err}"
+    );
+    let info = fleet("pinset_policy_zone_by_zone")
+        .instance()
+        .info()
+        .unwrap();
+    assert_eq!(info.name, "zone-by-zone");
+    // The default module exports both; its fleet answer is the native default's.
+    let default = runtime()
+        .load_fleet(
+            pinset_policy::EMBEDDED_DEFAULT_NAME,
+            pinset_policy::EMBEDDED_DEFAULT,
+            None,
+            Limits::default(),
+        )
+        .unwrap();
+    let request = pool(30, "", None);
+    let wasm = default.instance().grant(&request).unwrap();
+    let native = pinset_policy::NativeFleet::reference()
+        .grant(&request)
+        .unwrap();
+    assert_eq!(wasm, native);
+    assert_eq!(wasm.nodes, vec![0], "a canary first");
+}
+
+#[test]
+fn every_misbehaviour_of_a_fleet_module_falls_back_to_the_default_and_is_named() {
+    let hostile = fleet("pinset_test_policy_hostile");
+    for (mode, max_pulling, kind, says) in [
+        ("trap", None, "trap", "traps on purpose"),
+        ("loop", None, "deadline", "deadline"),
+        ("alloc", None, "memory", "memory cap"),
+        ("all", Some(1), "invalid", "over the pool's ceiling of 1"),
+        ("out-of-range", None, "invalid", "names node 8 of 3"),
+        ("twice", None, "invalid", "names node 0 twice"),
+        ("max-pulls", None, "invalid", "max-pulls 1000"),
+    ] {
+        let request = pool(3, mode, max_pulling);
+        let started = Instant::now();
+        let decided = GuardedFleet::new(Box::new(hostile.instance())).grant(&request);
+        let elapsed = started.elapsed();
+        let fallback = decided
+            .fallback
+            .unwrap_or_else(|| panic!("{mode}: no fallback"));
+        assert_eq!(fallback.hook, Hook::Grant, "{mode}");
+        assert_eq!(fallback.kind, kind, "{mode}: {}", fallback.message);
+        assert!(
+            fallback.message.contains(says) && fallback.message.contains("hostile"),
+            "{mode}: {}",
+            fallback.message
+        );
+        assert_eq!(decided.grant.nodes, vec![0], "{mode}: the default's canary");
+        assert_eq!(decided.policy, "builtin:default-fleet");
+        assert!(elapsed < Duration::from_secs(2), "{mode}: took {elapsed:?}");
+    }
+    // Without a ceiling, everyone at once is a valid strategy (the reference's).
+    let decided = GuardedFleet::new(Box::new(hostile.instance())).grant(&pool(3, "all", None));
+    assert_eq!(
+        (decided.grant.nodes, decided.fallback),
+        (vec![0, 1, 2], None)
+    );
+    // A log flood is cut at the budget and the answer is used.
+    let decided =
+        GuardedFleet::new(Box::new(hostile.instance())).grant(&pool(3, "log-flood", None));
+    assert!(decided.fallback.is_none());
+}
+
+#[test]
+fn a_trapped_fleet_call_leaves_the_module_usable() {
+    let hostile = fleet("pinset_test_policy_hostile");
+    let mut instance = hostile.instance();
+    let err = instance.grant(&pool(3, "trap", None)).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            PolicyError::Trap {
+                hook: Hook::Grant,
+                ..
+            }
+        ),
+        "{err}"
+    );
+    // Each call runs in a fresh instance: the next one answers.
+    assert_eq!(instance.grant(&pool(3, "", None)).unwrap().nodes, vec![0]);
+}

@@ -1,0 +1,53 @@
+//! The fleet side of the hostile policy: misbehaves as the pool's `pinset.test/hostile-fleet`
+//! annotation says; without it, answers like the default fleet policy.
+
+use pinset_policy_default::fleet as default;
+use pinset_policy_sdk::*;
+
+pub const FLEET_MODE_ANNOTATION: &str = "pinset.test/hostile-fleet";
+
+#[derive(Default)]
+pub struct HostileFleet;
+
+impl Fleet for HostileFleet {
+    fn info(&self) -> PolicyInfo {
+        PolicyInfo::new("hostile-fleet", "0.1.0", "misbehaves on request")
+    }
+
+    fn grant(&self, request: &RolloutRequest) -> Grant {
+        let all: Vec<u32> = (0..request.nodes.len() as u32).collect();
+        match request.annotation(FLEET_MODE_ANNOTATION) {
+            Some("trap") => panic!("hostile fleet policy traps on purpose"),
+            Some("loop") => {
+                let mut n: u64 = 0;
+                loop {
+                    n = std::hint::black_box(n.wrapping_add(1));
+                }
+            }
+            Some("alloc") => {
+                let mut hoard: Vec<Vec<u8>> = Vec::new();
+                loop {
+                    hoard.push(vec![1u8; 1 << 20]);
+                    std::hint::black_box(&hoard);
+                }
+            }
+            Some("all") => Grant::new(all, "everyone at once"),
+            Some("out-of-range") => Grant::new(vec![request.nodes.len() as u32 + 5], "nobody"),
+            Some("twice") => Grant::new(vec![0, 0], "the first node twice"),
+            Some("max-pulls") => Grant {
+                max_pulls: Some(1000),
+                ..default::grant(request)
+            },
+            Some("log-flood") => {
+                for n in 0..1_000 {
+                    log(
+                        Level::Info,
+                        &format!("fleet line {n} {}", "y".repeat(2_000)),
+                    );
+                }
+                default::grant(request)
+            }
+            _ => default::grant(request),
+        }
+    }
+}
