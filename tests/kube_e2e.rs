@@ -1121,3 +1121,372 @@ async fn the_agent_from_the_image_pins_a_set() {
         "the runtime was asked which it is: {log}"
     );
 }
+
+/// One look at the fleet: per node (name) whether it holds a grant for `set` at `generation`,
+/// whether it pinned that generation, and how many of `images` its containerd holds.
+#[derive(Debug)]
+struct FleetLook {
+    granted: Vec<bool>,
+    done: Vec<bool>,
+    present: Vec<usize>,
+}
+
+const FLEET_NODES: [&str; 3] = ["w-0", "w-1", "w-2"];
+
+/// containerd first, then the MachineConfigNodes: a grant precedes any pull, so a node seen
+/// without a grant after its images were counted had none when they were.
+async fn look(
+    nodes: &Api<MachineConfigNode>,
+    cris: &[pinset_node::cri::client::CriClient],
+    set_name: &str,
+    generation: i64,
+    images: &[String],
+) -> FleetLook {
+    let mut present = Vec::new();
+    for cri in cris {
+        present.push(present_and_pinned(cri, images).await.0);
+    }
+    let list = nodes.list(&Default::default()).await.unwrap();
+    let find = |name: &str| {
+        list.items
+            .iter()
+            .find(|n| n.metadata.name.as_deref() == Some(name))
+    };
+    let granted = FLEET_NODES
+        .iter()
+        .map(|name| {
+            find(name)
+                .and_then(|n| n.spec.rollout_grant.clone())
+                .is_some_and(|g| {
+                    g.sets
+                        .iter()
+                        .any(|s| s.name == set_name && s.generation >= generation)
+                })
+        })
+        .collect();
+    let done = FLEET_NODES
+        .iter()
+        .map(|name| {
+            find(name).is_some_and(|n| {
+                node_state(n)
+                    .0
+                    .iter()
+                    .any(|s| s.0 == set_name && s.2 == Some(generation))
+            })
+        })
+        .collect();
+    FleetLook {
+        granted,
+        done,
+        present,
+    }
+}
+
+fn fleet_pool() -> MachineConfigPool {
+    pool("worker", &["worker"], "node-role.kubernetes.io/worker")
+}
+
+/// The pool's rollout status and its Degraded and PolicyFallback conditions.
+fn rollout_of(p: &MachineConfigPool) -> (Option<pinset_k8s::api::PoolRollout>, String, String) {
+    let st = p.status.clone().unwrap_or_default();
+    let cond = |t: &str| {
+        st.conditions
+            .iter()
+            .find(|c| c.type_ == t && c.status == "True")
+            .map(|c| c.message.clone())
+            .unwrap_or_default()
+    };
+    (
+        st.rollout.clone(),
+        cond(CONDITION_DEGRADED),
+        cond(pinset_k8s::api::CONDITION_POLICY_FALLBACK),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fleet_policy_paces_three_nodes_holds_on_a_failed_canary_and_survives_hostile_modules() {
+    let Some(cluster) = Cluster::start().await else {
+        return;
+    };
+    let mut runtimes = Vec::new();
+    for _ in FLEET_NODES {
+        let Some(r) = support::Containerd::start(&cluster.registry.host) else {
+            return;
+        };
+        runtimes.push(r);
+    }
+    let cris: Vec<_> = runtimes.iter().map(cri).collect();
+    let client = cluster.client.clone();
+    let kubeconfig = cluster.server.kubeconfig.display().to_string();
+    let pools: Api<MachineConfigPool> = Api::all(client.clone());
+    let sets: Api<PinnedImageSet> = Api::all(client.clone());
+    let nodes: Api<MachineConfigNode> = Api::all(client.clone());
+    let images = support::push_images(&cluster.registry, "fleet", 3, 150_000, 700).await;
+    pools
+        .create(&PostParams::default(), &fleet_pool())
+        .await
+        .unwrap();
+    sets.create(&PostParams::default(), &set("apps", "worker", &images[..2]))
+        .await
+        .unwrap();
+    let controller_port = support::free_port();
+    let start_controller = |extra: &[String], log: &str| {
+        let mut args = vec![
+            "controller".to_string(),
+            format!("--kubeconfig={kubeconfig}"),
+            format!("--metrics-addr=127.0.0.1:{controller_port}"),
+        ];
+        args.extend_from_slice(extra);
+        Proc::start(&args, cluster.dir.path().join(log))
+    };
+    let controller = std::cell::RefCell::new(start_controller(&[], "fleet-controller.log"));
+    let agents: Vec<Proc> = FLEET_NODES
+        .iter()
+        .zip(&runtimes)
+        .map(|(name, runtime)| {
+            let mut labels = roles(&["worker"]);
+            labels.push(("topology.kubernetes.io/zone".into(), format!("zone-{name}")));
+            cluster.agent(
+                name,
+                &labels,
+                runtime,
+                support::free_port(),
+                &format!("{name}.log"),
+                &[],
+            )
+        })
+        .collect();
+    let logs = || {
+        let mut out = format!("--- controller ---\n{}\n", controller.borrow().log());
+        for (name, a) in FLEET_NODES.iter().zip(&agents) {
+            out.push_str(&format!("--- {name} ---\n{}\n", a.log()));
+        }
+        out
+    };
+
+    // 1. The canary pulls first; the others only after it pinned, one at a time (10 % of 3
+    //    nodes rounds up to one), never more than one node pulling, never a pull without a grant.
+    let deadline = Instant::now() + Duration::from_secs(90);
+    let mut first_granted: Vec<Option<usize>> = vec![None; 3];
+    let mut tick = 0;
+    loop {
+        let l = look(&nodes, &cris, "apps", 1, &images[..2]).await;
+        for i in 0..3 {
+            assert!(
+                l.granted[i] || l.present[i] == 0,
+                "{} pulled without a grant: {l:?}\n{}",
+                FLEET_NODES[i],
+                logs()
+            );
+            if l.granted[i] && first_granted[i].is_none() {
+                first_granted[i] = Some(tick);
+                let earlier_done = (0..3).filter(|&j| j != i && l.done[j]).count();
+                let order = first_granted.iter().flatten().count() - 1;
+                assert_eq!(
+                    earlier_done, order,
+                    "{} granted before the node(s) granted ahead of it finished: {l:?}",
+                    FLEET_NODES[i]
+                );
+            }
+        }
+        let pulling = (0..3).filter(|&i| l.granted[i] && !l.done[i]).count();
+        assert!(pulling <= 1, "more than one node pulling at once: {l:?}");
+        if l.done.iter().all(|d| *d) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "rollout not done in 90 s: {l:?}\n{}",
+            logs()
+        );
+        tick += 1;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // The canary is whichever node's report the controller saw first; each grant came alone.
+    let mut ticks: Vec<usize> = first_granted.iter().flatten().copied().collect();
+    ticks.dedup();
+    assert_eq!(
+        ticks.len(),
+        3,
+        "two nodes granted at once: {first_granted:?}"
+    );
+    let p = pools.get("worker").await.unwrap();
+    let (rollout, degraded, _) = rollout_of(&p);
+    let rollout = rollout.expect("the pool reports its rollout");
+    assert_eq!(
+        (
+            rollout.target.as_str(),
+            rollout.granted,
+            rollout.done,
+            rollout.failed
+        ),
+        ("apps@1", 3, 3, 0),
+        "{rollout:?}"
+    );
+    assert!(degraded.is_empty(), "{degraded}");
+
+    // 2. Generation 2 adds an image and one that does not exist: the canary fails, the pool
+    //    holds and is Degraded naming the canary and the image; the others never pull.
+    let missing = format!(
+        "{}/pinset/missing@sha256:{}",
+        cluster.registry.host,
+        "0".repeat(64)
+    );
+    let gen2 = vec![images[0].clone(), images[2].clone(), missing.clone()];
+    sets.patch(
+        "apps",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"spec": {"pinnedImages": gen2.iter().map(|n| json!({"name": n})).collect::<Vec<_>>()}})),
+    )
+    .await
+    .unwrap();
+    let held = eventually("the pool holds on the failed canary", &logs, || async {
+        let p = pools.get("worker").await.map_err(|e| e.to_string())?;
+        match rollout_of(&p) {
+            (Some(r), d, _) if r.failed == 1 && d.contains("canary node w-") => Ok((r, d)),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await;
+    assert!(held.1.contains(&missing), "{}", held.1);
+    assert_eq!(
+        (held.0.granted, held.0.target.as_str()),
+        (1, "apps@2"),
+        "{:?}",
+        held.0
+    );
+    let l = look(&nodes, &cris, "apps", 2, &images[2..3]).await;
+    let canary = l.granted.iter().position(|g| *g).expect("a canary");
+    assert!(
+        held.1
+            .contains(&format!("canary node {}", FLEET_NODES[canary])),
+        "{}",
+        held.1
+    );
+    for _ in 0..20 {
+        let l = look(&nodes, &cris, "apps", 2, &images[2..3]).await;
+        for i in (0..3).filter(|&i| i != canary) {
+            assert!(
+                !l.granted[i] && l.present[i] == 0,
+                "a held node pulled: {l:?}"
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let waiting = nodes.get(FLEET_NODES[(canary + 1) % 3]).await.unwrap();
+    let progressing = waiting
+        .status
+        .unwrap_or_default()
+        .conditions
+        .into_iter()
+        .find(|c| c.type_ == CONDITION_PROGRESSING)
+        .unwrap();
+    assert_eq!(
+        (progressing.status.as_str(), progressing.reason.as_str()),
+        ("True", "WaitingForRolloutGrant"),
+        "{progressing:?}"
+    );
+
+    // 3. The controller restarts with a hostile fleet module that grants every node at once,
+    //    over the pool's ceiling of one: contained (the default answers, the pool says why), no
+    //    node granted again, the counts unchanged.
+    controller.borrow_mut().terminate();
+    pools
+        .patch(
+            "worker",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"annotations": {
+                "pinset.io/rollout-max-pulling": "1",
+                "pinset.test/hostile-fleet": "all",
+            }}})),
+        )
+        .await
+        .unwrap();
+    let hostile = support::policy_dir().join("pinset_test_policy_hostile.wasm");
+    *controller.borrow_mut() = start_controller(
+        &[format!("--fleet-policy=worker={}", hostile.display())],
+        "fleet-controller-2.log",
+    );
+    let fallback = eventually("the pool names the fleet fallback", &logs, || async {
+        let p = pools.get("worker").await.map_err(|e| e.to_string())?;
+        match rollout_of(&p) {
+            (Some(r), _, f) if f.contains("ceiling") => Ok((r, f)),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await;
+    assert!(fallback.1.contains("hostile"), "{}", fallback.1);
+    assert_eq!(
+        (fallback.0.granted, fallback.0.failed),
+        (1, 1),
+        "{:?}",
+        fallback.0
+    );
+    let m = metrics(controller_port).await;
+    assert_eq!(
+        metric(&m, "pinset_api_writes_total{kind=\"node_grant\"}"),
+        0,
+        "the restarted controller granted again:\n{m}"
+    );
+
+    // 4. The set is fixed (generation 3) while the module loops: every decision falls back to
+    //    the default, which rolls the pool out canary first.
+    pools
+        .patch(
+            "worker",
+            &PatchParams::default(),
+            &Patch::Merge(
+                json!({"metadata": {"annotations": {"pinset.test/hostile-fleet": "loop"}}}),
+            ),
+        )
+        .await
+        .unwrap();
+    sets.patch(
+        "apps",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"spec": {"pinnedImages": gen2[..2].iter().map(|n| json!({"name": n})).collect::<Vec<_>>()}})),
+    )
+    .await
+    .unwrap();
+    let done = eventually("every node pins generation 3", &logs, || async {
+        let l = look(&nodes, &cris, "apps", 3, &gen2[..2]).await;
+        let pulling = (0..3).filter(|&i| l.granted[i] && !l.done[i]).count();
+        assert!(pulling <= 1, "more than the ceiling pulling: {l:?}");
+        l.done
+            .iter()
+            .all(|d| *d)
+            .then_some(l)
+            .ok_or("not yet".to_string())
+    })
+    .await;
+    assert_eq!(done.present, vec![2, 2, 2]);
+    let fallback = eventually("the pool counts every node done", &logs, || async {
+        let p = pools.get("worker").await.map_err(|e| e.to_string())?;
+        match rollout_of(&p) {
+            (Some(r), d, f) if (r.done, r.failed) == (3, 0) && d.is_empty() => Ok(f),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await;
+    assert!(fallback.contains("deadline"), "{fallback}");
+
+    // Events: waves started, the canary failed, the fleet policy fell back.
+    let events: Api<k8s_openapi::api::events::v1::Event> = Api::all(client.clone());
+    let reasons: Vec<String> = events
+        .list(&Default::default())
+        .await
+        .unwrap()
+        .items
+        .iter()
+        .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("worker"))
+        .filter_map(|e| e.reason.clone())
+        .collect();
+    for want in ["RolloutWave", "CanaryFailed", "PolicyFallback"] {
+        assert!(
+            reasons.iter().any(|r| r == want),
+            "{want} missing: {reasons:?}"
+        );
+    }
+    // The agents' metric: nothing waits any more.
+    drop(agents);
+}
