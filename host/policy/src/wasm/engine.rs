@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 use wasmtime::component::{HasSelf, Linker};
-use wasmtime::{Config, Engine};
+use wasmtime::{Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig};
 
 /// How often the engine's epoch advances: the granularity of deadlines.
 pub(super) const EPOCH_TICK: Duration = Duration::from_millis(5);
@@ -27,7 +27,39 @@ pub(super) fn engine_config() -> Config {
     if std::env::var_os("PINSET_WASM_PERFMAP").is_some() {
         config.profiler(wasmtime::ProfilingStrategy::PerfMap);
     }
+    // Every reconcile and every fleet decision starts a fresh instance (no state survives one):
+    // instances come from a pool of pre-reserved slots whose linear memories are mapped
+    // copy-on-write from the module's initial image, instead of mmap + page faults + munmap
+    // per instance. `PINSET_WASM_ALLOCATOR=on-demand` turns it off (the baseline of
+    // BENCHMARKS.md).
+    if std::env::var("PINSET_WASM_ALLOCATOR").as_deref() != Ok("on-demand") {
+        config.allocation_strategy(InstanceAllocationStrategy::Pooling(pool()));
+    }
     config
+}
+
+/// Instances alive at once per engine: an agent runs one reconcile at a time, a controller at
+/// most a handful of fleet decisions. An exhausted pool fails instantiation, which the guard
+/// answers with the native policy, never a crash.
+pub const POOLED_INSTANCES: u32 = 64;
+/// Largest linear memory a pooled instance may grow to; each policy's own cap (`Limits`) is
+/// enforced below it by the store's limiter.
+pub const POOLED_MEMORY_BYTES: usize = 4 << 30;
+
+fn pool() -> PoolingAllocationConfig {
+    let mut pool = PoolingAllocationConfig::default();
+    pool.total_component_instances(POOLED_INSTANCES)
+        // A component holds a few core instances (the policy, shims), each at most one memory
+        // and a table or two.
+        .total_core_instances(POOLED_INSTANCES * 8)
+        .total_memories(POOLED_INSTANCES * 2)
+        .total_tables(POOLED_INSTANCES * 8)
+        .max_memory_size(POOLED_MEMORY_BYTES)
+        // Reset a slot's first pages with memset rather than madvise: no page faults when the
+        // next instance touches them.
+        .linear_memory_keep_resident(1 << 20)
+        .table_keep_resident(64 << 10);
+    pool
 }
 
 /// Engine, linker and epoch ticker shared by every module.
