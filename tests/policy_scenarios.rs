@@ -267,3 +267,53 @@ fn cli_bench_reports_every_hook() {
     );
     assert!(rows.iter().all(|r| r["wasm"]["medianUs"].as_f64().unwrap() > 0.0 && r["ratio"].as_f64().is_some()));
 }
+
+/// Every fleet scenario of `dir` through `pinset policy test` with `module` (none: the embedded
+/// default): all pass, as many as expected.
+fn cli_fleet_scenarios(module: Option<&Path>, dir: &Path, at_least: usize) {
+    let mut args = vec![
+        "policy".to_string(),
+        "test".into(),
+        "-o".into(),
+        "json".into(),
+    ];
+    if let Some(m) = module {
+        args.push(format!("--policy={}", m.display()));
+    }
+    args.push(dir.display().to_string());
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let (code, stdout, stderr) = pinset(&args);
+    let report: serde_json::Value =
+        serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("{e}: {stdout}\n{stderr}"));
+    let scenarios = report["scenarios"].as_array().unwrap();
+    assert!(scenarios.len() >= at_least, "{report}");
+    assert_eq!(code, 0, "{report}\n{stderr}");
+}
+
+#[test]
+fn fleet_scenarios_pass_for_the_default_and_the_zone_policy_and_bite() {
+    cli_fleet_scenarios(None, &workspace().join("examples/scenarios/fleet"), 4);
+    let zone = support::policy_dir().join("pinset_policy_zone_by_zone.wasm");
+    let zone_dir = workspace().join("policies/zone-by-zone/scenarios");
+    cli_fleet_scenarios(Some(&zone), &zone_dir, 3);
+    // The default fails the zone policy's zone-at-a-time scenario: the expectations bite.
+    let (code, stdout, _) = pinset(&[
+        "policy",
+        "test",
+        zone_dir.join("zone-at-a-time.yaml").to_str().unwrap(),
+    ]);
+    assert_eq!(code, 1, "{stdout}");
+    assert!(
+        stdout.contains("FAIL") && stdout.contains("grant:"),
+        "{stdout}"
+    );
+    // A fleet-only module cannot answer node scenarios: the error names the contract.
+    let (code, _, stderr) = pinset(&[
+        "policy",
+        "test",
+        &format!("--policy={}", zone.display()),
+        workspace().join("examples/scenarios").to_str().unwrap(),
+    ]);
+    assert_eq!(code, 1);
+    assert!(stderr.contains("pinset:policy/decisions@0.1.0"), "{stderr}");
+}

@@ -17,6 +17,7 @@
 pub mod decisions;
 pub mod desired;
 pub mod drift;
+pub mod fleet_scenario;
 pub mod plan;
 pub mod pool;
 pub mod quantity;

@@ -61,6 +61,32 @@ impl PolicyOpts {
     }
 }
 
+impl PolicyOpts {
+    /// Compile and check the chosen module's fleet policy (`pinset:fleet/rollout`).
+    pub fn load_fleet(&self, runtime: &WasmRuntime) -> anyhow::Result<pinset_policy::FleetModule> {
+        let module = match &self.policy {
+            Some(path) => {
+                runtime.load_fleet_file(path, self.policy_sha256.as_deref(), self.limits())?
+            }
+            None => runtime.load_fleet(
+                pinset_policy::EMBEDDED_DEFAULT_NAME,
+                pinset_policy::EMBEDDED_DEFAULT,
+                None,
+                self.limits(),
+            )?,
+        };
+        Ok(module)
+    }
+
+    /// The module as reports name it before it is loaded.
+    pub fn name(&self) -> String {
+        self.policy.as_ref().map_or_else(
+            || pinset_policy::EMBEDDED_DEFAULT_NAME.to_string(),
+            |p| p.display().to_string(),
+        )
+    }
+}
+
 /// A runtime that compiles in this process and the chosen module, or a clear error.
 pub fn load_policy(opts: &PolicyOpts) -> anyhow::Result<(WasmRuntime, PolicyModule)> {
     load_policy_with(opts, Compiler::InProcess)

@@ -4,8 +4,8 @@ use super::{PolicyOpts, load_policy};
 use anyhow::Result;
 use clap::Subcommand;
 use indicatif::{ProgressBar, ProgressStyle};
-use pinset_core::scenario;
-use pinset_policy::{Decisions, Guarded, PolicyModule, bench};
+use pinset_core::{fleet_scenario, scenario};
+use pinset_policy::{Decisions, Guarded, GuardedFleet, PolicyModule, bench};
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
@@ -138,10 +138,6 @@ fn test(
     format: Format,
     junit: Option<&std::path::Path>,
 ) -> Result<ExitCode> {
-    let (_runtime, module) = load_policy(opts)?;
-    if format == Format::Text {
-        println!("{}", describe(&module));
-    }
     let files = scenario::collect(paths)?;
     super::warn_if_empty(
         "scenarios",
@@ -149,27 +145,27 @@ fn test(
         files.len(),
         "scenario file (*.yaml, *.yml)",
     );
-    let outcomes: Vec<(scenario::Outcome, Duration)> = files
-        .iter()
-        .map(|file| {
-            let started = std::time::Instant::now();
-            let outcome = run_scenario(&module, file);
-            (outcome, started.elapsed())
-        })
-        .collect();
+    let mut modules = Modules::new(opts)?;
+    let mut outcomes: Vec<(scenario::Outcome, Duration)> = Vec::new();
+    for file in &files {
+        let started = std::time::Instant::now();
+        let outcome = modules.run(file)?;
+        outcomes.push((outcome, started.elapsed()));
+    }
+    let name = modules.name();
     if let Some(path) = junit {
-        std::fs::write(path, super::report::junit(module.name(), &outcomes))
+        std::fs::write(path, super::report::junit(&name, &outcomes))
             .map_err(|e| anyhow::anyhow!("--junit {}: {e}", path.display()))?;
     }
     match format {
         Format::Json => println!(
             "{}",
-            serde_json::to_string_pretty(&super::report::test_json(
-                &policy_json(&module),
-                &outcomes
-            ))?
+            serde_json::to_string_pretty(&super::report::test_json(&modules.json(), &outcomes))?
         ),
-        Format::Text => print_outcomes(&outcomes),
+        Format::Text => {
+            println!("{}", modules.describe());
+            print_outcomes(&outcomes);
+        }
     }
     let failed = outcomes.iter().filter(|(o, _)| !o.passed()).count();
     Ok(if failed == 0 {
@@ -177,6 +173,118 @@ fn test(
     } else {
         ExitCode::FAILURE
     })
+}
+
+/// The module under test, loaded for the contracts the scenarios need: the node decisions for
+/// node scenarios, the fleet policy for fleet scenarios (a module may export either or both).
+struct Modules<'a> {
+    opts: &'a PolicyOpts,
+    runtime: pinset_policy::WasmRuntime,
+    node: Option<PolicyModule>,
+    fleet: Option<pinset_policy::FleetModule>,
+}
+
+impl<'a> Modules<'a> {
+    fn new(opts: &'a PolicyOpts) -> Result<Self> {
+        Ok(Self {
+            opts,
+            runtime: pinset_policy::WasmRuntime::new()?,
+            node: None,
+            fleet: None,
+        })
+    }
+
+    fn node(&mut self) -> Result<&PolicyModule> {
+        if self.node.is_none() {
+            self.node = Some(self.opts.load(&self.runtime)?);
+        }
+        Ok(self.node.as_ref().expect("loaded above"))
+    }
+
+    fn fleet(&mut self) -> Result<&pinset_policy::FleetModule> {
+        if self.fleet.is_none() {
+            self.fleet = Some(self.opts.load_fleet(&self.runtime)?);
+        }
+        Ok(self.fleet.as_ref().expect("loaded above"))
+    }
+
+    /// One scenario file, node or fleet, against a fresh instance; an unreadable file fails.
+    fn run(&mut self, file: &std::path::Path) -> Result<scenario::Outcome> {
+        let unreadable = |e: String| scenario::Outcome {
+            name: "(unreadable)".into(),
+            path: file.to_path_buf(),
+            diffs: vec![e],
+        };
+        let text = match std::fs::read_to_string(file) {
+            Ok(t) => t,
+            Err(e) => return Ok(unreadable(format!("{}: {e}", file.display()))),
+        };
+        if fleet_scenario::is_fleet(&text) {
+            let loaded = match fleet_scenario::load(file, &text) {
+                Ok(l) => l,
+                Err(e) => return Ok(unreadable(e.to_string())),
+            };
+            let module = self.fleet()?;
+            return Ok(fleet_scenario::run(&loaded, |request| {
+                let decided = GuardedFleet::new(Box::new(module.instance())).grant(request);
+                (decided.grant, decided.fallback.is_some())
+            }));
+        }
+        let module = self.node()?;
+        Ok(run_scenario(module, file))
+    }
+
+    fn name(&self) -> String {
+        match (&self.node, &self.fleet) {
+            (Some(m), _) => m.name().to_string(),
+            (None, Some(f)) => f.name().to_string(),
+            (None, None) => self.opts.name(),
+        }
+    }
+
+    fn describe(&self) -> String {
+        let mut out = Vec::new();
+        if let Some(m) = &self.node {
+            out.push(describe(m));
+        }
+        if let Some(f) = &self.fleet {
+            out.push(describe_fleet(f));
+        }
+        out.join("\n")
+    }
+
+    fn json(&self) -> serde_json::Value {
+        match (&self.node, &self.fleet) {
+            (Some(m), _) => policy_json(m),
+            (None, Some(f)) => serde_json::json!({
+                "module": f.name(),
+                "name": fleet_info(f).name,
+                "version": fleet_info(f).version,
+                "sha256": f.sha256(),
+            }),
+            (None, None) => serde_json::json!({"module": self.opts.name()}),
+        }
+    }
+}
+
+fn fleet_info(module: &pinset_policy::FleetModule) -> pinset_policy::PolicyInfo {
+    use pinset_policy::FleetInstance;
+    module
+        .instance()
+        .info()
+        .unwrap_or_else(|_| pinset_policy::PolicyInfo::new("(info failed)", "", ""))
+}
+
+fn describe_fleet(module: &pinset_policy::FleetModule) -> String {
+    let info = fleet_info(module);
+    format!(
+        "fleet policy {} — {} {}: {}\n  sha256 {}",
+        module.name(),
+        info.name,
+        info.version,
+        info.description,
+        module.sha256()
+    )
 }
 
 /// One scenario against a fresh instance, as per reconcile; an unreadable file fails.
