@@ -1332,7 +1332,7 @@ async fn a_fleet_policy_paces_three_nodes_holds_on_a_failed_canary_and_survives_
         cluster.registry.host,
         "0".repeat(64)
     );
-    let gen2 = vec![images[0].clone(), images[2].clone(), missing.clone()];
+    let gen2 = [images[0].clone(), images[2].clone(), missing.clone()];
     sets.patch(
         "apps",
         &PatchParams::default(),

@@ -240,6 +240,8 @@ fn cli_bench_reports_every_hook() {
         "throttle",
         "new instance",
         "reconcile",
+        "fleet grant, 300-node pool",
+        "fleet grant, 3000-node pool",
     ] {
         assert!(
             stdout.lines().any(|l| l.starts_with(row)),

@@ -24,7 +24,7 @@ impl Stats {
 
 #[derive(Clone, Debug)]
 pub struct Row {
-    pub what: &'static str,
+    pub what: String,
     pub wasm: Stats,
     pub native: Stats,
 }
@@ -111,7 +111,7 @@ pub fn run(
             }
         }
         rows.push(Row {
-            what,
+            what: what.to_string(),
             wasm: Stats::of(wasm_samples),
             native: Stats::of(native_samples),
         });
@@ -119,6 +119,39 @@ pub fn run(
     }
     Ok(rows)
 }
+
+/// The fleet hook of `module` against the native default fleet policy, for a pool of `nodes`
+/// nodes ([`synth::fleet`]), each call in a fresh instance as the controller makes it.
+pub fn fleet(
+    module: &crate::FleetModule,
+    nodes: usize,
+    iterations: usize,
+) -> Result<Row, PolicyError> {
+    use crate::FleetInstance;
+    let request = synth::fleet(nodes);
+    let warmup = (iterations / 10).max(3);
+    let (mut wasm, mut native) = (Vec::new(), Vec::new());
+    for i in 0..warmup + iterations {
+        let started = Instant::now();
+        module.instance().grant(&request)?;
+        let wasm_time = started.elapsed();
+        let started = Instant::now();
+        crate::NativeFleet::reference().grant(&request)?;
+        let native_time = started.elapsed();
+        if i >= warmup {
+            wasm.push(wasm_time);
+            native.push(native_time);
+        }
+    }
+    Ok(Row {
+        what: format!("fleet grant, {nodes}-node pool (new instance + grant)"),
+        wasm: Stats::of(wasm),
+        native: Stats::of(native),
+    })
+}
+
+/// Pool sizes the fleet rows measure.
+pub const FLEET_NODES: [usize; 2] = [300, 3000];
 
 #[cfg(test)]
 mod tests {

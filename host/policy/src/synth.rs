@@ -101,6 +101,102 @@ pub fn outcome(request: &AdmissionRequest) -> (PullOutcome, Pressure) {
     )
 }
 
+/// A pool of `nodes` nodes in three zones mid-rollout of a two-set target: the canary done, a
+/// wave of a tenth pulling (one of them failed), the rest waiting; labels as cloud nodes carry.
+pub fn fleet(nodes: usize) -> pinset_policy_sdk::RolloutRequest {
+    use pinset_policy_sdk::{FleetPool, RolloutRequest, Target, TargetSet};
+    let target = Target {
+        sets: vec![
+            TargetSet {
+                name: "platform".into(),
+                generation: 4,
+                images: 120,
+                bytes: 18 << 30,
+            },
+            TargetSet {
+                name: "apps".into(),
+                generation: 2,
+                images: 30,
+                bytes: 6 << 30,
+            },
+        ],
+        images: 150,
+        bytes: 24 << 30,
+    };
+    let wave = (nodes / 10).max(1);
+    let nodes = (0..nodes).map(|i| fleet_node(i, wave, &target)).collect();
+    RolloutRequest {
+        pool: FleetPool {
+            name: "worker".into(),
+            annotations: vec![],
+            max_pulling: None,
+        },
+        target,
+        nodes,
+    }
+}
+
+/// Node `i` of [`fleet`]'s pool.
+fn fleet_node(
+    i: usize,
+    wave: usize,
+    target: &pinset_policy_sdk::Target,
+) -> pinset_policy_sdk::FleetNode {
+    use pinset_policy_sdk::{FleetNode, NodeProgress, Phase, SetState};
+    let (granted, phase) = match i {
+        0 => (true, Phase::Done),
+        1 => (true, Phase::Failed),
+        i if i <= wave => (true, Phase::Pulling),
+        _ => (false, Phase::Waiting),
+    };
+    let labels = vec![
+        (
+            "kubernetes.io/hostname".to_string(),
+            format!("worker-{i:05}"),
+        ),
+        ("node-role.kubernetes.io/worker".into(), String::new()),
+        (
+            "node.kubernetes.io/instance-type".into(),
+            "m6i.4xlarge".into(),
+        ),
+        ("topology.kubernetes.io/region".into(), "eu-west-1".into()),
+        (
+            "topology.kubernetes.io/zone".into(),
+            format!("eu-west-1{}", ["a", "b", "c"][i % 3]),
+        ),
+    ];
+    FleetNode {
+        name: format!("worker-{i:05}"),
+        labels,
+        ready: i % 50 != 7,
+        granted,
+        phase,
+        progress: NodeProgress {
+            images_done: if phase == Phase::Done {
+                150
+            } else {
+                (i % 150) as u64
+            },
+            images_total: 150,
+            bytes_done: (i as u64 % 150) << 27,
+            bytes_total: 24 << 30,
+            pulling_for_ms: (phase == Phase::Pulling).then_some(30_000),
+        },
+        sets: target
+            .sets
+            .iter()
+            .map(|s| SetState {
+                name: s.name.clone(),
+                desired_generation: s.generation,
+                current_generation: Some(s.generation - i64::from(phase != Phase::Done)),
+                last_failed_generation: (phase == Phase::Failed).then_some(s.generation),
+                last_failed_error: (phase == Phase::Failed)
+                    .then(|| "image q.io/x@sha256:…: 429 Too Many Requests".to_string()),
+            })
+            .collect(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

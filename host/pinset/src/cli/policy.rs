@@ -337,10 +337,18 @@ fn bench_cmd(
                 .progress_chars("=> "),
         );
     bar.enable_steady_tick(Duration::from_millis(100));
-    let rows = bench::run(&module, images, iterations, |what| {
+    let mut rows = bench::run(&module, images, iterations, |what| {
         bar.inc(1);
         bar.set_message(what);
     })?;
+    // The fleet hook too, when the module exports it.
+    let runtime = pinset_policy::WasmRuntime::new()?;
+    if let Ok(fleet) = opts.load_fleet(&runtime) {
+        for nodes in bench::FLEET_NODES {
+            bar.set_message(format!("fleet grant, {nodes} nodes"));
+            rows.push(bench::fleet(&fleet, nodes, iterations)?);
+        }
+    }
     bar.finish_and_clear();
     if format == Format::Json {
         let report = super::report::bench_json(&policy_json(&module), images, iterations, &rows);
