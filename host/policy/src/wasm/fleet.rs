@@ -56,13 +56,7 @@ impl WasmRuntime {
         sha256: Option<&str>,
         limits: Limits,
     ) -> Result<FleetModule, LoadError> {
-        let read = |source| LoadError::Read {
-            path: path.to_path_buf(),
-            source,
-        };
-        let size = std::fs::metadata(path).map_err(read)?.len();
-        super::module::too_large(&path.display().to_string(), size, limits)?;
-        let bytes = std::fs::read(path).map_err(read)?;
+        let bytes = super::module::read_module(path, limits)?;
         self.load_fleet(&path.display().to_string(), &bytes, sha256, limits)
     }
 

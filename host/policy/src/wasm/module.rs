@@ -22,14 +22,7 @@ impl WasmRuntime {
         sha256: Option<&str>,
         limits: Limits,
     ) -> Result<PolicyModule, LoadError> {
-        let read = |source| LoadError::Read {
-            path: path.to_path_buf(),
-            source,
-        };
-        // Refused before it is read: a module's size bounds what loading it costs.
-        let size = std::fs::metadata(path).map_err(read)?.len();
-        too_large(&path.display().to_string(), size, limits)?;
-        let bytes = std::fs::read(path).map_err(read)?;
+        let bytes = read_module(path, limits)?;
         self.load(&path.display().to_string(), &bytes, sha256, limits)
     }
 
@@ -115,6 +108,18 @@ fn check_header(name: &str, bytes: &[u8]) -> Result<(), LoadError> {
         module: name.into(),
         cause: cause.into(),
     })
+}
+
+/// A module file's bytes, refused before it is read when it is over the size limit: a module's
+/// size bounds what loading it costs.
+pub(super) fn read_module(path: &Path, limits: Limits) -> Result<Vec<u8>, LoadError> {
+    let read = |source| LoadError::Read {
+        path: path.to_path_buf(),
+        source,
+    };
+    let size = std::fs::metadata(path).map_err(read)?.len();
+    too_large(&path.display().to_string(), size, limits)?;
+    std::fs::read(path).map_err(read)
 }
 
 pub(super) fn too_large(name: &str, bytes: u64, limits: Limits) -> Result<(), LoadError> {
