@@ -9,8 +9,8 @@
 use crate::desired::{Desired, DesiredSet, Wanted};
 use crate::status::{Progress, SetStatus};
 use pinset_policy_sdk::{
-    FleetNode, FleetPool, MAX_PULLING_ANNOTATION, NodeProgress, Phase, RolloutRequest, SetState,
-    Target, TargetSet, count_or_percent,
+    FleetNode, FleetPool, Grant, MAX_PULLING_ANNOTATION, NodeProgress, Phase, RolloutRequest,
+    SetState, Target, TargetSet, count_or_percent,
 };
 use std::collections::{BTreeMap, HashMap};
 use std::hash::{Hash, Hasher};
@@ -227,6 +227,28 @@ pub fn newly_granted(request: &RolloutRequest, nodes: &[u32]) -> Vec<usize> {
     out
 }
 
+/// Why the pool holds, when its canary failed: no node reached the target through a grant, a
+/// granted node failed, and `grant` adds no one. The pool's Degraded message and the
+/// `CanaryFailed` Event say this.
+pub fn held(request: &RolloutRequest, grant: &Grant) -> Option<String> {
+    let proven = request
+        .nodes
+        .iter()
+        .any(|n| n.granted && n.phase == Phase::Done);
+    let failed = request
+        .nodes
+        .iter()
+        .find(|n| n.granted && n.phase == Phase::Failed)?;
+    if proven || !grant.nodes.is_empty() {
+        return None;
+    }
+    Some(format!(
+        "the rollout holds: canary node {} failed: {}",
+        failed.name,
+        failed.error().unwrap_or("see its MachineConfigNode")
+    ))
+}
+
 /// How far a pool's rollout is, node by node.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Counts {
@@ -421,6 +443,32 @@ mod tests {
         moved[2].ready = false;
         let changed = request("worker", &BTreeMap::new(), None, t, &moved, 9_000);
         assert_ne!(fingerprint(&r), fingerprint(&changed));
+    }
+
+    #[test]
+    fn a_failed_canary_holds_until_a_node_succeeds_or_someone_is_granted() {
+        let t = target(&[("a".into(), 2, 1)]);
+        let canary = member("c", vec![set("a", 2, Some(1), Some(2))], Some(&[("a", 2)]));
+        let members = vec![canary, member("w", vec![], None)];
+        let r = request("worker", &BTreeMap::new(), None, t.clone(), &members, 0);
+        let why = held(&r, &Grant::none("x")).unwrap();
+        assert!(
+            why.contains("canary node c failed: image x: not found"),
+            "{why}"
+        );
+        assert_eq!(held(&r, &Grant::new(vec![1], "go on")), None);
+        let mut proven = members.clone();
+        proven.push(member(
+            "d",
+            vec![set("a", 2, Some(2), None)],
+            Some(&[("a", 2)]),
+        ));
+        let r = request("worker", &BTreeMap::new(), None, t, &proven, 0);
+        assert_eq!(
+            held(&r, &Grant::none("x")),
+            None,
+            "a node succeeded: no canary failure"
+        );
     }
 
     #[test]

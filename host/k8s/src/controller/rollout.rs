@@ -100,7 +100,7 @@ pub(super) async fn step(
     }
     let counts = rollout::counts(&request);
     ctx.metrics.observe_pool_rollout(&pool, &counts);
-    let held = held(&request, &decided);
+    let held = rollout::held(&request, &decided.grant);
     if fresh {
         announce(ctx, &pool, &request, &added, &decided, held.as_deref()).await;
     }
@@ -192,27 +192,6 @@ async fn write_grant(
     ctx.metrics.count_api_write("node_grant");
     tracing::info!(pool, node = %node, "rollout grant written");
     Ok(())
-}
-
-/// The canary failed and holds the pool: no node reached the target through a grant, a
-/// granted node failed, and the policy granted no one else.
-fn held(request: &RolloutRequest, decided: &Decided) -> Option<String> {
-    let proven = request
-        .nodes
-        .iter()
-        .any(|n| n.granted && n.phase == Phase::Done);
-    let failed = request
-        .nodes
-        .iter()
-        .find(|n| n.granted && n.phase == Phase::Failed)?;
-    if proven || !decided.grant.nodes.is_empty() {
-        return None;
-    }
-    Some(format!(
-        "the rollout holds: canary node {} failed: {}",
-        failed.name,
-        failed.error().unwrap_or("see its MachineConfigNode")
-    ))
 }
 
 /// Events for a fresh decision: a wave started, or the canary failed.
