@@ -14,6 +14,7 @@
 
 pub mod agent;
 pub mod api;
+pub mod apply;
 pub mod backoff;
 pub mod condition;
 pub mod controller;

@@ -9,13 +9,11 @@ use crate::api::{
 use crate::condition;
 use crate::metrics::Metrics;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
-use kube::Resource;
-use kube::api::{Api, Patch, PatchParams};
+use kube::api::Api;
 use pinset_core::desired::Desired;
 use pinset_core::status::{MAX_ERROR_CHARS, NodeStatus, Progress, SetStatus, cap};
 use pinset_node::executor::Event;
 use pinset_policy_sdk::fmt_bytes;
-use serde_json::json;
 use std::time::Instant;
 use tokio::sync::mpsc::UnboundedReceiver;
 
@@ -308,23 +306,13 @@ pub(super) async fn apply_node(
     part: &'static str,
     value: serde_json::Value,
 ) -> Result<(), AgentError> {
-    let body = json!({
-        "apiVersion": MachineConfigNode::api_version(&()),
-        "kind": MachineConfigNode::kind(&()),
-        "metadata": {"name": name},
-        part: value,
-    });
-    let params = PatchParams::apply(FIELD_MANAGER).force();
-    let result = if part == "status" {
-        api.patch_status(name, &params, &Patch::Apply(&body)).await
-    } else {
-        api.patch(name, &params, &Patch::Apply(&body)).await
-    };
-    result.map(drop).map_err(|source| AgentError::Write {
-        node: name.into(),
-        what: part,
-        source,
-    })
+    crate::apply::node_part(api, name, FIELD_MANAGER, part, value)
+        .await
+        .map_err(|source| AgentError::Write {
+            node: name.into(),
+            what: part,
+            source,
+        })
 }
 
 #[cfg(test)]

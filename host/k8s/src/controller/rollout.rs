@@ -11,7 +11,7 @@ use super::{Context, ControllerError, FIELD_MANAGER};
 use crate::api::{MachineConfigNode, MachineConfigPool, PoolRollout};
 use crate::convert;
 use kube::ResourceExt;
-use kube::api::{Api, Patch, PatchParams};
+use kube::api::Api;
 use kube::runtime::events::{Event, EventType};
 use pinset_core::rollout::{self, Counts, RolloutGrant};
 use pinset_policy::{Decided, FleetModule, GuardedFleet};
@@ -163,32 +163,27 @@ async fn write_grant(
 ) -> Result<(), ControllerError> {
     let node = &request.nodes[i].name;
     let grant = RolloutGrant::for_target(&request.target, decided.grant.max_pulls);
-    let sets: Vec<_> = grant
-        .sets
-        .iter()
-        .map(|(name, generation)| json!({"name": name, "generation": generation}))
-        .collect();
-    let mut body = json!({
-        "apiVersion": "machineconfiguration.openshift.io/v1",
-        "kind": "MachineConfigNode",
-        "metadata": {"name": node},
-        "spec": {"rolloutGrant": {"sets": sets, "reason": pinset_core::status::cap(&decided.grant.reason, 4000)}},
-    });
-    if let Some(m) = grant.max_pulls {
-        body["spec"]["rolloutGrant"]["maxPulls"] = json!(m);
-    }
+    let spec = crate::api::RolloutGrant {
+        sets: grant
+            .sets
+            .iter()
+            .map(|(name, generation)| crate::api::GrantedSet {
+                name: name.clone(),
+                generation: *generation,
+            })
+            .collect(),
+        max_pulls: grant.max_pulls,
+        reason: Some(pinset_core::status::cap(&decided.grant.reason, 4000)),
+    };
     let api: Api<MachineConfigNode> = Api::all(ctx.client.clone());
-    api.patch(
-        node,
-        &PatchParams::apply(FIELD_MANAGER).force(),
-        &Patch::Apply(&body),
-    )
-    .await
-    .map_err(|source| ControllerError::GrantWrite {
-        node: node.clone(),
-        pool: pool.to_string(),
-        source,
-    })?;
+    let value = json!({"rolloutGrant": spec});
+    crate::apply::node_part(&api, node, FIELD_MANAGER, "spec", value)
+        .await
+        .map_err(|source| ControllerError::GrantWrite {
+            node: node.clone(),
+            pool: pool.to_string(),
+            source,
+        })?;
     ctx.metrics.count_api_write("node_grant");
     tracing::info!(pool, node = %node, "rollout grant written");
     Ok(())
