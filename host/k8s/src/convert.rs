@@ -143,31 +143,30 @@ pub fn grant(g: &crate::api::RolloutGrant) -> pinset_core::rollout::RolloutGrant
     }
 }
 
-/// A node of a pool for the fleet decision, from its MachineConfigNode.
-pub fn member(n: &MachineConfigNode) -> pinset_core::rollout::Member {
-    let status = n.status.clone().unwrap_or_default();
-    let report = node_report(n);
+/// A node of a pool for the fleet decision, from its MachineConfigNode and the report already
+/// read from it ([`node_report`]).
+pub fn member(n: &MachineConfigNode, report: &NodeReport) -> pinset_core::rollout::Member {
+    let status = n.status.as_ref();
+    let node_state = status.and_then(|s| s.node_state.as_ref());
     let progressing_since_ms = status
-        .conditions
-        .iter()
+        .into_iter()
+        .flat_map(|s| &s.conditions)
         .find(|c| c.type_ == crate::api::CONDITION_PROGRESSING && c.status == "True")
         .and_then(|c| u64::try_from(c.last_transition_time.0.as_millisecond()).ok());
     pinset_core::rollout::Member {
-        name: report.name,
-        labels: status
-            .node_state
-            .as_ref()
-            .map(|s| s.labels.clone())
-            .unwrap_or_default(),
-        ready: status.node_state.as_ref().is_some_and(|s| s.ready),
+        name: report.name.clone(),
+        labels: node_state.map(|s| s.labels.clone()).unwrap_or_default(),
+        ready: node_state.is_some_and(|s| s.ready),
         grant: n.spec.rollout_grant.as_ref().map(grant),
-        sets: report.sets,
-        progress: status.pinned_image_progress.as_ref().map(|p| Progress {
-            images_done: p.images_done,
-            images_total: p.images_total,
-            bytes_done: p.bytes_done,
-            bytes_total: p.bytes_total,
-        }),
+        sets: report.sets.clone(),
+        progress: status
+            .and_then(|s| s.pinned_image_progress.as_ref())
+            .map(|p| Progress {
+                images_done: p.images_done,
+                images_total: p.images_total,
+                bytes_done: p.bytes_done,
+                bytes_total: p.bytes_total,
+            }),
         progressing_since_ms,
     }
 }

@@ -56,13 +56,13 @@ async fn reconcile_pool(mcp: &MachineConfigPool, ctx: &Context) -> Result<Action
                 .map(|s| (n.clone(), s.metadata.generation.unwrap_or(1).max(1)))
         })
         .collect();
-    let reports: Vec<_> = ctx
+    let members: Vec<_> = ctx
         .nodes
         .state()
-        .iter()
+        .into_iter()
         .filter(|n| n.spec.pool.name == name)
-        .map(|n| convert::node_report(n))
         .collect();
+    let reports: Vec<_> = members.iter().map(|n| convert::node_report(n)).collect();
     let sync = pool::sync_status(&name, &wanted, &reports);
     let target: Vec<(String, i64, u32)> = wanted
         .iter()
@@ -74,7 +74,7 @@ async fn reconcile_pool(mcp: &MachineConfigPool, ctx: &Context) -> Result<Action
             (n.clone(), *g, images)
         })
         .collect();
-    let rollout = super::rollout::step(ctx, mcp, &target).await?;
+    let rollout = super::rollout::step(ctx, mcp, &target, &members, &reports).await?;
     let held = rollout.as_ref().and_then(|r| r.held.clone());
     let degraded = match (failure, held, sync.degraded.clone()) {
         (Some(f), _, _) => Some(f),

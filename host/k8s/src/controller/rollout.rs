@@ -13,6 +13,7 @@ use crate::convert;
 use kube::ResourceExt;
 use kube::api::Api;
 use kube::runtime::events::{Event, EventType};
+use pinset_core::pool::NodeReport;
 use pinset_core::rollout::{self, Counts, RolloutGrant};
 use pinset_policy::{Decided, FleetModule, GuardedFleet};
 use pinset_policy_sdk::{Phase, RolloutRequest};
@@ -61,22 +62,23 @@ pub(super) struct Outcome {
     pub held: Option<String>,
 }
 
-/// One step of the pool's rollout for `target` (name, generation, images of each set).
+/// One step of the pool's rollout for `target` (name, generation, images of each set), over the
+/// pool's MachineConfigNodes and the reports read from them (same order).
 pub(super) async fn step(
     ctx: &Context,
     mcp: &MachineConfigPool,
     target: &[(String, i64, u32)],
+    nodes: &[Arc<MachineConfigNode>],
+    reports: &[NodeReport],
 ) -> Result<Option<Outcome>, ControllerError> {
     let pool = mcp.name_any();
     if target.is_empty() {
         return Ok(None);
     }
-    let members: Vec<rollout::Member> = ctx
-        .nodes
-        .state()
+    let members: Vec<rollout::Member> = nodes
         .iter()
-        .filter(|n| n.spec.pool.name == pool)
-        .map(|n| convert::member(n))
+        .zip(reports)
+        .map(|(n, report)| convert::member(n, report))
         .collect();
     let annotations = mcp.annotations().clone();
     let (max_pulling, bad_annotation) = match rollout::max_pulling(&annotations, members.len()) {
