@@ -256,12 +256,15 @@ impl<'a> Modules<'a> {
     fn json(&self) -> serde_json::Value {
         match (&self.node, &self.fleet) {
             (Some(m), _) => policy_json(m),
-            (None, Some(f)) => serde_json::json!({
-                "module": f.name(),
-                "name": fleet_info(f).name,
-                "version": fleet_info(f).version,
-                "sha256": f.sha256(),
-            }),
+            (None, Some(f)) => {
+                let info = fleet_info(f);
+                serde_json::json!({
+                    "module": f.name(),
+                    "name": info.name,
+                    "version": info.version,
+                    "sha256": f.sha256(),
+                })
+            }
             (None, None) => serde_json::json!({"module": self.opts.name()}),
         }
     }

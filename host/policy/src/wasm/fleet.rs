@@ -70,13 +70,7 @@ impl WasmRuntime {
     ) -> Result<FleetModule, LoadError> {
         let (component, sha256) = self.checked_component(name, bytes, sha256, limits)?;
         super::module::check_export(&self.engine, &component, name, FLEET_CONTRACT)?;
-        let pre = self
-            .linker
-            .instantiate_pre(&component)
-            .map_err(|e| LoadError::Link {
-                module: name.into(),
-                cause: format!("{e:#}"),
-            })?;
+        let pre = self.pre_instantiate(name, &component)?;
         let pre = fb::FleetPolicyPre::new(pre).map_err(|e| LoadError::Contract {
             module: name.into(),
             expected: FLEET_CONTRACT.into(),

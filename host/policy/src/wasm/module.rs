@@ -36,13 +36,7 @@ impl WasmRuntime {
     ) -> Result<PolicyModule, LoadError> {
         let (component, actual) = self.checked_component(name, bytes, sha256, limits)?;
         check_export(&self.engine, &component, name, CONTRACT)?;
-        let pre = self
-            .linker
-            .instantiate_pre(&component)
-            .map_err(|e| LoadError::Link {
-                module: name.into(),
-                cause: format!("{e:#}"),
-            })?;
+        let pre = self.pre_instantiate(name, &component)?;
         let pre = bindings::PolicyPre::new(pre).map_err(|e| LoadError::Contract {
             module: name.into(),
             expected: CONTRACT.into(),
@@ -59,6 +53,20 @@ impl WasmRuntime {
             }),
         };
         Ok(module)
+    }
+
+    /// Link the component's imports once (what the sandbox does not offer fails here, named).
+    pub(super) fn pre_instantiate(
+        &self,
+        name: &str,
+        component: &Component,
+    ) -> Result<wasmtime::component::InstancePre<State>, LoadError> {
+        self.linker
+            .instantiate_pre(component)
+            .map_err(|e| LoadError::Link {
+                module: name.into(),
+                cause: format!("{e:#}"),
+            })
     }
 
     /// A module's size, sha256 pin and header checked, then compiled: what every contract's
