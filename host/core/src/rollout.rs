@@ -209,6 +209,28 @@ pub fn fingerprint(request: &RolloutRequest) -> u64 {
     h.finish()
 }
 
+/// Grants the controller wrote that the members, read from a cache, may not show yet: a member
+/// whose own grant does not cover the one written gets the written one, so that a decision made
+/// before the cache catches up neither grants the node again nor sees its slot free. Entries
+/// the members show, and entries of nodes no longer in the pool, are dropped from `written`.
+pub fn overlay_written(members: &mut [Member], written: &mut BTreeMap<String, RolloutGrant>) {
+    written.retain(|node, grant| {
+        let Some(member) = members.iter_mut().find(|m| &m.name == node) else {
+            return false;
+        };
+        let seen = member.grant.as_ref().is_some_and(|g| {
+            grant
+                .sets
+                .iter()
+                .all(|(set, generation)| g.covers(set, *generation))
+        });
+        if !seen {
+            member.grant = Some(grant.clone());
+        }
+        !seen
+    });
+}
+
 /// The nodes a grant adds: those it names that do not hold one for the target yet, and still
 /// have work to do (indices into `request.nodes`).
 pub fn newly_granted(request: &RolloutRequest, nodes: &[u32]) -> Vec<usize> {
@@ -443,6 +465,40 @@ mod tests {
         moved[2].ready = false;
         let changed = request("worker", &BTreeMap::new(), None, t, &moved, 9_000);
         assert_ne!(fingerprint(&r), fingerprint(&changed));
+    }
+
+    #[test]
+    fn grants_written_count_until_the_cache_shows_them() {
+        let t = target(&[("a".into(), 2, 1)]);
+        let grant = |generation| RolloutGrant {
+            sets: [("a".to_string(), generation)].into(),
+            max_pulls: None,
+        };
+        // The cache still shows b with last generation's grant, c with none; d left the pool.
+        let mut members = vec![
+            member("b", vec![], Some(&[("a", 1)])),
+            member("c", vec![], None),
+            member("e", vec![], Some(&[("a", 2)])),
+        ];
+        let mut written: BTreeMap<String, RolloutGrant> = [
+            ("b".to_string(), grant(2)),
+            ("d".to_string(), grant(2)),
+            ("e".to_string(), grant(2)),
+        ]
+        .into();
+        overlay_written(&mut members, &mut written);
+        assert_eq!(members[0].grant, Some(grant(2)), "b counts as granted");
+        assert_eq!(phase(&members[0], &t), Phase::Pulling);
+        assert_eq!(members[1].grant, None, "c was never granted");
+        assert_eq!(
+            written.keys().collect::<Vec<_>>(),
+            vec!["b"],
+            "e is seen, d is gone: only b still waits for the cache"
+        );
+        // The cache catches up: nothing is left to overlay.
+        members[0].grant = Some(grant(2));
+        overlay_written(&mut members, &mut written);
+        assert!(written.is_empty());
     }
 
     #[test]

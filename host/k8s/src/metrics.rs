@@ -39,6 +39,11 @@ struct PoolStateLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PoolLabels {
+    pool: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct BuildLabels {
     version: String,
     commit: String,
@@ -62,6 +67,7 @@ struct Inner {
     build_info: Family<BuildLabels, Gauge>,
     rollout_waiting: Gauge,
     pool_rollout: Family<PoolStateLabels, Gauge>,
+    rollout_waves: Family<PoolLabels, Counter>,
 }
 
 /// The node's sets by state, the last success, the build.
@@ -143,18 +149,7 @@ impl Metrics {
             "Pins found lost behind pinset's back and repaired (kind: image-deleted, pin-removed, dropin-deleted, dropin-edited)",
         );
         let (node_sets, last_success, build_info) = Self::register_gauges(&mut registry);
-        let rollout_waiting = registered(
-            &mut registry,
-            "rollout_waiting",
-            "This node's PinnedImageSets waiting for a rollout grant from the pool's fleet policy",
-            Gauge::default(),
-        );
-        let pool_rollout = registered(
-            &mut registry,
-            "pool_rollout_nodes",
-            "Nodes of each pool by rollout state against the pool's target (granted, pulling, done, failed, waiting)",
-            Family::<PoolStateLabels, Gauge>::default(),
-        );
+        let (rollout_waiting, pool_rollout, rollout_waves) = Self::register_rollout(&mut registry);
         Self {
             inner: Arc::new(Inner {
                 registry,
@@ -173,8 +168,37 @@ impl Metrics {
                 build_info,
                 rollout_waiting,
                 pool_rollout,
+                rollout_waves,
             }),
         }
+    }
+
+    fn register_rollout(
+        r: &mut Registry,
+    ) -> (
+        Gauge,
+        Family<PoolStateLabels, Gauge>,
+        Family<PoolLabels, Counter>,
+    ) {
+        let rollout_waiting = registered(
+            r,
+            "rollout_waiting",
+            "This node's PinnedImageSets waiting for a rollout grant from the pool's fleet policy",
+            Gauge::default(),
+        );
+        let pool_rollout = registered(
+            r,
+            "pool_rollout_nodes",
+            "Nodes of each pool by rollout state against the pool's target (granted, pulling, done, failed, waiting)",
+            Family::<PoolStateLabels, Gauge>::default(),
+        );
+        let rollout_waves = registered(
+            r,
+            "rollout_waves",
+            "Fleet decisions that granted nodes of a pool (a canary or a wave)",
+            Family::<PoolLabels, Counter>::default(),
+        );
+        (rollout_waiting, pool_rollout, rollout_waves)
     }
 
     fn register_pulls(r: &mut Registry) -> (Counter, Counter, Counter, Histogram) {
@@ -294,6 +318,14 @@ impl Metrics {
                 })
                 .set(i64::from(n));
         }
+    }
+
+    /// A fleet decision granted nodes of `pool`.
+    pub fn count_rollout_wave(&self, pool: &str) {
+        self.inner
+            .rollout_waves
+            .get_or_create(&PoolLabels { pool: pool.into() })
+            .inc();
     }
 
     pub fn observe_policy_call(&self, hook: Hook, elapsed: Duration) {

@@ -244,6 +244,16 @@ impl ApiServer {
         self.wait_ready().await;
     }
 
+    /// CPU time used so far by the API server (while running) and etcd.
+    pub fn cpu(&self) -> std::time::Duration {
+        let server = self.server.lock().unwrap().as_ref().map(|c| c.id());
+        server
+            .into_iter()
+            .chain([self.etcd.id()])
+            .map(crate::procfs::cpu)
+            .sum()
+    }
+
     pub async fn client(&self) -> kube::Client {
         pinset_k8s::client(Some(&self.kubeconfig))
             .await

@@ -75,6 +75,18 @@ impl ControllerError {
     }
 }
 
+/// What of a MachineConfigNode its pool's reconcile depends on: the node's report, and its
+/// readiness and labels (a NotReady node frees its rollout slot). Progress updates are not in
+/// it, nor the grants this controller writes.
+type NodeChange = (pinset_core::pool::NodeReport, Option<crate::api::NodeState>);
+
+fn node_change(n: &MachineConfigNode) -> NodeChange {
+    (
+        convert::node_report(n),
+        n.status.as_ref().and_then(|s| s.node_state.clone()),
+    )
+}
+
 /// Shared by the pool and set reconcilers.
 pub struct Context {
     pub client: Client,
@@ -187,14 +199,24 @@ pub async fn run(
             .default_backoff()
             .modify(watch::strip)
             .reflect(nodes_writer),
-        convert::node_report,
+        node_change,
     );
     let (pools_reader, pools_writer) = reflector::store();
-    let pools_stream = watcher(pools_api, config.clone())
-        .default_backoff()
-        .modify(watch::strip)
-        .reflect(pools_writer)
-        .applied_objects();
+    // A pool is reconciled for its spec, labels and annotations (the rollout ceiling), not for
+    // the status this controller writes.
+    let pools_stream = watch::changed_objects(
+        watcher(pools_api, config.clone())
+            .default_backoff()
+            .modify(watch::strip)
+            .reflect(pools_writer),
+        |p: &MachineConfigPool| {
+            (
+                p.metadata.generation,
+                p.labels().clone(),
+                p.annotations().clone(),
+            )
+        },
+    );
     let (set_triggers, set_trigger_rx) = mpsc::unbounded_channel();
     let (synced_tx, synced) = tokio::sync::watch::channel(false);
     let ctx = Arc::new(Context {

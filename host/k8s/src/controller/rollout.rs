@@ -13,6 +13,7 @@ use crate::convert;
 use kube::ResourceExt;
 use kube::api::Api;
 use kube::runtime::events::{Event, EventType};
+use kube::runtime::reflector::ObjectRef;
 use pinset_core::pool::NodeReport;
 use pinset_core::rollout::{self, Counts, RolloutGrant};
 use pinset_policy::{Decided, FleetModule, GuardedFleet};
@@ -49,9 +50,46 @@ impl FleetTable {
     }
 }
 
-/// Each pool's last fleet decision and the state it was made for.
+/// What the controller remembers of each pool's rollout: its last fleet decision with the state
+/// it was made for, and the grants it wrote that its cache may not show yet.
 #[derive(Default)]
-pub(super) struct Decisions(Mutex<HashMap<String, (u64, Decided)>>);
+pub(super) struct Decisions(Mutex<HashMap<String, PoolMemory>>);
+
+#[derive(Default)]
+struct PoolMemory {
+    last: Option<(u64, Decided)>,
+    written: BTreeMap<String, RolloutGrant>,
+}
+
+impl Decisions {
+    fn with<T>(&self, pool: &str, f: impl FnOnce(&mut PoolMemory) -> T) -> T {
+        let mut pools = self.0.lock().expect("decisions lock");
+        f(pools.entry(pool.to_string()).or_default())
+    }
+
+    /// The pool's last decision, when it was made for `fingerprint`.
+    fn last(&self, pool: &str, fingerprint: u64) -> Option<Decided> {
+        self.with(pool, |m| {
+            m.last
+                .as_ref()
+                .filter(|(seen, _)| *seen == fingerprint)
+                .map(|(_, d)| d.clone())
+        })
+    }
+
+    /// The members as the API has them once every grant written has landed.
+    fn overlay(&self, pool: &str, members: &mut [rollout::Member]) {
+        self.with(pool, |m| rollout::overlay_written(members, &mut m.written));
+    }
+
+    /// Forget the pools `exists` no longer knows.
+    fn prune(&self, exists: impl Fn(&str) -> bool) {
+        self.0
+            .lock()
+            .expect("decisions lock")
+            .retain(|pool, _| exists(pool));
+    }
+}
 
 /// What a pool's status says of its rollout.
 pub(super) struct Outcome {
@@ -75,11 +113,12 @@ pub(super) async fn step(
     if target.is_empty() {
         return Ok(None);
     }
-    let members: Vec<rollout::Member> = nodes
+    let mut members: Vec<rollout::Member> = nodes
         .iter()
         .zip(reports)
         .map(|(n, report)| convert::member(n, report))
         .collect();
+    ctx.decisions.overlay(&pool, &mut members);
     let annotations = mcp.annotations().clone();
     let (max_pulling, bad_annotation) = match rollout::max_pulling(&annotations, members.len()) {
         Ok(m) => (m, None),
@@ -95,16 +134,26 @@ pub(super) async fn step(
     );
     let (decided, fresh) = decide(ctx, &pool, &request).await;
     let added = rollout::newly_granted(&request, &decided.grant.nodes);
+    // A wave's grants at once: each node starts as soon as its own lands. One that fails fails
+    // the reconcile; the ones written stand and are read back on the retry.
+    futures::future::try_join_all(
+        added
+            .iter()
+            .map(|&i| write_grant(ctx, &pool, &request, i, &decided)),
+    )
+    .await?;
     for &i in &added {
-        write_grant(ctx, &pool, &request, i, &decided).await?;
         request.nodes[i].granted = true;
         request.nodes[i].phase = Phase::Pulling;
+    }
+    if !added.is_empty() {
+        ctx.metrics.count_rollout_wave(&pool);
     }
     let counts = rollout::counts(&request);
     ctx.metrics.observe_pool_rollout(&pool, &counts);
     let held = rollout::held(&request, &decided.grant);
     if fresh {
-        announce(ctx, &pool, &request, &added, &decided, held.as_deref()).await;
+        announce(ctx, &pool, &request, &added, &decided, held.as_deref());
     }
     let mut reason = decided.grant.reason.clone();
     if let Some(bad) = &bad_annotation {
@@ -121,10 +170,8 @@ pub(super) async fn step(
 /// The call runs on a blocking thread: it is bounded by the module's deadline, but it is CPU.
 async fn decide(ctx: &Context, pool: &str, request: &RolloutRequest) -> (Decided, bool) {
     let fingerprint = rollout::fingerprint(request);
-    if let Some((seen, decided)) = ctx.decisions.0.lock().expect("decisions lock").get(pool)
-        && *seen == fingerprint
-    {
-        return (decided.clone(), false);
+    if let Some(decided) = ctx.decisions.last(pool, fingerprint) {
+        return (decided, false);
     }
     let module = ctx.fleet.for_pool(pool).clone();
     let metrics: Arc<dyn pinset_policy::Observer> = Arc::new(ctx.metrics.clone());
@@ -148,10 +195,9 @@ async fn decide(ctx: &Context, pool: &str, request: &RolloutRequest) -> (Decided
         "fleet decision"
     );
     ctx.decisions
-        .0
-        .lock()
-        .expect("decisions lock")
-        .insert(pool.to_string(), (fingerprint, decided.clone()));
+        .with(pool, |m| m.last = Some((fingerprint, decided.clone())));
+    ctx.decisions
+        .prune(|p| ctx.pools.get(&ObjectRef::new(p)).is_some());
     (decided, true)
 }
 
@@ -187,12 +233,15 @@ async fn write_grant(
             source,
         })?;
     ctx.metrics.count_api_write("node_grant");
+    ctx.decisions
+        .with(pool, |m| m.written.insert(node.clone(), grant));
     tracing::info!(pool, node = %node, "rollout grant written");
     Ok(())
 }
 
-/// Events for a fresh decision: a wave started, or the canary failed.
-async fn announce(
+/// Events for a fresh decision: a wave started, or the canary failed. They are recorded in the
+/// background: the pool's status write, and the next pool's grants, do not wait for them.
+fn announce(
     ctx: &Context,
     pool: &str,
     request: &RolloutRequest,
@@ -235,14 +284,11 @@ async fn announce(
             secondary: None,
         });
     }
-    crate::events::record::<MachineConfigPool>(
-        ctx.client.clone(),
-        FIELD_MANAGER,
-        None,
-        pool,
-        &events,
-    )
-    .await;
+    let (client, pool) = (ctx.client.clone(), pool.to_string());
+    tokio::spawn(async move {
+        crate::events::record::<MachineConfigPool>(client, FIELD_MANAGER, None, &pool, &events)
+            .await;
+    });
 }
 
 fn status(request: &RolloutRequest, counts: &Counts, policy: &str, reason: String) -> PoolRollout {
