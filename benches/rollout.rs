@@ -407,12 +407,19 @@ async fn writes(c: &Controller) -> BTreeMap<&'static str, u64> {
     out
 }
 
-async fn events(client: &kube::Client) -> usize {
+/// Events recorded so far, by reason.
+async fn events(client: &kube::Client) -> BTreeMap<String, usize> {
     let api: Api<k8s_openapi::api::events::v1::Event> = Api::all(client.clone());
-    api.list(&ListParams::default())
+    let mut out = BTreeMap::new();
+    for e in api
+        .list(&ListParams::default())
         .await
-        .map(|l| l.items.len())
-        .unwrap_or(0)
+        .map(|l| l.items)
+        .unwrap_or_default()
+    {
+        *out.entry(e.reason.unwrap_or_default()).or_default() += 1;
+    }
+    out
 }
 
 /// One repetition on a fresh API server; `None` when the bed is missing.
@@ -447,7 +454,27 @@ async fn run() -> Option<Row> {
     )
     .await
     .expect("change the common set");
-    let elapsed = wait_until("every pool rolled out", || rolled_out(&client, 2)).await;
+    // Watch the agents' record (no API traffic), then check every pool's status says so.
+    let finishes: usize = (0..FLEET.pools).map(|p| Pace::of(p).expected().0).sum();
+    wait_until("every granted node finished", || {
+        let finished = sim
+            .lock()
+            .unwrap()
+            .log
+            .iter()
+            .filter(|r| r.what == What::Finished)
+            .count();
+        async move {
+            if finished >= finishes {
+                Ok(())
+            } else {
+                Err(format!("{finished} of {finishes} nodes finished"))
+            }
+        }
+    })
+    .await;
+    let elapsed =
+        changed_at.elapsed() + wait_until("every pool rolled out", || rolled_out(&client, 2)).await;
     // The held pools have a second to misbehave.
     tokio::time::sleep(Duration::from_secs(1)).await;
     let cpu = c.cpu() - cpu0;
@@ -457,7 +484,17 @@ async fn run() -> Option<Row> {
     );
     let writes1 = writes(&c).await;
     let waves = c.metric("pinset_rollout_waves_total").await as usize;
-    let events = events(&client).await - events0;
+    let events: BTreeMap<String, usize> = events(&client)
+        .await
+        .into_iter()
+        .map(|(reason, n)| {
+            (
+                reason.clone(),
+                n - events0.get(&reason).copied().unwrap_or(0),
+            )
+        })
+        .filter(|(_, n)| *n > 0)
+        .collect();
     let reconciles1 = reconciles(&c).await;
     let reconciles = (reconciles1.0 - reconciles0.0, reconciles1.1 - reconciles0.1);
     watch.abort();
@@ -509,7 +546,8 @@ struct Row {
     cpu: Duration,
     waves: usize,
     writes: BTreeMap<&'static str, u64>,
-    events: usize,
+    /// Events recorded during the rollout, by reason.
+    events: BTreeMap<String, usize>,
     /// Pool reconciles during the rollout and their total time in seconds.
     reconciles: (u64, f64),
     /// CPU of the API server with etcd, and of this process (the simulated agents).
@@ -535,6 +573,7 @@ impl Row {
             self.others.0.as_secs_f64(),
             self.others.1.as_secs_f64(),
         );
+        println!("    events: {:?}", self.events);
         println!(
             "{index:>3} {:>6.2}s {:>7.2}s {:>6} {:>5} {:>6} {:>6} {:>6} {:>6} {:>6} {:>6} {:>8.1} {:>7.2} {:>6}  {:?} ({})",
             (a.last_finish - self.changed_at).as_secs_f64(),
@@ -549,7 +588,7 @@ impl Row {
             ms(percentile(&mut self.echoes, 0.99)),
             self.cpu.as_secs_f64() * 1000.0 / waves,
             total as f64 / waves,
-            self.events,
+            self.events.values().sum::<usize>(),
             a.max_pulling,
             by_kind.join(", "),
         );
