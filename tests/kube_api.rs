@@ -309,6 +309,73 @@ async fn the_controller_writes_pool_selections_once() {
     );
 }
 
+/// A pool is reconciled again when its annotations change (the rollout ceiling lives there), and
+/// not when the controller's own status write lands.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pool_reacts_to_its_annotations_not_to_its_own_status() {
+    let Some(server) = support::apiserver::ApiServer::start().await else {
+        return;
+    };
+    server.install_crds().await;
+    let client = server.client().await;
+    let pools: Api<pinset_k8s::api::MachineConfigPool> = Api::all(client.clone());
+    let sets: Api<PinnedImageSet> = Api::all(client.clone());
+    let pp = PostParams::default();
+    pools
+        .create(&pp, &pool("worker", &["worker"]))
+        .await
+        .unwrap();
+    sets.create(&pp, &serde_json::from_value(set("w", &[image(1)])).unwrap())
+        .await
+        .unwrap();
+    let reason = || async {
+        pools
+            .get("worker")
+            .await
+            .ok()
+            .and_then(|p| p.status?.rollout)
+            .map(|r| (r.target, r.reason))
+    };
+    // 0: the rollout status appears; 1: annotated, its reason names the bad value; 2: done.
+    let step = std::sync::Arc::new(std::sync::atomic::AtomicU8::new(0));
+    let metrics = run_controller_until(client.clone(), || {
+        let step = step.clone();
+        let current = step.load(std::sync::atomic::Ordering::Relaxed);
+        let (pools, reason) = (pools.clone(), reason);
+        async move {
+            let next = match (current, reason().await) {
+                (0, Some((target, _))) if target == "w@1" => {
+                    let bad = json!({"metadata": {"annotations": {"pinset.io/rollout-max-pulling": "lots"}}});
+                    pools
+                        .patch("worker", &PatchParams::default(), &Patch::Merge(bad))
+                        .await
+                        .unwrap();
+                    1
+                }
+                (1, Some((_, why))) if why.contains("\"lots\" is neither a count nor a percentage") => {
+                    // Time for any reconcile the status write would trigger.
+                    tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+                    2
+                }
+                (s, _) => s,
+            };
+            step.store(next, std::sync::atomic::Ordering::Relaxed);
+            next == 2
+        }
+    })
+    .await;
+    let text = metrics.encode();
+    let reconciles: u64 = text
+        .lines()
+        .find(|l| l.starts_with("pinset_reconcile_seconds_count{kind=\"pool\"}"))
+        .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+        .expect("pool reconciles counted");
+    assert_eq!(metrics.api_writes("pool_status"), 2, "{text}");
+    // The pool's creation and the set joining it, its selection written (a spec change), the
+    // annotation: at most four. Reacting to its own two status writes would add two.
+    assert!(reconciles <= 4, "{reconciles} pool reconciles:\n{text}");
+}
+
 /// The API server restarts under a running controller (its watches break; resuming them may
 /// meet 410 Gone): the controller rides it out, reacts to a change made after the restart, and
 /// writes only what that change needs — no re-write of what was already converged.
