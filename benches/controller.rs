@@ -79,10 +79,7 @@ async fn converged(client: &kube::Client) -> bool {
 
 #[tokio::main]
 async fn main() {
-    let repeats: usize = std::env::var("REPEATS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(3);
+    let repeats = cluster::repeats();
     println!(
         "controller: {} sets × {} images, {} pools ({}–{} sets each), {} nodes",
         FLEET.sets,

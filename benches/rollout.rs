@@ -597,10 +597,7 @@ impl Row {
 
 #[tokio::main]
 async fn main() {
-    let repeats: usize = std::env::var("REPEATS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(3);
+    let repeats = cluster::repeats();
     println!(
         "rollout: {} pools × {} nodes, {} sets × {} images; set-{CHANGED:04} (every pool) gains an image",
         FLEET.pools, FLEET.nodes_per_pool, FLEET.sets, FLEET.images

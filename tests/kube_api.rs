@@ -309,13 +309,14 @@ async fn the_controller_writes_pool_selections_once() {
     );
 }
 
-/// A pool is reconciled again when its annotations change (the rollout ceiling lives there), and
-/// not when the controller's own status write lands.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_pool_reacts_to_its_annotations_not_to_its_own_status() {
-    let Some(server) = support::apiserver::ApiServer::start().await else {
-        return;
-    };
+/// The CRDs, pool `worker` and set `w` (one image) selected by it.
+async fn worker_with_one_set(
+    server: &support::apiserver::ApiServer,
+) -> (
+    kube::Client,
+    Api<pinset_k8s::api::MachineConfigPool>,
+    Api<PinnedImageSet>,
+) {
     server.install_crds().await;
     let client = server.client().await;
     let pools: Api<pinset_k8s::api::MachineConfigPool> = Api::all(client.clone());
@@ -328,6 +329,17 @@ async fn a_pool_reacts_to_its_annotations_not_to_its_own_status() {
     sets.create(&pp, &serde_json::from_value(set("w", &[image(1)])).unwrap())
         .await
         .unwrap();
+    (client, pools, sets)
+}
+
+/// A pool is reconciled again when its annotations change (the rollout ceiling lives there), and
+/// not when the controller's own status write lands.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pool_reacts_to_its_annotations_not_to_its_own_status() {
+    let Some(server) = support::apiserver::ApiServer::start().await else {
+        return;
+    };
+    let (client, pools, _) = worker_with_one_set(&server).await;
     let reason = || async {
         pools
             .get("worker")
@@ -384,18 +396,7 @@ async fn the_controller_rides_out_an_api_server_restart_without_rewriting() {
     let Some(server) = support::apiserver::ApiServer::start().await else {
         return;
     };
-    server.install_crds().await;
-    let client = server.client().await;
-    let pools: Api<pinset_k8s::api::MachineConfigPool> = Api::all(client.clone());
-    let sets: Api<PinnedImageSet> = Api::all(client.clone());
-    let pp = PostParams::default();
-    pools
-        .create(&pp, &pool("worker", &["worker"]))
-        .await
-        .unwrap();
-    sets.create(&pp, &serde_json::from_value(set("w", &[image(1)])).unwrap())
-        .await
-        .unwrap();
+    let (client, pools, sets) = worker_with_one_set(&server).await;
     let metrics = pinset_k8s::metrics::Metrics::new();
     let stop = tokio_util::sync::CancellationToken::new();
     let ready = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -441,7 +442,7 @@ async fn the_controller_rides_out_an_api_server_restart_without_rewriting() {
     // The restarted server serves the custom resources again once it has read their CRDs.
     let w2: PinnedImageSet = serde_json::from_value(set("w2", &[image(2)])).unwrap();
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
-    while let Err(e) = sets.create(&pp, &w2).await {
+    while let Err(e) = sets.create(&PostParams::default(), &w2).await {
         assert!(
             std::time::Instant::now() < deadline,
             "{e}\n{}",
