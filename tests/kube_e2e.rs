@@ -1324,6 +1324,16 @@ async fn a_fleet_policy_paces_three_nodes_holds_on_a_failed_canary_and_survives_
         "{rollout:?}"
     );
     assert!(degraded.is_empty(), "{degraded}");
+    // One grant per node, each in its own wave: the canary, then one at a time.
+    let m = metrics(controller_port).await;
+    assert_eq!(
+        (
+            metric(&m, "pinset_api_writes_total{kind=\"node_grant\"}"),
+            metric(&m, "pinset_rollout_waves_total{pool=\"worker\"}"),
+        ),
+        (3, 3),
+        "{m}"
+    );
 
     // 2. Generation 2 adds an image and one that does not exist: the canary fails, the pool
     //    holds and is Degraded naming the canary and the image; the others never pull.
