@@ -209,25 +209,43 @@ pub fn fingerprint(request: &RolloutRequest) -> u64 {
     h.finish()
 }
 
+/// A grant the controller wrote, and when (milliseconds since the Unix epoch).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Written {
+    pub grant: RolloutGrant,
+    pub at_ms: u64,
+}
+
+/// How long a written grant counts while the cache does not show it. A cache lags by
+/// milliseconds; a grant still missing after this was lost (its MachineConfigNode deleted and
+/// created again), and the cache is right.
+pub const WRITTEN_TTL_MS: u64 = 30_000;
+
 /// Grants the controller wrote that the members, read from a cache, may not show yet: a member
 /// whose own grant does not cover the one written gets the written one, so that a decision made
 /// before the cache catches up neither grants the node again nor sees its slot free. Entries
-/// the members show, and entries of nodes no longer in the pool, are dropped from `written`.
-pub fn overlay_written(members: &mut [Member], written: &mut BTreeMap<String, RolloutGrant>) {
-    written.retain(|node, grant| {
+/// the members show, entries of nodes no longer in the pool, and entries older than
+/// [`WRITTEN_TTL_MS`] at `now_ms` are dropped from `written`.
+pub fn overlay_written(
+    members: &mut [Member],
+    written: &mut BTreeMap<String, Written>,
+    now_ms: u64,
+) {
+    written.retain(|node, w| {
         let Some(member) = members.iter_mut().find(|m| &m.name == node) else {
             return false;
         };
         let seen = member.grant.as_ref().is_some_and(|g| {
-            grant
+            w.grant
                 .sets
                 .iter()
                 .all(|(set, generation)| g.covers(set, *generation))
         });
-        if !seen {
-            member.grant = Some(grant.clone());
+        let live = !seen && now_ms.saturating_sub(w.at_ms) < WRITTEN_TTL_MS;
+        if live {
+            member.grant = Some(w.grant.clone());
         }
-        !seen
+        live
     });
 }
 
@@ -474,31 +492,42 @@ mod tests {
             sets: [("a".to_string(), generation)].into(),
             max_pulls: None,
         };
-        // The cache still shows b with last generation's grant, c with none; d left the pool.
+        let written = |generation, at_ms| Written {
+            grant: grant(generation),
+            at_ms,
+        };
+        // The cache still shows b with last generation's grant, c with none, e with the new
+        // one; d left the pool; f's grant was written long ago and never showed up.
         let mut members = vec![
             member("b", vec![], Some(&[("a", 1)])),
             member("c", vec![], None),
             member("e", vec![], Some(&[("a", 2)])),
+            member("f", vec![], None),
         ];
-        let mut written: BTreeMap<String, RolloutGrant> = [
-            ("b".to_string(), grant(2)),
-            ("d".to_string(), grant(2)),
-            ("e".to_string(), grant(2)),
+        let mut memory: BTreeMap<String, Written> = [
+            ("b".to_string(), written(2, 100_000)),
+            ("d".to_string(), written(2, 100_000)),
+            ("e".to_string(), written(2, 100_000)),
+            ("f".to_string(), written(2, 100_000 - WRITTEN_TTL_MS)),
         ]
         .into();
-        overlay_written(&mut members, &mut written);
+        overlay_written(&mut members, &mut memory, 100_500);
         assert_eq!(members[0].grant, Some(grant(2)), "b counts as granted");
         assert_eq!(phase(&members[0], &t), Phase::Pulling);
         assert_eq!(members[1].grant, None, "c was never granted");
         assert_eq!(
-            written.keys().collect::<Vec<_>>(),
+            members[3].grant, None,
+            "f's grant was lost: the cache is right"
+        );
+        assert_eq!(
+            memory.keys().collect::<Vec<_>>(),
             vec!["b"],
-            "e is seen, d is gone: only b still waits for the cache"
+            "e is seen, d is gone, f expired: only b still waits for the cache"
         );
         // The cache catches up: nothing is left to overlay.
         members[0].grant = Some(grant(2));
-        overlay_written(&mut members, &mut written);
-        assert!(written.is_empty());
+        overlay_written(&mut members, &mut memory, 100_600);
+        assert!(memory.is_empty());
     }
 
     #[test]

@@ -58,7 +58,7 @@ pub(super) struct Decisions(Mutex<HashMap<String, PoolMemory>>);
 #[derive(Default)]
 struct PoolMemory {
     last: Option<(u64, Decided)>,
-    written: BTreeMap<String, RolloutGrant>,
+    written: BTreeMap<String, rollout::Written>,
 }
 
 impl Decisions {
@@ -79,7 +79,9 @@ impl Decisions {
 
     /// The members as the API has them once every grant written has landed.
     fn overlay(&self, pool: &str, members: &mut [rollout::Member]) {
-        self.with(pool, |m| rollout::overlay_written(members, &mut m.written));
+        self.with(pool, |m| {
+            rollout::overlay_written(members, &mut m.written, now_ms())
+        });
     }
 
     /// Forget the pools `exists` no longer knows.
@@ -233,8 +235,13 @@ async fn write_grant(
             source,
         })?;
     ctx.metrics.count_api_write("node_grant");
-    ctx.decisions
-        .with(pool, |m| m.written.insert(node.clone(), grant));
+    ctx.decisions.with(pool, |m| {
+        let written = rollout::Written {
+            grant,
+            at_ms: now_ms(),
+        };
+        m.written.insert(node.clone(), written)
+    });
     tracing::info!(pool, node = %node, "rollout grant written");
     Ok(())
 }
