@@ -405,7 +405,7 @@ async fn timeline(
         let mut out = Vec::new();
         while let Some(e) = rx.recv().await {
             match e {
-                Event::Started { reference } => {
+                Event::Started { reference, .. } => {
                     started.insert(reference, Instant::now());
                 }
                 Event::Pulled { reference, .. } => {

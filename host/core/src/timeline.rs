@@ -41,8 +41,6 @@ pub struct Timeline {
 #[derive(Default)]
 struct Lane {
     marks: Vec<Mark>,
-    busy: bool,
-    free_at: f64,
 }
 
 /// Builds a timeline from pull events as they happen.
@@ -57,21 +55,13 @@ pub struct Recorder {
 }
 
 impl Recorder {
-    /// A pull began: it takes the first free slot.
-    pub fn started(&mut self, at_ms: f64, image: &str) {
-        let lane = match self
-            .lanes
-            .iter()
-            .position(|l| !l.busy && l.free_at <= at_ms + 1.0)
-        {
-            Some(i) => i,
-            None => {
-                self.lanes.push(Lane::default());
-                self.lanes.len() - 1
-            }
-        };
-        self.lanes[lane].busy = true;
-        self.running.insert(image.to_string(), (lane, at_ms));
+    /// A pull began on pull slot `slot` (the executor's): its lane. Lanes follow the slots the
+    /// executor names, never the events' arrival times, which a busy machine delays.
+    pub fn started(&mut self, at_ms: f64, image: &str, slot: usize) {
+        if self.lanes.len() <= slot {
+            self.lanes.resize_with(slot + 1, Lane::default);
+        }
+        self.running.insert(image.to_string(), (slot, at_ms));
         self.touch(at_ms);
     }
 
@@ -87,9 +77,6 @@ impl Recorder {
         if let Some((lane, start)) = self.running.remove(image) {
             let kind = if ok { MarkKind::Pull } else { MarkKind::Failed };
             self.mark(lane, kind, image, start, at_ms, bytes);
-            let l = &mut self.lanes[lane];
-            l.busy = false;
-            l.free_at = at_ms;
             self.last_lane.insert(image.to_string(), lane);
         }
     }
@@ -108,7 +95,6 @@ impl Recorder {
                 at_ms + pause_ms,
                 None,
             );
-            self.lanes[lane].free_at = at_ms + pause_ms;
         }
     }
 
@@ -339,12 +325,12 @@ mod tests {
     /// Two slots, three pulls, a retry and throttles, as the executor reports them.
     fn sample() -> Timeline {
         let mut r = Recorder::default();
-        r.started(0.0, "q.io/a@sha256:1");
-        r.started(0.0, "q.io/b@sha256:2");
+        r.started(0.0, "q.io/a@sha256:1", 0);
+        r.started(0.0, "q.io/b@sha256:2", 1);
         r.retrying(100.0, "q.io/b@sha256:2", 1000.0);
         r.finished(500.0, "q.io/a@sha256:1", true, Some(1 << 20));
         r.throttle(500.0, "q.io/a@sha256:1", 1000.0);
-        r.started(1500.0, "q.io/c@sha256:3");
+        r.started(1500.0, "q.io/c@sha256:3", 0);
         r.finished(1600.0, "q.io/b@sha256:2", false, None);
         r.finished(2000.0, "q.io/c@sha256:3", true, None);
         r.finish("node n".into(), vec!["admission: admit-all".into()])
@@ -412,7 +398,7 @@ mod tests {
     #[test]
     fn text_from_images_is_escaped() {
         let mut r = Recorder::default();
-        r.started(0.0, "q.io/<script>@sha256:1");
+        r.started(0.0, "q.io/<script>@sha256:1", 0);
         r.finished(3000.0, "q.io/<script>@sha256:1", true, None);
         let svg = svg(&r.finish("<n>".into(), Vec::new()));
         assert!(

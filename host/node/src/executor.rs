@@ -86,6 +86,8 @@ pub enum Event {
     },
     Started {
         reference: String,
+        /// The pull slot (0-based, below the concurrency) that runs it.
+        slot: usize,
     },
     Retrying {
         reference: String,
@@ -152,8 +154,8 @@ pub async fn run<P: Puller>(jobs: Vec<Job>, run: Run<P>) -> Outcome {
         outcome: Mutex::new(Outcome::default()),
     });
     let mut tasks = tokio::task::JoinSet::new();
-    for _ in 0..slots {
-        tasks.spawn(slot(shared.clone()));
+    for index in 0..slots {
+        tasks.spawn(slot(shared.clone(), index));
     }
     while tasks.join_next().await.is_some() {}
     let mut outcome = std::mem::take(&mut *shared.outcome.lock().expect("outcome lock"));
@@ -167,7 +169,7 @@ pub async fn run<P: Puller>(jobs: Vec<Job>, run: Run<P>) -> Outcome {
     outcome
 }
 
-async fn slot<P: Puller>(s: Arc<Shared<P>>) {
+async fn slot<P: Puller>(s: Arc<Shared<P>>, index: usize) {
     loop {
         if s.run.cancel.is_cancelled() || s.draining.load(Ordering::SeqCst) {
             return;
@@ -177,6 +179,7 @@ async fn slot<P: Puller>(s: Arc<Shared<P>>) {
         };
         s.emit(Event::Started {
             reference: job.reference.clone(),
+            slot: index,
         });
         let started = Instant::now();
         let result = tokio::select! {

@@ -223,7 +223,7 @@ pub async fn show_events(
                 total_bytes = planned;
                 bar.set_message(format!("0 B / {}", fmt_bytes(total_bytes)));
             }
-            Event::Started { reference } if plain => say(format!("  pulling {reference}")),
+            Event::Started { reference, .. } if plain => say(format!("  pulling {reference}")),
             Event::Started { .. } => {}
             Event::Pulled {
                 reference,
@@ -262,7 +262,7 @@ fn record(timeline: &mut Recorder, at_ms: f64, e: &Event) {
     let ms = |d: &Duration| d.as_secs_f64() * 1000.0;
     match e {
         Event::Planned { .. } => {}
-        Event::Started { reference } => timeline.started(at_ms, reference),
+        Event::Started { reference, slot } => timeline.started(at_ms, reference, *slot),
         Event::Retrying {
             reference, wait, ..
         } => timeline.retrying(at_ms, reference, ms(wait)),

@@ -68,7 +68,7 @@ fn simulate(node: &str, plan: &Plan, facts: &Facts, policy: &mut Guarded, rate: 
         let ms = image
             .size_bytes
             .map_or(1000.0, |b| b as f64 / (rate * 1048576.0) * 1000.0);
-        recorder.started(start, image.reference);
+        recorder.started(start, image.reference, slot);
         recorder.finished(start + ms, image.reference, true, image.size_bytes);
         let outcome = pinset_policy_sdk::PullOutcome {
             reference: image.reference.to_string(),
