@@ -225,29 +225,35 @@ async fn slot<P: Puller>(s: Arc<Shared<P>>, index: usize) {
                 }
             }
         }
-        if remaining == 0 {
+        if remaining == 0 || !throttle(&s, &outcome).await {
             return;
         }
-        // A lock poisoned by a panic elsewhere still holds valid decisions: the guard answers
-        // every hook (the reference's answer where the policy failed).
-        let pause = {
-            let pressure = s.run.pressure.pressure();
-            s.run
-                .policy
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .throttle(&s.run.node, &outcome, &pressure)
-        };
-        if !pause.is_zero() {
-            s.emit(Event::Throttle {
-                reference: job.reference.clone(),
-                pause,
-            });
-            tokio::select! {
-                _ = s.run.cancel.cancelled() => return,
-                _ = tokio::time::sleep(pause) => {}
-            }
-        }
+    }
+}
+
+/// The slot pauses as long as the policy's throttle says after `outcome`; false when the run
+/// was cancelled meanwhile.
+async fn throttle<P: Puller>(s: &Shared<P>, outcome: &PullOutcome) -> bool {
+    // A lock poisoned by a panic elsewhere still holds valid decisions: the guard answers
+    // every hook (the reference's answer where the policy failed).
+    let pause = {
+        let pressure = s.run.pressure.pressure();
+        s.run
+            .policy
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .throttle(&s.run.node, outcome, &pressure)
+    };
+    if pause.is_zero() {
+        return true;
+    }
+    s.emit(Event::Throttle {
+        reference: outcome.reference.clone(),
+        pause,
+    });
+    tokio::select! {
+        _ = s.run.cancel.cancelled() => false,
+        _ = tokio::time::sleep(pause) => true,
     }
 }
 
