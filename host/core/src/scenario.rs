@@ -194,12 +194,22 @@ pub fn collect(paths: &[PathBuf]) -> Result<Vec<PathBuf>, ScenarioError> {
     Ok(out)
 }
 
-pub fn load(path: &Path) -> Result<Loaded, ScenarioError> {
-    let text = std::fs::read_to_string(path).map_err(|source| ScenarioError::Read {
+/// A scenario file's text (node or fleet).
+pub fn read(path: &Path) -> Result<String, ScenarioError> {
+    std::fs::read_to_string(path).map_err(|source| ScenarioError::Read {
         path: path.into(),
         source,
-    })?;
-    let (scenario, _): (Scenario, _) = crate::yaml::from_str(&text, crate::yaml::Fields::Strict)
+    })
+}
+
+/// Read and parse the node scenario at `path`.
+pub fn load(path: &Path) -> Result<Loaded, ScenarioError> {
+    parse(path, &read(path)?)
+}
+
+/// Parse a node scenario read from `path`.
+pub fn parse(path: &Path, text: &str) -> Result<Loaded, ScenarioError> {
+    let (scenario, _): (Scenario, _) = crate::yaml::from_str(text, crate::yaml::Fields::Strict)
         .map_err(|error| ScenarioError::Parse {
             path: path.into(),
             error,

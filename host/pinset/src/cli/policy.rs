@@ -210,19 +210,14 @@ impl<'a> Modules<'a> {
 
     /// One scenario file, node or fleet, against a fresh instance; an unreadable file fails.
     fn run(&mut self, file: &std::path::Path) -> Result<scenario::Outcome> {
-        let unreadable = |e: String| scenario::Outcome {
-            name: "(unreadable)".into(),
-            path: file.to_path_buf(),
-            diffs: vec![e],
-        };
-        let text = match std::fs::read_to_string(file) {
+        let text = match scenario::read(file) {
             Ok(t) => t,
-            Err(e) => return Ok(unreadable(format!("{}: {e}", file.display()))),
+            Err(e) => return Ok(unreadable(file, e)),
         };
         if fleet_scenario::is_fleet(&text) {
             let loaded = match fleet_scenario::load(file, &text) {
                 Ok(l) => l,
-                Err(e) => return Ok(unreadable(e.to_string())),
+                Err(e) => return Ok(unreadable(file, e)),
             };
             let module = self.fleet()?;
             return Ok(fleet_scenario::run(&loaded, |request| {
@@ -231,7 +226,13 @@ impl<'a> Modules<'a> {
             }));
         }
         let module = self.node()?;
-        Ok(run_scenario(module, file))
+        let loaded = match scenario::parse(file, &text) {
+            Ok(l) => l,
+            Err(e) => return Ok(unreadable(file, e)),
+        };
+        // A fresh instance, as per reconcile.
+        let mut policy = Guarded::new(Box::new(module.instance()));
+        Ok(scenario::run(&loaded, &mut policy))
     }
 
     fn name(&self) -> String {
@@ -290,18 +291,12 @@ fn describe_fleet(module: &pinset_policy::FleetModule) -> String {
     )
 }
 
-/// One scenario against a fresh instance, as per reconcile; an unreadable file fails.
-fn run_scenario(module: &PolicyModule, file: &std::path::Path) -> scenario::Outcome {
-    match scenario::load(file) {
-        Ok(loaded) => {
-            let mut policy = Guarded::new(Box::new(module.instance()));
-            scenario::run(&loaded, &mut policy)
-        }
-        Err(e) => scenario::Outcome {
-            name: "(unreadable)".into(),
-            path: file.to_path_buf(),
-            diffs: vec![e.to_string()],
-        },
+/// A scenario file that could not be read or parsed: a failed outcome saying why.
+fn unreadable(file: &std::path::Path, e: scenario::ScenarioError) -> scenario::Outcome {
+    scenario::Outcome {
+        name: "(unreadable)".into(),
+        path: file.to_path_buf(),
+        diffs: vec![e.to_string()],
     }
 }
 
