@@ -323,7 +323,7 @@ fn bench_cmd(
     iterations: usize,
     format: Format,
 ) -> Result<ExitCode> {
-    let (_runtime, module) = load_policy(opts)?;
+    let (runtime, module) = load_policy(opts)?;
     if cfg!(debug_assertions) {
         tracing::warn!("this is a debug build; measure with `cargo run --release`");
     }
@@ -339,8 +339,7 @@ fn bench_cmd(
         bar.inc(1);
         bar.set_message(what);
     })?;
-    // The fleet hook too, when the module exports it.
-    let runtime = pinset_policy::WasmRuntime::new()?;
+    // The fleet hook too, when the module exports it (same runtime and engine).
     if let Ok(fleet) = opts.load_fleet(&runtime) {
         for nodes in bench::FLEET_NODES {
             bar.set_message(format!("fleet grant, {nodes} nodes"));
