@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 use wasmtime::component::{HasSelf, Linker};
-use wasmtime::{Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig};
+use wasmtime::{Config, Enabled, Engine, InstanceAllocationStrategy, PoolingAllocationConfig};
 
 /// How often the engine's epoch advances: the granularity of deadlines.
 pub(super) const EPOCH_TICK: Duration = Duration::from_millis(5);
@@ -64,7 +64,17 @@ fn pool() -> PoolingAllocationConfig {
         // instance then takes no page faults. Measured in BENCHMARKS.md: 1 MiB left the heap to
         // fault in again (reconcile 161 µs); from 2 MiB on it is 80 µs, flat up to 32 MiB.
         .linear_memory_keep_resident(KEEP_RESIDENT_BYTES)
-        .table_keep_resident(64 << 10);
+        .table_keep_resident(64 << 10)
+        // Where the kernel offers it (Linux 6.7+, PAGEMAP_SCAN), reset only the pages an instance
+        // wrote instead of the whole resident prefix; elsewhere the memset above.
+        // `PINSET_WASM_PAGEMAP_SCAN=no` turns it off (the baseline of BENCHMARKS.md).
+        .pagemap_scan(
+            if std::env::var("PINSET_WASM_PAGEMAP_SCAN").as_deref() == Ok("no") {
+                Enabled::No
+            } else {
+                Enabled::Auto
+            },
+        );
     pool
 }
 
