@@ -172,7 +172,7 @@ mod tests {
             vec!["reg/b@sha256:11", "reg/a@sha256:00"]
         );
         assert_eq!(sub.layer_sizes(), &[7]);
-        assert_eq!(Images::from_columns(t.to_columns()), t);
+        assert_eq!(Images::from_columns(t.columns().into()), t);
     }
 
     #[test]

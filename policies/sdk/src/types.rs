@@ -99,6 +99,41 @@ pub struct Columns {
     pub set_names: Vec<String>,
 }
 
+/// The columns of [`Images`], borrowed (see [`Images::columns`]).
+#[doc(hidden)]
+#[derive(Clone, Copy, Debug)]
+pub struct ColumnRefs<'a> {
+    pub references: &'a str,
+    pub reference_starts: &'a [u32],
+    pub present: &'a [u8],
+    pub size_known: &'a [u8],
+    pub size_bytes: &'a [u64],
+    pub layer_starts: &'a [u32],
+    pub layer_ids: &'a [u32],
+    pub layer_sizes: &'a [u64],
+    pub set_starts: &'a [u32],
+    pub set_ids: &'a [u32],
+    pub set_names: &'a [String],
+}
+
+impl From<ColumnRefs<'_>> for Columns {
+    fn from(c: ColumnRefs<'_>) -> Self {
+        Columns {
+            references: c.references.to_string(),
+            reference_starts: c.reference_starts.to_vec(),
+            present: c.present.to_vec(),
+            size_known: c.size_known.to_vec(),
+            size_bytes: c.size_bytes.to_vec(),
+            layer_starts: c.layer_starts.to_vec(),
+            layer_ids: c.layer_ids.to_vec(),
+            layer_sizes: c.layer_sizes.to_vec(),
+            set_starts: c.set_starts.to_vec(),
+            set_ids: c.set_ids.to_vec(),
+            set_names: c.set_names.to_vec(),
+        }
+    }
+}
+
 impl Images {
     pub fn new() -> Self {
         Self::default()
@@ -216,21 +251,22 @@ impl Images {
         }
     }
 
+    /// The columns, borrowed: what the host lowers into a policy's memory without copying them
+    /// first.
     #[doc(hidden)]
-    pub fn to_columns(&self) -> Columns {
-        let s = self.clone();
-        Columns {
-            references: s.references,
-            reference_starts: s.reference_starts,
-            present: s.present,
-            size_known: s.size_known,
-            size_bytes: s.size_bytes,
-            layer_starts: s.layer_starts,
-            layer_ids: s.layer_ids,
-            layer_sizes: s.layer_sizes,
-            set_starts: s.set_starts,
-            set_ids: s.set_ids,
-            set_names: s.set_names,
+    pub fn columns(&self) -> ColumnRefs<'_> {
+        ColumnRefs {
+            references: &self.references,
+            reference_starts: &self.reference_starts,
+            present: &self.present,
+            size_known: &self.size_known,
+            size_bytes: &self.size_bytes,
+            layer_starts: &self.layer_starts,
+            layer_ids: &self.layer_ids,
+            layer_sizes: &self.layer_sizes,
+            set_starts: &self.set_starts,
+            set_ids: &self.set_ids,
+            set_names: &self.set_names,
         }
     }
 }

@@ -1,6 +1,7 @@
 //! One reconcile's instance of a policy: calls under a deadline, failures classified, the
 //! contract's types converted to and from the SDK's.
 
+use super::borrowed::{AdmissionRequestArg, ImagesArg};
 use super::bounded;
 use super::engine::EPOCH_TICK;
 use super::module::Shared;
@@ -9,14 +10,21 @@ use super::{bindings, wit};
 use crate::{Hook, PolicyError, PolicyInstance};
 use pinset_policy_sdk as sdk;
 use std::sync::Arc;
+use wasmtime::component::Instance;
 use wasmtime::{Store, Trap};
 
 /// One reconcile's instance of a Wasm policy.
 pub struct WasmPolicy {
     pub(super) shared: Arc<Shared>,
-    pub(super) live: Option<(Store<State>, bindings::Policy)>,
+    pub(super) live: Option<(Store<State>, Bound)>,
     /// What the policy may still log in this reconcile, whatever instances it takes.
     pub(super) log: Arc<LogBudget>,
+}
+
+/// A live instance: the component instance, and the contract's exports found in it.
+pub(super) struct Bound {
+    instance: Instance,
+    policy: bindings::Policy,
 }
 
 /// Longest admission reason passed on (status, logs, `pinset plan`).
@@ -39,18 +47,21 @@ impl WasmPolicy {
     fn call<R>(
         &mut self,
         hook: Hook,
-        f: impl FnOnce(&mut Store<State>, &bindings::Policy) -> wasmtime::Result<R>,
+        f: impl FnOnce(&mut Store<State>, &Bound) -> wasmtime::Result<R>,
     ) -> Result<R, PolicyError> {
         let ticks = deadline_ticks(self.shared.limits);
         if self.live.is_none() {
             let s = &self.shared;
             let mut store = new_store(&s.engine, &s.name, s.limits, self.log.clone());
             store.set_epoch_deadline(ticks);
-            let instance = match self.shared.pre.instantiate(&mut store) {
-                Ok(i) => i,
+            let bound = s.pre.instantiate(&mut store).and_then(|instance| {
+                let policy = s.indices.load(&mut store, &instance)?;
+                Ok(Bound { instance, policy })
+            });
+            match bound {
+                Ok(bound) => self.live = Some((store, bound)),
                 Err(e) => return Err(classify(&s.name, s.limits, hook, &store, e)),
-            };
-            self.live = Some((store, instance));
+            }
         }
         let (store, instance) = self.live.as_mut().expect("instantiated above");
         store.set_epoch_deadline(ticks);
@@ -127,7 +138,9 @@ impl PolicyInstance for WasmPolicy {
     }
 
     fn info(&mut self) -> Result<sdk::PolicyInfo, PolicyError> {
-        let i = self.call(Hook::Info, |s, p| p.pinset_policy_decisions().call_info(s))?;
+        let i = self.call(Hook::Info, |s, b| {
+            b.policy.pinset_policy_decisions().call_info(s)
+        })?;
         Ok(sdk::PolicyInfo {
             name: bounded(&i.name, MAX_NAME_BYTES),
             version: bounded(&i.version, MAX_NAME_BYTES),
@@ -136,18 +149,14 @@ impl PolicyInstance for WasmPolicy {
     }
 
     fn admit(&mut self, request: &sdk::AdmissionRequest) -> Result<sdk::Admission, PolicyError> {
-        let request = wit::AdmissionRequest {
-            node: node(&request.node),
-            disk: wit::DiskFacts {
-                capacity_bytes: request.disk.capacity_bytes,
-                used_bytes: request.disk.used_bytes,
-                available_bytes: request.disk.available_bytes,
-            },
-            images: pack(&request.images),
+        let (n, disk) = (node(&request.node), disk(&request.disk));
+        let arg = AdmissionRequestArg {
+            node: &n,
+            disk: &disk,
+            images: ImagesArg::of(&request.images),
         };
-        let a = self.call(Hook::Admit, |s, p| {
-            p.pinset_policy_decisions().call_admit(s, &request)
-        })?;
+        let hooks = self.shared.hooks.clone();
+        let a = self.call(Hook::Admit, |s, b| hooks.admit(s, &b.instance, arg))?;
         let verdict = match a.verdict {
             wit::Verdict::AdmitAll => sdk::Verdict::AdmitAll,
             wit::Verdict::AdmitSome(v) => sdk::Verdict::AdmitSome(v),
@@ -161,16 +170,15 @@ impl PolicyInstance for WasmPolicy {
 
     fn order(&mut self, n: &sdk::NodeFacts, images: &sdk::Images) -> Result<Vec<u32>, PolicyError> {
         let n = node(n);
-        let images = pack(images);
-        self.call(Hook::Order, |s, p| {
-            p.pinset_policy_decisions().call_order(s, &n, &images)
-        })
+        let images = ImagesArg::of(images);
+        let hooks = self.shared.hooks.clone();
+        self.call(Hook::Order, |s, b| hooks.order(s, &b.instance, &n, images))
     }
 
     fn concurrency(&mut self, n: &sdk::NodeFacts) -> Result<u32, PolicyError> {
         let n = node(n);
-        self.call(Hook::Concurrency, |s, p| {
-            p.pinset_policy_decisions().call_concurrency(s, &n)
+        self.call(Hook::Concurrency, |s, b| {
+            b.policy.pinset_policy_decisions().call_concurrency(s, &n)
         })
     }
 
@@ -193,8 +201,9 @@ impl PolicyInstance for WasmPolicy {
             cpu: pressure.cpu,
             memory: pressure.memory,
         };
-        self.call(Hook::Throttle, |s, p| {
-            p.pinset_policy_decisions()
+        self.call(Hook::Throttle, |s, b| {
+            b.policy
+                .pinset_policy_decisions()
                 .call_throttle(s, &n, &outcome, pressure)
         })
     }
@@ -212,20 +221,10 @@ fn node(n: &sdk::NodeFacts) -> wit::NodeFacts {
     }
 }
 
-/// The SDK's columns are the contract's: a copy of each, nothing per image.
-fn pack(images: &sdk::Images) -> wit::Images {
-    let c = images.to_columns();
-    wit::Images {
-        references: c.references,
-        reference_starts: c.reference_starts,
-        present: c.present,
-        size_known: c.size_known,
-        size_bytes: c.size_bytes,
-        layer_starts: c.layer_starts,
-        layer_ids: c.layer_ids,
-        layer_sizes: c.layer_sizes,
-        set_starts: c.set_starts,
-        set_ids: c.set_ids,
-        set_names: c.set_names,
+fn disk(d: &sdk::DiskFacts) -> wit::DiskFacts {
+    wit::DiskFacts {
+        capacity_bytes: d.capacity_bytes,
+        used_bytes: d.used_bytes,
+        available_bytes: d.available_bytes,
     }
 }

@@ -9,13 +9,15 @@
 //! - [`store`]: one store's state — the empty WASI context, the memory cap, the log budget
 //!   ([`Limits`]);
 //! - [`instance`]: one reconcile's instance ([`WasmPolicy`]): calls under a deadline, failures
-//!   classified, the contract's types converted to and from the SDK's.
+//!   classified, the contract's types converted to and from the SDK's;
+//! - [`borrowed`]: `admit` and `order` called with the images borrowed, not copied.
 //!
 //! The sandbox: WASI is linked (the Rust standard library imports it) with an empty context — no
 //! preopened directories, environment, arguments or sockets; stdout is discarded and stderr is
 //! kept (4 KiB) only to quote a panic message in the error. Each call has a deadline (epoch
 //! interruption), each store a memory cap, and a policy may log at most [`MAX_LOG_LINES`] lines.
 
+mod borrowed;
 mod compile;
 mod engine;
 mod fleet;

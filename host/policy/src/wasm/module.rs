@@ -1,6 +1,7 @@
 //! Loading a module: its sha256 pin, its contract version, pre-instantiation.
 
 use super::bindings;
+use super::borrowed::ImageHooks;
 use super::engine::{Ticker, WasmRuntime};
 use super::instance::WasmPolicy;
 use super::store::{Limits, State};
@@ -37,16 +38,19 @@ impl WasmRuntime {
         let (component, actual) = self.checked_component(name, bytes, sha256, limits)?;
         check_export(&self.engine, &component, name, CONTRACT)?;
         let pre = self.pre_instantiate(name, &component)?;
-        let pre = bindings::PolicyPre::new(pre).map_err(|e| LoadError::Contract {
+        let indices = bindings::PolicyIndices::new(&pre).map_err(|e| LoadError::Contract {
             module: name.into(),
             expected: CONTRACT.into(),
             found: format!("an incompatible {CONTRACT}: {e:#}"),
         })?;
+        let hooks = ImageHooks::find(&component, name, CONTRACT)?;
         let module = PolicyModule {
             shared: Arc::new(Shared {
                 name: name.into(),
                 sha256: actual,
                 pre,
+                indices,
+                hooks,
                 engine: self.engine.clone(),
                 limits,
                 _ticker: self.ticker.clone(),
@@ -190,7 +194,10 @@ fn hex(bytes: &[u8]) -> String {
 pub(super) struct Shared {
     pub(super) name: String,
     pub(super) sha256: String,
-    pub(super) pre: bindings::PolicyPre<State>,
+    pub(super) pre: wasmtime::component::InstancePre<State>,
+    /// The contract's exports, found once; `hooks`: the two called with borrowed images.
+    pub(super) indices: bindings::PolicyIndices,
+    pub(super) hooks: ImageHooks,
     pub(super) engine: Engine,
     pub(super) limits: Limits,
     _ticker: Arc<Ticker>,
