@@ -30,7 +30,10 @@ pub fn target_dir(workspace: &Path, name: &str) -> PathBuf {
 /// Rebuild when the contract, the policies or the lock file change.
 pub fn watch(workspace: &Path, dirs: &[&str]) {
     // The guest build flags (`.cargo/config.toml`) shape the modules too.
-    for watched in dirs.iter().chain(&["wit", "Cargo.lock", ".cargo/config.toml"]) {
+    for watched in dirs
+        .iter()
+        .chain(&["wit", "Cargo.lock", ".cargo/config.toml"])
+    {
         println!(
             "cargo:rerun-if-changed={}",
             workspace.join(watched).display()

@@ -354,6 +354,7 @@ fn bench_cmd(
     }
     println!("{}", describe(&module));
     println!("{images} images, {iterations} calls per row (median / p99)");
+    println!("instances: {}", pinset_policy::instance_strategy());
     println!(
         "{:<70} {:>22} {:>22} {:>8}",
         "hook", "wasm", "native", "ratio"

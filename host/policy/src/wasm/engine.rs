@@ -32,7 +32,7 @@ pub(super) fn engine_config() -> Config {
     // copy-on-write from the module's initial image, instead of mmap + page faults + munmap
     // per instance. `PINSET_WASM_ALLOCATOR=on-demand` turns it off (the baseline of
     // BENCHMARKS.md).
-    if std::env::var("PINSET_WASM_ALLOCATOR").as_deref() != Ok("on-demand") {
+    if pooled() {
         config.allocation_strategy(InstanceAllocationStrategy::Pooling(pool()));
     }
     config
@@ -68,14 +68,33 @@ fn pool() -> PoolingAllocationConfig {
         // Where the kernel offers it (Linux 6.7+, PAGEMAP_SCAN), reset only the pages an instance
         // wrote instead of the whole resident prefix; elsewhere the memset above.
         // `PINSET_WASM_PAGEMAP_SCAN=no` turns it off (the baseline of BENCHMARKS.md).
-        .pagemap_scan(
-            if std::env::var("PINSET_WASM_PAGEMAP_SCAN").as_deref() == Ok("no") {
-                Enabled::No
-            } else {
-                Enabled::Auto
-            },
-        );
+        .pagemap_scan(if dirty_page_reset() {
+            Enabled::Auto
+        } else {
+            Enabled::No
+        });
     pool
+}
+
+/// Instances come from the pool (`PINSET_WASM_ALLOCATOR=on-demand`: mmap per instance).
+fn pooled() -> bool {
+    std::env::var("PINSET_WASM_ALLOCATOR").as_deref() != Ok("on-demand")
+}
+
+/// A pooled slot is reset by the pages its instance wrote, when the kernel can tell.
+fn dirty_page_reset() -> bool {
+    std::env::var("PINSET_WASM_PAGEMAP_SCAN").as_deref() != Ok("no")
+}
+
+/// How instances are made and reset on this machine, in words (`pinset policy bench`).
+pub fn instance_strategy() -> &'static str {
+    if !pooled() {
+        "on demand (mmap, page faults and munmap per instance)"
+    } else if dirty_page_reset() && PoolingAllocationConfig::is_pagemap_scan_available() {
+        "pooled slots, reset by the pages each instance wrote (PAGEMAP_SCAN)"
+    } else {
+        "pooled slots, reset by memset of the first 4 MiB"
+    }
 }
 
 /// Engine, linker and epoch ticker shared by every module.

@@ -27,7 +27,7 @@ mod store;
 mod wasi;
 
 pub use compile::{COMPILE_INVALID_MODULE, COMPILE_SUBCOMMAND, Compiler, precompile};
-pub use engine::WasmRuntime;
+pub use engine::{WasmRuntime, instance_strategy};
 pub use fleet::{FLEET_CONTRACT, FleetModule, WasmFleet};
 pub use instance::WasmPolicy;
 pub use module::{CONTRACT, PolicyModule};
