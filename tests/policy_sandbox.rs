@@ -192,16 +192,30 @@ fn invalid_decisions_are_refused_and_replaced() {
 
 #[test]
 fn state_lives_for_one_instance_only() {
-    let n = node("counter");
-    let mut first = hostile().instance();
-    assert_eq!(first.concurrency(&n).unwrap(), 1);
-    assert_eq!(first.concurrency(&n).unwrap(), 2);
-    let mut second = hostile().instance();
-    assert_eq!(
-        second.concurrency(&n).unwrap(),
-        1,
-        "a new reconcile starts from a fresh store"
-    );
+    // Counters in zeroed memory and in the module's data image: a reused instance slot is reset
+    // (by the pages the last instance wrote where the kernel can tell, else by memset) so that
+    // neither survives a reconcile.
+    for mode in ["counter", "counter-data"] {
+        let n = node(mode);
+        let mut first = hostile().instance();
+        assert_eq!(first.concurrency(&n).unwrap(), 1, "{mode}");
+        assert_eq!(first.concurrency(&n).unwrap(), 2, "{mode}");
+        let mut second = hostile().instance();
+        assert_eq!(
+            second.concurrency(&n).unwrap(),
+            1,
+            "{mode}: a new reconcile starts from a fresh store"
+        );
+        drop((first, second));
+        for round in 0..5 {
+            let mut again = hostile().instance();
+            assert_eq!(
+                (again.concurrency(&n).unwrap(), again.concurrency(&n).unwrap()),
+                (1, 2),
+                "{mode}: instance {round} in a reused slot"
+            );
+        }
+    }
 }
 
 #[test]

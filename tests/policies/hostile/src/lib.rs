@@ -2,8 +2,9 @@
 //!
 //! The misbehaviour is chosen by the node label `pinset.test/hostile`; without it the policy
 //! behaves like the default. `trap`, `loop`, `alloc`, `stderr`, `stdout`, `sleep`, `probe`,
-//! `log-flood` and `log-forge` hit every hook; the others hit one. `counter` makes `concurrency`
-//! count its calls in this instance, to show whether state survives. Everything here is written
+//! `log-flood` and `log-forge` hit every hook; the others hit one. `counter` and `counter-data`
+//! make `concurrency` count its calls in this instance (in zeroed memory, and in the module's
+//! data image), to show whether state survives. Everything here is written
 //! from `wit/policy.wit` and the standard library alone: what any policy author can do.
 
 #![cfg_attr(not(target_arch = "wasm32"), allow(dead_code))]
@@ -99,8 +100,14 @@ impl Policy for Hostile {
             Some("concurrency-zero") => 0,
             Some("concurrency-huge") => 10_000,
             Some("counter") => {
+                // Zero-initialised: outside the module's data image.
                 static CALLS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
                 CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1
+            }
+            Some("counter-data") => {
+                // Initialised to a non-zero value: inside the module's data image.
+                static CALLS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(41);
+                CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1 - 41
             }
             _ => DefaultPolicy.concurrency(node),
         }
