@@ -265,6 +265,12 @@ fn cli_bench_reports_every_hook() {
     ]);
     assert_eq!(code, 0, "{stderr}");
     let report: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    assert!(
+        report["instances"]
+            .as_str()
+            .is_some_and(|s| s.starts_with("pooled slots")),
+        "{stdout}"
+    );
     let rows = report["rows"].as_array().unwrap();
     assert!(
         rows.iter()

@@ -86,6 +86,7 @@ pub fn bench_json(
         "policy": policy,
         "images": images,
         "iterations": iterations,
+        "instances": pinset_policy::instance_strategy(),
         "rows": rows.iter().map(|r| json!({
             "hook": r.what,
             "wasm": {"medianUs": us(r.wasm.median), "p99Us": us(r.wasm.p99)},

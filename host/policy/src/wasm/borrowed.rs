@@ -68,7 +68,7 @@ type Admit<'a> = TypedFunc<(AdmissionRequestArg<'a>,), (wit::Admission,)>;
 type Order<'a> = TypedFunc<(&'a wit::NodeFacts, ImagesArg<'a>), (Vec<u32>,)>;
 
 /// Where `admit` and `order` are among a module's exports, found once when it loads.
-#[derive(Clone)]
+#[derive(Clone, Copy)]
 pub(super) struct ImageHooks {
     admit: ComponentExportIndex,
     order: ComponentExportIndex,

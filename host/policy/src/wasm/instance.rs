@@ -155,7 +155,7 @@ impl PolicyInstance for WasmPolicy {
             disk: &disk,
             images: ImagesArg::of(&request.images),
         };
-        let hooks = self.shared.hooks.clone();
+        let hooks = self.shared.hooks;
         let a = self.call(Hook::Admit, |s, b| hooks.admit(s, &b.instance, arg))?;
         let verdict = match a.verdict {
             wit::Verdict::AdmitAll => sdk::Verdict::AdmitAll,
@@ -171,7 +171,7 @@ impl PolicyInstance for WasmPolicy {
     fn order(&mut self, n: &sdk::NodeFacts, images: &sdk::Images) -> Result<Vec<u32>, PolicyError> {
         let n = node(n);
         let images = ImagesArg::of(images);
-        let hooks = self.shared.hooks.clone();
+        let hooks = self.shared.hooks;
         self.call(Hook::Order, |s, b| hooks.order(s, &b.instance, &n, images))
     }
 
