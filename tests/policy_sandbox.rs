@@ -210,7 +210,10 @@ fn state_lives_for_one_instance_only() {
         for round in 0..5 {
             let mut again = hostile().instance();
             assert_eq!(
-                (again.concurrency(&n).unwrap(), again.concurrency(&n).unwrap()),
+                (
+                    again.concurrency(&n).unwrap(),
+                    again.concurrency(&n).unwrap()
+                ),
                 (1, 2),
                 "{mode}: instance {round} in a reused slot"
             );

@@ -250,7 +250,9 @@ fn cli_bench_reports_every_hook() {
     }
     assert!(stdout.contains("µs"), "{stdout}");
     assert!(
-        stdout.lines().any(|l| l.starts_with("instances: pooled slots")),
+        stdout
+            .lines()
+            .any(|l| l.starts_with("instances: pooled slots")),
         "how instances are made and reset:\n{stdout}"
     );
     let (code, stdout, stderr) = pinset(&[
