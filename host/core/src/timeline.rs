@@ -38,15 +38,11 @@ pub struct Timeline {
     pub end_ms: f64,
 }
 
-#[derive(Default)]
-struct Lane {
-    marks: Vec<Mark>,
-}
-
 /// Builds a timeline from pull events as they happen.
 #[derive(Default)]
 pub struct Recorder {
-    lanes: Vec<Lane>,
+    /// Lane `i`: the marks of pull slot `i`.
+    lanes: Vec<Vec<Mark>>,
     /// Image → (its lane, when its pull started).
     running: HashMap<String, (usize, f64)>,
     /// Image → the lane that last pulled it (for the throttle that follows).
@@ -59,7 +55,7 @@ impl Recorder {
     /// executor names, never the events' arrival times, which a busy machine delays.
     pub fn started(&mut self, at_ms: f64, image: &str, slot: usize) {
         if self.lanes.len() <= slot {
-            self.lanes.resize_with(slot + 1, Lane::default);
+            self.lanes.resize_with(slot + 1, Vec::new);
         }
         self.running.insert(image.to_string(), (slot, at_ms));
         self.touch(at_ms);
@@ -107,7 +103,7 @@ impl Recorder {
         end_ms: f64,
         bytes: Option<u64>,
     ) {
-        self.lanes[lane].marks.push(Mark {
+        self.lanes[lane].push(Mark {
             kind,
             image: image.to_string(),
             start_ms,
@@ -125,7 +121,7 @@ impl Recorder {
         Timeline {
             title,
             notes,
-            lanes: self.lanes.into_iter().map(|l| l.marks).collect(),
+            lanes: self.lanes,
             end_ms: self.end_ms,
         }
     }
