@@ -87,13 +87,16 @@ fn dirty_page_reset() -> bool {
 }
 
 /// How instances are made and reset on this machine, in words (`pinset policy bench`).
-pub fn instance_strategy() -> &'static str {
+pub fn instance_strategy() -> String {
     if !pooled() {
-        "on demand (mmap, page faults and munmap per instance)"
+        "on demand (mmap, page faults and munmap per instance)".into()
     } else if dirty_page_reset() && PoolingAllocationConfig::is_pagemap_scan_available() {
-        "pooled slots, reset by the pages each instance wrote (PAGEMAP_SCAN)"
+        "pooled slots, reset by the pages each instance wrote (PAGEMAP_SCAN)".into()
     } else {
-        "pooled slots, reset by memset of the first 4 MiB"
+        format!(
+            "pooled slots, reset by memset of the first {} MiB",
+            KEEP_RESIDENT_BYTES >> 20
+        )
     }
 }
 
