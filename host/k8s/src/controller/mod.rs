@@ -7,12 +7,15 @@
 //!
 //! - this file: the context, the error and its policy (backoff per object), the wiring;
 //! - `pool`: a pool's selection (`spec.pinnedImageSets`) and status;
+//! - `rollout`: a pool's fleet rollout (the policy's grants on the nodes);
+//! - `status_lane`: pool statuses and Events, written off the reconcile, behind the grants;
 //! - `set`: a set's status (image count, pools);
 //! - `watch`: the watch streams (only the changes a reconciler cares about).
 
 mod pool;
 mod rollout;
 mod set;
+mod status_lane;
 mod watch;
 
 pub use rollout::FleetTable;
@@ -100,6 +103,8 @@ pub struct Context {
     decisions: rollout::Decisions,
     /// Each pool's selection as last computed (to trigger the sets that join or leave a pool).
     selections: Mutex<HashMap<String, Vec<String>>>,
+    /// Pool statuses and Events, written behind the grants.
+    status_lane: status_lane::StatusLane,
     /// Sets whose pools changed, for the set reconciler.
     set_triggers: mpsc::UnboundedSender<ObjectRef<PinnedImageSet>>,
     /// Consecutive failures per object, for the backoff.
@@ -218,6 +223,7 @@ pub async fn run(
         },
     );
     let (set_triggers, set_trigger_rx) = mpsc::unbounded_channel();
+    let (pool_triggers, pool_trigger_rx) = mpsc::unbounded_channel();
     let (synced_tx, synced) = tokio::sync::watch::channel(false);
     let ctx = Arc::new(Context {
         client,
@@ -228,6 +234,7 @@ pub async fn run(
         fleet,
         decisions: rollout::Decisions::default(),
         selections: Mutex::new(HashMap::new()),
+        status_lane: status_lane::StatusLane::new(pool_triggers),
         set_triggers,
         failures: Mutex::new(HashMap::new()),
         synced,
@@ -239,6 +246,9 @@ pub async fn run(
         .with_config(limits())
         .watches_stream(sets_stream, set_to_pools(pools_reader))
         .watches_stream(nodes_stream, node_to_pool)
+        .reconcile_on(tokio_stream::wrappers::UnboundedReceiverStream::new(
+            pool_trigger_rx,
+        ))
         .graceful_shutdown_on(async move { stop.cancelled().await })
         .run(pool::reconcile, error_policy, ctx.clone())
         .for_each(watch::log_outcome);

@@ -1,10 +1,11 @@
 //! A pool's reconcile: the sets it selects (written to `spec.pinnedImageSets`), and how far its
 //! nodes are (the `PinnedImageSets` synchronizer entry and the Degraded condition).
 
-use super::{Context, ControllerError, FIELD_MANAGER, RESYNC, observed};
+use super::status_lane::{PoolStatus, StatusLane};
+use super::{Context, ControllerError, RESYNC, observed};
 use crate::api::{
-    CONDITION_DEGRADED, CONDITION_POLICY_FALLBACK, MachineConfigPool, PoolSynchronizerStatus,
-    SYNCHRONIZER,
+    CONDITION_DEGRADED, CONDITION_POLICY_FALLBACK, MachineConfigPool, MachineConfigPoolStatus,
+    PoolSynchronizerStatus, SYNCHRONIZER,
 };
 use crate::{condition, convert};
 use kube::ResourceExt;
@@ -22,14 +23,17 @@ pub(super) async fn reconcile(
     observed(mcp.as_ref(), &ctx, reconcile_pool(&mcp, &ctx)).await
 }
 
-async fn reconcile_pool(mcp: &MachineConfigPool, ctx: &Context) -> Result<Action, ControllerError> {
+async fn reconcile_pool(
+    mcp: &MachineConfigPool,
+    ctx: &Arc<Context>,
+) -> Result<Action, ControllerError> {
     ctx.synced().await;
     let name = mcp.name_any();
     let api: Api<MachineConfigPool> = Api::all(ctx.client.clone());
     let core_pool = match convert::pool(mcp) {
         Ok(p) => p,
         Err(e) => {
-            write_status(ctx, &api, mcp, Report::failed(e.to_string())).await?;
+            write_status(ctx, mcp, Report::failed(e.to_string()));
             return Ok(Action::await_change());
         }
     };
@@ -42,10 +46,14 @@ async fn reconcile_pool(mcp: &MachineConfigPool, ctx: &Context) -> Result<Action
         Ok(selected) => (selected, None),
         Err(e @ PoolError::TooManySets { .. }) => (None, Some(e.to_string())),
     };
+    // After a selection write, the pool as the API returned it: its status is computed against
+    // that version, not the cached one the write replaced.
+    let mut written = None;
     if let Some(names) = &selected {
-        write_selection(ctx, &api, mcp, names).await?;
+        written = write_selection(ctx, &api, mcp, names).await?;
         retrigger_sets(ctx, &name, names);
     }
+    let mcp = written.as_ref().unwrap_or(mcp);
     // Node counts for the sets the pool now holds, at their current generation.
     let wanted: Vec<(String, i64)> = selected
         .iter()
@@ -86,7 +94,7 @@ async fn reconcile_pool(mcp: &MachineConfigPool, ctx: &Context) -> Result<Action
         degraded,
         rollout,
     };
-    write_status(ctx, &api, mcp, report).await?;
+    write_status(ctx, mcp, report);
     Ok(Action::requeue(RESYNC))
 }
 
@@ -108,13 +116,13 @@ impl Report<'_> {
     }
 }
 
-/// Write `spec.pinnedImageSets` when the selection differs from it.
+/// Write `spec.pinnedImageSets` when the selection differs from it; the pool as written.
 async fn write_selection(
-    ctx: &Context,
+    ctx: &Arc<Context>,
     api: &Api<MachineConfigPool>,
     mcp: &MachineConfigPool,
     names: &[String],
-) -> Result<(), ControllerError> {
+) -> Result<Option<MachineConfigPool>, ControllerError> {
     let name = mcp.name_any();
     let current: Option<Vec<String>> = mcp
         .spec
@@ -123,7 +131,7 @@ async fn write_selection(
         .map(|v| v.iter().map(|s| s.name.clone()).collect());
     let wanted = (!names.is_empty()).then(|| names.to_vec());
     if current == wanted {
-        return Ok(());
+        return Ok(None);
     }
     // A merge patch replaces the whole list; the resourceVersion makes a concurrent writer's
     // change a conflict (retried) instead of a lost update.
@@ -134,24 +142,27 @@ async fn write_selection(
         "metadata": {"resourceVersion": mcp.resource_version()},
         "spec": {"pinnedImageSets": list}
     });
-    if let Err(source) = api
+    let written = match api
         .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
         .await
     {
-        let err = ControllerError::PoolWrite {
-            pool: name.clone(),
-            what: "spec.pinnedImageSets",
-            source,
-        };
-        if !err.conflict() {
-            // Say why on the pool too; the error itself is retried with backoff.
-            let _ = write_status(ctx, api, mcp, Report::failed(err.to_string())).await;
+        Ok(written) => written,
+        Err(source) => {
+            let err = ControllerError::PoolWrite {
+                pool: name.clone(),
+                what: "spec.pinnedImageSets",
+                source,
+            };
+            if !err.conflict() {
+                // Say why on the pool too; the error itself is retried with backoff.
+                write_status(ctx, mcp, Report::failed(err.to_string()));
+            }
+            return Err(err);
         }
-        return Err(err);
-    }
+    };
     ctx.metrics.count_api_write("pool_spec");
     tracing::info!(pool = %name, sets = ?names, "pool selection written");
-    Ok(())
+    Ok(Some(written))
 }
 
 /// The sets that joined or left the pool get their status recomputed.
@@ -171,34 +182,16 @@ fn retrigger_sets(ctx: &Context, pool: &str, names: &[String]) {
     }
 }
 
-/// A `PoolDegraded` Event on the pool that just turned Degraded.
-async fn announce_degraded(ctx: &Context, pool: &str, why: &str) {
-    let event = kube::runtime::events::Event {
-        type_: kube::runtime::events::EventType::Warning,
-        reason: "PoolDegraded".into(),
-        note: Some(pinset_core::status::cap(why, 1024)),
-        action: "Aggregate".into(),
-        secondary: None,
-    };
-    crate::events::record::<MachineConfigPool>(
-        ctx.client.clone(),
-        FIELD_MANAGER,
-        None,
-        pool,
-        &[event],
-    )
-    .await;
-}
-
-/// Apply the pool's synchronizer entry, Degraded and PolicyFallback conditions and rollout,
-/// only when they differ from what the pool already says.
-async fn write_status(
-    ctx: &Context,
-    api: &Api<MachineConfigPool>,
-    mcp: &MachineConfigPool,
-    report: Report<'_>,
-) -> Result<(), ControllerError> {
-    let status = mcp.status.clone().unwrap_or_default();
+/// Hand the pool's synchronizer entry, Degraded and PolicyFallback conditions and rollout to
+/// the status lane, only when they differ from what the pool says — or will say once the
+/// statuses already handed over for this snapshot have landed.
+fn write_status(ctx: &Arc<Context>, mcp: &MachineConfigPool, report: Report<'_>) {
+    let name = mcp.name_any();
+    let snapshot = mcp.resource_version();
+    let status = ctx
+        .status_lane
+        .baseline(&name, snapshot.as_deref())
+        .unwrap_or_else(|| mcp.status.clone().unwrap_or_default());
     let old_entry = status
         .pool_synchronizers_status
         .iter()
@@ -218,40 +211,23 @@ async fn write_status(
         .iter()
         .all(|cond| status.conditions.iter().any(|c| condition::same(c, cond)));
     if entry.as_ref() == old_entry && same_conds && rollout == status.rollout {
-        return Ok(());
+        return;
     }
-    let mut body = json!({
-        "apiVersion": "machineconfiguration.openshift.io/v1",
-        "kind": "MachineConfigPool",
-        "metadata": {"resourceVersion": mcp.resource_version()},
-        "status": {"conditions": conditions},
-    });
-    if let Some(e) = entry {
-        body["status"]["poolSynchronizersStatus"] = json!([e]);
-    }
-    if let Some(r) = rollout {
-        body["status"]["rollout"] = json!(r);
-    }
-    api.patch_status(
-        &mcp.name_any(),
-        &PatchParams::apply(FIELD_MANAGER).force(),
-        &Patch::Apply(&body),
-    )
-    .await
-    .map_err(|source| ControllerError::PoolWrite {
-        pool: mcp.name_any(),
-        what: "status",
-        source,
-    })?;
-    ctx.metrics.count_api_write("pool_status");
     let was_degraded = status
         .conditions
         .iter()
         .any(|c| c.type_ == CONDITION_DEGRADED && c.status == "True");
-    if let (Some(why), false) = (&degraded, was_degraded) {
-        announce_degraded(ctx, &mcp.name_any(), why).await;
-    }
-    Ok(())
+    let next = PoolStatus {
+        pool: name,
+        based_on: snapshot,
+        status: MachineConfigPoolStatus {
+            pool_synchronizers_status: entry.into_iter().collect(),
+            conditions,
+            rollout,
+        },
+        newly_degraded: degraded.filter(|_| !was_degraded),
+    };
+    StatusLane::submit(ctx, next);
 }
 
 fn entry(s: &pool::PoolSync, mcp: &MachineConfigPool) -> PoolSynchronizerStatus {

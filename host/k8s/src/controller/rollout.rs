@@ -247,7 +247,7 @@ async fn write_grant(
 }
 
 /// Events for a fresh decision: a wave started, or the canary failed. They are recorded in the
-/// background: the pool's status write, and the next pool's grants, do not wait for them.
+/// status lane, behind the grants: the next pool's grants do not wait for them.
 fn announce(
     ctx: &Context,
     pool: &str,
@@ -292,7 +292,7 @@ fn announce(
         });
     }
     let (client, pool) = (ctx.client.clone(), pool.to_string());
-    tokio::spawn(async move {
+    ctx.status_lane.background(async move {
         crate::events::record::<MachineConfigPool>(client, FIELD_MANAGER, None, &pool, &events)
             .await;
     });
