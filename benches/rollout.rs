@@ -404,6 +404,10 @@ async fn writes(c: &Controller) -> BTreeMap<&'static str, u64> {
             .await;
         out.insert(kind, n);
     }
+    let conflicts = c
+        .metric_with("pinset_api_write_conflicts_total", "kind=\"pool_status\"")
+        .await;
+    out.insert("pool_status conflicts", conflicts);
     out
 }
 
@@ -557,7 +561,13 @@ struct Row {
 impl Row {
     fn print(mut self, index: usize) {
         let a = &mut self.analysis;
-        let total: u64 = self.writes.values().sum();
+        // Conflicts were refused: not writes.
+        let total: u64 = self
+            .writes
+            .iter()
+            .filter(|(k, _)| !k.ends_with("conflicts"))
+            .map(|(_, v)| v)
+            .sum();
         let by_kind: Vec<String> = self
             .writes
             .iter()

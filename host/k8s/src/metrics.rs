@@ -61,6 +61,7 @@ struct Inner {
     reconcile_seconds: Family<KindLabels, Histogram>,
     reconcile_errors: Family<KindLabels, Counter>,
     api_writes: Family<KindLabels, Counter>,
+    api_write_conflicts: Family<KindLabels, Counter>,
     pin_drift: Family<KindLabels, Counter>,
     node_sets: Family<StateLabels, Gauge>,
     last_success: Gauge<f64, AtomicU64>,
@@ -143,6 +144,11 @@ impl Metrics {
             "api_writes",
             "Writes to the Kubernetes API (kind: the object and part written)",
         );
+        let api_write_conflicts = kind_counter(
+            r,
+            "api_write_conflicts",
+            "Writes to the Kubernetes API refused because the object changed since it was read (kind: as api_writes)",
+        );
         let pin_drift = kind_counter(
             r,
             "pin_drift",
@@ -162,6 +168,7 @@ impl Metrics {
                 reconcile_seconds,
                 reconcile_errors,
                 api_writes,
+                api_write_conflicts,
                 pin_drift,
                 node_sets,
                 last_success,
@@ -375,6 +382,13 @@ impl Metrics {
     pub fn count_api_write(&self, kind: &'static str) {
         self.inner
             .api_writes
+            .get_or_create(&KindLabels { kind })
+            .inc();
+    }
+
+    pub fn count_api_write_conflict(&self, kind: &'static str) {
+        self.inner
+            .api_write_conflicts
             .get_or_create(&KindLabels { kind })
             .inc();
     }

@@ -153,7 +153,9 @@ async fn write_selection(
                 what: "spec.pinnedImageSets",
                 source,
             };
-            if !err.conflict() {
+            if err.conflict() {
+                ctx.metrics.count_api_write_conflict("pool_spec");
+            } else {
                 // Say why on the pool too; the error itself is retried with backoff.
                 write_status(ctx, mcp, Report::failed(err.to_string()));
             }

@@ -10,7 +10,8 @@
 //! A status is written with the resourceVersion of the snapshot it was computed from, so a
 //! concurrent writer's change is a conflict rather than a lost update. The lane's own writes do
 //! not count as such a change: a status computed from a snapshot the lane has since written over
-//! is sent with the resourceVersion that write produced. A failed write asks for the pool to be
+//! (the watch cache lags the writes) is sent with the resourceVersion the lane's last write
+//! produced. A failed write asks for the pool to be
 //! reconciled again (soon after a conflict, with backoff otherwise).
 
 use super::{Context, ControllerError, FIELD_MANAGER};
@@ -23,7 +24,7 @@ use std::sync::{Arc, Mutex};
 use tokio::sync::{Semaphore, mpsc};
 
 /// Status writes and Event batches in flight at once.
-pub const LANE_WRITES: usize = 4;
+pub const LANE_WRITES: usize = 2;
 
 /// A pool status to write.
 #[derive(Clone, Debug, PartialEq)]
@@ -44,25 +45,40 @@ struct Slot {
     queued: Option<PoolStatus>,
     /// The newest status offered (queued, in flight or written) and the snapshot it came from.
     offered: Option<(Option<String>, MachineConfigPoolStatus)>,
-    /// The last write that landed: the resourceVersion it was based on, and the one it produced.
-    landed: Option<(Option<String>, Option<String>)>,
+    /// The resourceVersions the pool went through by the lane's own consecutive writes, oldest
+    /// first: the snapshot the first was based on, then what each produced. A snapshot among
+    /// them differs from the pool as it is now only by statuses the lane wrote.
+    own: Vec<String>,
 }
+
+/// Versions remembered per pool: a cache lagging further behind the lane's writes than this
+/// meets a conflict and a re-read.
+const OWN_VERSIONS: usize = 16;
 
 /// The per-pool bookkeeping, apart from any I/O.
 #[derive(Default, Debug)]
 pub(super) struct Slots(HashMap<String, Slot>);
 
+impl Slot {
+    fn own(&self, resource_version: Option<&str>) -> bool {
+        resource_version.is_some_and(|v| self.own.iter().any(|o| o == v))
+    }
+}
+
 impl Slots {
     /// What a status computed from a snapshot at `resource_version` should be compared with:
-    /// the newest status offered when it came from the same snapshot (the cache has not shown
-    /// it yet), else `None` (the snapshot's own status).
+    /// the newest status offered when the snapshot is the one it came from or one the lane's
+    /// writes went through (the cache has not shown the newest yet), else `None` (the
+    /// snapshot's own status).
     pub fn baseline(
         &self,
         pool: &str,
         resource_version: Option<&str>,
     ) -> Option<MachineConfigPoolStatus> {
-        let (based_on, status) = self.0.get(pool)?.offered.as_ref()?;
-        (based_on.as_deref() == resource_version).then(|| status.clone())
+        let slot = self.0.get(pool)?;
+        let (based_on, status) = slot.offered.as_ref()?;
+        (based_on.as_deref() == resource_version || slot.own(resource_version))
+            .then(|| status.clone())
     }
 
     /// Offer `next`. `Some` when the caller must start writing it (nothing was in flight for
@@ -86,11 +102,11 @@ impl Slots {
         None
     }
 
-    /// The resourceVersion to send `status` with: the one the lane's last landed write
-    /// produced when `status` was computed from the snapshot that write was based on.
+    /// The resourceVersion to send `status` with: the newest the lane's own writes produced
+    /// when `status` was computed from a snapshot they went through; else its snapshot's.
     pub fn precondition(&self, status: &PoolStatus) -> Option<String> {
-        match self.0.get(&status.pool).and_then(|s| s.landed.as_ref()) {
-            Some((based_on, produced)) if *based_on == status.based_on => produced.clone(),
+        match self.0.get(&status.pool) {
+            Some(slot) if slot.own(status.based_on.as_deref()) => slot.own.last().cloned(),
             _ => status.based_on.clone(),
         }
     }
@@ -98,14 +114,20 @@ impl Slots {
     /// The write of `written` landed, producing `produced`.
     pub fn landed(&mut self, written: &PoolStatus, produced: Option<String>) {
         let slot = self.0.entry(written.pool.clone()).or_default();
-        slot.landed = Some((written.based_on.clone(), produced));
+        if !slot.own(written.based_on.as_deref()) {
+            // Based on a version someone else wrote: a new run of own writes starts there.
+            slot.own = written.based_on.iter().cloned().collect();
+        }
+        slot.own.extend(produced);
+        let excess = slot.own.len().saturating_sub(OWN_VERSIONS);
+        slot.own.drain(..excess);
     }
 
     /// The write of `failed` did not land: later statuses are compared with the cache again.
     pub fn failed(&mut self, failed: &PoolStatus) {
         if let Some(slot) = self.0.get_mut(&failed.pool) {
             slot.offered = None;
-            slot.landed = None;
+            slot.own.clear();
         }
     }
 
@@ -192,7 +214,8 @@ async fn drain(ctx: Arc<Context>, mut status: PoolStatus) {
                 lane.slots(|s| s.landed(&status, produced));
                 ctx.succeeded(&failure_key(&status.pool));
                 if let Some(why) = &status.newly_degraded {
-                    let (client, pool, why) = (ctx.client.clone(), status.pool.clone(), why.clone());
+                    let (client, pool, why) =
+                        (ctx.client.clone(), status.pool.clone(), why.clone());
                     lane.background(async move { announce_degraded(client, &pool, &why).await });
                 }
             }
@@ -219,6 +242,7 @@ fn retry_later(ctx: &Arc<Context>, status: &PoolStatus, error: &ControllerError)
     ctx.status_lane.slots(|s| s.failed(status));
     let wait = ctx.backoff(failure_key(&status.pool), error.conflict());
     if error.conflict() {
+        ctx.metrics.count_api_write_conflict("pool_status");
         tracing::debug!(error = %error, "conflict; reading the pool again");
     } else {
         tracing::warn!(error = %error, retry_in = ?wait, "pool status not written");
@@ -347,10 +371,25 @@ mod tests {
             slots.precondition(&status("a", "10", 3, false)),
             Some("12".into())
         );
-        // Computed from a snapshot someone else wrote: sent as it is (a conflict if stale).
+        // The cache caught up with the first write only: still the lane's own version.
         assert_eq!(
-            slots.precondition(&status("a", "13", 3, false)),
-            Some("13".into())
+            slots.precondition(&status("a", "11", 3, false)),
+            Some("12".into())
+        );
+        assert!(slots.baseline("a", Some("11")).is_some());
+        // Computed from a snapshot someone else wrote: sent as it is (a conflict if stale).
+        let theirs = status("a", "13", 3, false);
+        assert_eq!(slots.precondition(&theirs), Some("13".into()));
+        assert_eq!(slots.baseline("a", Some("13")), None);
+        // Once it lands, the lane's versions start again from there.
+        slots.landed(&theirs, Some("14".into()));
+        assert_eq!(
+            slots.precondition(&status("a", "13", 4, false)),
+            Some("14".into())
+        );
+        assert_eq!(
+            slots.precondition(&status("a", "11", 4, false)),
+            Some("11".into())
         );
         slots.failed(&status("a", "10", 3, false));
         assert_eq!(
