@@ -135,6 +135,18 @@ impl Context {
         crate::backoff::delay(Duration::from_millis(500), Duration::from_secs(300), *n)
     }
 
+    /// When to try `key` again after `error`, said once: a conflict quietly (someone wrote
+    /// first; read again soon), anything else as a warning with `what` failed and the wait.
+    fn retry_after(&self, key: String, error: &ControllerError, what: &str) -> Duration {
+        let wait = self.backoff(key, error.conflict());
+        if error.conflict() {
+            tracing::debug!(error = %error, "conflict; reading again");
+        } else {
+            tracing::warn!(error = %error, retry_in = ?wait, "{what}");
+        }
+        wait
+    }
+
     fn succeeded(&self, key: &str) {
         self.failures.lock().expect("failures lock").remove(key);
     }
@@ -170,13 +182,8 @@ async fn observed<K: Reconciled>(
 }
 
 fn error_policy<K: Reconciled>(obj: Arc<K>, error: &ControllerError, ctx: Arc<Context>) -> Action {
-    let wait = ctx.backoff(format!("{}/{}", K::KIND, obj.name_any()), error.conflict());
-    if error.conflict() {
-        tracing::debug!(error = %error, "conflict; reading again");
-    } else {
-        tracing::warn!(error = %error, retry_in = ?wait, "reconcile failed");
-    }
-    Action::requeue(wait)
+    let key = format!("{}/{}", K::KIND, obj.name_any());
+    Action::requeue(ctx.retry_after(key, error, "reconcile failed"))
 }
 
 /// Run both reconcilers until `shutdown` fires.

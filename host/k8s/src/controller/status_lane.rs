@@ -11,8 +11,8 @@
 //! concurrent writer's change is a conflict rather than a lost update. The lane's own writes do
 //! not count as such a change: a status computed from a snapshot the lane has since written over
 //! (the watch cache lags the writes) is sent with the resourceVersion the lane's last write
-//! produced. A failed write asks for the pool to be
-//! reconciled again (soon after a conflict, with backoff otherwise).
+//! produced. A failed write asks for the pool to be reconciled again (soon after a conflict,
+//! with backoff otherwise).
 
 use super::{Context, ControllerError, FIELD_MANAGER};
 use crate::api::{MachineConfigPool, MachineConfigPoolStatus};
@@ -240,13 +240,10 @@ fn failure_key(pool: &str) -> String {
 /// A write that failed: said once, and the pool reconciled again after the backoff.
 fn retry_later(ctx: &Arc<Context>, status: &PoolStatus, error: &ControllerError) {
     ctx.status_lane.slots(|s| s.failed(status));
-    let wait = ctx.backoff(failure_key(&status.pool), error.conflict());
     if error.conflict() {
         ctx.metrics.count_api_write_conflict("pool_status");
-        tracing::debug!(error = %error, "conflict; reading the pool again");
-    } else {
-        tracing::warn!(error = %error, retry_in = ?wait, "pool status not written");
     }
+    let wait = ctx.retry_after(failure_key(&status.pool), error, "pool status not written");
     let (triggers, pool) = (ctx.status_lane.triggers.clone(), status.pool.clone());
     tokio::spawn(async move {
         tokio::time::sleep(wait).await;
