@@ -33,7 +33,7 @@ async fn reconcile_pool(
     let core_pool = match convert::pool(mcp) {
         Ok(p) => p,
         Err(e) => {
-            write_status(ctx, mcp, Report::failed(e.to_string()));
+            submit_status(ctx, mcp, Report::failed(e.to_string()));
             return Ok(Action::await_change());
         }
     };
@@ -94,7 +94,7 @@ async fn reconcile_pool(
         degraded,
         rollout,
     };
-    write_status(ctx, mcp, report);
+    submit_status(ctx, mcp, report);
     Ok(Action::requeue(RESYNC))
 }
 
@@ -157,7 +157,7 @@ async fn write_selection(
                 ctx.metrics.count_api_write_conflict("pool_spec");
             } else {
                 // Say why on the pool too; the error itself is retried with backoff.
-                write_status(ctx, mcp, Report::failed(err.to_string()));
+                submit_status(ctx, mcp, Report::failed(err.to_string()));
             }
             return Err(err);
         }
@@ -187,7 +187,7 @@ fn retrigger_sets(ctx: &Context, pool: &str, names: &[String]) {
 /// Hand the pool's synchronizer entry, Degraded and PolicyFallback conditions and rollout to
 /// the status lane, only when they differ from what the pool says — or will say once the
 /// statuses already handed over for this snapshot have landed.
-fn write_status(ctx: &Arc<Context>, mcp: &MachineConfigPool, report: Report<'_>) {
+fn submit_status(ctx: &Arc<Context>, mcp: &MachineConfigPool, report: Report<'_>) {
     let name = mcp.name_any();
     let snapshot = mcp.resource_version();
     let status = ctx
