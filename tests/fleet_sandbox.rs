@@ -61,7 +61,7 @@ fn node_only_fleet_only_and_both_modules_load_for_what_they_export() {
     let msg = err.to_string();
     assert!(
         matches!(err, LoadError::Contract { .. })
-            && msg.contains("pinset:fleet/rollout@0.1.0")
+            && msg.contains("pinset:fleet/rollout@0.2.0")
             && msg.contains("pinset:policy/decisions@0.1.0"),
         "{msg}"
     );
@@ -138,6 +138,43 @@ fn every_misbehaviour_of_a_fleet_module_falls_back_to_the_default_and_is_named()
     let decided =
         GuardedFleet::new(Box::new(hostile.instance())).grant(&pool(3, "log-flood", None));
     assert!(decided.fallback.is_none());
+}
+
+/// The hostile module's `echo` digest: FNV-1a (64 bits) of the request's `Debug` form.
+fn digest(request: &RolloutRequest) -> String {
+    let text = format!("{request:?}");
+    let h = text.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    });
+    format!("{h:016x}")
+}
+
+#[test]
+fn the_request_a_fleet_module_reads_is_the_one_the_host_was_given() {
+    // A pool mid-rollout (labels in three zones, two sets, a failed node with its error, nodes
+    // pulling for a while), plus the edges: a node without labels or sets, a non-ASCII name,
+    // a set the node reports but the target lacks, and an empty error.
+    let mut request = pinset_policy::synth::fleet(300);
+    request.pool.annotations = vec![("pinset.test/hostile-fleet".into(), "echo".into())];
+    request.nodes.push(FleetNode {
+        name: "zz-knoten-ü".into(),
+        ..Default::default()
+    });
+    request.nodes[0].sets.push(pinset_policy_sdk::SetState {
+        name: "gone".into(),
+        desired_generation: -1,
+        current_generation: Some(0),
+        last_failed_generation: Some(i64::MAX),
+        last_failed_error: Some(String::new()),
+    });
+    assert!(request.nodes.iter().any(|n| n.error().is_some()));
+    let hostile = fleet("pinset_test_policy_hostile");
+    let grant = hostile.instance().grant(&request).expect("echo answers");
+    assert_eq!(grant.reason, digest(&request));
+    // And the digest tells requests apart: one label changed is another request.
+    let echoed = grant.reason;
+    request.nodes[7].labels[0].1.push('x');
+    assert_ne!(digest(&request), echoed);
 }
 
 #[test]

@@ -4,7 +4,7 @@
 use super::bounded;
 use super::engine::Ticker;
 use super::engine::WasmRuntime;
-use super::fleet_bindings::{self as fb, pinset::fleet::types as fw};
+use super::fleet_bindings as fb;
 use super::instance::{
     MAX_DESCRIPTION_BYTES, MAX_NAME_BYTES, MAX_REASON_BYTES, classify, deadline_ticks,
 };
@@ -16,7 +16,7 @@ use std::sync::Arc;
 use wasmtime::Engine;
 
 /// The exported interface (and version) the controller calls.
-pub const FLEET_CONTRACT: &str = "pinset:fleet/rollout@0.1.0";
+pub const FLEET_CONTRACT: &str = "pinset:fleet/rollout@0.2.0";
 
 struct FleetShared {
     name: String,
@@ -126,7 +126,7 @@ impl FleetInstance for WasmFleet {
     }
 
     fn grant(&mut self, request: &sdk::RolloutRequest) -> Result<sdk::Grant, PolicyError> {
-        let request = to_wit(request);
+        let request = super::fleet_columns::request(request);
         let g = self.call(Hook::Grant, |s, p| {
             p.pinset_fleet_rollout().call_grant(s, &request)
         })?;
@@ -135,64 +135,5 @@ impl FleetInstance for WasmFleet {
             max_pulls: g.max_pulls,
             reason: bounded(&g.reason, MAX_REASON_BYTES),
         })
-    }
-}
-
-fn to_wit(r: &sdk::RolloutRequest) -> fw::RolloutRequest {
-    fw::RolloutRequest {
-        pool: fw::Pool {
-            name: r.pool.name.clone(),
-            annotations: r.pool.annotations.clone(),
-            max_pulling: r.pool.max_pulling,
-        },
-        target: fw::Target {
-            sets: r
-                .target
-                .sets
-                .iter()
-                .map(|s| fw::TargetSet {
-                    name: s.name.clone(),
-                    generation: s.generation,
-                    images: s.images,
-                    bytes: s.bytes,
-                })
-                .collect(),
-            images: r.target.images,
-            bytes: r.target.bytes,
-        },
-        nodes: r.nodes.iter().map(node).collect(),
-    }
-}
-
-fn node(n: &sdk::FleetNode) -> fw::Node {
-    fw::Node {
-        name: n.name.clone(),
-        labels: n.labels.clone(),
-        ready: n.ready,
-        granted: n.granted,
-        phase: match n.phase {
-            sdk::Phase::Waiting => fw::Phase::Waiting,
-            sdk::Phase::Pulling => fw::Phase::Pulling,
-            sdk::Phase::Done => fw::Phase::Done,
-            sdk::Phase::Failed => fw::Phase::Failed,
-        },
-        progress: fw::Progress {
-            images_done: n.progress.images_done,
-            images_total: n.progress.images_total,
-            bytes_done: n.progress.bytes_done,
-            bytes_total: n.progress.bytes_total,
-            pulling_for_ms: n.progress.pulling_for_ms,
-        },
-        sets: n
-            .sets
-            .iter()
-            .map(|s| fw::SetState {
-                name: s.name.clone(),
-                desired_generation: s.desired_generation,
-                current_generation: s.current_generation,
-                last_failed_generation: s.last_failed_generation,
-                last_failed_error: s.last_failed_error.clone(),
-            })
-            .collect(),
     }
 }

@@ -21,6 +21,7 @@ mod borrowed;
 mod compile;
 mod engine;
 mod fleet;
+mod fleet_columns;
 mod instance;
 mod module;
 mod store;

@@ -243,8 +243,8 @@ mod tests {
         assert_eq!(version_of("other:x/decisions@0.1.0", CONTRACT), None);
         let fleet = super::super::fleet::FLEET_CONTRACT;
         assert_eq!(
-            version_of("pinset:fleet/rollout@0.1.3", fleet),
-            Some((0, 1))
+            version_of("pinset:fleet/rollout@0.2.3", fleet),
+            Some((0, 2))
         );
         assert_eq!(version_of(CONTRACT, fleet), None);
         assert!(compatible((0, 1), (0, 1)));

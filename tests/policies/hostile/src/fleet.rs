@@ -32,6 +32,9 @@ impl Fleet for HostileFleet {
                 }
             }
             Some("all") => Grant::new(all, "everyone at once"),
+            // What the module received, as a digest: the host's columns decoded by the SDK must
+            // give back the request the host was given.
+            Some("echo") => Grant::none(format!("{:016x}", fnv1a(&format!("{request:?}")))),
             Some("out-of-range") => Grant::new(vec![request.nodes.len() as u32 + 5], "nobody"),
             Some("twice") => Grant::new(vec![0, 0], "the first node twice"),
             Some("max-pulls") => Grant {
@@ -50,4 +53,11 @@ impl Fleet for HostileFleet {
             _ => default::grant(request),
         }
     }
+}
+
+/// FNV-1a, 64 bits: a digest both sides of the sandbox compute alike.
+pub fn fnv1a(text: &str) -> u64 {
+    text.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    })
 }
