@@ -7,6 +7,7 @@ use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
 use kube::core::{ApiResource, GroupVersionKind};
 use pinset_k8s::api::{MachineConfigNode, PinnedImageSet};
 use serde_json::json;
+use std::time::Duration;
 
 const DIGEST: &str = "86d26e7ebcccd6f07a75db5b1e56283b25c2ee1c6a755d6ffc5a4d59beb9c504";
 
@@ -195,16 +196,26 @@ fn default_fleet() -> pinset_k8s::controller::FleetTable {
 }
 
 /// Run the controller in this process until `done` holds, then stop it; its metrics.
-async fn run_controller_until<F, Fut>(
-    client: kube::Client,
-    mut done: F,
-) -> pinset_k8s::metrics::Metrics
+async fn run_controller_until<F, Fut>(client: kube::Client, done: F) -> pinset_k8s::metrics::Metrics
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = bool>,
 {
-    support::init_logging(&std::env::var("PINSET_TEST_LOG").unwrap_or_else(|_| "warn".into()));
     let metrics = pinset_k8s::metrics::Metrics::new();
+    run_controller_with(client, metrics.clone(), done).await;
+    metrics
+}
+
+/// [`run_controller_until`] with metrics the caller holds (to read them while it runs).
+async fn run_controller_with<F, Fut>(
+    client: kube::Client,
+    metrics: pinset_k8s::metrics::Metrics,
+    mut done: F,
+) where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    support::init_logging(&std::env::var("PINSET_TEST_LOG").unwrap_or_else(|_| "warn".into()));
     let stop = tokio_util::sync::CancellationToken::new();
     let ready = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let task = tokio::spawn(pinset_k8s::controller::run(
@@ -227,7 +238,6 @@ where
         .await
         .expect("the controller stops")
         .unwrap();
-    metrics
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -386,6 +396,140 @@ async fn a_pool_reacts_to_its_annotations_not_to_its_own_status() {
     // The pool's creation and the set joining it, its selection written (a spec change), the
     // annotation: at most four. Reacting to its own two status writes would add two.
     assert!(reconciles <= 4, "{reconciles} pool reconciles:\n{text}");
+}
+
+/// Another controller writes its own condition on the pool's status, again and again, while
+/// pinset writes its status. pinset's writes carry the resourceVersion they were computed from,
+/// so a write overtaken by the other's meets a conflict (409) instead of overwriting it. The
+/// pool's watch reports no status change (a pool is reconciled for its spec, labels and
+/// annotations), so the status lane itself must have the pool reconciled again: once the other
+/// writer stops, pinset's status lands, and the other's condition is still there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pool_status_overtaken_by_another_writer_is_retried_until_it_lands() {
+    let Some(server) = support::apiserver::ApiServer::start().await else {
+        return;
+    };
+    let (client, pools, _) = worker_with_one_set(&server).await;
+    let metrics = pinset_k8s::metrics::Metrics::new();
+    // Started once pinset's first status is there (two writers from the start would only
+    // delay it).
+    let other = std::sync::OnceLock::new();
+    let reason = || async {
+        let status = pools.get("worker").await.ok()?.status?;
+        Some((status.rollout?.reason, status.conditions))
+    };
+    // Each step annotates the pool with a bad ceiling (the reason names it), until a status
+    // write after an annotation met a conflict and that status has not landed: then the other
+    // writer stops, and only the lane's own retry can bring it. (A step that meets no conflict
+    // in 3 s, or whose status lands first, is followed by the next.)
+    let values = [
+        "lots", "heaps", "plenty", "loads", "oodles", "scores", "piles", "masses", "tons", "stacks",
+    ];
+    let state = std::sync::Mutex::new(Steps::default());
+    run_controller_with(client.clone(), metrics.clone(), || {
+        let (pools, metrics, other, state) = (pools.clone(), metrics.clone(), &other, &state);
+        async move {
+            let Some((why, _)) = reason().await else {
+                return false;
+            };
+            let s = state.lock().unwrap().clone();
+            let shown = s.step > 0 && why.contains(&format!("\"{}\" is neither", values[s.step - 1]));
+            if s.stopped {
+                return shown;
+            }
+            let conflicted = metrics.api_write_conflicts("pool_status") > s.conflicts_before;
+            let waited = s.annotated_at.is_some_and(|t| t.elapsed() > Duration::from_secs(3));
+            if s.step > 0 && conflicted && !shown {
+                other.get().map(OtherWriter::stop).expect("started").await;
+                state.lock().unwrap().stopped = true;
+            } else if s.step == 0 || shown || waited {
+                assert!(s.step < values.len(), "no status write met a conflict");
+                other.get_or_init(|| OtherWriter::start(pools.clone()));
+                let patch = json!({"metadata": {"annotations": {"pinset.io/rollout-max-pulling": values[s.step]}}});
+                pools
+                    .patch("worker", &PatchParams::default(), &Patch::Merge(patch))
+                    .await
+                    .unwrap();
+                *state.lock().unwrap() = Steps {
+                    step: s.step + 1,
+                    stopped: false,
+                    conflicts_before: metrics.api_write_conflicts("pool_status"),
+                    annotated_at: Some(std::time::Instant::now()),
+                };
+            }
+            false
+        }
+    })
+    .await;
+    let (_, conditions) = reason().await.expect("a status");
+    assert!(
+        conditions
+            .iter()
+            .any(|c| c.type_ == "OtherControllerSynced"),
+        "the other writer's condition is kept: {conditions:?}"
+    );
+    assert!(metrics.api_write_conflicts("pool_status") >= 1);
+}
+
+/// Where the test above stands: annotations applied, the other writer stopped, the conflicts
+/// counted when the last annotation was applied, and when.
+#[derive(Clone, Default)]
+struct Steps {
+    step: usize,
+    stopped: bool,
+    conflicts_before: u64,
+    annotated_at: Option<std::time::Instant>,
+}
+
+/// Another field manager writing a condition of its own on pool `worker`'s status, from
+/// [`OtherWriter::LOOPS`] loops at once (each waits for its write to land).
+struct OtherWriter {
+    stop: tokio_util::sync::CancellationToken,
+    tasks: tokio::sync::Mutex<Vec<tokio::task::JoinHandle<()>>>,
+}
+
+impl OtherWriter {
+    const LOOPS: usize = 4;
+
+    fn start(pools: Api<pinset_k8s::api::MachineConfigPool>) -> Self {
+        let stop = tokio_util::sync::CancellationToken::new();
+        let tasks = (0..Self::LOOPS)
+            .map(|writer| {
+                let (token, pools) = (stop.clone(), pools.clone());
+                tokio::spawn(async move {
+                    let apply = PatchParams::apply("other-controller").force();
+                    for n in 0u64.. {
+                        if token.is_cancelled() {
+                            return;
+                        }
+                        let body = json!({
+                            "apiVersion": "machineconfiguration.openshift.io/v1",
+                            "kind": "MachineConfigPool",
+                            "status": {"conditions": [{
+                                "type": "OtherControllerSynced", "status": "True",
+                                "reason": "Synced", "message": format!("writer {writer} pass {n}"),
+                                "lastTransitionTime": "2026-12-02T00:00:00Z",
+                            }]},
+                        });
+                        let _ = pools
+                            .patch_status("worker", &apply, &Patch::Apply(&body))
+                            .await;
+                    }
+                })
+            })
+            .collect();
+        Self {
+            stop,
+            tasks: tokio::sync::Mutex::new(tasks),
+        }
+    }
+
+    async fn stop(&self) {
+        self.stop.cancel();
+        for task in self.tasks.lock().await.drain(..) {
+            task.await.unwrap();
+        }
+    }
 }
 
 /// The API server restarts under a running controller (its watches break; resuming them may

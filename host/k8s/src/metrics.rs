@@ -401,6 +401,14 @@ impl Metrics {
             .get()
     }
 
+    /// Writes of `kind` met with a conflict so far.
+    pub fn api_write_conflicts(&self, kind: &'static str) -> u64 {
+        self.inner
+            .api_write_conflicts
+            .get_or_create(&KindLabels { kind })
+            .get()
+    }
+
     /// The text exposition of every metric.
     pub fn encode(&self) -> String {
         let mut out = String::new();
