@@ -140,9 +140,10 @@ fn every_misbehaviour_of_a_fleet_module_falls_back_to_the_default_and_is_named()
     assert!(decided.fallback.is_none());
 }
 
-/// The hostile module's `echo` digest: FNV-1a (64 bits) of the request's `Debug` form.
+/// The hostile module's `echo` digest: FNV-1a (64 bits) of the `Debug` form of the rollout
+/// the policy reads (the columns the host builds from `request`).
 fn digest(request: &RolloutRequest) -> String {
-    let text = format!("{request:?}");
+    let text = format!("{:?}", pinset_policy_sdk::Rollout::from(request));
     let h = text.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
         (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
     });

@@ -44,7 +44,7 @@ impl FleetInstance for NativeFleet {
         Ok(self.fleet.info())
     }
     fn grant(&mut self, request: &RolloutRequest) -> Result<Grant, PolicyError> {
-        Ok(self.fleet.grant(request))
+        Ok(self.fleet.grant(&request.into()))
     }
 }
 

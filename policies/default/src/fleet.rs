@@ -34,43 +34,43 @@ impl Fleet for DefaultFleet {
         )
     }
 
-    fn grant(&self, request: &RolloutRequest) -> Grant {
-        grant(request)
+    fn grant(&self, rollout: &Rollout) -> Grant {
+        grant(rollout)
     }
 }
 
 /// Nodes pulling at once after the canary: the host's ceiling when the pool sets one, else
 /// `max(1, 10 %)` of the pool.
-pub fn wave(request: &RolloutRequest) -> u32 {
-    request
+pub fn wave(rollout: &Rollout) -> u32 {
+    rollout
         .pool
         .max_pulling
-        .unwrap_or_else(|| (request.nodes.len() * WAVE_PERCENT / 100).max(1) as u32)
+        .unwrap_or_else(|| (rollout.nodes.len() * WAVE_PERCENT / 100).max(1) as u32)
 }
 
-pub fn grant(request: &RolloutRequest) -> Grant {
-    let nodes = &request.nodes;
-    let done = request.count(Phase::Done);
+pub fn grant(rollout: &Rollout) -> Grant {
+    let nodes = &rollout.nodes;
+    let done = rollout.count(Phase::Done);
     if done == nodes.len() {
         return Grant::none(format!("all {done} node(s) at the target"));
     }
     let proven = nodes.iter().any(|n| n.granted && n.phase == Phase::Done);
     if !proven {
-        return canary(request);
+        return canary(rollout);
     }
-    let wave = wave(request);
+    let wave = wave(rollout);
     let in_flight = nodes.iter().filter(|n| n.in_flight() && n.ready).count() as u32;
-    let add: Vec<u32> = request
+    let add: Vec<u32> = rollout
         .candidates()
         .take(wave.saturating_sub(in_flight) as usize)
         .collect();
-    let failed = request.count(Phase::Failed);
+    let failed = rollout.count(Phase::Failed);
     let mut reason = if add.is_empty() {
         format!("wave of {wave}: {in_flight} node(s) in flight; waiting for them")
     } else {
         format!(
             "wave of {wave}: granting {} ({in_flight} already in flight)",
-            names(request, &add)
+            names(rollout, &add)
         )
     };
     reason.push_str(&format!("; {done}/{} at the target", nodes.len()));
@@ -82,10 +82,10 @@ pub fn grant(request: &RolloutRequest) -> Grant {
 
 /// Before any granted node reached the target: one canary at a time, and a failed canary holds
 /// the pool.
-fn canary(request: &RolloutRequest) -> Grant {
-    let nodes = &request.nodes;
+fn canary(rollout: &Rollout) -> Grant {
+    let nodes = &rollout.nodes;
     if let Some(failed) = nodes.iter().find(|n| n.granted && n.phase == Phase::Failed) {
-        let waiting = nodes.iter().filter(|n| n.phase == Phase::Waiting).count();
+        let waiting = rollout.count(Phase::Waiting);
         return Grant::none(format!(
             "canary node {} failed: {}; holding the other {waiting} node(s) until it succeeds \
              or the sets change",
@@ -99,25 +99,25 @@ fn canary(request: &RolloutRequest) -> Grant {
             pulling.name
         ));
     }
-    match request.candidates().next() {
+    match rollout.candidates().next() {
         Some(i) => Grant::new(
             vec![i],
             format!(
                 "canary: node {} first; the others follow in waves of {} once it pins the target",
-                nodes[i as usize].name,
-                wave(request)
+                nodes.get(i as usize).map_or("", |n| n.name),
+                wave(rollout)
             ),
         ),
         None => Grant::none("no ready node to start the canary on"),
     }
 }
 
-fn names(request: &RolloutRequest, indices: &[u32]) -> String {
+fn names(rollout: &Rollout, indices: &[u32]) -> String {
     const SHOWN: usize = 5;
     let mut out: Vec<&str> = indices
         .iter()
         .take(SHOWN)
-        .map(|&i| request.nodes[i as usize].name.as_str())
+        .map(|&i| rollout.nodes.get(i as usize).map_or("", |n| n.name))
         .collect();
     let more = indices.len().saturating_sub(SHOWN);
     let more = format!("and {more} more");
@@ -152,6 +152,10 @@ mod tests {
         }
     }
 
+    fn decide(r: &RolloutRequest) -> Grant {
+        grant(&r.into())
+    }
+
     fn waiting(n: usize) -> Vec<FleetNode> {
         (0..n)
             .map(|i| node(&format!("n{i:02}"), false, Phase::Waiting))
@@ -161,12 +165,12 @@ mod tests {
     #[test]
     fn a_canary_first_then_no_one_while_it_pulls() {
         let mut r = pool(waiting(30));
-        let g = grant(&r);
+        let g = decide(&r);
         assert_eq!(g.nodes, vec![0]);
         assert!(g.reason.contains("canary: node n00"), "{}", g.reason);
         r.nodes[0].granted = true;
         r.nodes[0].phase = Phase::Pulling;
-        let g = grant(&r);
+        let g = decide(&r);
         assert!(g.nodes.is_empty() && g.reason.contains("n00 is pulling"));
     }
 
@@ -180,7 +184,7 @@ mod tests {
             last_failed_error: Some("image q.io/x@sha256:00: not found".into()),
             ..Default::default()
         });
-        let g = grant(&r);
+        let g = decide(&r);
         assert!(g.nodes.is_empty());
         assert!(
             g.reason.contains("canary node n00 failed") && g.reason.contains("not found"),
@@ -193,16 +197,16 @@ mod tests {
     fn after_the_canary_waves_of_ten_percent_count_failures_in_flight() {
         let mut r = pool(waiting(30));
         r.nodes[0] = node("n00", true, Phase::Done);
-        let g = grant(&r);
+        let g = decide(&r);
         assert_eq!(g.nodes, vec![1, 2, 3], "10% of 30");
         for i in 1..=3 {
             r.nodes[i].granted = true;
             r.nodes[i].phase = Phase::Pulling;
         }
         r.nodes[2].phase = Phase::Failed;
-        assert!(grant(&r).nodes.is_empty(), "the wave is full");
+        assert!(decide(&r).nodes.is_empty(), "the wave is full");
         r.nodes[1].phase = Phase::Done;
-        let g = grant(&r);
+        let g = decide(&r);
         assert_eq!(g.nodes, vec![4]);
         assert!(g.reason.contains("1 failed"), "{}", g.reason);
     }
@@ -211,9 +215,9 @@ mod tests {
     fn small_pools_go_one_at_a_time_and_the_annotation_overrides() {
         let mut r = pool(waiting(3));
         r.nodes[0] = node("n00", true, Phase::Done);
-        assert_eq!(grant(&r).nodes, vec![1]);
+        assert_eq!(decide(&r).nodes, vec![1]);
         r.pool.max_pulling = Some(5);
-        assert_eq!(grant(&r).nodes, vec![1, 2]);
+        assert_eq!(decide(&r).nodes, vec![1, 2]);
     }
 
     #[test]
@@ -224,7 +228,7 @@ mod tests {
         r.nodes[1].phase = Phase::Pulling;
         r.nodes[1].ready = false;
         r.nodes[2].ready = false;
-        assert_eq!(grant(&r).nodes, vec![3]);
+        assert_eq!(decide(&r).nodes, vec![3]);
     }
 
     #[test]
@@ -233,7 +237,7 @@ mod tests {
             node("a", false, Phase::Done),
             node("b", true, Phase::Done),
         ]);
-        let g = grant(&r);
+        let g = decide(&r);
         assert!(
             g.nodes.is_empty() && g.reason.contains("all 2"),
             "{}",

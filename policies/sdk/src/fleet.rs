@@ -117,38 +117,14 @@ impl FleetNode {
     }
 }
 
-/// What the controller asks a fleet policy.
+/// What the controller knows of a pool's rollout, one record per node: what it builds, updates
+/// and validates answers against. A policy reads it as a [`crate::Rollout`] (columns).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct RolloutRequest {
     pub pool: FleetPool,
     pub target: Target,
     /// Every node of the pool, sorted by name.
     pub nodes: Vec<FleetNode>,
-}
-
-impl RolloutRequest {
-    pub fn annotation(&self, key: &str) -> Option<&str> {
-        self.pool
-            .annotations
-            .iter()
-            .find(|(k, _)| k == key)
-            .map(|(_, v)| v.as_str())
-    }
-
-    /// Nodes in `phase`.
-    pub fn count(&self, phase: Phase) -> usize {
-        self.nodes.iter().filter(|n| n.phase == phase).count()
-    }
-
-    /// Indices of the nodes that are ready, not granted and not at the target, in name order:
-    /// the candidates for a grant.
-    pub fn candidates(&self) -> impl Iterator<Item = u32> + '_ {
-        self.nodes
-            .iter()
-            .enumerate()
-            .filter(|(_, n)| n.ready && !n.granted && n.phase == Phase::Waiting)
-            .map(|(i, _)| i as u32)
-    }
 }
 
 /// A fleet policy's answer.
@@ -199,7 +175,7 @@ pub trait Fleet {
     /// Name, version and a one-line description.
     fn info(&self) -> PolicyInfo;
     /// Which nodes of the pool may pull now.
-    fn grant(&self, request: &RolloutRequest) -> Grant;
+    fn grant(&self, rollout: &crate::Rollout) -> Grant;
 }
 
 #[cfg(test)]
@@ -235,8 +211,11 @@ mod tests {
             ],
             ..Default::default()
         };
+        assert!(r.nodes[0].in_flight() && !r.nodes[2].in_flight());
+        let r = crate::Rollout::from(&r);
         assert_eq!(r.candidates().collect::<Vec<_>>(), vec![3]);
         assert_eq!(r.count(Phase::Waiting), 2);
-        assert!(r.nodes[0].in_flight() && !r.nodes[2].in_flight());
+        let first = r.nodes.get(0).unwrap();
+        assert!(first.in_flight() && !r.nodes.get(2).unwrap().in_flight());
     }
 }

@@ -22,72 +22,47 @@ pub fn info<F: Fleet + Default>() -> wit::PolicyInfo {
     }
 }
 
-/// Entries `from .. to` of a compressed-sparse-row column for row `i`, clamped to `len`
-/// (the host builds these columns; a malformed one yields empty rows, never a panic).
-fn row(starts: &[u32], i: usize, len: usize) -> std::ops::Range<usize> {
-    let from = (starts.get(i).copied().unwrap_or(0) as usize).min(len);
-    let to = (starts.get(i + 1).copied().unwrap_or(0) as usize).clamp(from, len);
-    from..to
-}
-
-/// The string table of `c`, one slice per string.
-fn strings(c: &wit::Nodes) -> Vec<&str> {
-    (0..c.string_starts.len().saturating_sub(1))
-        .map(|j| {
-            c.strings
-                .get(row(&c.string_starts, j, c.strings.len()))
-                .unwrap_or("")
-        })
-        .collect()
-}
-
-/// Every node of the columns as the SDK's [`types::FleetNode`].
-fn nodes(c: &wit::Nodes) -> Vec<types::FleetNode> {
-    let table = strings(c);
-    let text = |j: u32| table.get(j as usize).copied().unwrap_or("").to_string();
-    let at = |col: &[u64], i: usize| col.get(i).copied().unwrap_or(0);
-    let set = |k: usize| types::SetState {
-        name: text(c.set_names.get(k).copied().unwrap_or(u32::MAX)),
-        desired_generation: c.desired_generations.get(k).copied().unwrap_or(0),
-        current_generation: (c.current_known.get(k) == Some(&1))
-            .then(|| c.current_generations.get(k).copied().unwrap_or(0)),
-        last_failed_generation: (c.failed_known.get(k) == Some(&1))
-            .then(|| c.failed_generations.get(k).copied().unwrap_or(0)),
-        last_failed_error: (c.error_known.get(k) == Some(&1))
-            .then(|| text(c.errors.get(k).copied().unwrap_or(u32::MAX))),
-    };
-    (0..c.names.len())
-        .map(|i| types::FleetNode {
-            name: text(c.names[i]),
-            labels: row(
-                &c.label_starts,
-                i,
-                c.label_keys.len().min(c.label_values.len()),
-            )
-            .map(|k| (text(c.label_keys[k]), text(c.label_values[k])))
+/// The columns as they arrived: moved, not copied (the phases mapped to the SDK's enum).
+fn nodes(c: wit::Nodes) -> crate::Nodes {
+    crate::Nodes {
+        strings: c.strings,
+        string_starts: c.string_starts,
+        names: c.names,
+        label_starts: c.label_starts,
+        label_keys: c.label_keys,
+        label_values: c.label_values,
+        ready: c.ready,
+        granted: c.granted,
+        phase: c
+            .phase
+            .into_iter()
+            .map(|p| match p {
+                wit::Phase::Waiting => types::Phase::Waiting,
+                wit::Phase::Pulling => types::Phase::Pulling,
+                wit::Phase::Done => types::Phase::Done,
+                wit::Phase::Failed => types::Phase::Failed,
+            })
             .collect(),
-            ready: c.ready.get(i) == Some(&1),
-            granted: c.granted.get(i) == Some(&1),
-            phase: match c.phase.get(i) {
-                Some(wit::Phase::Pulling) => types::Phase::Pulling,
-                Some(wit::Phase::Done) => types::Phase::Done,
-                Some(wit::Phase::Failed) => types::Phase::Failed,
-                Some(wit::Phase::Waiting) | None => types::Phase::Waiting,
-            },
-            progress: types::NodeProgress {
-                images_done: at(&c.images_done, i),
-                images_total: at(&c.images_total, i),
-                bytes_done: at(&c.bytes_done, i),
-                bytes_total: at(&c.bytes_total, i),
-                pulling_for_ms: (c.pulling.get(i) == Some(&1)).then(|| at(&c.pulling_for_ms, i)),
-            },
-            sets: row(&c.set_starts, i, c.set_names.len()).map(set).collect(),
-        })
-        .collect()
+        images_done: c.images_done,
+        images_total: c.images_total,
+        bytes_done: c.bytes_done,
+        bytes_total: c.bytes_total,
+        pulling: c.pulling,
+        pulling_for_ms: c.pulling_for_ms,
+        set_starts: c.set_starts,
+        set_names: c.set_names,
+        desired_generations: c.desired_generations,
+        current_known: c.current_known,
+        current_generations: c.current_generations,
+        failed_known: c.failed_known,
+        failed_generations: c.failed_generations,
+        error_known: c.error_known,
+        errors: c.errors,
+    }
 }
 
 pub fn grant<F: Fleet + Default>(r: wit::RolloutRequest) -> wit::RolloutGrant {
-    let request = types::RolloutRequest {
+    let rollout = crate::Rollout {
         pool: types::FleetPool {
             name: r.pool.name,
             annotations: r.pool.annotations,
@@ -108,9 +83,9 @@ pub fn grant<F: Fleet + Default>(r: wit::RolloutRequest) -> wit::RolloutGrant {
             images: r.target.images,
             bytes: r.target.bytes,
         },
-        nodes: nodes(&r.nodes),
+        nodes: nodes(r.nodes),
     };
-    let g = F::default().grant(&request);
+    let g = F::default().grant(&rollout);
     wit::RolloutGrant {
         nodes: g.nodes,
         max_pulls: g.max_pulls,

@@ -34,6 +34,7 @@
 //! ```
 
 pub mod fleet;
+mod fleet_view;
 mod helpers;
 mod types;
 
@@ -41,6 +42,7 @@ pub use fleet::{
     Fleet, FleetNode, FleetPool, Grant, MAX_PULLING_ANNOTATION, NodeProgress, Phase,
     RolloutRequest, SetState, Target, TargetSet, count_or_percent,
 };
+pub use fleet_view::{Node, NodeSet, Nodes, Rollout};
 pub use helpers::*;
 pub use types::*;
 

@@ -21,6 +21,11 @@ pub const ZONE_LABEL: &str = "topology.kubernetes.io/zone";
 #[derive(Clone, Copy, Debug, Default)]
 pub struct ZoneByZone;
 
+/// The node's zone; `""` without the label.
+fn zone<'a>(n: &Node<'a>) -> &'a str {
+    n.label(ZONE_LABEL).unwrap_or("")
+}
+
 impl Fleet for ZoneByZone {
     fn info(&self) -> PolicyInfo {
         PolicyInfo::new(
@@ -30,27 +35,26 @@ impl Fleet for ZoneByZone {
         )
     }
 
-    fn grant(&self, request: &RolloutRequest) -> Grant {
-        let proven = request
+    fn grant(&self, rollout: &Rollout) -> Grant {
+        let proven = rollout
             .nodes
             .iter()
             .any(|n| n.granted && n.phase == Phase::Done);
         if !proven {
-            return default::grant(request);
+            return default::grant(rollout);
         }
-        let zone = |n: &FleetNode| n.label(ZONE_LABEL).unwrap_or("").to_string();
-        let mut zones: Vec<String> = request
+        let mut zones: Vec<&str> = rollout
             .nodes
             .iter()
             .filter(|n| n.phase != Phase::Done)
-            .map(zone)
+            .map(|n| zone(&n))
             .collect();
         zones.sort();
         zones.dedup();
-        let Some(current) = zones.first() else {
+        let Some(&current) = zones.first() else {
             return Grant::none("every zone at the target");
         };
-        let members = || request.nodes.iter().filter(|n| &zone(n) == current);
+        let members = || rollout.nodes.iter().filter(move |n| zone(n) == current);
         if let Some(failed) = members().find(|n| n.phase == Phase::Failed) {
             return Grant::none(format!(
                 "zone {current:?}: node {} failed ({}); the next zones wait",
@@ -58,14 +62,19 @@ impl Fleet for ZoneByZone {
                 failed.error().unwrap_or("see its MachineConfigNode")
             ));
         }
-        let in_flight = request.nodes.iter().filter(|n| n.in_flight()).count() as u32;
-        let room = request
+        let in_flight = rollout.nodes.iter().filter(|n| n.in_flight()).count() as u32;
+        let room = rollout
             .pool
             .max_pulling
             .map_or(u32::MAX, |m| m.saturating_sub(in_flight));
-        let add: Vec<u32> = request
+        let add: Vec<u32> = rollout
             .candidates()
-            .filter(|&i| zone(&request.nodes[i as usize]) == *current)
+            .filter(|&i| {
+                rollout
+                    .nodes
+                    .get(i as usize)
+                    .is_some_and(|n| zone(&n) == current)
+            })
             .take(room as usize)
             .collect();
         let left = zones.len() - 1;
@@ -108,21 +117,33 @@ mod tests {
             ],
             ..Default::default()
         };
-        assert_eq!(ZoneByZone.grant(&r).nodes, vec![0], "the canary");
+        assert_eq!(ZoneByZone.grant(&(&r).into()).nodes, vec![0], "the canary");
         r.nodes[0].granted = true;
         r.nodes[0].phase = Phase::Done;
-        assert_eq!(ZoneByZone.grant(&r).nodes, vec![1], "the rest of zone a");
+        assert_eq!(
+            ZoneByZone.grant(&(&r).into()).nodes,
+            vec![1],
+            "the rest of zone a"
+        );
         r.nodes[1].granted = true;
         r.nodes[1].phase = Phase::Failed;
-        let g = ZoneByZone.grant(&r);
+        let g = ZoneByZone.grant(&(&r).into());
         assert!(
             g.nodes.is_empty() && g.reason.contains("next zones wait"),
             "{}",
             g.reason
         );
         r.nodes[1].phase = Phase::Done;
-        assert_eq!(ZoneByZone.grant(&r).nodes, vec![2, 3], "zone b at once");
+        assert_eq!(
+            ZoneByZone.grant(&(&r).into()).nodes,
+            vec![2, 3],
+            "zone b at once"
+        );
         r.pool.max_pulling = Some(1);
-        assert_eq!(ZoneByZone.grant(&r).nodes, vec![2], "within the ceiling");
+        assert_eq!(
+            ZoneByZone.grant(&(&r).into()).nodes,
+            vec![2],
+            "within the ceiling"
+        );
     }
 }

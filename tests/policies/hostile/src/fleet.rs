@@ -14,7 +14,7 @@ impl Fleet for HostileFleet {
         PolicyInfo::new("hostile-fleet", "0.1.0", "misbehaves on request")
     }
 
-    fn grant(&self, request: &RolloutRequest) -> Grant {
+    fn grant(&self, request: &Rollout) -> Grant {
         let all: Vec<u32> = (0..request.nodes.len() as u32).collect();
         match request.annotation(FLEET_MODE_ANNOTATION) {
             Some("trap") => panic!("hostile fleet policy traps on purpose"),
