@@ -24,41 +24,12 @@ pub fn info<F: Fleet + Default>() -> wit::PolicyInfo {
 
 /// The columns as they arrived: moved, not copied (the phases mapped to the SDK's enum).
 fn nodes(c: wit::Nodes) -> crate::Nodes {
-    crate::Nodes {
-        strings: c.strings,
-        string_starts: c.string_starts,
-        names: c.names,
-        label_starts: c.label_starts,
-        label_keys: c.label_keys,
-        label_values: c.label_values,
-        ready: c.ready,
-        granted: c.granted,
-        phase: c
-            .phase
-            .into_iter()
-            .map(|p| match p {
-                wit::Phase::Waiting => types::Phase::Waiting,
-                wit::Phase::Pulling => types::Phase::Pulling,
-                wit::Phase::Done => types::Phase::Done,
-                wit::Phase::Failed => types::Phase::Failed,
-            })
-            .collect(),
-        images_done: c.images_done,
-        images_total: c.images_total,
-        bytes_done: c.bytes_done,
-        bytes_total: c.bytes_total,
-        pulling: c.pulling,
-        pulling_for_ms: c.pulling_for_ms,
-        set_starts: c.set_starts,
-        set_names: c.set_names,
-        desired_generations: c.desired_generations,
-        current_known: c.current_known,
-        current_generations: c.current_generations,
-        failed_known: c.failed_known,
-        failed_generations: c.failed_generations,
-        error_known: c.error_known,
-        errors: c.errors,
-    }
+    crate::move_node_columns!(c, crate::Nodes, |p| match p {
+        wit::Phase::Waiting => types::Phase::Waiting,
+        wit::Phase::Pulling => types::Phase::Pulling,
+        wit::Phase::Done => types::Phase::Done,
+        wit::Phase::Failed => types::Phase::Failed,
+    })
 }
 
 pub fn grant<F: Fleet + Default>(r: wit::RolloutRequest) -> wit::RolloutGrant {

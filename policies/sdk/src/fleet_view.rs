@@ -103,6 +103,43 @@ pub struct Nodes {
     pub errors: Vec<u32>,
 }
 
+/// `$to { .. }` built from the node columns of `$from` (a [`Nodes`] or the contract's generated
+/// `nodes` record, host or guest side), moved field by field, each phase mapped by `$phase`: the
+/// one list of the columns both sides of the sandbox convert with.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! move_node_columns {
+    ($from:expr, $to:path, $phase:expr) => {{
+        let c = $from;
+        $to {
+            strings: c.strings,
+            string_starts: c.string_starts,
+            names: c.names,
+            label_starts: c.label_starts,
+            label_keys: c.label_keys,
+            label_values: c.label_values,
+            ready: c.ready,
+            granted: c.granted,
+            phase: c.phase.into_iter().map($phase).collect(),
+            images_done: c.images_done,
+            images_total: c.images_total,
+            bytes_done: c.bytes_done,
+            bytes_total: c.bytes_total,
+            pulling: c.pulling,
+            pulling_for_ms: c.pulling_for_ms,
+            set_starts: c.set_starts,
+            set_names: c.set_names,
+            desired_generations: c.desired_generations,
+            current_known: c.current_known,
+            current_generations: c.current_generations,
+            failed_known: c.failed_known,
+            failed_generations: c.failed_generations,
+            error_known: c.error_known,
+            errors: c.errors,
+        }
+    }};
+}
+
 impl Default for Nodes {
     fn default() -> Self {
         Self {
