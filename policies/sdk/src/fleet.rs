@@ -168,9 +168,47 @@ pub fn count_or_percent(text: &str, of: usize) -> Option<u32> {
     Some(n.max(1))
 }
 
-/// The decision of a fleet rollout policy. See `wit/fleet/fleet.wit` for the contract.
+/// The decision of a fleet rollout policy. See `wit/fleet/fleet.wit` for the contract;
+/// `export_fleet!(MyFleet)` exports a type as the module's fleet policy.
 ///
 /// An instance answers one call: do not rely on state kept between calls.
+///
+/// ```
+/// use pinset_policy_sdk::*;
+///
+/// /// Ready waiting nodes of zone `a` first, at most two nodes in flight.
+/// #[derive(Default)]
+/// struct ZoneAFirst;
+///
+/// impl Fleet for ZoneAFirst {
+///     fn info(&self) -> PolicyInfo {
+///         PolicyInfo::new("zone-a-first", "0.1.0", "zone a first, two nodes at a time")
+///     }
+///     fn grant(&self, rollout: &Rollout) -> Grant {
+///         let in_flight = rollout.nodes.iter().filter(|n| n.in_flight()).count();
+///         let mut candidates: Vec<Node> = rollout
+///             .candidates()
+///             .filter_map(|i| rollout.nodes.get(i as usize))
+///             .collect();
+///         candidates.sort_by_key(|n| n.label("topology.kubernetes.io/zone") != Some("a"));
+///         let add = candidates.iter().take(2usize.saturating_sub(in_flight));
+///         Grant::new(add.map(|n| n.index).collect(), "zone a first, two at a time")
+///     }
+/// }
+///
+/// // Natively, a plain value: build the pool from records and ask it.
+/// let node = |name: &str, zone: &str| FleetNode {
+///     name: name.into(),
+///     labels: vec![("topology.kubernetes.io/zone".into(), zone.into())],
+///     ready: true,
+///     ..Default::default()
+/// };
+/// let pool = RolloutRequest {
+///     nodes: vec![node("w-0", "b"), node("w-1", "a"), node("w-2", "a")],
+///     ..Default::default()
+/// };
+/// assert_eq!(ZoneAFirst.grant(&Rollout::from(&pool)).nodes, vec![1, 2]);
+/// ```
 pub trait Fleet {
     /// Name, version and a one-line description.
     fn info(&self) -> PolicyInfo;
