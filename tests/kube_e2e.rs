@@ -1310,9 +1310,15 @@ async fn a_fleet_policy_paces_three_nodes_holds_on_a_failed_canary_and_survives_
         3,
         "two nodes granted at once: {first_granted:?}"
     );
-    let p = pools.get("worker").await.unwrap();
-    let (rollout, degraded, _) = rollout_of(&p);
-    let rollout = rollout.expect("the pool reports its rollout");
+    // The pool's status follows the nodes' reports through the status lane, a moment later.
+    let (rollout, degraded) = eventually("the pool reports the rollout done", &logs, || async {
+        let p = pools.get("worker").await.map_err(|e| e.to_string())?;
+        match rollout_of(&p) {
+            (Some(r), d, _) if r.done == 3 => Ok((r, d)),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await;
     assert_eq!(
         (
             rollout.target.as_str(),
