@@ -106,7 +106,7 @@ impl FleetNode {
 
     /// Granted and still at work towards the target: pulling, or failed and retrying.
     pub fn in_flight(&self) -> bool {
-        self.granted && matches!(self.phase, Phase::Pulling | Phase::Failed)
+        in_flight(self.granted, self.phase)
     }
 
     /// The error of the first target set that failed on this node, if any.
@@ -115,6 +115,13 @@ impl FleetNode {
             .iter()
             .find_map(|s| s.last_failed_error.as_deref())
     }
+}
+
+/// A node holding a grant in `phase` is still at work towards the target: pulling, or failed
+/// and retrying (it keeps its slot). The one rule behind [`FleetNode::in_flight`] and
+/// [`crate::Node::in_flight`].
+pub(crate) fn in_flight(granted: bool, phase: Phase) -> bool {
+    granted && matches!(phase, Phase::Pulling | Phase::Failed)
 }
 
 /// What the controller knows of a pool's rollout, one record per node: what it builds, updates

@@ -193,10 +193,8 @@ impl Nodes {
         let sets: usize = records.iter().map(|n| n.sets.len()).sum();
         let text: usize = records.iter().map(|n| n.name.len()).sum::<usize>() + 64 * labels;
         let mut c = Nodes::with_capacity(records.len(), labels, sets, text);
-        let mut previous: Option<&FleetNode> = None;
         for n in records {
-            c.push(n, previous);
-            previous = Some(n);
+            c.push(n);
         }
         c
     }
@@ -251,14 +249,21 @@ impl Nodes {
         }
     }
 
-    /// Append one node; `previous`, the node appended before it, lends its strings.
-    fn push(&mut self, n: &FleetNode, previous: Option<&FleetNode>) {
+    /// The entries of the last node appended in a compressed-sparse-row column (none before
+    /// the first).
+    fn last_row(starts: &[u32]) -> std::ops::Range<usize> {
+        match starts {
+            [.., from, to] => *from as usize..*to as usize,
+            _ => 0..0,
+        }
+    }
+
+    /// Append one node; the node appended before it lends its strings.
+    fn push(&mut self, n: &FleetNode) {
         let name = self.text(&n.name);
         self.names.push(name);
-        // The previous node's labels and sets are the last entries of their columns.
-        let (labels_before, sets_before) =
-            previous.map_or((0, 0), |p| (p.labels.len(), p.sets.len()));
-        let first_label = self.label_keys.len() - labels_before;
+        let previous_labels = Self::last_row(&self.label_starts);
+        let (first_label, labels_before) = (previous_labels.start, previous_labels.len());
         for (k, (key, value)) in n.labels.iter().enumerate() {
             let at = |col: &[u32]| (k < labels_before).then(|| col[first_label + k]);
             let key = self.text_or(key, at(&self.label_keys));
@@ -278,7 +283,8 @@ impl Nodes {
         let (pulling, ms) = known(p.pulling_for_ms);
         self.pulling.push(pulling);
         self.pulling_for_ms.push(ms);
-        let first_set = self.set_names.len() - sets_before;
+        let previous_sets = Self::last_row(&self.set_starts);
+        let (first_set, sets_before) = (previous_sets.start, previous_sets.len());
         for (k, s) in n.sets.iter().enumerate() {
             let reuse = (k < sets_before).then(|| self.set_names[first_set + k]);
             let name = self.text_or(&s.name, reuse);
@@ -403,7 +409,7 @@ impl<'a> Node<'a> {
 
     /// Granted and still at work towards the target: pulling, or failed and retrying.
     pub fn in_flight(&self) -> bool {
-        self.granted && matches!(self.phase, Phase::Pulling | Phase::Failed)
+        crate::fleet::in_flight(self.granted, self.phase)
     }
 
     /// The error of the first target set that failed on this node, if any.
@@ -454,6 +460,9 @@ mod tests {
         ];
         let nodes = Nodes::from_records(&records);
         assert_eq!(nodes.len(), 3);
+        // a, role, worker, zone, z1, base, b-ü, z2, denied, c: b's label keys, `worker` and its
+        // set's name are the previous node's.
+        assert_eq!(nodes.string_starts.len() - 1, 10, "{:?}", nodes.strings);
         let b = nodes.get(1).unwrap();
         assert_eq!(
             (b.index, b.name, b.ready, b.granted),
