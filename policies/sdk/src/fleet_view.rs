@@ -249,20 +249,17 @@ impl Nodes {
         }
     }
 
-    /// The entries of the last node appended in a compressed-sparse-row column (none before
-    /// the first).
-    fn last_row(starts: &[u32]) -> std::ops::Range<usize> {
-        match starts {
-            [.., from, to] => *from as usize..*to as usize,
-            _ => 0..0,
-        }
+    /// The entries of the last node appended in a compressed-sparse-row column of `len` entries
+    /// (none before the first).
+    fn last_row(starts: &[u32], len: usize) -> std::ops::Range<usize> {
+        row(starts, starts.len().saturating_sub(2), len)
     }
 
     /// Append one node; the node appended before it lends its strings.
     fn push(&mut self, n: &FleetNode) {
         let name = self.text(&n.name);
         self.names.push(name);
-        let previous_labels = Self::last_row(&self.label_starts);
+        let previous_labels = Self::last_row(&self.label_starts, self.label_keys.len());
         let (first_label, labels_before) = (previous_labels.start, previous_labels.len());
         for (k, (key, value)) in n.labels.iter().enumerate() {
             let at = |col: &[u32]| (k < labels_before).then(|| col[first_label + k]);
@@ -283,7 +280,7 @@ impl Nodes {
         let (pulling, ms) = known(p.pulling_for_ms);
         self.pulling.push(pulling);
         self.pulling_for_ms.push(ms);
-        let previous_sets = Self::last_row(&self.set_starts);
+        let previous_sets = Self::last_row(&self.set_starts, self.set_names.len());
         let (first_set, sets_before) = (previous_sets.start, previous_sets.len());
         for (k, s) in n.sets.iter().enumerate() {
             let reuse = (k < sets_before).then(|| self.set_names[first_set + k]);
