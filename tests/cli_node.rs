@@ -424,6 +424,47 @@ fn exit_codes_completions_and_clear_words() {
         out.contains("pinset_policy_default.wasm") && out.contains("sha256"),
         "{out}"
     );
+    // What it asks of the sandbox: the contract's types and the WASI of its standard library.
+    let imports = out
+        .lines()
+        .find(|l| l.trim_start().starts_with("imports ("))
+        .unwrap_or("");
+    assert!(
+        imports.contains("pinset:policy/types@0.1.0") && imports.contains("wasi:cli/stderr@"),
+        "{out}"
+    );
+    // For scripts: each contract the module implements, its sha256 and imports.
+    let (code, out, err) = pinset(&["policy", "info", "-o", "json"]);
+    assert_eq!(code, 0, "{err}");
+    let info: serde_json::Value = serde_json::from_str(&out).expect("one JSON document");
+    assert_eq!(info["module"], "embedded:default");
+    assert_eq!(info["node"]["contract"], "pinset:policy/decisions@0.1.0");
+    assert_eq!(info["node"]["name"], "default");
+    assert_eq!(info["fleet"]["contract"], "pinset:fleet/rollout@0.2.0");
+    assert_eq!(info["sha256"].as_str().map(str::len), Some(64));
+    // A module of the node contract alone (and no WASI), as YAML.
+    let floor = support::policy_path("pinset_test_policy_floor");
+    let (code, out, err) = pinset(&["policy", "info", floor.to_str().unwrap(), "-o", "yaml"]);
+    assert_eq!(code, 0, "{err}");
+    let info: serde_yaml::Value = serde_yaml::from_str(&out).expect("one YAML document");
+    assert_eq!(info["node"]["name"].as_str(), Some("floor"));
+    assert!(info.get("fleet").is_none(), "{out}");
+    let imports: Vec<&str> = info["imports"]
+        .as_sequence()
+        .expect("a list")
+        .iter()
+        .filter_map(|i| i.as_str())
+        .collect();
+    assert_eq!(imports, ["pinset:policy/types@0.1.0"]);
+    // A module of the fleet contract alone.
+    let zones = support::policy_path("pinset_policy_zone_by_zone");
+    let (code, out, err) = pinset(&["policy", "info", zones.to_str().unwrap()]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.contains("fleet  pinset:fleet/rollout@0.2.0 — zone-by-zone")
+            && !out.contains("  node "),
+        "{out}"
+    );
     let (code, _, err) = pinset(&["policy", "info", sets.to_str().unwrap()]);
     assert_eq!(code, 1);
     assert!(

@@ -59,10 +59,13 @@ fn node_only_fleet_only_and_both_modules_load_for_what_they_export() {
         .err()
         .expect("a node-only module is no fleet policy");
     let msg = err.to_string();
+    // It is the other kind of policy, not an old one: the error says its role, not "rebuild".
     assert!(
-        matches!(err, LoadError::Contract { .. })
+        matches!(err, LoadError::OtherContract { .. })
             && msg.contains("pinset:fleet/rollout@0.2.0")
-            && msg.contains("pinset:policy/decisions@0.1.0"),
+            && msg.contains("pinset:policy/decisions@0.1.0")
+            && msg.contains("node pull policy")
+            && !msg.contains("rebuild"),
         "{msg}"
     );
     // A fleet-only module is refused as a node policy, and loads as a fleet policy.
@@ -71,9 +74,13 @@ fn node_only_fleet_only_and_both_modules_load_for_what_they_export() {
         .load_file(&fleet_only, None, Limits::default())
         .err()
         .expect("a fleet-only module is no node policy");
+    let msg = err.to_string();
     assert!(
-        err.to_string().contains("pinset:policy/decisions@0.1.0"),
-        "{err}"
+        matches!(err, LoadError::OtherContract { .. })
+            && msg.contains("pinset:policy/decisions@0.1.0")
+            && msg.contains("--fleet-policy")
+            && !msg.contains("rebuild"),
+        "{msg}"
     );
     let info = fleet("pinset_policy_zone_by_zone")
         .instance()

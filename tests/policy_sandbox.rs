@@ -222,6 +222,45 @@ fn state_lives_for_one_instance_only() {
 }
 
 #[test]
+fn a_module_without_wasi_imports_only_the_contract_and_decides_through_the_host() {
+    // The floor module (`tests/policies/floor`, no standard library) against the default policy,
+    // whose standard library brings WASI: `imports` is what `pinset policy info` shows.
+    let floor = runtime()
+        .load_file(
+            &component("pinset_test_policy_floor"),
+            None,
+            Limits::default(),
+        )
+        .expect("floor module loads");
+    assert_eq!(floor.imports(), ["pinset:policy/types@0.1.0"]);
+    let default = runtime()
+        .load_file(&component("pinset_policy_default"), None, Limits::default())
+        .unwrap();
+    assert!(
+        default
+            .imports()
+            .iter()
+            .any(|i| i.starts_with("wasi:cli/stderr@")),
+        "{:?}",
+        default.imports()
+    );
+
+    // 600 admissions of 500 images in one instance copy ~50 MB of columns into it, over the
+    // 32 MiB memory cap unless the module's allocator starts over once a call's blocks are freed.
+    let request = synth::request(500, 7);
+    let mut g = Guarded::new(Box::new(floor.instance()));
+    for _ in 0..600 {
+        assert_eq!(g.admit(&request).verdict, Verdict::AdmitAll);
+    }
+    let order = g.order(&request.node, &request.images);
+    assert_eq!(order, (0..500).collect::<Vec<u32>>());
+    assert_eq!(g.concurrency(&request.node), 1);
+    let throttle = g.throttle(&request.node, &PullOutcome::default(), &Pressure::default());
+    assert_eq!(throttle, Duration::ZERO);
+    assert!(g.fallbacks().is_empty(), "{:?}", g.fallbacks());
+}
+
+#[test]
 fn corrupt_bytes_are_refused() {
     let err = runtime().load(
         "corrupt.wasm",

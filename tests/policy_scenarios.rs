@@ -287,6 +287,22 @@ fn cli_bench_reports_every_hook() {
         "{stdout}"
     );
     assert!(rows.iter().all(|r| r["wasm"]["medianUs"].as_f64().unwrap() > 0.0 && r["ratio"].as_f64().is_some()));
+
+    // A fleet-only module: the fleet rows alone, named as a fleet policy.
+    let zones = support::policy_path("pinset_policy_zone_by_zone");
+    let (code, stdout, stderr) = bench(&["--policy", zones.to_str().unwrap()]);
+    assert_eq!(code, 0, "{stderr}");
+    let hooks: Vec<&str> = stdout
+        .lines()
+        .filter(|l| l.contains(" µs / "))
+        .filter_map(|l| l.split(" (").next())
+        .collect();
+    assert_eq!(
+        hooks,
+        ["fleet grant, 300-node pool", "fleet grant, 3000-node pool"],
+        "{stdout}"
+    );
+    assert!(stdout.starts_with("fleet policy "), "{stdout}");
 }
 
 /// Every fleet scenario of `dir` through `pinset policy test` with `module` (none: the embedded

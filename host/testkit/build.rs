@@ -6,7 +6,7 @@
 mod wasm_build;
 
 /// (package, file stem) of every policy built here.
-const POLICIES: [(&str, &str); 8] = [
+const POLICIES: [(&str, &str); 9] = [
     ("pinset-policy-default", "pinset_policy_default"),
     (
         "pinset-policy-smallest-first",
@@ -27,6 +27,7 @@ const POLICIES: [(&str, &str); 8] = [
         "pinset-test-policy-unthrottled",
         "pinset_test_policy_unthrottled",
     ),
+    ("pinset-test-policy-floor", "pinset_test_policy_floor"),
 ];
 
 fn main() {

@@ -88,6 +88,15 @@ pub enum LoadError {
         expected: String,
         found: String,
     },
+    /// The module implements pinset's other contract (a fleet policy given as a node policy, or
+    /// the reverse): not a version problem, so no advice to rebuild.
+    #[error("policy module {module}: implements {found}, not {expected}: {hint}")]
+    OtherContract {
+        module: String,
+        expected: String,
+        found: String,
+        hint: &'static str,
+    },
     #[error("policy module {module}: compiling it in a child process ({exe}): {cause}")]
     Compiler {
         module: String,

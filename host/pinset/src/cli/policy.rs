@@ -1,6 +1,6 @@
 //! `pinset policy test | bench | info`.
 
-use super::{PolicyOpts, load_policy};
+use super::PolicyOpts;
 use anyhow::Result;
 use clap::Subcommand;
 use indicatif::{ProgressBar, ProgressStyle};
@@ -47,13 +47,17 @@ pub enum PolicyCommand {
         #[arg(long, short = 'o', value_enum, default_value = "text")]
         output: Format,
     },
-    /// Load a policy and print its name, version, description and sha256.
+    /// Load a policy and print, for each contract it implements, its name, version and
+    /// description; its sha256; and every interface it imports.
     Info {
         #[command(flatten)]
         policy: PolicyOpts,
         /// The module to inspect (the same as --policy).
         #[arg(value_name = "FILE.wasm", conflicts_with = "policy")]
         module: Option<PathBuf>,
+        /// text for people; json or yaml for scripts.
+        #[arg(long, short = 'o', value_enum, default_value = "text")]
+        output: super::plan::Output,
     },
 }
 
@@ -94,11 +98,13 @@ pub fn run(cmd: PolicyCommand) -> Result<ExitCode> {
             iterations,
             output,
         } => bench_cmd(&policy, images, iterations.max(1), output),
-        PolicyCommand::Info { mut policy, module } => {
+        PolicyCommand::Info {
+            mut policy,
+            module,
+            output,
+        } => {
             policy.policy = module.or(policy.policy);
-            let (_runtime, module) = load_policy(&policy)?;
-            println!("{}", describe(&module));
-            Ok(ExitCode::SUCCESS)
+            info(&policy, output)
         }
     }
 }
@@ -119,6 +125,62 @@ fn describe(module: &PolicyModule) -> String {
         info.description,
         module.sha256()
     )
+}
+
+/// `policy info`: the contracts a module implements (node decisions, fleet rollout, or both),
+/// its sha256, and what it asks of the sandbox — every interface it imports, WASI's included
+/// (offered empty: no files, network, clock or environment).
+fn info(opts: &PolicyOpts, output: super::plan::Output) -> Result<ExitCode> {
+    use super::plan::Output;
+    let mut modules = Modules::new(opts)?;
+    modules.load_all()?;
+    let (node, fleet) = (&modules.node, &modules.fleet);
+    let (sha256, imports) = match (node, fleet) {
+        (Some(m), _) => (m.sha256(), m.imports()),
+        (None, Some(f)) => (f.sha256(), f.imports()),
+        (None, None) => anyhow::bail!("policy module {}: loaded for no contract", opts.name()),
+    };
+    let contract = |contract: &str, i: pinset_policy::PolicyInfo| {
+        serde_json::json!({
+            "contract": contract,
+            "name": i.name,
+            "version": i.version,
+            "description": i.description,
+        })
+    };
+    let mut report = serde_json::json!({
+        "module": opts.name(),
+        "sha256": sha256,
+        "imports": imports,
+    });
+    if let Some(m) = node {
+        let i = Guarded::new(Box::new(m.instance())).info();
+        report["node"] = contract(pinset_policy::CONTRACT, i);
+    }
+    if let Some(f) = fleet {
+        report["fleet"] = contract(pinset_policy::FLEET_CONTRACT, fleet_info(f));
+    }
+    match output {
+        Output::Json => println!("{}", serde_json::to_string_pretty(&report)?),
+        Output::Yaml => print!("{}", serde_yaml::to_string(&report)?),
+        Output::Text => {
+            println!("module {}\n  sha256 {sha256}", opts.name());
+            for kind in ["node", "fleet"] {
+                if let Some(c) = report.get(kind) {
+                    let field = |k: &str| c[k].as_str().unwrap_or_default().to_string();
+                    println!(
+                        "  {kind:<6} {} — {} {}: {}",
+                        field("contract"),
+                        field("name"),
+                        field("version"),
+                        field("description")
+                    );
+                }
+            }
+            println!("  imports ({}) {}", imports.len(), imports.join(", "));
+        }
+    }
+    Ok(ExitCode::SUCCESS)
 }
 
 /// The policy as the JSON reports name it.
@@ -206,6 +268,17 @@ impl<'a> Modules<'a> {
             self.fleet = Some(self.opts.load_fleet(&self.runtime)?);
         }
         Ok(self.fleet.as_ref().expect("loaded above"))
+    }
+
+    /// Both contracts, each when the module implements it; the node contract's error when it
+    /// implements neither (it names the module and what it exports).
+    fn load_all(&mut self) -> Result<()> {
+        let node = self.node().map(drop);
+        let fleet = self.fleet().map(drop);
+        match (node, fleet) {
+            (Err(e), Err(_)) => Err(e),
+            _ => Ok(()),
+        }
     }
 
     /// One scenario file, node or fleet, against a fresh instance; an unreadable file fails.
@@ -323,37 +396,51 @@ fn bench_cmd(
     iterations: usize,
     format: Format,
 ) -> Result<ExitCode> {
-    let (runtime, module) = load_policy(opts)?;
+    let mut modules = Modules::new(opts)?;
+    modules.load_all()?;
     if cfg!(debug_assertions) {
         tracing::warn!("this is a debug build; measure with `cargo run --release`");
     }
+    // The node hooks when the module exports them, the fleet hook when it exports that.
+    let node_rows = modules.node.as_ref().map_or(0, |_| bench::ROWS.len());
+    let fleet_rows = modules
+        .fleet
+        .as_ref()
+        .map_or(0, |_| bench::FLEET_NODES.len());
     let bar = super::logging::bars()
-        .add(ProgressBar::new(bench::ROWS.len() as u64))
+        .add(ProgressBar::new((node_rows + fleet_rows) as u64))
         .with_style(
             ProgressStyle::with_template("{spinner} [{bar:30}] {pos}/{len} {msg}")
                 .expect("valid template")
                 .progress_chars("=> "),
         );
     bar.enable_steady_tick(Duration::from_millis(100));
-    let mut rows = bench::run(&module, images, iterations, |what| {
-        bar.inc(1);
-        bar.set_message(what);
-    })?;
-    // The fleet hook too, when the module exports it (same runtime and engine).
-    if let Ok(fleet) = opts.load_fleet(&runtime) {
+    let mut rows = Vec::new();
+    if let Some(module) = &modules.node {
+        rows = bench::run(module, images, iterations, |what| {
+            bar.inc(1);
+            bar.set_message(what);
+        })?;
+    }
+    if let Some(fleet) = &modules.fleet {
         for nodes in bench::FLEET_NODES {
             bar.set_message(format!("fleet grant, {nodes} nodes"));
-            rows.push(bench::fleet(&fleet, nodes, iterations)?);
+            rows.push(bench::fleet(fleet, nodes, iterations)?);
+            bar.inc(1);
         }
     }
     bar.finish_and_clear();
     if format == Format::Json {
-        let report = super::report::bench_json(&policy_json(&module), images, iterations, &rows);
+        let report = super::report::bench_json(&modules.json(), images, iterations, &rows);
         println!("{}", serde_json::to_string_pretty(&report)?);
         return Ok(ExitCode::SUCCESS);
     }
-    println!("{}", describe(&module));
-    println!("{images} images, {iterations} calls per row (median / p99)");
+    println!("{}", modules.describe());
+    if node_rows > 0 {
+        println!("{images} images, {iterations} calls per row (median / p99)");
+    } else {
+        println!("{iterations} calls per row (median / p99)");
+    }
     println!("instances: {}", pinset_policy::instance_strategy());
     println!(
         "{:<70} {:>22} {:>22} {:>8}",

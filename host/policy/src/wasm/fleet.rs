@@ -40,6 +40,13 @@ impl FleetModule {
     pub fn sha256(&self) -> &str {
         &self.shared.sha256
     }
+    /// The interfaces the module imports, sorted (`pinset policy info`).
+    pub fn imports(&self) -> Vec<String> {
+        super::module::imports(
+            &self.shared.engine,
+            self.shared.pre.instance_pre().component(),
+        )
+    }
     /// An instance for one decision: each call runs in a fresh store.
     pub fn instance(&self) -> WasmFleet {
         WasmFleet {

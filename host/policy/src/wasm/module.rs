@@ -155,13 +155,35 @@ pub(super) fn check_export(
 ) -> Result<(), LoadError> {
     let ty = component.component_type();
     let exports: Vec<String> = ty.exports(engine).map(|(n, _)| n.to_string()).collect();
-    let wanted = version_of(contract, contract).expect("a contract has a version");
-    if exports
-        .iter()
-        .filter_map(|e| version_of(e, contract))
-        .any(|v| compatible(v, wanted))
-    {
+    // The export implementing `c`, or a semver-compatible version of it.
+    let implementing = |c: &str| {
+        let wanted = version_of(c, c).expect("a contract has a version");
+        exports
+            .iter()
+            .find(|e| version_of(e, c).is_some_and(|v| compatible(v, wanted)))
+    };
+    if implementing(contract).is_some() {
         return Ok(());
+    }
+    // pinset's other contract: say which role the module plays instead of asking to rebuild it.
+    let (other, hint) = if contract == CONTRACT {
+        (
+            super::FLEET_CONTRACT,
+            "it is a fleet rollout policy, for the controller (`pinset controller --fleet-policy`)",
+        )
+    } else {
+        (
+            CONTRACT,
+            "it is a node pull policy, for the agents (`--policy`), not a fleet rollout policy",
+        )
+    };
+    if let Some(found) = implementing(other) {
+        return Err(LoadError::OtherContract {
+            module: name.into(),
+            expected: contract.into(),
+            found: found.clone(),
+            hint,
+        });
     }
     let found = if exports.is_empty() {
         "no exports".to_string()
@@ -173,6 +195,18 @@ pub(super) fn check_export(
         expected: contract.into(),
         found,
     })
+}
+
+/// The interfaces a component imports, sorted: what it asks of the sandbox (pinset's `host`
+/// interface, and WASI, which the sandbox offers empty).
+pub(super) fn imports(engine: &Engine, component: &Component) -> Vec<String> {
+    let mut names: Vec<String> = component
+        .component_type()
+        .imports(engine)
+        .map(|(n, _)| n.to_string())
+        .collect();
+    names.sort();
+    names
 }
 
 /// The (major, minor) version of `export` when it names the interface of `contract`.
@@ -218,6 +252,10 @@ impl PolicyModule {
     }
     pub fn limits(&self) -> Limits {
         self.shared.limits
+    }
+    /// The interfaces the module imports, sorted (`pinset policy info`).
+    pub fn imports(&self) -> Vec<String> {
+        imports(&self.shared.engine, self.shared.pre.component())
     }
     /// A fresh instance for one reconcile.
     pub fn instance(&self) -> WasmPolicy {
