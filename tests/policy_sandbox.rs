@@ -223,8 +223,10 @@ fn state_lives_for_one_instance_only() {
 
 #[test]
 fn a_module_without_wasi_imports_only_the_contract_and_decides_through_the_host() {
-    // The floor module (`tests/policies/floor`, no standard library) against the default policy,
-    // whose standard library brings WASI: `imports` is what `pinset policy info` shows.
+    // Modules built without the standard library — the floor (`tests/policies/floor`) and the
+    // default policy (the SDK's `no-std`) — import the contracts' interfaces and no WASI, which
+    // a policy built with the standard library brings along: `imports` is what
+    // `pinset policy info` shows.
     let floor = runtime()
         .load_file(
             &component("pinset_test_policy_floor"),
@@ -232,17 +234,35 @@ fn a_module_without_wasi_imports_only_the_contract_and_decides_through_the_host(
             Limits::default(),
         )
         .expect("floor module loads");
-    assert_eq!(floor.imports(), ["pinset:policy/types@0.1.0"]);
+    assert_eq!(
+        floor.imports(),
+        ["pinset:policy/host@0.1.0", "pinset:policy/types@0.1.0"]
+    );
     let default = runtime()
         .load_file(&component("pinset_policy_default"), None, Limits::default())
         .unwrap();
+    assert_eq!(
+        default.imports(),
+        [
+            "pinset:fleet/types@0.2.0",
+            "pinset:policy/host@0.1.0",
+            "pinset:policy/types@0.1.0"
+        ]
+    );
+    let with_std = runtime()
+        .load_file(
+            &component("pinset_policy_smallest_first"),
+            None,
+            Limits::default(),
+        )
+        .unwrap();
     assert!(
-        default
+        with_std
             .imports()
             .iter()
             .any(|i| i.starts_with("wasi:cli/stderr@")),
         "{:?}",
-        default.imports()
+        with_std.imports()
     );
 
     // 600 admissions of 500 images in one instance copy ~50 MB of columns into it, over the
@@ -258,6 +278,38 @@ fn a_module_without_wasi_imports_only_the_contract_and_decides_through_the_host(
     let throttle = g.throttle(&request.node, &PullOutcome::default(), &Pressure::default());
     assert_eq!(throttle, Duration::ZERO);
     assert!(g.fallbacks().is_empty(), "{:?}", g.fallbacks());
+}
+
+#[test]
+fn a_policy_without_stderr_reports_its_panic_through_the_contract_log() {
+    // The SDK's panic handler (feature `no-std`) logs `panicked at FILE:LINE: MESSAGE` through
+    // the contract, then traps; the error quotes that line as it quotes a standard library's
+    // stderr.
+    let floor = runtime()
+        .load_file(
+            &component("pinset_test_policy_floor"),
+            None,
+            Limits::default(),
+        )
+        .unwrap();
+    let mut panicking = synth::node(false);
+    panicking.name = "floor-panics".into();
+    let mut instance = floor.instance();
+    let err = instance.concurrency(&panicking).unwrap_err();
+    let PolicyError::Trap { hook, message, .. } = &err else {
+        panic!("expected a trap: {err}")
+    };
+    assert_eq!(*hook, Hook::Concurrency);
+    assert!(
+        message.contains("panicked at ")
+            && message.contains("src/lib.rs:")
+            && message.contains("asked to panic on node floor-panics"),
+        "{message}"
+    );
+    // A fresh instance answers again; its allocator and panic state start over.
+    assert_eq!(instance.concurrency(&synth::node(false)).unwrap(), 1);
+    let err = instance.concurrency(&panicking).unwrap_err();
+    assert!(err.to_string().contains("asked to panic"), "{err}");
 }
 
 #[test]

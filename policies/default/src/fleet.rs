@@ -15,6 +15,10 @@
 //! retries with backoff and keeps its slot, so failures slow a rollout and a wave that fails
 //! whole stops it); a granted node that is not Ready frees its slot.
 
+use alloc::format;
+use alloc::string::String;
+use alloc::vec;
+use alloc::vec::Vec;
 use pinset_policy_sdk::*;
 
 /// Percent of a pool's nodes pulling at once after the canary.

@@ -11,10 +11,19 @@
 //! | throttle     | 1 s after every pull                                                          |
 //!
 //! Images of unknown size cannot be counted; they are admitted and named in the reason.
-//! The same source is compiled into pinset as its native fallback policy.
+//! The same source is compiled into pinset as its native fallback policy. It needs no standard
+//! library (natively it is linked with pinset's): the module imports the contract's interfaces and nothing else (no WASI).
+
+// Without its export (a dependency of another policy) it is linked with that policy's library.
+#![cfg_attr(all(target_arch = "wasm32", feature = "export"), no_std)]
+
+extern crate alloc;
 
 pub mod fleet;
 
+use alloc::format;
+use alloc::string::String;
+use alloc::vec::Vec;
 pub use fleet::DefaultFleet;
 use pinset_policy_sdk::*;
 

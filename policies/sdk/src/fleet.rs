@@ -1,6 +1,8 @@
 //! The fleet contract's records as plain Rust values (mirrors `wit/fleet/fleet.wit`), the
 //! [`Fleet`] trait and its helpers.
 
+use crate::prelude::*;
+
 use crate::PolicyInfo;
 
 /// The pool annotation that bounds how many of its nodes pull at once: the default fleet

@@ -3,6 +3,8 @@
 //! records ([`RolloutRequest`]); in the sandbox they arrive as they were sent, with no
 //! allocation per node or string.
 
+use crate::prelude::*;
+
 use crate::fleet::{FleetNode, FleetPool, NodeProgress, Phase, RolloutRequest, Target};
 
 /// A fleet policy's question: the pool, its target, and every node of the pool sorted by name.
@@ -178,7 +180,7 @@ fn known<T: Default>(v: Option<T>) -> (u8, T) {
 
 /// Entries `from .. to` of a compressed-sparse-row column for row `i`, clamped to `len`: a
 /// malformed column yields empty rows, never a panic.
-fn row(starts: &[u32], i: usize, len: usize) -> std::ops::Range<usize> {
+fn row(starts: &[u32], i: usize, len: usize) -> core::ops::Range<usize> {
     let from = (starts.get(i).copied().unwrap_or(0) as usize).min(len);
     let to = (starts.get(i + 1).copied().unwrap_or(0) as usize).clamp(from, len);
     from..to
@@ -251,7 +253,7 @@ impl Nodes {
 
     /// The entries of the last node appended in a compressed-sparse-row column of `len` entries
     /// (none before the first).
-    fn last_row(starts: &[u32], len: usize) -> std::ops::Range<usize> {
+    fn last_row(starts: &[u32], len: usize) -> core::ops::Range<usize> {
         row(starts, starts.len().saturating_sub(2), len)
     }
 

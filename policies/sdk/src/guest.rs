@@ -1,5 +1,7 @@
 //! Glue between the generated component bindings and [`crate::Policy`] (wasm32 only).
 
+use crate::prelude::*;
+
 use crate::bindings::pinset::policy::{host, types as wit};
 use crate::{Policy, types};
 

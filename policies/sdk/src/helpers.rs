@@ -1,5 +1,7 @@
 //! Arithmetic and lookups that most policies need.
 
+use crate::prelude::*;
+
 use crate::types::{Image, Images, NodeFacts};
 
 pub const KIB: u64 = 1 << 10;

@@ -32,7 +32,36 @@
 //! export_policy!(TwoAtATime);
 //! # fn main() { assert_eq!(TwoAtATime.concurrency(&NodeFacts::default()), 2); }
 //! ```
+//!
+//! The SDK needs no standard library (`#![no_std]`, with `alloc`). A policy built without one
+//! imports nothing but the contract: no WASI, whose interfaces every instance pays for (see
+//! BENCHMARKS.md, "The floor"). Such a policy enables the SDK's `no-std` feature, which brings
+//! the module's allocator and panic handler (the panic is logged through the contract and quoted
+//! in pinset's error), and declares `#![cfg_attr(target_arch = "wasm32", no_std)]`; the default
+//! policy is built this way.
 
+#![no_std]
+
+extern crate alloc;
+#[cfg(test)]
+extern crate std;
+
+/// What the standard library's prelude would bring, for the SDK's own modules.
+mod prelude {
+    pub use alloc::format;
+    pub use alloc::string::{String, ToString};
+    pub use alloc::vec;
+    pub use alloc::vec::Vec;
+}
+
+/// Paths the export macros expand to, valid in a crate without the standard library.
+#[doc(hidden)]
+pub mod __private {
+    pub use alloc::vec::Vec;
+}
+
+#[cfg(all(target_arch = "wasm32", feature = "no-std"))]
+mod bare;
 pub mod fleet;
 mod fleet_view;
 mod helpers;
@@ -45,6 +74,8 @@ pub use fleet::{
 pub use fleet_view::{Node, NodeSet, Nodes, Rollout};
 pub use helpers::*;
 pub use types::*;
+
+use prelude::*;
 
 /// The decisions of a pull policy. See `wit/policy.wit` for the contract each method implements.
 ///
@@ -62,13 +93,14 @@ pub trait Policy {
     fn throttle(&self, node: &NodeFacts, outcome: &PullOutcome, pressure: &Pressure) -> u64;
 }
 
-/// Write a line to pinset's log. In a native build (unit tests) this does nothing.
+/// Write a line to pinset's log. In a native build (unit tests), or a module exporting neither
+/// contract, this does nothing.
 pub fn log(level: Level, message: &str) {
     #[cfg(all(target_arch = "wasm32", feature = "decisions"))]
     guest::log(level, message);
     #[cfg(all(target_arch = "wasm32", not(feature = "decisions"), feature = "fleet"))]
     fleet_guest::log(level, message);
-    #[cfg(not(target_arch = "wasm32"))]
+    #[cfg(not(all(target_arch = "wasm32", any(feature = "decisions", feature = "fleet"))))]
     let _ = (level, message);
 }
 
@@ -153,7 +185,7 @@ macro_rules! export_policy {
                 fn order(
                     node: $crate::bindings::pinset::policy::types::NodeFacts,
                     images: $crate::bindings::pinset::policy::types::Images,
-                ) -> ::std::vec::Vec<u32> {
+                ) -> $crate::__private::Vec<u32> {
                     $crate::guest::order::<$policy>(node, images)
                 }
                 fn concurrency(node: $crate::bindings::pinset::policy::types::NodeFacts) -> u32 {

@@ -1,5 +1,7 @@
 //! The contract's records as plain Rust values (mirrors `wit/policy.wit`).
 
+use crate::prelude::*;
+
 /// Facts about the node the reconcile runs on.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct NodeFacts {

@@ -106,22 +106,8 @@ pub(super) fn classify(
         },
         trap => {
             let mut message = trap.map_or_else(|| format!("{e:#}"), |t| t.to_string());
-            let stderr = store.data().stderr.contents();
-            let stderr = String::from_utf8_lossy(&stderr);
-            if let Some(panic) = stderr.lines().find(|l| l.contains("panicked at")) {
-                let detail: Vec<&str> = stderr
-                    .lines()
-                    .skip_while(|l| !l.contains("panicked at"))
-                    .take(2)
-                    .collect();
-                message = format!(
-                    "{message} ({})",
-                    if detail.len() > 1 {
-                        detail.join(" ")
-                    } else {
-                        panic.to_string()
-                    }
-                );
+            if let Some(panic) = panic_message(store.data()) {
+                message = format!("{message} ({panic})");
             }
             PolicyError::Trap {
                 policy,
@@ -130,6 +116,23 @@ pub(super) fn classify(
             }
         }
     }
+}
+
+/// The panic that made a policy trap: the message its standard library wrote to stderr (the
+/// `panicked at` line and the next), or, for a policy without one, the line its panic handler
+/// logged through the contract.
+fn panic_message(state: &State) -> Option<String> {
+    let stderr = state.stderr.contents();
+    let stderr = String::from_utf8_lossy(&stderr);
+    let detail: Vec<&str> = stderr
+        .lines()
+        .skip_while(|l| !l.contains("panicked at"))
+        .take(2)
+        .collect();
+    if detail.is_empty() {
+        return state.logged_panic.clone();
+    }
+    Some(detail.join(" "))
 }
 
 impl PolicyInstance for WasmPolicy {

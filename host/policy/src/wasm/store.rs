@@ -75,6 +75,9 @@ pub(super) struct State {
     pub(super) stderr: MemoryOutputPipe,
     policy: Arc<str>,
     log: Arc<LogBudget>,
+    /// The first `panicked at` line logged at error level: how a policy built without the
+    /// standard library (no stderr) reports its panic before it traps. Not logged itself.
+    pub(super) logged_panic: Option<String>,
 }
 
 impl State {
@@ -119,6 +122,12 @@ impl State {
     fn write_log(&mut self, level: wit::Level, message: String) {
         // Control characters are escaped: a policy's line cannot forge lines of pinset's own.
         let message = bounded(&message, MAX_LOG_LINE_BYTES);
+        // A panic handler's line is kept for the error of the trap that follows it, which
+        // quotes it: logged there, once.
+        if matches!(level, wit::Level::Error) && message.starts_with("panicked at") {
+            self.logged_panic.get_or_insert(message);
+            return;
+        }
         if !self.log.take(&self.policy, message.len()) {
             return;
         }
@@ -225,6 +234,7 @@ pub(super) fn new_store(
         stderr,
         policy: Arc::from(name),
         log,
+        logged_panic: None,
     };
     let mut store = Store::new(engine, state);
     store.limiter(|state| &mut state.limiter);
