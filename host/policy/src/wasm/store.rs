@@ -1,4 +1,4 @@
-//! One store's state: the empty WASI context, the memory cap, the policy's log budget.
+//! One store's state: the empty WASI context (built on first use), the memory cap, the policy's log budget.
 
 use super::{bindings, bounded, fleet_bindings, wit};
 use std::sync::Arc;
@@ -69,7 +69,9 @@ impl LogBudget {
 
 /// Store state: the empty WASI context, the memory limiter, and the policy's log budget.
 pub(super) struct State {
-    wasi: WasiCtx,
+    /// Built on the first WASI call: a module built without the standard library imports no
+    /// WASI and never pays for it.
+    wasi: Option<WasiCtx>,
     table: ResourceTable,
     pub(super) limiter: CapLimiter,
     pub(super) stderr: MemoryOutputPipe,
@@ -88,8 +90,9 @@ impl State {
 
 impl WasiView for State {
     fn ctx(&mut self) -> WasiCtxView<'_> {
+        let stderr = &self.stderr;
         WasiCtxView {
-            ctx: &mut self.wasi,
+            ctx: self.wasi.get_or_insert_with(|| empty_wasi(stderr.clone())),
             table: &mut self.table,
         }
     }
@@ -197,6 +200,19 @@ impl ResourceLimiter for CapLimiter {
     }
 }
 
+/// The WASI context a policy gets: stdout dropped (a pipe without room), stdin empty, stderr
+/// kept up to [`STDERR_CAPTURE_BYTES`]; no sockets are linked at all.
+fn empty_wasi(stderr: MemoryOutputPipe) -> WasiCtx {
+    WasiCtxBuilder::new()
+        .stdin(MemoryInputPipe::new(Vec::new()))
+        .stdout(MemoryOutputPipe::new(0))
+        .stderr(stderr)
+        .allow_tcp(false)
+        .allow_udp(false)
+        .allow_ip_name_lookup(false)
+        .build()
+}
+
 /// A fresh store for one instance of the module `name`, under its limits.
 pub(super) fn new_store(
     engine: &Engine,
@@ -205,15 +221,6 @@ pub(super) fn new_store(
     log: Arc<LogBudget>,
 ) -> Store<State> {
     let stderr = MemoryOutputPipe::new(STDERR_CAPTURE_BYTES);
-    // stdout is dropped (a pipe without room), stdin is empty; no sockets are linked at all.
-    let wasi = WasiCtxBuilder::new()
-        .stdin(MemoryInputPipe::new(Vec::new()))
-        .stdout(MemoryOutputPipe::new(0))
-        .stderr(stderr.clone())
-        .allow_tcp(false)
-        .allow_udp(false)
-        .allow_ip_name_lookup(false)
-        .build();
     let store_limits = StoreLimitsBuilder::new()
         .memory_size(limits.memory_bytes)
         .table_elements(1 << 16)
@@ -223,7 +230,7 @@ pub(super) fn new_store(
         .trap_on_grow_failure(true)
         .build();
     let state = State {
-        wasi,
+        wasi: None,
         table: ResourceTable::new(),
         limiter: CapLimiter {
             inner: store_limits,
