@@ -12,7 +12,8 @@
 //!
 //! Images of unknown size cannot be counted; they are admitted and named in the reason.
 //! The same source is compiled into pinset as its native fallback policy. It needs no standard
-//! library (natively it is linked with pinset's): the module imports the contract's interfaces and nothing else (no WASI).
+//! library (natively it is linked with pinset's): the module imports the contract's interfaces
+//! and nothing else (no WASI).
 
 // Without its export (a dependency of another policy) it is linked with that policy's library.
 #![cfg_attr(all(target_arch = "wasm32", feature = "export"), no_std)]

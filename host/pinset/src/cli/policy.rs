@@ -140,42 +140,40 @@ fn info(opts: &PolicyOpts, output: super::plan::Output) -> Result<ExitCode> {
         (None, Some(f)) => (f.sha256(), f.imports()),
         (None, None) => anyhow::bail!("policy module {}: loaded for no contract", opts.name()),
     };
-    let contract = |contract: &str, i: pinset_policy::PolicyInfo| {
-        serde_json::json!({
-            "contract": contract,
-            "name": i.name,
-            "version": i.version,
-            "description": i.description,
-        })
-    };
-    let mut report = serde_json::json!({
-        "module": opts.name(),
-        "sha256": sha256,
-        "imports": imports,
-    });
+    // (kind, contract, what the policy says of itself) for each contract it implements.
+    let mut contracts = Vec::new();
     if let Some(m) = node {
-        let i = Guarded::new(Box::new(m.instance())).info();
-        report["node"] = contract(pinset_policy::CONTRACT, i);
+        contracts.push(("node", pinset_policy::CONTRACT, node_info(m)));
     }
     if let Some(f) = fleet {
-        report["fleet"] = contract(pinset_policy::FLEET_CONTRACT, fleet_info(f));
+        contracts.push(("fleet", pinset_policy::FLEET_CONTRACT, fleet_info(f)));
     }
+    let report = || {
+        let mut report = serde_json::json!({
+            "module": opts.name(),
+            "sha256": sha256,
+            "imports": imports,
+        });
+        for (kind, contract, i) in &contracts {
+            report[*kind] = serde_json::json!({
+                "contract": contract,
+                "name": i.name,
+                "version": i.version,
+                "description": i.description,
+            });
+        }
+        report
+    };
     match output {
-        Output::Json => println!("{}", serde_json::to_string_pretty(&report)?),
-        Output::Yaml => print!("{}", serde_yaml::to_string(&report)?),
+        Output::Json => println!("{}", serde_json::to_string_pretty(&report())?),
+        Output::Yaml => print!("{}", serde_yaml::to_string(&report())?),
         Output::Text => {
             println!("module {}\n  sha256 {sha256}", opts.name());
-            for kind in ["node", "fleet"] {
-                if let Some(c) = report.get(kind) {
-                    let field = |k: &str| c[k].as_str().unwrap_or_default().to_string();
-                    println!(
-                        "  {kind:<6} {} — {} {}: {}",
-                        field("contract"),
-                        field("name"),
-                        field("version"),
-                        field("description")
-                    );
-                }
+            for (kind, contract, i) in &contracts {
+                println!(
+                    "  {kind:<6} {contract} — {} {}: {}",
+                    i.name, i.version, i.description
+                );
             }
             println!("  imports ({}) {}", imports.len(), imports.join(", "));
         }
@@ -183,15 +181,9 @@ fn info(opts: &PolicyOpts, output: super::plan::Output) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// The policy as the JSON reports name it.
-fn policy_json(module: &PolicyModule) -> serde_json::Value {
-    let info = Guarded::new(Box::new(module.instance())).info();
-    serde_json::json!({
-        "module": module.name(),
-        "name": info.name,
-        "version": info.version,
-        "sha256": module.sha256(),
-    })
+/// What a node policy says of itself (the reference's info if its hook fails).
+fn node_info(module: &PolicyModule) -> pinset_policy::PolicyInfo {
+    Guarded::new(Box::new(module.instance())).info()
 }
 
 fn test(
@@ -327,20 +319,20 @@ impl<'a> Modules<'a> {
         out.join("\n")
     }
 
+    /// The policy as the JSON reports name it: the node contract's info when it implements
+    /// that, else the fleet contract's.
     fn json(&self) -> serde_json::Value {
-        match (&self.node, &self.fleet) {
-            (Some(m), _) => policy_json(m),
-            (None, Some(f)) => {
-                let info = fleet_info(f);
-                serde_json::json!({
-                    "module": f.name(),
-                    "name": info.name,
-                    "version": info.version,
-                    "sha256": f.sha256(),
-                })
-            }
-            (None, None) => serde_json::json!({"module": self.opts.name()}),
-        }
+        let (info, sha256) = match (&self.node, &self.fleet) {
+            (Some(m), _) => (node_info(m), m.sha256()),
+            (None, Some(f)) => (fleet_info(f), f.sha256()),
+            (None, None) => return serde_json::json!({"module": self.opts.name()}),
+        };
+        serde_json::json!({
+            "module": self.name(),
+            "name": info.name,
+            "version": info.version,
+            "sha256": sha256,
+        })
     }
 }
 

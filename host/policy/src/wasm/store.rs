@@ -1,4 +1,5 @@
-//! One store's state: the empty WASI context (built on first use), the memory cap, the policy's log budget.
+//! One store's state: the empty WASI context (built on first use), the memory cap, the policy's
+//! log budget.
 
 use super::{bindings, bounded, fleet_bindings, wit};
 use std::sync::Arc;
