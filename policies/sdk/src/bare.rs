@@ -4,7 +4,8 @@
 //! An instance lives for one reconcile (a handful of calls), so the allocator bumps a pointer
 //! through the linear memory after the data and starts over once every block is freed — after
 //! each call's post-return, when the arguments and the answer are gone. It grows the memory only
-//! past what the module starts with, and never returns it (the instance is dropped soon).
+//! past what the module starts with, and never returns it (the instance is dropped soon). The
+//! last block grows in place.
 //! A policy that keeps blocks between calls of one reconcile only stops the reuse: memory then
 //! grows with each call, within the instance's cap.
 //!
@@ -29,6 +30,12 @@ unsafe extern "C" {
     static __heap_base: u8;
 }
 
+/// Make the linear memory reach `end`, growing it if needed; false when it cannot grow.
+fn reach(end: usize) -> bool {
+    let have = wasm32::memory_size(0) * PAGE;
+    end <= have || wasm32::memory_grow(0, (end - have).div_ceil(PAGE)) != usize::MAX
+}
+
 unsafe impl GlobalAlloc for Bump {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         // SAFETY: a component instance runs one call at a time on one thread.
@@ -40,8 +47,7 @@ unsafe impl GlobalAlloc for Bump {
             let Some(end) = start.checked_add(layout.size()) else {
                 return core::ptr::null_mut();
             };
-            let have = wasm32::memory_size(0) * PAGE;
-            if end > have && wasm32::memory_grow(0, (end - have).div_ceil(PAGE)) == usize::MAX {
+            if !reach(end) {
                 return core::ptr::null_mut();
             }
             NEXT = end;
@@ -57,6 +63,32 @@ unsafe impl GlobalAlloc for Bump {
             if LIVE == 0 {
                 NEXT = 0;
             }
+        }
+    }
+
+    /// The last block (a growing `Vec` or `String`, the host's arguments) grows or shrinks where
+    /// it is; any other is copied to a new block.
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        // SAFETY: as above; `ptr` is a live block of `layout` (GlobalAlloc's contract), and
+        // blocks are handed out in address order, so only the last one ends at `NEXT`.
+        unsafe {
+            let start = ptr as usize;
+            if start + layout.size() == NEXT {
+                let Some(end) = start.checked_add(new_size) else {
+                    return core::ptr::null_mut();
+                };
+                if !reach(end) {
+                    return core::ptr::null_mut();
+                }
+                NEXT = end;
+                return ptr;
+            }
+            let new = self.alloc(Layout::from_size_align_unchecked(new_size, layout.align()));
+            if !new.is_null() {
+                core::ptr::copy_nonoverlapping(ptr, new, layout.size().min(new_size));
+                self.dealloc(ptr, layout);
+            }
+            new
         }
     }
 }

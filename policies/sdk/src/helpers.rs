@@ -71,21 +71,19 @@ impl Images {
     pub fn pull_bytes(&self, indices: impl IntoIterator<Item = u32>) -> PullBytes {
         let mut seen = vec![false; self.layer_sizes.len()];
         let mut out = PullBytes::default();
+        // Only the columns the sum needs are read (no reference or set lookups per image).
         for idx in indices {
-            let Some(image) = self.get(idx as usize) else {
-                continue;
-            };
-            if image.present {
+            let i = idx as usize;
+            if self.present.get(i) != Some(&0) {
                 continue;
             }
             out.images += 1;
-            if image.size_bytes.is_none() {
+            if self.size_known.get(i) != Some(&1) {
                 out.unknown_images += 1;
                 continue;
             }
-            out.known = out
-                .known
-                .saturating_add(self.new_layer_bytes(&image, &mut seen));
+            let bytes = self.mark_layers(self.layers_of(i), &mut seen);
+            out.known = out.known.saturating_add(bytes);
         }
         out
     }
@@ -93,12 +91,17 @@ impl Images {
     /// Bytes of `image`'s layers not yet marked in `seen`, marking them. For a policy that admits
     /// images one by one (see `admit-what-fits`). `seen` must have `layer_sizes().len()` entries.
     pub fn new_layer_bytes(&self, image: &Image<'_>, seen: &mut [bool]) -> u64 {
+        self.mark_layers(image.layers, seen)
+    }
+
+    /// Sum of the sizes of `layers` not yet marked in `seen`, marking them.
+    fn mark_layers(&self, layers: &[u32], seen: &mut [bool]) -> u64 {
         let mut bytes = 0u64;
-        for &layer in image.layers {
+        for &layer in layers {
             let l = layer as usize;
             if l < seen.len() && !seen[l] {
                 seen[l] = true;
-                bytes = bytes.saturating_add(self.layer_sizes[l]);
+                bytes = bytes.saturating_add(self.layer_sizes.get(l).copied().unwrap_or(0));
             }
         }
         bytes

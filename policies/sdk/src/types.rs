@@ -42,6 +42,14 @@ pub struct Images {
     pub(crate) set_names: Vec<String>,
 }
 
+/// The range `starts[i] .. starts[i + 1]` of a compressed-sparse-row column; empty when `i` is
+/// out of range or the column is malformed.
+fn entries(starts: &[u32], i: usize) -> (usize, usize) {
+    let from = starts.get(i).copied().unwrap_or(0) as usize;
+    let to = starts.get(i + 1).copied().unwrap_or(0) as usize;
+    (from, to.max(from))
+}
+
 impl Default for Images {
     fn default() -> Self {
         Self {
@@ -197,23 +205,23 @@ impl Images {
         if i >= self.len() {
             return None;
         }
-        let range = |starts: &[u32]| -> (usize, usize) {
-            let from = starts.get(i).copied().unwrap_or(0) as usize;
-            let to = starts.get(i + 1).copied().unwrap_or(from as u32) as usize;
-            (from, to.max(from))
-        };
-        let (rf, rt) = range(&self.reference_starts);
-        let (lf, lt) = range(&self.layer_starts);
-        let (sf, st) = range(&self.set_starts);
+        let (rf, rt) = entries(&self.reference_starts, i);
+        let (sf, st) = entries(&self.set_starts, i);
         Some(Image {
             index: i as u32,
             reference: self.references.get(rf..rt).unwrap_or(""),
             present: self.present[i] != 0,
             size_bytes: (self.size_known.get(i) == Some(&1)).then(|| self.size_bytes[i]),
-            layers: self.layer_ids.get(lf..lt).unwrap_or(&[]),
+            layers: self.layers_of(i),
             set_ids: self.set_ids.get(sf..st).unwrap_or(&[]),
             set_names: &self.set_names,
         })
+    }
+
+    /// The layer indices of image `i` (none when `i` is out of range).
+    pub(crate) fn layers_of(&self, i: usize) -> &[u32] {
+        let (from, to) = entries(&self.layer_starts, i);
+        self.layer_ids.get(from..to).unwrap_or(&[])
     }
 
     pub fn iter(&self) -> impl ExactSizeIterator<Item = Image<'_>> + '_ {
