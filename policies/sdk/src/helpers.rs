@@ -156,6 +156,49 @@ mod tests {
     }
 
     #[test]
+    fn pull_bytes_agrees_with_the_per_image_view() {
+        let mut t = Images::new();
+        let layers: Vec<u32> = (1..=6).map(|s| t.add_layer(s * 1000)).collect();
+        for i in 0..24u32 {
+            let own = [layers[(i % 6) as usize], layers[((i * 5 + 1) % 6) as usize]];
+            let size = (i % 5 != 0).then_some(1);
+            let own: &[u32] = if size.is_some() { &own } else { &[] };
+            t.push(&format!("r{i}"), ["s"], i % 3 == 0, size, own);
+        }
+        // By the view: absent images of known size, their layers marked once.
+        let by_view = |indices: &[u32]| {
+            let mut seen = vec![false; t.layer_sizes().len()];
+            let mut out = PullBytes::default();
+            for image in indices.iter().filter_map(|&i| t.get(i as usize)) {
+                if image.present {
+                    continue;
+                }
+                out.images += 1;
+                match image.size_bytes {
+                    Some(_) => out.known += t.new_layer_bytes(&image, &mut seen),
+                    None => out.unknown_images += 1,
+                }
+            }
+            out
+        };
+        let subsets: [&[u32]; 4] = [
+            &[],
+            &[1, 2, 4, 99],
+            &[5, 5, 7, 8, 23],
+            &[0, 3, 6, 10, 11, 13],
+        ];
+        for indices in subsets {
+            assert_eq!(
+                t.pull_bytes(indices.iter().copied()),
+                by_view(indices),
+                "{indices:?}"
+            );
+        }
+        let all: Vec<u32> = (0..24).collect();
+        assert_eq!(t.pull_bytes(t.absent()), by_view(&all));
+    }
+
+    #[test]
     fn columns_read_back_per_image() {
         let mut t = Images::new();
         let l = t.add_layer(7);
