@@ -1,12 +1,14 @@
-//! The two hooks that carry the node's images (`admit`, `order`), called with their arguments
-//! borrowed: lowered straight from the caller's columns into the policy's memory. The generated
-//! bindings take owned records, which would copy every column once more on the host per call.
+//! The hooks that carry the node's facts and images (`admit`, `order`, `concurrency`,
+//! `throttle`), called with their arguments borrowed: lowered straight from the caller's values
+//! into the policy's memory. The generated bindings take owned records, which would copy every
+//! column, label and name once more on the host per call.
 
 use super::wit;
 use crate::LoadError;
 use pinset_policy_sdk as sdk;
 use wasmtime::component::{
-    Component, ComponentExportIndex, ComponentType, Instance, Lower, TypedFunc,
+    Component, ComponentExportIndex, ComponentNamedList, ComponentType, Instance, Lift, Lower,
+    TypedFunc,
 };
 use wasmtime::{AsContextMut, Result};
 
@@ -55,26 +57,80 @@ impl<'a> ImagesArg<'a> {
     }
 }
 
-/// `record admission-request` of the contract, its images borrowed.
+/// `record node-facts` of the contract, borrowed.
+#[derive(ComponentType, Lower, Clone, Copy)]
+#[component(record)]
+pub(super) struct NodeArg<'a> {
+    name: &'a str,
+    labels: &'a [(String, String)],
+    pools: &'a [String],
+    #[component(name = "control-plane")]
+    control_plane: bool,
+    ready: bool,
+    #[component(name = "disk-pressure")]
+    disk_pressure: bool,
+    #[component(name = "allocatable-ephemeral-bytes")]
+    allocatable_ephemeral_bytes: Option<u64>,
+}
+
+impl<'a> NodeArg<'a> {
+    pub(super) fn of(n: &'a sdk::NodeFacts) -> Self {
+        NodeArg {
+            name: &n.name,
+            labels: &n.labels,
+            pools: &n.pools,
+            control_plane: n.control_plane,
+            ready: n.ready,
+            disk_pressure: n.disk_pressure,
+            allocatable_ephemeral_bytes: n.allocatable_ephemeral_bytes,
+        }
+    }
+}
+
+/// `record pull-outcome` of the contract, borrowed.
+#[derive(ComponentType, Lower, Clone, Copy)]
+#[component(record)]
+pub(super) struct OutcomeArg<'a> {
+    reference: &'a str,
+    error: Option<&'a str>,
+    bytes: Option<u64>,
+    #[component(name = "duration-ms")]
+    duration_ms: u64,
+    remaining: u32,
+}
+
+impl<'a> OutcomeArg<'a> {
+    pub(super) fn of(o: &'a sdk::PullOutcome) -> Self {
+        OutcomeArg {
+            reference: &o.reference,
+            error: o.error.as_deref(),
+            bytes: o.bytes,
+            duration_ms: o.duration_ms,
+            remaining: o.remaining,
+        }
+    }
+}
+
+/// `record admission-request` of the contract, borrowed.
 #[derive(ComponentType, Lower, Clone, Copy)]
 #[component(record)]
 pub(super) struct AdmissionRequestArg<'a> {
-    pub(super) node: &'a wit::NodeFacts,
+    pub(super) node: NodeArg<'a>,
     pub(super) disk: &'a wit::DiskFacts,
     pub(super) images: ImagesArg<'a>,
 }
 
-type Admit<'a> = TypedFunc<(AdmissionRequestArg<'a>,), (wit::Admission,)>;
-type Order<'a> = TypedFunc<(&'a wit::NodeFacts, ImagesArg<'a>), (Vec<u32>,)>;
-
-/// Where `admit` and `order` are among a module's exports, found once when it loads.
+/// Where the hooks with borrowed arguments are among a module's exports, found once when it
+/// loads.
 #[derive(Clone, Copy)]
-pub(super) struct ImageHooks {
+pub(super) struct BorrowedHooks {
     admit: ComponentExportIndex,
     order: ComponentExportIndex,
+    concurrency: ComponentExportIndex,
+    throttle: ComponentExportIndex,
 }
 
-impl ImageHooks {
+impl BorrowedHooks {
     /// The hooks of `interface` (`package/interface@version`) exported by `component`. The
     /// generated bindings have checked that they exist by the time this is asked.
     pub(super) fn find(
@@ -98,27 +154,62 @@ impl ImageHooks {
         Ok(Self {
             admit: func("admit")?,
             order: func("order")?,
+            concurrency: func("concurrency")?,
+            throttle: func("throttle")?,
         })
     }
 
     pub(super) fn admit(
         &self,
-        mut store: impl AsContextMut,
+        store: impl AsContextMut,
         instance: &Instance,
         request: AdmissionRequestArg<'_>,
     ) -> Result<wit::Admission> {
-        let f: Admit<'_> = instance.get_typed_func(&mut store, self.admit)?;
-        Ok(f.call(&mut store, (request,))?.0)
+        call(store, instance, self.admit, (request,))
     }
 
     pub(super) fn order(
         &self,
-        mut store: impl AsContextMut,
+        store: impl AsContextMut,
         instance: &Instance,
-        node: &wit::NodeFacts,
+        node: NodeArg<'_>,
         images: ImagesArg<'_>,
     ) -> Result<Vec<u32>> {
-        let f: Order<'_> = instance.get_typed_func(&mut store, self.order)?;
-        Ok(f.call(&mut store, (node, images))?.0)
+        call(store, instance, self.order, (node, images))
     }
+
+    pub(super) fn concurrency(
+        &self,
+        store: impl AsContextMut,
+        instance: &Instance,
+        node: NodeArg<'_>,
+    ) -> Result<u32> {
+        call(store, instance, self.concurrency, (node,))
+    }
+
+    pub(super) fn throttle(
+        &self,
+        store: impl AsContextMut,
+        instance: &Instance,
+        node: NodeArg<'_>,
+        outcome: OutcomeArg<'_>,
+        pressure: wit::Pressure,
+    ) -> Result<u64> {
+        call(store, instance, self.throttle, (node, outcome, pressure))
+    }
+}
+
+/// Call export `func` of `instance`, its types checked against `P` and `R`.
+fn call<P, R>(
+    mut store: impl AsContextMut,
+    instance: &Instance,
+    func: ComponentExportIndex,
+    params: P,
+) -> Result<R>
+where
+    P: ComponentNamedList + Lower + Send + Sync,
+    R: ComponentType + Lift + Send + Sync + 'static,
+{
+    let f: TypedFunc<P, (R,)> = instance.get_typed_func(&mut store, func)?;
+    Ok(f.call(&mut store, params)?.0)
 }

@@ -1,7 +1,7 @@
 //! One reconcile's instance of a policy: calls under a deadline, failures classified, the
 //! contract's types converted to and from the SDK's.
 
-use super::borrowed::{AdmissionRequestArg, ImagesArg};
+use super::borrowed::{AdmissionRequestArg, ImagesArg, NodeArg, OutcomeArg};
 use super::bounded;
 use super::engine::EPOCH_TICK;
 use super::module::Shared;
@@ -152,9 +152,9 @@ impl PolicyInstance for WasmPolicy {
     }
 
     fn admit(&mut self, request: &sdk::AdmissionRequest) -> Result<sdk::Admission, PolicyError> {
-        let (n, disk) = (node(&request.node), disk(&request.disk));
+        let disk = disk(&request.disk);
         let arg = AdmissionRequestArg {
-            node: &n,
+            node: NodeArg::of(&request.node),
             disk: &disk,
             images: ImagesArg::of(&request.images),
         };
@@ -172,16 +172,15 @@ impl PolicyInstance for WasmPolicy {
     }
 
     fn order(&mut self, n: &sdk::NodeFacts, images: &sdk::Images) -> Result<Vec<u32>, PolicyError> {
-        let n = node(n);
-        let images = ImagesArg::of(images);
+        let (n, images) = (NodeArg::of(n), ImagesArg::of(images));
         let hooks = self.shared.hooks;
-        self.call(Hook::Order, |s, b| hooks.order(s, &b.instance, &n, images))
+        self.call(Hook::Order, |s, b| hooks.order(s, &b.instance, n, images))
     }
 
     fn concurrency(&mut self, n: &sdk::NodeFacts) -> Result<u32, PolicyError> {
-        let n = node(n);
+        let (n, hooks) = (NodeArg::of(n), self.shared.hooks);
         self.call(Hook::Concurrency, |s, b| {
-            b.policy.pinset_policy_decisions().call_concurrency(s, &n)
+            hooks.concurrency(s, &b.instance, n)
         })
     }
 
@@ -191,36 +190,16 @@ impl PolicyInstance for WasmPolicy {
         outcome: &sdk::PullOutcome,
         pressure: &sdk::Pressure,
     ) -> Result<u64, PolicyError> {
-        let n = node(n);
-        let outcome = wit::PullOutcome {
-            reference: outcome.reference.clone(),
-            error: outcome.error.clone(),
-            bytes: outcome.bytes,
-            duration_ms: outcome.duration_ms,
-            remaining: outcome.remaining,
-        };
+        let (n, outcome) = (NodeArg::of(n), OutcomeArg::of(outcome));
         let pressure = wit::Pressure {
             io: pressure.io,
             cpu: pressure.cpu,
             memory: pressure.memory,
         };
+        let hooks = self.shared.hooks;
         self.call(Hook::Throttle, |s, b| {
-            b.policy
-                .pinset_policy_decisions()
-                .call_throttle(s, &n, &outcome, pressure)
+            hooks.throttle(s, &b.instance, n, outcome, pressure)
         })
-    }
-}
-
-fn node(n: &sdk::NodeFacts) -> wit::NodeFacts {
-    wit::NodeFacts {
-        name: n.name.clone(),
-        labels: n.labels.clone(),
-        pools: n.pools.clone(),
-        control_plane: n.control_plane,
-        ready: n.ready,
-        disk_pressure: n.disk_pressure,
-        allocatable_ephemeral_bytes: n.allocatable_ephemeral_bytes,
     }
 }
 

@@ -1,7 +1,7 @@
 //! Loading a module: its sha256 pin, its contract version, pre-instantiation.
 
 use super::bindings;
-use super::borrowed::ImageHooks;
+use super::borrowed::BorrowedHooks;
 use super::engine::{Ticker, WasmRuntime};
 use super::instance::WasmPolicy;
 use super::store::{Limits, State};
@@ -43,7 +43,7 @@ impl WasmRuntime {
             expected: CONTRACT.into(),
             found: format!("an incompatible {CONTRACT}: {e:#}"),
         })?;
-        let hooks = ImageHooks::find(&component, name, CONTRACT)?;
+        let hooks = BorrowedHooks::find(&component, name, CONTRACT)?;
         let module = PolicyModule {
             shared: Arc::new(Shared {
                 name: name.into(),
@@ -229,9 +229,9 @@ pub(super) struct Shared {
     pub(super) name: String,
     pub(super) sha256: String,
     pub(super) pre: wasmtime::component::InstancePre<State>,
-    /// The contract's exports, found once; `hooks`: the two called with borrowed images.
+    /// The contract's exports, found once; `hooks`: those called with borrowed arguments.
     pub(super) indices: bindings::PolicyIndices,
-    pub(super) hooks: ImageHooks,
+    pub(super) hooks: BorrowedHooks,
     pub(super) engine: Engine,
     pub(super) limits: Limits,
     _ticker: Arc<Ticker>,
