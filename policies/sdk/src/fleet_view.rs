@@ -6,6 +6,7 @@
 use crate::prelude::*;
 
 use crate::fleet::{FleetNode, FleetPool, NodeProgress, Phase, RolloutRequest, Target};
+use crate::types::row;
 
 /// A fleet policy's question: the pool, its target, and every node of the pool sorted by name.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -176,14 +177,6 @@ impl Default for Nodes {
 /// `(known, value)` of an optional column entry: 0 stands in when there is none.
 fn known<T: Default>(v: Option<T>) -> (u8, T) {
     v.map_or((0, T::default()), |v| (1, v))
-}
-
-/// Entries `from .. to` of a compressed-sparse-row column for row `i`, clamped to `len`: a
-/// malformed column yields empty rows, never a panic.
-fn row(starts: &[u32], i: usize, len: usize) -> core::ops::Range<usize> {
-    let from = (starts.get(i).copied().unwrap_or(0) as usize).min(len);
-    let to = (starts.get(i + 1).copied().unwrap_or(0) as usize).clamp(from, len);
-    from..to
 }
 
 impl Nodes {

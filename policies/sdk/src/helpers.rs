@@ -199,6 +199,31 @@ mod tests {
     }
 
     #[test]
+    fn malformed_image_columns_read_short_never_panic() {
+        let t = Images::from_columns(crate::types::Columns {
+            references: "ab".into(),
+            // Past the end, then backwards.
+            reference_starts: vec![0, 9, 1],
+            present: vec![0, 0],
+            size_known: vec![1, 1],
+            size_bytes: vec![1, 1],
+            layer_starts: vec![0, 5, 2],
+            layer_ids: vec![0, 1, 7],
+            layer_sizes: vec![10, 20],
+            set_starts: vec![0],
+            set_ids: vec![],
+            set_names: vec![],
+        });
+        let first = t.get(0).unwrap();
+        assert_eq!((first.reference, first.layers), ("ab", &[0, 1, 7][..]));
+        let second = t.get(1).unwrap();
+        assert_eq!((second.reference, second.layers), ("", &[][..]));
+        assert_eq!(second.sets().count(), 0);
+        // Layer 7 has no size: it counts nothing.
+        assert_eq!(t.pull_bytes(0..2).known, 30);
+    }
+
+    #[test]
     fn columns_read_back_per_image() {
         let mut t = Images::new();
         let l = t.add_layer(7);

@@ -42,12 +42,12 @@ pub struct Images {
     pub(crate) set_names: Vec<String>,
 }
 
-/// The range `starts[i] .. starts[i + 1]` of a compressed-sparse-row column; empty when `i` is
-/// out of range or the column is malformed.
-fn entries(starts: &[u32], i: usize) -> (usize, usize) {
-    let from = starts.get(i).copied().unwrap_or(0) as usize;
-    let to = starts.get(i + 1).copied().unwrap_or(0) as usize;
-    (from, to.max(from))
+/// Entries `from .. to` of a compressed-sparse-row column for row `i`, clamped to `len`: a
+/// malformed column yields empty or shortened rows, never a panic.
+pub(crate) fn row(starts: &[u32], i: usize, len: usize) -> core::ops::Range<usize> {
+    let from = (starts.get(i).copied().unwrap_or(0) as usize).min(len);
+    let to = (starts.get(i + 1).copied().unwrap_or(0) as usize).clamp(from, len);
+    from..to
 }
 
 impl Default for Images {
@@ -205,23 +205,23 @@ impl Images {
         if i >= self.len() {
             return None;
         }
-        let (rf, rt) = entries(&self.reference_starts, i);
-        let (sf, st) = entries(&self.set_starts, i);
+        let reference = row(&self.reference_starts, i, self.references.len());
+        let sets = row(&self.set_starts, i, self.set_ids.len());
         Some(Image {
             index: i as u32,
-            reference: self.references.get(rf..rt).unwrap_or(""),
+            // A range that splits a character (a malformed column) reads as no reference.
+            reference: self.references.get(reference).unwrap_or(""),
             present: self.present[i] != 0,
             size_bytes: (self.size_known.get(i) == Some(&1)).then(|| self.size_bytes[i]),
             layers: self.layers_of(i),
-            set_ids: self.set_ids.get(sf..st).unwrap_or(&[]),
+            set_ids: &self.set_ids[sets],
             set_names: &self.set_names,
         })
     }
 
     /// The layer indices of image `i` (none when `i` is out of range).
     pub(crate) fn layers_of(&self, i: usize) -> &[u32] {
-        let (from, to) = entries(&self.layer_starts, i);
-        self.layer_ids.get(from..to).unwrap_or(&[])
+        &self.layer_ids[row(&self.layer_starts, i, self.layer_ids.len())]
     }
 
     pub fn iter(&self) -> impl ExactSizeIterator<Item = Image<'_>> + '_ {
