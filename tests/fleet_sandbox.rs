@@ -5,7 +5,8 @@
 mod support;
 
 use pinset_policy::{
-    FleetInstance, FleetModule, GuardedFleet, Hook, Limits, LoadError, PolicyError, WasmRuntime,
+    FleetInstance, FleetModule, GuardedFleet, Hook, Limits, LoadError, PolicyError, PolicyInstance,
+    WasmRuntime,
 };
 use pinset_policy_sdk::{FleetNode, FleetPool, Phase, RolloutRequest};
 use std::path::PathBuf;
@@ -87,15 +88,22 @@ fn node_only_fleet_only_and_both_modules_load_for_what_they_export() {
         .info()
         .unwrap();
     assert_eq!(info.name, "zone-by-zone");
-    // The default module exports both; its fleet answer is the native default's.
-    let default = runtime()
-        .load_fleet(
+    // The default module exports both, compiled once and bound to each contract; its fleet
+    // answer is the native default's.
+    let compiled = runtime()
+        .compile_module(
             pinset_policy::EMBEDDED_DEFAULT_NAME,
             pinset_policy::EMBEDDED_DEFAULT,
             None,
             Limits::default(),
         )
         .unwrap();
+    let node = runtime().policy_module(&compiled).unwrap();
+    let default = runtime().fleet_module(&compiled).unwrap();
+    assert_eq!(node.sha256(), compiled.sha256());
+    assert_eq!(default.sha256(), compiled.sha256());
+    let facts = pinset_policy::NodeFacts::default();
+    assert_eq!(node.instance().concurrency(&facts).unwrap(), 5);
     let request = pool(30, "", None);
     let wasm = default.instance().grant(&request).unwrap();
     let native = pinset_policy::NativeFleet::reference()

@@ -33,10 +33,10 @@ pub use pinset_policy_sdk::{
     PullOutcome, Verdict,
 };
 pub use wasm::{
-    COMPILE_INVALID_MODULE, COMPILE_SUBCOMMAND, CONTRACT, Compiler, FLEET_CONTRACT, FleetModule,
-    Limits, MAX_LOG_BYTES, MAX_LOG_LINE_BYTES, MAX_LOG_LINES, NO_WAITING, PolicyModule,
-    STDERR_CAPTURE_BYTES, WasmFleet, WasmPolicy, WasmRuntime, bounded, instance_strategy,
-    precompile,
+    COMPILE_INVALID_MODULE, COMPILE_SUBCOMMAND, CONTRACT, CompiledModule, Compiler, FLEET_CONTRACT,
+    FleetModule, Limits, MAX_LOG_BYTES, MAX_LOG_LINE_BYTES, MAX_LOG_LINES, NO_WAITING,
+    PolicyModule, STDERR_CAPTURE_BYTES, WasmFleet, WasmPolicy, WasmRuntime, bounded,
+    instance_strategy, precompile,
 };
 
 pub use pinset_core::decisions::Hook;

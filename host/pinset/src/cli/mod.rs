@@ -10,7 +10,7 @@ pub mod policy;
 pub mod report;
 
 use anyhow::Context;
-use pinset_policy::{Compiler, Limits, PolicyModule, WasmRuntime};
+use pinset_policy::{CompiledModule, Compiler, Limits, PolicyModule, WasmRuntime};
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -46,36 +46,26 @@ impl PolicyOpts {
         }
     }
 
-    /// Compile and check the chosen module.
+    /// Compile and check the chosen module's node decisions (`pinset:policy/decisions`).
     pub fn load(&self, runtime: &WasmRuntime) -> anyhow::Result<PolicyModule> {
-        let module = match &self.policy {
-            Some(path) => runtime.load_file(path, self.policy_sha256.as_deref(), self.limits())?,
-            None => runtime.load(
-                pinset_policy::EMBEDDED_DEFAULT_NAME,
-                pinset_policy::EMBEDDED_DEFAULT,
-                None,
-                self.limits(),
-            )?,
-        };
-        Ok(module)
+        Ok(runtime.policy_module(&self.compile(runtime)?)?)
     }
-}
 
-impl PolicyOpts {
-    /// Compile and check the chosen module's fleet policy (`pinset:fleet/rollout`).
-    pub fn load_fleet(&self, runtime: &WasmRuntime) -> anyhow::Result<pinset_policy::FleetModule> {
-        let module = match &self.policy {
+    /// Check and compile the chosen module (the embedded default when none is given), for
+    /// whichever contracts it is then loaded as.
+    pub fn compile(&self, runtime: &WasmRuntime) -> anyhow::Result<CompiledModule> {
+        let compiled = match &self.policy {
             Some(path) => {
-                runtime.load_fleet_file(path, self.policy_sha256.as_deref(), self.limits())?
+                runtime.compile_file(path, self.policy_sha256.as_deref(), self.limits())?
             }
-            None => runtime.load_fleet(
+            None => runtime.compile_module(
                 pinset_policy::EMBEDDED_DEFAULT_NAME,
                 pinset_policy::EMBEDDED_DEFAULT,
                 None,
                 self.limits(),
             )?,
         };
-        Ok(module)
+        Ok(compiled)
     }
 
     /// The module as reports name it before it is loaded.

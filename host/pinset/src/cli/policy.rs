@@ -234,6 +234,8 @@ fn test(
 struct Modules<'a> {
     opts: &'a PolicyOpts,
     runtime: pinset_policy::WasmRuntime,
+    /// Compiled once, for whichever contracts the scenarios ask for.
+    compiled: Option<pinset_policy::CompiledModule>,
     node: Option<PolicyModule>,
     fleet: Option<pinset_policy::FleetModule>,
 }
@@ -243,21 +245,32 @@ impl<'a> Modules<'a> {
         Ok(Self {
             opts,
             runtime: pinset_policy::WasmRuntime::new()?,
+            compiled: None,
             node: None,
             fleet: None,
         })
     }
 
+    /// The module compiled (on first use; a clone shares the compiled code).
+    fn compiled(&mut self) -> Result<pinset_policy::CompiledModule> {
+        if self.compiled.is_none() {
+            self.compiled = Some(self.opts.compile(&self.runtime)?);
+        }
+        Ok(self.compiled.clone().expect("compiled above"))
+    }
+
     fn node(&mut self) -> Result<&PolicyModule> {
         if self.node.is_none() {
-            self.node = Some(self.opts.load(&self.runtime)?);
+            let compiled = self.compiled()?;
+            self.node = Some(self.runtime.policy_module(&compiled)?);
         }
         Ok(self.node.as_ref().expect("loaded above"))
     }
 
     fn fleet(&mut self) -> Result<&pinset_policy::FleetModule> {
         if self.fleet.is_none() {
-            self.fleet = Some(self.opts.load_fleet(&self.runtime)?);
+            let compiled = self.compiled()?;
+            self.fleet = Some(self.runtime.fleet_module(&compiled)?);
         }
         Ok(self.fleet.as_ref().expect("loaded above"))
     }
@@ -265,6 +278,7 @@ impl<'a> Modules<'a> {
     /// Both contracts, each when the module implements it; the node contract's error when it
     /// implements neither (it names the module and what it exports).
     fn load_all(&mut self) -> Result<()> {
+        self.compiled()?;
         let node = self.node().map(drop);
         let fleet = self.fleet().map(drop);
         match (node, fleet) {

@@ -8,6 +8,7 @@ use super::fleet_bindings as fb;
 use super::instance::{
     MAX_DESCRIPTION_BYTES, MAX_NAME_BYTES, MAX_REASON_BYTES, classify, deadline_ticks,
 };
+use super::module::CompiledModule;
 use super::store::{Limits, LogBudget, State, new_store};
 use crate::fleet::FleetInstance;
 use crate::{Hook, LoadError, PolicyError};
@@ -63,8 +64,7 @@ impl WasmRuntime {
         sha256: Option<&str>,
         limits: Limits,
     ) -> Result<FleetModule, LoadError> {
-        let bytes = super::module::read_module(path, limits)?;
-        self.load_fleet(&path.display().to_string(), &bytes, sha256, limits)
+        self.fleet_module(&self.compile_file(path, sha256, limits)?)
     }
 
     /// Compile, check and pre-instantiate a module that exports [`FLEET_CONTRACT`].
@@ -75,21 +75,31 @@ impl WasmRuntime {
         sha256: Option<&str>,
         limits: Limits,
     ) -> Result<FleetModule, LoadError> {
-        let (component, sha256) = self.checked_component(name, bytes, sha256, limits)?;
-        super::module::check_export(&self.engine, &component, name, FLEET_CONTRACT)?;
-        let pre = self.pre_instantiate(name, &component)?;
+        self.fleet_module(&self.compile_module(name, bytes, sha256, limits)?)
+    }
+
+    /// Check a compiled module's fleet contract and pre-instantiate it.
+    pub fn fleet_module(&self, compiled: &CompiledModule) -> Result<FleetModule, LoadError> {
+        let CompiledModule {
+            name,
+            sha256,
+            component,
+            limits,
+        } = compiled;
+        super::module::check_export(&self.engine, component, name, FLEET_CONTRACT)?;
+        let pre = self.pre_instantiate(name, component)?;
         let pre = fb::FleetPolicyPre::new(pre).map_err(|e| LoadError::Contract {
-            module: name.into(),
+            module: name.clone(),
             expected: FLEET_CONTRACT.into(),
             found: format!("an incompatible {FLEET_CONTRACT}: {e:#}"),
         })?;
         Ok(FleetModule {
             shared: Arc::new(FleetShared {
-                name: name.into(),
-                sha256,
+                name: name.clone(),
+                sha256: sha256.clone(),
                 pre,
                 engine: self.engine.clone(),
-                limits,
+                limits: *limits,
                 _ticker: self.ticker.clone(),
             }),
         })

@@ -5,7 +5,8 @@
 //!   ticker that enforces deadlines);
 //! - [`compile`]: where a module becomes machine code — in this process, or in a child process
 //!   ([`Compiler::Subprocess`]) so that the agent itself never runs the compiler;
-//! - [`module`]: loading — sha256 pin, contract version, pre-instantiation ([`PolicyModule`]);
+//! - [`module`]: loading — sha256 pin and compilation once per module ([`CompiledModule`]),
+//!   then per contract its version and pre-instantiation ([`PolicyModule`]);
 //! - [`store`]: one store's state — the empty WASI context, the memory cap, the log budget
 //!   ([`Limits`]);
 //! - [`instance`]: one reconcile's instance ([`WasmPolicy`]): calls under a deadline, failures
@@ -31,7 +32,7 @@ pub use compile::{COMPILE_INVALID_MODULE, COMPILE_SUBCOMMAND, Compiler, precompi
 pub use engine::{WasmRuntime, instance_strategy};
 pub use fleet::{FLEET_CONTRACT, FleetModule, WasmFleet};
 pub use instance::WasmPolicy;
-pub use module::{CONTRACT, PolicyModule};
+pub use module::{CONTRACT, CompiledModule, PolicyModule};
 pub use store::{Limits, MAX_LOG_BYTES, MAX_LOG_LINE_BYTES, MAX_LOG_LINES, STDERR_CAPTURE_BYTES};
 pub use wasi::NO_WAITING;
 

@@ -15,6 +15,25 @@ use wasmtime::component::Component;
 /// The exported interface (and version) this pinset calls.
 pub const CONTRACT: &str = "pinset:policy/decisions@0.1.0";
 
+/// A module's bytes checked (size, sha256 pin, header) and compiled, not yet bound to a
+/// contract: one compile serves both contracts of a module that implements both. Cheap to clone.
+#[derive(Clone)]
+pub struct CompiledModule {
+    pub(super) name: String,
+    pub(super) sha256: String,
+    pub(super) component: Component,
+    pub(super) limits: Limits,
+}
+
+impl CompiledModule {
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+    pub fn sha256(&self) -> &str {
+        &self.sha256
+    }
+}
+
 impl WasmRuntime {
     /// Load a module from a file. `sha256`, when given, must match the file.
     pub fn load_file(
@@ -23,8 +42,7 @@ impl WasmRuntime {
         sha256: Option<&str>,
         limits: Limits,
     ) -> Result<PolicyModule, LoadError> {
-        let bytes = read_module(path, limits)?;
-        self.load(&path.display().to_string(), &bytes, sha256, limits)
+        self.policy_module(&self.compile_file(path, sha256, limits)?)
     }
 
     /// Compile, check and pre-instantiate a module.
@@ -35,28 +53,48 @@ impl WasmRuntime {
         sha256: Option<&str>,
         limits: Limits,
     ) -> Result<PolicyModule, LoadError> {
-        let (component, actual) = self.checked_component(name, bytes, sha256, limits)?;
-        check_export(&self.engine, &component, name, CONTRACT)?;
-        let pre = self.pre_instantiate(name, &component)?;
+        self.policy_module(&self.compile_module(name, bytes, sha256, limits)?)
+    }
+
+    /// Check a compiled module's node contract and pre-instantiate it.
+    pub fn policy_module(&self, compiled: &CompiledModule) -> Result<PolicyModule, LoadError> {
+        let CompiledModule {
+            name,
+            sha256,
+            component,
+            limits,
+        } = compiled;
+        check_export(&self.engine, component, name, CONTRACT)?;
+        let pre = self.pre_instantiate(name, component)?;
         let indices = bindings::PolicyIndices::new(&pre).map_err(|e| LoadError::Contract {
-            module: name.into(),
+            module: name.clone(),
             expected: CONTRACT.into(),
             found: format!("an incompatible {CONTRACT}: {e:#}"),
         })?;
-        let hooks = BorrowedHooks::find(&component, name, CONTRACT)?;
-        let module = PolicyModule {
+        let hooks = BorrowedHooks::find(component, name, CONTRACT)?;
+        Ok(PolicyModule {
             shared: Arc::new(Shared {
-                name: name.into(),
-                sha256: actual,
+                name: name.clone(),
+                sha256: sha256.clone(),
                 pre,
                 indices,
                 hooks,
                 engine: self.engine.clone(),
-                limits,
+                limits: *limits,
                 _ticker: self.ticker.clone(),
             }),
-        };
-        Ok(module)
+        })
+    }
+
+    /// A module file checked and compiled. `sha256`, when given, must match the file.
+    pub fn compile_file(
+        &self,
+        path: &Path,
+        sha256: Option<&str>,
+        limits: Limits,
+    ) -> Result<CompiledModule, LoadError> {
+        let bytes = read_module(path, limits)?;
+        self.compile_module(&path.display().to_string(), &bytes, sha256, limits)
     }
 
     /// Link the component's imports once (what the sandbox does not offer fails here, named).
@@ -74,14 +112,14 @@ impl WasmRuntime {
     }
 
     /// A module's size, sha256 pin and header checked, then compiled: what every contract's
-    /// loading starts with. Returns the component and its sha256.
-    pub(super) fn checked_component(
+    /// loading starts with.
+    pub fn compile_module(
         &self,
         name: &str,
         bytes: &[u8],
         sha256: Option<&str>,
         limits: Limits,
-    ) -> Result<(Component, String), LoadError> {
+    ) -> Result<CompiledModule, LoadError> {
         too_large(name, bytes.len() as u64, limits)?;
         let actual = hex(&Sha256::digest(bytes));
         if let Some(expected) = sha256 {
@@ -101,8 +139,12 @@ impl WasmRuntime {
             }
         }
         check_header(name, bytes)?;
-        let component = self.compile(name, bytes)?;
-        Ok((component, actual))
+        Ok(CompiledModule {
+            name: name.into(),
+            sha256: actual,
+            component: self.compile(name, bytes)?,
+            limits,
+        })
     }
 }
 
