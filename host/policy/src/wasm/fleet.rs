@@ -80,26 +80,16 @@ impl WasmRuntime {
 
     /// Check a compiled module's fleet contract and pre-instantiate it.
     pub fn fleet_module(&self, compiled: &CompiledModule) -> Result<FleetModule, LoadError> {
-        let CompiledModule {
-            name,
-            sha256,
-            component,
-            limits,
-        } = compiled;
-        super::module::check_export(&self.engine, component, name, FLEET_CONTRACT)?;
-        let pre = self.pre_instantiate(name, component)?;
-        let pre = fb::FleetPolicyPre::new(pre).map_err(|e| LoadError::Contract {
-            module: name.clone(),
-            expected: FLEET_CONTRACT.into(),
-            found: format!("an incompatible {FLEET_CONTRACT}: {e:#}"),
-        })?;
+        let name = &compiled.name;
+        let pre = fb::FleetPolicyPre::new(self.bind(compiled, FLEET_CONTRACT)?)
+            .map_err(|e| super::module::incompatible(name, FLEET_CONTRACT, e))?;
         Ok(FleetModule {
             shared: Arc::new(FleetShared {
                 name: name.clone(),
-                sha256: sha256.clone(),
+                sha256: compiled.sha256.clone(),
                 pre,
                 engine: self.engine.clone(),
-                limits: *limits,
+                limits: compiled.limits,
                 _ticker: self.ticker.clone(),
             }),
         })

@@ -58,32 +58,34 @@ impl WasmRuntime {
 
     /// Check a compiled module's node contract and pre-instantiate it.
     pub fn policy_module(&self, compiled: &CompiledModule) -> Result<PolicyModule, LoadError> {
-        let CompiledModule {
-            name,
-            sha256,
-            component,
-            limits,
-        } = compiled;
-        check_export(&self.engine, component, name, CONTRACT)?;
-        let pre = self.pre_instantiate(name, component)?;
-        let indices = bindings::PolicyIndices::new(&pre).map_err(|e| LoadError::Contract {
-            module: name.clone(),
-            expected: CONTRACT.into(),
-            found: format!("an incompatible {CONTRACT}: {e:#}"),
-        })?;
-        let hooks = BorrowedHooks::find(component, name, CONTRACT)?;
+        let (name, pre) = (&compiled.name, self.bind(compiled, CONTRACT)?);
+        let indices =
+            bindings::PolicyIndices::new(&pre).map_err(|e| incompatible(name, CONTRACT, e))?;
+        let hooks = BorrowedHooks::find(&compiled.component, name, CONTRACT)?;
         Ok(PolicyModule {
             shared: Arc::new(Shared {
                 name: name.clone(),
-                sha256: sha256.clone(),
+                sha256: compiled.sha256.clone(),
                 pre,
                 indices,
                 hooks,
                 engine: self.engine.clone(),
-                limits: *limits,
+                limits: compiled.limits,
                 _ticker: self.ticker.clone(),
             }),
         })
+    }
+
+    /// `compiled` checked to export `contract` (or a compatible version) and its imports linked
+    /// once: what binding a module to either contract starts with.
+    pub(super) fn bind(
+        &self,
+        compiled: &CompiledModule,
+        contract: &str,
+    ) -> Result<wasmtime::component::InstancePre<State>, LoadError> {
+        let (name, component) = (&compiled.name, &compiled.component);
+        check_export(&self.engine, component, name, contract)?;
+        self.pre_instantiate(name, component)
     }
 
     /// A module file checked and compiled. `sha256`, when given, must match the file.
@@ -185,6 +187,19 @@ pub(super) fn too_large(name: &str, bytes: u64, limits: Limits) -> Result<(), Lo
         });
     }
     Ok(())
+}
+
+/// The contract's exports of `module` do not have the types `contract` gives them.
+pub(super) fn incompatible(
+    module: &str,
+    contract: &str,
+    cause: impl std::fmt::Display,
+) -> LoadError {
+    LoadError::Contract {
+        module: module.into(),
+        expected: contract.into(),
+        found: format!("an incompatible {contract}: {cause:#}"),
+    }
 }
 
 /// The module must export `contract` (`package/interface@version`) or a semver-compatible
