@@ -354,3 +354,117 @@ fn fleet_scenarios_pass_for_the_default_and_the_zone_policy_and_bite() {
     assert_eq!(code, 1);
     assert!(stderr.contains("pinset:policy/decisions@0.1.0"), "{stderr}");
 }
+
+/// `pinset policy simulate -o json ARGS`: (exit code, the report).
+fn simulate(args: &[&str]) -> (i32, serde_json::Value) {
+    let mut all = vec!["policy", "simulate", "-o", "json"];
+    all.extend_from_slice(args);
+    let (code, stdout, stderr) = pinset(&all);
+    let report =
+        serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("{e}: {stdout}\n{stderr}"));
+    (code, report)
+}
+
+/// The simulated nodes' (granted, ended) times; a node never granted or never ended is `None`.
+fn spans(report: &serde_json::Value) -> Vec<(Option<u64>, Option<u64>)> {
+    report["run"]["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| (n["grantedMs"].as_u64(), n["endedMs"].as_u64()))
+        .collect()
+}
+
+#[test]
+fn cli_simulate_plays_whole_rollouts_through_real_fleet_modules() {
+    // The embedded default: a canary alone, then waves the annotation bounds — counted from the
+    // nodes' own pull spans, not from the report's summary.
+    let (code, r) = simulate(&[
+        "--nodes",
+        "20",
+        "--pull-seconds",
+        "10",
+        "--max-pulling",
+        "4",
+    ]);
+    assert_eq!(
+        (code, &r["run"]["complete"]),
+        (0, &serde_json::json!(true)),
+        "{r}"
+    );
+    let s = spans(&r);
+    let canary_end = s[0].1.unwrap();
+    assert!(s[1..].iter().all(|(g, _)| g.unwrap() > canary_end), "{s:?}");
+    let overlap = |t: u64| {
+        s.iter()
+            .filter(|(g, e)| g.unwrap() <= t && t < e.unwrap())
+            .count()
+    };
+    let most = s.iter().map(|(g, _)| overlap(g.unwrap())).max().unwrap();
+    assert_eq!(most, 4, "{s:?}");
+    assert_eq!(r["run"]["maxInFlight"], 4);
+
+    // Zone by zone: after the canary, every node of a zone is granted before the next zone's.
+    let zone = support::policy_dir().join("pinset_policy_zone_by_zone.wasm");
+    let (code, r) = simulate(&["--policy", zone.to_str().unwrap(), "--nodes", "9"]);
+    assert_eq!(code, 0, "{r}");
+    let s = spans(&r);
+    let granted = |z: usize| (1..9).filter(move |i| i % 3 == z).map(|i| s[i].0.unwrap());
+    assert!(granted(0).max() < granted(1).min(), "{s:?}");
+    assert!(granted(1).max() < granted(2).min(), "{s:?}");
+
+    // A failed canary holds the pool: nobody else pulls, and the command says so by its exit.
+    let (code, r) = simulate(&["--nodes", "5", "--fail", "0"]);
+    assert_eq!(code, 1, "{r}");
+    assert_eq!(
+        (&r["run"]["failed"], &r["run"]["waiting"]),
+        (&1.into(), &4.into())
+    );
+    assert!(spans(&r)[1..].iter().all(|(g, _)| g.is_none()));
+
+    // A module that traps is answered by the default fleet policy at every decision, named.
+    let hostile = support::policy_dir().join("pinset_test_policy_hostile.wasm");
+    let (code, r) = simulate(&[
+        "--policy",
+        hostile.to_str().unwrap(),
+        "--nodes",
+        "4",
+        "--annotation",
+        "pinset.test/hostile-fleet=trap",
+    ]);
+    assert_eq!(code, 0, "{r}");
+    let decisions = r["run"]["decisions"].as_array().unwrap().len();
+    assert_eq!(r["run"]["fallbacks"], decisions, "{r}");
+    assert!(
+        r["firstFallback"].as_str().unwrap().contains("trapped"),
+        "{r}"
+    );
+}
+
+#[test]
+fn cli_simulate_draws_the_rollout_and_refuses_unknown_nodes() {
+    let dir = tempfile::tempdir().unwrap();
+    let svg = dir.path().join("rollout.svg");
+    let (code, stdout, stderr) = pinset(&[
+        "policy",
+        "simulate",
+        "--nodes",
+        "3",
+        "--timeline",
+        svg.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 0, "{stderr}");
+    assert!(
+        stdout.contains("worker-02  ·") && stdout.contains("rollout complete in"),
+        "{stdout}"
+    );
+    let picture = std::fs::read_to_string(&svg).unwrap();
+    assert!(
+        picture.contains(">worker-02<title>worker-02</title>"),
+        "{picture}"
+    );
+    assert!(dir.path().join("rollout.trace.json").exists());
+    let (code, _, stderr) = pinset(&["policy", "simulate", "--nodes", "3", "--fail", "worker-7"]);
+    assert_eq!(code, 1);
+    assert!(stderr.contains("--fail worker-7: no such node"), "{stderr}");
+}

@@ -8,7 +8,9 @@
 //!   crate), the hooks, fallbacks, and the observer that metrics implement;
 //! - [`plan`]: from decisions to a pull plan; [`settle`]: from presence and pull outcomes to
 //!   per-set verdicts; [`drift`]: pins lost behind pinset's back;
-//! - [`status`]: the per-set status model; [`scenario`]: the offline scenario format.
+//! - [`status`]: the per-set status model; [`scenario`]: the offline scenario format;
+//! - [`rollout`]: a pool's rollout against its target; [`rollout_sim`]: a whole rollout played
+//!   offline against a fleet policy.
 //!
 //! May depend on: the policy SDK's contract types, serde, thiserror. Must not depend on any
 //! runtime or adapter: no tokio, tonic, kube, wasmtime, hyper. It touches the file system only to
@@ -23,6 +25,7 @@ pub mod pool;
 pub mod quantity;
 pub mod reference;
 pub mod rollout;
+pub mod rollout_sim;
 pub mod scenario;
 pub mod selector;
 pub mod settle;

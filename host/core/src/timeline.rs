@@ -33,9 +33,22 @@ pub struct Timeline {
     pub title: String,
     /// One line each: the admission, the concurrency, the policy.
     pub notes: Vec<String>,
-    /// Lane `i` is pull slot `i + 1`.
+    /// Lane `i` is pull slot `i + 1`, unless `lane_names` names it.
     pub lanes: Vec<Vec<Mark>>,
+    /// What each lane is (a node of a simulated rollout); empty: pull slots.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub lane_names: Vec<String>,
     pub end_ms: f64,
+}
+
+impl Timeline {
+    /// Lane `i`'s name: `lane_names[i]`, else `slot i + 1`.
+    pub fn lane_name(&self, i: usize) -> String {
+        self.lane_names
+            .get(i)
+            .cloned()
+            .unwrap_or_else(|| format!("slot {}", i + 1))
+    }
 }
 
 /// Builds a timeline from pull events as they happen.
@@ -122,6 +135,7 @@ impl Recorder {
             title,
             notes,
             lanes: self.lanes,
+            lane_names: Vec::new(),
             end_ms: self.end_ms,
         }
     }
@@ -174,11 +188,20 @@ pub fn svg(t: &Timeline) -> String {
     }
     for (i, lane) in t.lanes.iter().enumerate() {
         let y = top + LANE * i as f64;
+        let name = t.lane_name(i);
+        // About 6 px per character at 11 px: what fits left of the lanes, the rest elided.
+        let room = ((LEFT - 14.0) / 6.0) as usize;
+        let label: String = if name.chars().count() <= room {
+            name.clone()
+        } else {
+            name.chars().take(room - 1).chain(['…']).collect()
+        };
         out.push_str(&format!(
-            "<g class=\"lane\" data-slot=\"{}\">\n<text x=\"10\" y=\"{}\">slot {}</text>\n",
+            "<g class=\"lane\" data-slot=\"{}\">\n<text x=\"10\" y=\"{}\">{}<title>{}</title></text>\n",
             i + 1,
             y + 19.0,
-            i + 1
+            escape(&label),
+            escape(&name)
         ));
         for m in lane {
             out.push_str(&mark_svg(m, x(m.start_ms), x(m.end_ms), y));
@@ -296,7 +319,7 @@ pub fn chrome_trace(t: &Timeline) -> serde_json::Value {
     })];
     for (i, lane) in t.lanes.iter().enumerate() {
         events.push(serde_json::json!({
-            "name": "thread_name", "ph": "M", "pid": 1, "tid": i + 1, "args": {"name": format!("slot {}", i + 1)}
+            "name": "thread_name", "ph": "M", "pid": 1, "tid": i + 1, "args": {"name": t.lane_name(i)}
         }));
         for m in lane {
             events.push(serde_json::json!({

@@ -8,6 +8,7 @@ pub mod node;
 pub mod plan;
 pub mod policy;
 pub mod report;
+pub mod simulate;
 
 use anyhow::Context;
 use pinset_policy::{CompiledModule, Compiler, Limits, PolicyModule, WasmRuntime};

@@ -47,6 +47,10 @@ pub enum PolicyCommand {
         #[arg(long, short = 'o', value_enum, default_value = "text")]
         output: Format,
     },
+    /// Play a pool's whole rollout through a fleet policy, offline: when each node pulls, the
+    /// decisions that granted nodes, how long it took. Exit 0 when every node reached the
+    /// target, 1 when the rollout held or stalled.
+    Simulate(super::simulate::SimulateArgs),
     /// Load a policy and print, for each contract it implements, its name, version and
     /// description; its sha256; and every interface it imports.
     Info {
@@ -98,6 +102,7 @@ pub fn run(cmd: PolicyCommand) -> Result<ExitCode> {
             iterations,
             output,
         } => bench_cmd(&policy, images, iterations.max(1), output),
+        PolicyCommand::Simulate(args) => super::simulate::run(&args),
         PolicyCommand::Info {
             mut policy,
             module,

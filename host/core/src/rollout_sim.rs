@@ -1,0 +1,488 @@
+//! A pool's whole rollout played offline against a fleet policy (`pinset policy simulate`):
+//! simulated nodes pull the target for given durations once granted; the policy is asked at the
+//! start and whenever pulls end (as the controller asks it when a node's phase changes), and the
+//! nodes it grants start pulling then. What a scenario checks for one step, this shows for a
+//! whole rollout: how long it takes, how many nodes pull at once, where it holds.
+//!
+//! Pure: the decision is a closure (the caller's guarded policy), time is simulated. A node that
+//! fails keeps failing (a missing image) and keeps its grant; a node that is not Ready never
+//! finishes a pull.
+
+use crate::timeline::{Mark, MarkKind, Timeline};
+use pinset_policy_sdk::{FleetNode, FleetPool, Grant, NodeProgress, Phase, RolloutRequest, Target};
+use serde::Serialize;
+
+/// One simulated node.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SimNode {
+    pub name: String,
+    /// (key, value) pairs sorted by key.
+    pub labels: Vec<(String, String)>,
+    pub ready: bool,
+    /// How long its pull of the target takes once granted.
+    pub pull_ms: u64,
+    /// Its pull of the target fails (when it ends).
+    pub fails: bool,
+}
+
+/// A pool about to roll a target out: no node is at it yet.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Simulation {
+    pub pool: FleetPool,
+    pub target: Target,
+    /// Sorted by name, as the controller passes a pool's nodes.
+    pub nodes: Vec<SimNode>,
+    /// From a pull's end to the decision that sees it (the node's status write, the
+    /// controller's reconcile, its grant seen by the node): pulls ending within it are seen by
+    /// the same decision.
+    pub react_ms: u64,
+}
+
+/// How one node's rollout went.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeRun {
+    pub name: String,
+    /// When it was granted (and began to pull).
+    pub granted_ms: Option<u64>,
+    /// When its pull ended (at the target, or failed).
+    pub ended_ms: Option<u64>,
+    /// `done`, `failed`, `pulling` (granted, never finished: not Ready) or `waiting` (never
+    /// granted).
+    pub outcome: &'static str,
+}
+
+/// One decision of the fleet policy.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Decision {
+    pub at_ms: u64,
+    /// The nodes it granted that held no grant yet.
+    pub granted: Vec<String>,
+    /// Nodes in flight (granted, Ready, pulling or failed and retrying) once it took effect.
+    pub in_flight: u32,
+    pub reason: String,
+    /// The policy's answer was not used (trap, deadline, invalid answer): the default fleet
+    /// policy's was.
+    pub fallback: bool,
+}
+
+/// A whole simulated rollout.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Run {
+    pub nodes: Vec<NodeRun>,
+    pub decisions: Vec<Decision>,
+    /// When the last node reached the target, when every node did.
+    pub complete_ms: Option<u64>,
+    /// When the last pull ended or the last decision was taken, whichever is later.
+    pub end_ms: u64,
+    /// The most nodes in flight at once.
+    pub max_in_flight: u32,
+    pub done: u32,
+    pub failed: u32,
+    /// Granted but never finished (not Ready).
+    pub stalled: u32,
+    /// Never granted.
+    pub waiting: u32,
+    pub fallbacks: u32,
+    /// Every node reached the target.
+    pub complete: bool,
+}
+
+/// Where the nodes stand: when each was granted and when its pull ended.
+struct State {
+    granted: Vec<Option<u64>>,
+    ended: Vec<Option<u64>>,
+}
+
+impl State {
+    fn phase(&self, sim: &Simulation, i: usize) -> Phase {
+        match (self.granted[i], self.ended[i]) {
+            (_, Some(_)) if sim.nodes[i].fails => Phase::Failed,
+            (_, Some(_)) => Phase::Done,
+            (Some(_), None) => Phase::Pulling,
+            (None, None) => Phase::Waiting,
+        }
+    }
+
+    fn in_flight(&self, sim: &Simulation) -> u32 {
+        (0..sim.nodes.len())
+            .filter(|&i| {
+                let phase = self.phase(sim, i);
+                sim.nodes[i].ready && matches!(phase, Phase::Pulling | Phase::Failed)
+            })
+            .count() as u32
+    }
+
+    /// When the next pull ends: the earliest among granted, Ready nodes still pulling.
+    fn next_end(&self, sim: &Simulation) -> Option<u64> {
+        (0..sim.nodes.len())
+            .filter(|&i| sim.nodes[i].ready && self.ended[i].is_none())
+            .filter_map(|i| Some(self.granted[i]? + sim.nodes[i].pull_ms))
+            .min()
+    }
+
+    /// Every pull that has ended by `now` ends.
+    fn end_until(&mut self, sim: &Simulation, now: u64) {
+        for (i, node) in sim.nodes.iter().enumerate() {
+            if let (true, Some(start), None) = (node.ready, self.granted[i], self.ended[i]) {
+                let end = start + node.pull_ms;
+                if end <= now {
+                    self.ended[i] = Some(end);
+                }
+            }
+        }
+    }
+}
+
+/// Play `sim` through, asking `decide` (answer, and whether it was a fallback) at each step.
+pub fn run(sim: &Simulation, mut decide: impl FnMut(&RolloutRequest) -> (Grant, bool)) -> Run {
+    let n = sim.nodes.len();
+    let mut state = State {
+        granted: vec![None; n],
+        ended: vec![None; n],
+    };
+    let (mut decisions, mut now, mut max_in_flight) = (Vec::new(), 0, 0);
+    // Each step but the first follows at least one pull's end: at most n + 1 steps.
+    for _ in 0..=n {
+        let (grant, fallback) = decide(&request(sim, &state, now));
+        let mut granted = Vec::new();
+        for i in grant.nodes.iter().map(|&i| i as usize) {
+            if i < n && state.granted[i].is_none() {
+                state.granted[i] = Some(now);
+                granted.push(sim.nodes[i].name.clone());
+            }
+        }
+        let in_flight = state.in_flight(sim);
+        max_in_flight = max_in_flight.max(in_flight);
+        decisions.push(Decision {
+            at_ms: now,
+            granted,
+            in_flight,
+            reason: grant.reason,
+            fallback,
+        });
+        let Some(end) = state.next_end(sim) else {
+            break;
+        };
+        now = end + sim.react_ms;
+        state.end_until(sim, now);
+    }
+    summary(sim, &state, decisions, max_in_flight)
+}
+
+fn summary(sim: &Simulation, state: &State, decisions: Vec<Decision>, max_in_flight: u32) -> Run {
+    let nodes: Vec<NodeRun> = sim
+        .nodes
+        .iter()
+        .enumerate()
+        .map(|(i, node)| NodeRun {
+            name: node.name.clone(),
+            granted_ms: state.granted[i],
+            ended_ms: state.ended[i],
+            outcome: state.phase(sim, i).as_str(),
+        })
+        .collect();
+    let count = |outcome: &str| nodes.iter().filter(|r| r.outcome == outcome).count() as u32;
+    let last_end = state.ended.iter().flatten().max().copied();
+    let last_decision = decisions.last().map_or(0, |d| d.at_ms);
+    let complete = count("done") as usize == nodes.len();
+    Run {
+        done: count("done"),
+        failed: count("failed"),
+        stalled: count("pulling"),
+        waiting: count("waiting"),
+        complete,
+        complete_ms: last_end.filter(|_| complete),
+        fallbacks: decisions.iter().filter(|d| d.fallback).count() as u32,
+        end_ms: last_end.unwrap_or(0).max(last_decision),
+        max_in_flight,
+        nodes,
+        decisions,
+    }
+}
+
+/// What the controller would ask at `now`.
+fn request(sim: &Simulation, state: &State, now: u64) -> RolloutRequest {
+    let nodes = sim
+        .nodes
+        .iter()
+        .enumerate()
+        .map(|(i, node)| fleet_node(sim, node, state.phase(sim, i), state.granted[i], now))
+        .collect();
+    RolloutRequest {
+        pool: sim.pool.clone(),
+        target: sim.target.clone(),
+        nodes,
+    }
+}
+
+fn fleet_node(
+    sim: &Simulation,
+    node: &SimNode,
+    phase: Phase,
+    granted: Option<u64>,
+    now: u64,
+) -> FleetNode {
+    let target = &sim.target;
+    let pulling_for_ms = granted.filter(|_| phase == Phase::Pulling).map(|t| now - t);
+    // Pulling: the share of its pull time gone by; done: all of it.
+    let share = |total: u64| match (phase, pulling_for_ms) {
+        (Phase::Done, _) => total,
+        (_, Some(ms)) if node.pull_ms > 0 => {
+            (u128::from(total) * u128::from(ms.min(node.pull_ms)) / u128::from(node.pull_ms)) as u64
+        }
+        _ => 0,
+    };
+    FleetNode {
+        name: node.name.clone(),
+        labels: node.labels.clone(),
+        ready: node.ready,
+        granted: granted.is_some(),
+        phase,
+        progress: NodeProgress {
+            images_done: share(u64::from(target.images)),
+            images_total: u64::from(target.images),
+            bytes_done: share(target.bytes),
+            bytes_total: target.bytes,
+            pulling_for_ms,
+        },
+        sets: crate::rollout::reported_sets(target, phase, |s| {
+            format!("simulated: pulling set {} failed", s.name)
+        }),
+    }
+}
+
+/// The run as a timeline: one lane per node, its pull a bar from its grant to its end (red when
+/// it failed; to the end of the run when it never finished).
+pub fn timeline(run: &Run, title: String, notes: Vec<String>) -> Timeline {
+    let lanes = run
+        .nodes
+        .iter()
+        .map(|node| {
+            let Some(start) = node.granted_ms else {
+                return Vec::new();
+            };
+            let kind = if node.outcome == "failed" {
+                MarkKind::Failed
+            } else {
+                MarkKind::Pull
+            };
+            vec![Mark {
+                kind,
+                image: node.name.clone(),
+                start_ms: start as f64,
+                end_ms: node.ended_ms.unwrap_or(run.end_ms) as f64,
+                bytes: None,
+            }]
+        })
+        .collect();
+    Timeline {
+        title,
+        notes,
+        lanes,
+        lane_names: run.nodes.iter().map(|n| n.name.clone()).collect(),
+        end_ms: run.end_ms as f64,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use pinset_policy_default::DefaultFleet;
+    use pinset_policy_sdk::{Fleet, MAX_PULLING_ANNOTATION, TargetSet};
+
+    fn sim(nodes: usize, pull_ms: u64) -> Simulation {
+        Simulation {
+            pool: FleetPool {
+                name: "worker".into(),
+                ..Default::default()
+            },
+            target: Target {
+                sets: vec![TargetSet {
+                    name: "release".into(),
+                    generation: 2,
+                    images: 20,
+                    bytes: 20 << 30,
+                }],
+                images: 20,
+                bytes: 20 << 30,
+            },
+            nodes: (0..nodes)
+                .map(|i| SimNode {
+                    name: format!("w-{i:02}"),
+                    ready: true,
+                    pull_ms,
+                    ..Default::default()
+                })
+                .collect(),
+            react_ms: 100,
+        }
+    }
+
+    fn default_fleet(request: &RolloutRequest) -> (Grant, bool) {
+        (DefaultFleet.grant(&request.into()), false)
+    }
+
+    fn granting(run: &Run) -> Vec<(u64, Vec<String>)> {
+        run.decisions
+            .iter()
+            .filter(|d| !d.granted.is_empty())
+            .map(|d| (d.at_ms, d.granted.clone()))
+            .collect()
+    }
+
+    #[test]
+    fn the_default_grants_a_canary_then_one_node_per_finish_in_a_small_pool() {
+        let run = run(&sim(10, 1000), default_fleet);
+        assert!(run.complete, "{run:?}");
+        let grants = granting(&run);
+        assert_eq!(grants.len(), 10);
+        // Node k is granted when node k - 1 has ended and the controller reacted.
+        for (k, (at, names)) in grants.iter().enumerate() {
+            assert_eq!(
+                (*at, names.as_slice()),
+                (1100 * k as u64, &[format!("w-{k:02}")][..])
+            );
+        }
+        assert_eq!(run.complete_ms, Some(9 * 1100 + 1000));
+        assert_eq!(run.max_in_flight, 1);
+        assert_eq!(
+            (run.done, run.failed, run.waiting, run.fallbacks),
+            (10, 0, 0, 0)
+        );
+        let last = run.decisions.last().unwrap();
+        assert!(
+            last.granted.is_empty() && last.reason.contains("all 10"),
+            "{last:?}"
+        );
+    }
+
+    #[test]
+    fn the_pool_annotation_widens_the_waves_and_bounds_them() {
+        let mut s = sim(10, 1000);
+        s.pool.annotations = vec![(MAX_PULLING_ANNOTATION.into(), "3".into())];
+        s.pool.max_pulling = Some(3);
+        let run = run(&s, default_fleet);
+        assert!(run.complete);
+        assert_eq!(run.max_in_flight, 3);
+        let grants = granting(&run);
+        assert_eq!(grants[0].1, ["w-00"], "the canary alone first");
+        assert_eq!(
+            grants[1],
+            (1100, vec!["w-01".into(), "w-02".into(), "w-03".into()])
+        );
+        // 1 + 3 + 3 + 3 nodes: four rounds of 1.1 s.
+        assert_eq!(run.complete_ms, Some(3 * 1100 + 1000));
+    }
+
+    #[test]
+    fn a_failed_canary_holds_the_pool_and_the_run_ends() {
+        let mut s = sim(5, 1000);
+        s.nodes[0].fails = true;
+        let run = run(&s, default_fleet);
+        assert!(!run.complete && run.complete_ms.is_none());
+        assert_eq!((run.done, run.failed, run.waiting), (0, 1, 4));
+        assert_eq!(granting(&run), [(0, vec!["w-00".to_string()])]);
+        assert_eq!(
+            run.decisions.len(),
+            2,
+            "asked at the start and after the failure"
+        );
+        assert_eq!(run.end_ms, 1100);
+        assert_eq!(run.nodes[0].outcome, "failed");
+    }
+
+    #[test]
+    fn a_node_that_is_not_ready_is_passed_over_and_never_granted() {
+        let mut s = sim(4, 500);
+        s.nodes[0].ready = false;
+        let run = run(&s, default_fleet);
+        assert_eq!(
+            granting(&run)[0].1,
+            ["w-01"],
+            "the first ready node is the canary"
+        );
+        assert_eq!((run.done, run.waiting, run.complete), (3, 1, false));
+    }
+
+    #[test]
+    fn any_answer_ends_the_run_within_one_step_per_node() {
+        // Everything at once, then nonsense: indices out of range and repeated.
+        let run_all = run(&sim(50, 700), |r: &RolloutRequest| {
+            (
+                Grant::new((0..r.nodes.len() as u32).collect(), "all"),
+                false,
+            )
+        });
+        assert_eq!(run_all.max_in_flight, 50);
+        assert_eq!(run_all.complete_ms, Some(700));
+        let mut calls = 0;
+        let nonsense = run(&sim(3, 700), |_: &RolloutRequest| {
+            calls += 1;
+            (Grant::new(vec![u32::MAX, 1, 1, 7], "nonsense"), true)
+        });
+        assert_eq!(granting(&nonsense), [(0, vec!["w-01".to_string()])]);
+        assert_eq!(
+            (nonsense.done, nonsense.waiting, nonsense.fallbacks),
+            (1, 2, 2)
+        );
+        assert_eq!(calls, 2);
+        // A node that is granted but never Ready does not keep the run going.
+        let mut s = sim(2, 100);
+        s.nodes[1].ready = false;
+        let stalled = run(&s, |r: &RolloutRequest| {
+            (
+                Grant::new((0..r.nodes.len() as u32).collect(), "all"),
+                false,
+            )
+        });
+        assert_eq!((stalled.done, stalled.stalled), (1, 1));
+        assert_eq!(stalled.nodes[1].outcome, "pulling");
+    }
+
+    #[test]
+    fn the_policy_sees_progress_and_failures_as_the_controller_reports_them() {
+        let mut s = sim(3, 1000);
+        s.nodes[1].fails = true;
+        s.react_ms = 0;
+        let mut seen = Vec::new();
+        run(&s, |r: &RolloutRequest| {
+            seen.push(r.clone());
+            (
+                Grant::new((0..r.nodes.len() as u32).collect(), "all"),
+                false,
+            )
+        });
+        let first = &seen[0].nodes[0];
+        assert_eq!((first.phase, first.granted), (Phase::Waiting, false));
+        assert_eq!(first.sets[0].current_generation, Some(1));
+        let last = &seen.last().unwrap().nodes;
+        assert_eq!(
+            (last[0].phase, last[0].progress.images_done),
+            (Phase::Done, 20)
+        );
+        assert_eq!(last[0].sets[0].current_generation, Some(2));
+        assert_eq!(last[1].phase, Phase::Failed);
+        assert!(last[1].error().unwrap().contains("release"));
+    }
+
+    #[test]
+    fn the_timeline_has_a_lane_per_node_named_after_it() {
+        let mut s = sim(3, 1000);
+        s.nodes[0].fails = true;
+        let run = run(&s, |r: &RolloutRequest| {
+            (
+                Grant::new((0..r.nodes.len() as u32).collect(), "all"),
+                false,
+            )
+        });
+        let t = timeline(&run, "rollout".into(), vec![]);
+        assert_eq!(t.lane_names, ["w-00", "w-01", "w-02"]);
+        assert_eq!(t.lanes[0][0].kind, MarkKind::Failed);
+        assert_eq!(t.lanes[1][0].kind, MarkKind::Pull);
+        let svg = crate::timeline::svg(&t);
+        assert!(svg.contains(">w-02<title>w-02</title>"), "{svg}");
+    }
+}
