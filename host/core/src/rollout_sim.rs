@@ -484,5 +484,10 @@ mod tests {
         assert_eq!(t.lanes[1][0].kind, MarkKind::Pull);
         let svg = crate::timeline::svg(&t);
         assert!(svg.contains(">w-02<title>w-02</title>"), "{svg}");
+        // The legend names what the picture holds: pulls and a failure, no throttle or retry.
+        assert!(
+            svg.contains(">failed</text>") && !svg.contains("throttle pause"),
+            "{svg}"
+        );
     }
 }

@@ -210,7 +210,7 @@ pub fn svg(t: &Timeline) -> String {
     }
     let bottom = top + LANE * t.lanes.len().max(1) as f64 + 4.0;
     out.push_str(&axis(bottom, end, &x));
-    out.push_str(&legend(bottom + 36.0));
+    out.push_str(&legend(bottom + 36.0, t));
     out.push_str("</svg>\n");
     out
 }
@@ -272,13 +272,19 @@ fn mark_svg(m: &Mark, x0: f64, x1: f64, y: f64) -> String {
     out
 }
 
-fn legend(y: f64) -> String {
-    let items = [
-        ("#4e79a7", "pull"),
-        ("#e15759", "failed"),
-        ("#f28e2b", "retry wait"),
-        ("#bab0ac", "throttle pause"),
-    ];
+/// The legend of the kinds of marks `t` holds (a pull always).
+fn legend(y: f64, t: &Timeline) -> String {
+    let holds = |kind: MarkKind| t.lanes.iter().flatten().any(|m| m.kind == kind);
+    let items: Vec<(&str, &str)> = [
+        (MarkKind::Pull, "#4e79a7", "pull"),
+        (MarkKind::Failed, "#e15759", "failed"),
+        (MarkKind::Retry, "#f28e2b", "retry wait"),
+        (MarkKind::Throttle, "#bab0ac", "throttle pause"),
+    ]
+    .into_iter()
+    .filter(|&(kind, _, _)| kind == MarkKind::Pull || holds(kind))
+    .map(|(_, fill, what)| (fill, what))
+    .collect();
     let mut out = String::from("<g class=\"legend\">");
     for (i, (fill, what)) in items.iter().enumerate() {
         let x = WIDTH - 420.0 + 105.0 * i as f64;
@@ -395,6 +401,13 @@ mod tests {
         assert_eq!(svg.matches("class=\"retry\"").count(), 1);
         assert!(svg.contains("pulled q.io/a@sha256:1 (1.0 MiB)"), "{svg}");
         assert!(!svg.contains("<script"), "escaped text only");
+        assert!(svg.contains(">slot 2<title>slot 2</title>"), "{svg}");
+        for item in ["pull", "failed", "retry wait", "throttle pause"] {
+            assert!(
+                svg.contains(&format!(">{item}</text>")),
+                "legend {item}: {svg}"
+            );
+        }
     }
 
     #[test]
@@ -423,6 +436,10 @@ mod tests {
         assert!(
             !svg.contains("<script>") && svg.contains("&lt;script&gt;"),
             "{svg}"
+        );
+        assert!(
+            !svg.contains(">retry wait</text>"),
+            "no retry, none in the legend"
         );
     }
 }
