@@ -29,8 +29,8 @@ pub struct SimulateArgs {
     /// zone-b, ...).
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=26))]
     pub zones: u32,
-    /// The pool's name.
-    #[arg(long, default_value = "worker")]
+    /// The pool's name (lowercase letters, digits, '-' and '.', as a Kubernetes object's).
+    #[arg(long, default_value = "worker", value_parser = pool_name)]
     pub pool: String,
     /// The pool's pinset.io/rollout-max-pulling annotation: a count (3) or a percentage (25%).
     #[arg(long, value_name = "N|P%")]
@@ -64,6 +64,22 @@ pub struct SimulateArgs {
     /// text for people; json or yaml for scripts.
     #[arg(long, short = 'o', value_enum, default_value = "text")]
     pub output: Output,
+}
+
+fn pool_name(text: &str) -> Result<String, String> {
+    let valid = (1..=63).contains(&text.len())
+        && text
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.')
+        && text.starts_with(|c: char| c.is_ascii_alphanumeric());
+    if valid {
+        Ok(text.to_string())
+    } else {
+        Err(format!(
+            "{text:?}: a pool is named by 1-63 lowercase letters, digits, '-' or '.', starting \
+             with a letter or digit"
+        ))
+    }
 }
 
 fn annotation(text: &str) -> Result<(String, String), String> {
@@ -356,6 +372,14 @@ fn print_text(report: &Report, args: &SimulateArgs) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn pool_names_are_object_names() {
+        assert_eq!(pool_name("infra-2").unwrap(), "infra-2");
+        for bad in ["", "Worker", "-w", "a b", &"x".repeat(64)] {
+            assert!(pool_name(bad).is_err(), "{bad:?}");
+        }
+    }
 
     #[test]
     fn human_durations() {
