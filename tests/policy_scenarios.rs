@@ -424,14 +424,15 @@ fn cli_simulate_plays_whole_rollouts_through_real_fleet_modules() {
 
     // A module that traps is answered by the default fleet policy at every decision, named.
     let hostile = support::policy_dir().join("pinset_test_policy_hostile.wasm");
-    let (code, r) = simulate(&[
+    let trap = [
         "--policy",
         hostile.to_str().unwrap(),
         "--nodes",
         "4",
         "--annotation",
         "pinset.test/hostile-fleet=trap",
-    ]);
+    ];
+    let (code, r) = simulate(&trap);
     assert_eq!(code, 0, "{r}");
     let decisions = r["run"]["decisions"].as_array().unwrap().len();
     assert_eq!(r["run"]["fallbacks"], decisions, "{r}");
@@ -439,6 +440,12 @@ fn cli_simulate_plays_whole_rollouts_through_real_fleet_modules() {
         r["firstFallback"].as_str().unwrap().contains("trapped"),
         "{r}"
     );
+    // Said once, in the summary: no warning per decision.
+    let text: Vec<&str> = ["policy", "simulate"].into_iter().chain(trap).collect();
+    let (code, stdout, stderr) = pinset(&text);
+    assert_eq!(code, 0, "{stderr}");
+    assert_eq!(stdout.matches("trapped").count(), 1, "{stdout}");
+    assert!(!stderr.contains("trapped"), "{stderr}");
 }
 
 #[test]

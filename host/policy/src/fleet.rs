@@ -53,6 +53,8 @@ impl FleetInstance for NativeFleet {
 pub struct GuardedFleet {
     primary: Box<dyn FleetInstance>,
     observer: Option<Arc<dyn Observer>>,
+    /// Log each failure as a warning (the controller); off when the caller reports them itself.
+    warn: bool,
 }
 
 /// A decision and how it was made.
@@ -70,7 +72,15 @@ impl GuardedFleet {
         Self {
             primary,
             observer: None,
+            warn: true,
         }
+    }
+
+    /// No warning per failure: the caller reports the failures ([`Decided::fallback`]) itself,
+    /// once (`pinset policy simulate`, which may meet the same failure at every decision).
+    pub fn without_warnings(mut self) -> Self {
+        self.warn = false;
+        self
     }
 
     pub fn with_observer(mut self, observer: Arc<dyn Observer>) -> Self {
@@ -102,13 +112,9 @@ impl GuardedFleet {
             },
             Err(e) => e,
         };
-        tracing::warn!(
-            policy = self.primary.name(),
-            pool = %request.pool.name,
-            hook = "grant",
-            error = %error,
-            "fleet decision failed; using the built-in default fleet policy for it"
-        );
+        if self.warn {
+            warn(self.primary.name(), request, &error);
+        }
         if let Some(o) = &self.observer {
             o.policy_fallback(Hook::Grant, error.kind());
         }
@@ -126,6 +132,16 @@ impl GuardedFleet {
             }),
         }
     }
+}
+
+fn warn(policy: &str, request: &RolloutRequest, error: &PolicyError) {
+    tracing::warn!(
+        policy,
+        pool = %request.pool.name,
+        hook = "grant",
+        error = %error,
+        "fleet decision failed; using the built-in default fleet policy for it"
+    );
 }
 
 /// Pulls at once a grant may allow on a node.

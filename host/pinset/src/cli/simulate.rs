@@ -8,6 +8,7 @@ mod chart;
 use super::PolicyOpts;
 use super::plan::Output;
 use anyhow::{Context, Result, bail};
+use indicatif::{ProgressBar, ProgressStyle};
 use pinset_core::rollout_sim::{self, Run, SimNode, Simulation};
 use pinset_core::timeline;
 use pinset_policy::{FleetInstance, GuardedFleet};
@@ -16,6 +17,7 @@ use serde::Serialize;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::time::Duration;
 
 /// The pool `policy simulate` rolls out, and how its nodes behave.
 #[derive(clap::Args, Debug)]
@@ -127,13 +129,27 @@ pub fn run(args: &SimulateArgs) -> Result<ExitCode> {
         .info()
         .unwrap_or_else(|_| pinset_policy::PolicyInfo::new("(info failed)", "", ""));
     let mut first_fallback = None;
+    // At most one decision per node and one more; each takes up to the policy's deadline.
+    let bar = super::logging::bars()
+        .add(ProgressBar::new(u64::from(args.nodes) + 1))
+        .with_style(
+            ProgressStyle::with_template("{spinner} decision {pos} (at most {len}) {msg}")
+                .expect("valid template"),
+        );
+    bar.enable_steady_tick(Duration::from_millis(100));
     let run = rollout_sim::run(&sim, |request| {
-        let decided = GuardedFleet::new(Box::new(module.instance())).grant(request);
+        // Failures are reported once, in the summary, not as a warning per decision.
+        let decided = GuardedFleet::new(Box::new(module.instance()))
+            .without_warnings()
+            .grant(request);
         if let (Some(f), None) = (&decided.fallback, &first_fallback) {
             first_fallback = Some(f.message.clone());
         }
+        bar.inc(1);
+        bar.set_message(decided.grant.reason.clone());
         (decided.grant, decided.fallback.is_some())
     });
+    bar.finish_and_clear();
     let policy = PolicyRef {
         module: module.name().to_string(),
         name: info.name,
