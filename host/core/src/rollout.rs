@@ -110,28 +110,6 @@ pub fn target(sets: &[(String, i64, u32)]) -> Target {
     }
 }
 
-/// How a node in `phase` that rolled the previous target out reports each set of `target`: at
-/// the set's generation when done, one behind otherwise, and failed at it with `error(set)` when
-/// failed. Simulated nodes (`rollout_sim`, the benchmarks' pools) report this way.
-pub fn reported_sets(
-    target: &Target,
-    phase: Phase,
-    error: impl Fn(&TargetSet) -> String,
-) -> Vec<SetState> {
-    let failed = phase == Phase::Failed;
-    target
-        .sets
-        .iter()
-        .map(|s| SetState {
-            name: s.name.clone(),
-            desired_generation: s.generation,
-            current_generation: Some(s.generation - i64::from(phase != Phase::Done)),
-            last_failed_generation: failed.then_some(s.generation),
-            last_failed_error: failed.then(|| error(s)),
-        })
-        .collect()
-}
-
 /// The pool's ceiling on nodes pulling at once, from its annotation; an error names the value.
 pub fn max_pulling(
     annotations: &BTreeMap<String, String>,

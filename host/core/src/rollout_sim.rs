@@ -8,9 +8,12 @@
 //! fails keeps failing (a missing image) and keeps its grant; a node that is not Ready never
 //! finishes a pull.
 
+use crate::rollout::{self, Member, RolloutGrant};
+use crate::status::{Progress, SetStatus};
 use crate::timeline::{Mark, MarkKind, Timeline};
-use pinset_policy_sdk::{FleetNode, FleetPool, Grant, NodeProgress, Phase, RolloutRequest, Target};
+use pinset_policy_sdk::{FleetPool, Grant, Phase, RolloutRequest, Target};
 use serde::Serialize;
+use std::collections::BTreeMap;
 
 /// One simulated node.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -30,7 +33,7 @@ pub struct SimNode {
 pub struct Simulation {
     pub pool: FleetPool,
     pub target: Target,
-    /// Sorted by name, as the controller passes a pool's nodes.
+    /// The policy sees them sorted by name, as the controller passes a pool's nodes.
     pub nodes: Vec<SimNode>,
     /// From a pull's end to the decision that sees it (the node's status write, the
     /// controller's reconcile, its grant seen by the node): pulls ending within it are seen by
@@ -143,13 +146,19 @@ pub fn run(sim: &Simulation, mut decide: impl FnMut(&RolloutRequest) -> (Grant, 
         granted: vec![None; n],
         ended: vec![None; n],
     };
+    // Node `k` of a request is `sim.nodes[by_name[k]]` (the request lists them by name).
+    let mut by_name: Vec<usize> = (0..n).collect();
+    by_name.sort_by(|&a, &b| sim.nodes[a].name.cmp(&sim.nodes[b].name));
     let (mut decisions, mut now, mut max_in_flight) = (Vec::new(), 0, 0);
     // Each step but the first follows at least one pull's end: at most n + 1 steps.
     for _ in 0..=n {
         let (grant, fallback) = decide(&request(sim, &state, now));
         let mut granted = Vec::new();
-        for i in grant.nodes.iter().map(|&i| i as usize) {
-            if i < n && state.granted[i].is_none() {
+        for k in grant.nodes.iter().map(|&k| k as usize) {
+            let Some(&i) = by_name.get(k) else {
+                continue;
+            };
+            if state.granted[i].is_none() {
                 state.granted[i] = Some(now);
                 granted.push(sim.nodes[i].name.clone());
             }
@@ -203,54 +212,66 @@ fn summary(sim: &Simulation, state: &State, decisions: Vec<Decision>, max_in_fli
     }
 }
 
-/// What the controller would ask at `now`.
+/// What the controller would ask at `now`: each node as its MachineConfigNode would tell it,
+/// through the controller's own [`rollout::request`] (phases, grants and progress derived by
+/// the same rules).
 fn request(sim: &Simulation, state: &State, now: u64) -> RolloutRequest {
-    let nodes = sim
-        .nodes
-        .iter()
-        .enumerate()
-        .map(|(i, node)| fleet_node(sim, node, state.phase(sim, i), state.granted[i], now))
+    let members: Vec<Member> = (0..sim.nodes.len())
+        .map(|i| member(sim, i, state, now))
         .collect();
-    RolloutRequest {
-        pool: sim.pool.clone(),
-        target: sim.target.clone(),
-        nodes,
-    }
+    let annotations: BTreeMap<String, String> = sim.pool.annotations.iter().cloned().collect();
+    rollout::request(
+        &sim.pool.name,
+        &annotations,
+        sim.pool.max_pulling,
+        sim.target.clone(),
+        &members,
+        now,
+    )
 }
 
-fn fleet_node(
-    sim: &Simulation,
-    node: &SimNode,
-    phase: Phase,
-    granted: Option<u64>,
-    now: u64,
-) -> FleetNode {
-    let target = &sim.target;
-    let pulling_for_ms = granted.filter(|_| phase == Phase::Pulling).map(|t| now - t);
-    // Pulling: the share of its pull time gone by; done: all of it.
-    let share = |total: u64| match (phase, pulling_for_ms) {
+/// Node `i` as it reports itself at `now`: every set one generation behind the target until its
+/// pull ends, then at it (or failed at it); progress the share of its pull time gone by.
+fn member(sim: &Simulation, i: usize, state: &State, now: u64) -> Member {
+    let (node, target) = (&sim.nodes[i], &sim.target);
+    let phase = state.phase(sim, i);
+    let share = |total: u64| match (phase, state.granted[i]) {
         (Phase::Done, _) => total,
-        (_, Some(ms)) if node.pull_ms > 0 => {
-            (u128::from(total) * u128::from(ms.min(node.pull_ms)) / u128::from(node.pull_ms)) as u64
+        (Phase::Pulling, Some(start)) if node.pull_ms > 0 => {
+            let ms = (now - start).min(node.pull_ms);
+            (u128::from(total) * u128::from(ms) / u128::from(node.pull_ms)) as u64
         }
         _ => 0,
     };
-    FleetNode {
+    let failed = phase == Phase::Failed;
+    let sets = target
+        .sets
+        .iter()
+        .map(|s| {
+            let status = SetStatus {
+                name: s.name.clone(),
+                desired_generation: s.generation,
+                current_generation: Some(s.generation - i64::from(phase != Phase::Done)),
+                last_failed_generation: failed.then_some(s.generation),
+                last_failed_generation_error: failed
+                    .then(|| format!("simulated: pulling set {} failed", s.name)),
+            };
+            (s.name.clone(), status)
+        })
+        .collect();
+    Member {
         name: node.name.clone(),
-        labels: node.labels.clone(),
+        labels: node.labels.iter().cloned().collect(),
         ready: node.ready,
-        granted: granted.is_some(),
-        phase,
-        progress: NodeProgress {
+        grant: state.granted[i].map(|_| RolloutGrant::for_target(target, None)),
+        sets,
+        progress: Some(Progress {
             images_done: share(u64::from(target.images)),
             images_total: u64::from(target.images),
             bytes_done: share(target.bytes),
             bytes_total: target.bytes,
-            pulling_for_ms,
-        },
-        sets: crate::rollout::reported_sets(target, phase, |s| {
-            format!("simulated: pulling set {} failed", s.name)
         }),
+        progressing_since_ms: state.granted[i],
     }
 }
 
@@ -466,6 +487,16 @@ mod tests {
         assert_eq!(last[0].sets[0].current_generation, Some(2));
         assert_eq!(last[1].phase, Phase::Failed);
         assert!(last[1].error().unwrap().contains("release"));
+    }
+
+    #[test]
+    fn grants_name_nodes_in_the_order_the_policy_sees_them() {
+        // Given out of name order: the policy's index 0 is the first by name, w-00.
+        let mut s = sim(3, 1000);
+        s.nodes.reverse();
+        let run = run(&s, default_fleet);
+        assert_eq!(granting(&run)[0], (0, vec!["w-00".to_string()]));
+        assert!(run.complete);
     }
 
     #[test]

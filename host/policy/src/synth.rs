@@ -142,7 +142,7 @@ fn fleet_node(
     wave: usize,
     target: &pinset_policy_sdk::Target,
 ) -> pinset_policy_sdk::FleetNode {
-    use pinset_policy_sdk::{FleetNode, NodeProgress, Phase};
+    use pinset_policy_sdk::{FleetNode, NodeProgress, Phase, SetState};
     let (granted, phase) = match i {
         0 => (true, Phase::Done),
         1 => (true, Phase::Failed),
@@ -182,9 +182,18 @@ fn fleet_node(
             bytes_total: 24 << 30,
             pulling_for_ms: (phase == Phase::Pulling).then_some(30_000),
         },
-        sets: pinset_core::rollout::reported_sets(target, phase, |_| {
-            "image q.io/x@sha256:…: 429 Too Many Requests".to_string()
-        }),
+        sets: target
+            .sets
+            .iter()
+            .map(|s| SetState {
+                name: s.name.clone(),
+                desired_generation: s.generation,
+                current_generation: Some(s.generation - i64::from(phase != Phase::Done)),
+                last_failed_generation: (phase == Phase::Failed).then_some(s.generation),
+                last_failed_error: (phase == Phase::Failed)
+                    .then(|| "image q.io/x@sha256:…: 429 Too Many Requests".to_string()),
+            })
+            .collect(),
     }
 }
 

@@ -1,4 +1,5 @@
-//! Loading a module: its sha256 pin, its contract version, pre-instantiation.
+//! Loading a module: its size, sha256 pin and header checked and compiled once ([`CompiledModule`]),
+//! then per contract its version checked and its imports linked (pre-instantiation).
 
 use super::bindings;
 use super::borrowed::BorrowedHooks;
