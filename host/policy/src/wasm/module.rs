@@ -1,5 +1,6 @@
-//! Loading a module: its size, sha256 pin and header checked and compiled once ([`CompiledModule`]),
-//! then per contract its version checked and its imports linked (pre-instantiation).
+//! Loading a module: its size, sha256 pin and header checked and compiled once
+//! ([`CompiledModule`]), then per contract its version checked and its imports linked
+//! (pre-instantiation).
 
 use super::bindings;
 use super::borrowed::BorrowedHooks;
