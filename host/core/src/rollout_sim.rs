@@ -521,4 +521,56 @@ mod tests {
             "{svg}"
         );
     }
+
+    /// A small deterministic generator (xorshift64*): the pools below are the same in every run.
+    struct Rng(u64);
+    impl Rng {
+        fn below(&mut self, n: u64) -> u64 {
+            self.0 ^= self.0 >> 12;
+            self.0 ^= self.0 << 25;
+            self.0 ^= self.0 >> 27;
+            self.0.wrapping_mul(0x2545_f491_4f6c_dd1d) % n
+        }
+    }
+
+    #[test]
+    fn the_default_never_exceeds_its_wave_in_any_pool_and_finishes_what_can_finish() {
+        let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+        for case in 0..300 {
+            let n = 1 + rng.below(60) as usize;
+            let mut s = sim(n, 0);
+            for node in &mut s.nodes {
+                node.pull_ms = rng.below(5_000);
+            }
+            s.react_ms = rng.below(500);
+            if rng.below(2) == 0 {
+                let cap = 1 + rng.below(20) as u32;
+                s.pool.annotations = vec![(MAX_PULLING_ANNOTATION.into(), cap.to_string())];
+                s.pool.max_pulling = Some(cap);
+            }
+            let failing = (rng.below(4) == 0).then(|| rng.below(n as u64) as usize);
+            if let Some(f) = failing {
+                s.nodes[f].fails = true;
+            }
+            let wave = s.pool.max_pulling.unwrap_or((n as u32 / 10).max(1));
+            let run = run(&s, default_fleet);
+            let context = format!("case {case}: {n} nodes, wave {wave}, failing {failing:?}");
+            assert!(run.max_in_flight <= wave, "{context}: {run:?}");
+            assert!(run.decisions.len() <= n + 1, "{context}");
+            let granted: Vec<String> = granting(&run).into_iter().flat_map(|(_, g)| g).collect();
+            let once: std::collections::BTreeSet<&String> = granted.iter().collect();
+            assert_eq!(once.len(), granted.len(), "{context}: a node granted twice");
+            match failing {
+                None => assert!(run.complete && run.done == n as u32, "{context}: {run:?}"),
+                // The first node by name is the canary: its failure holds every other node.
+                Some(0) => assert_eq!((run.failed, granted.len()), (1, 1), "{context}"),
+                // A later failure keeps its slot: with one slot the nodes after it hold, with more
+                // the rest finish around it.
+                Some(f) if wave == 1 => {
+                    assert_eq!((run.failed, run.done), (1, f as u32), "{context}")
+                }
+                Some(_) => assert_eq!((run.failed, run.done), (1, n as u32 - 1), "{context}"),
+            }
+        }
+    }
 }
