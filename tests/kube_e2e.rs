@@ -1222,8 +1222,12 @@ async fn a_fleet_policy_paces_three_nodes_holds_on_a_failed_canary_and_survives_
     let sets: Api<PinnedImageSet> = Api::all(client.clone());
     let nodes: Api<MachineConfigNode> = Api::all(client.clone());
     let images = support::push_images(&cluster.registry, "fleet", 3, 150_000, 700).await;
+    // The pool starts paused: the set arrives, and no node may pull until the pause is lifted.
+    let mut paused_pool = fleet_pool();
+    paused_pool.metadata.annotations =
+        Some([("pinset.io/rollout-paused".to_string(), "true".to_string())].into());
     pools
-        .create(&PostParams::default(), &fleet_pool())
+        .create(&PostParams::default(), &paused_pool)
         .await
         .unwrap();
     sets.create(&PostParams::default(), &set("apps", "worker", &images[..2]))
@@ -1263,6 +1267,37 @@ async fn a_fleet_policy_paces_three_nodes_holds_on_a_failed_canary_and_survives_
         }
         out
     };
+
+    // 0. Paused: all three nodes report, wait, and none is granted until the annotation goes.
+    let why = eventually(
+        "the paused pool counts its three waiting nodes",
+        &logs,
+        || async {
+            let p = pools.get("worker").await.map_err(|e| e.to_string())?;
+            match rollout_of(&p).0 {
+                Some(r) if r.waiting == 3 && r.reason.starts_with("paused by") => Ok(r.reason),
+                other => Err(format!("{other:?}")),
+            }
+        },
+    )
+    .await;
+    assert!(why.contains("3 wait, 0/3 at the target"), "{why}");
+    for _ in 0..10 {
+        let l = look(&nodes, &cris, "apps", 1, &images[..2]).await;
+        assert!(
+            l.granted.iter().all(|g| !g) && l.present.iter().all(|p| *p == 0),
+            "a paused pool granted or pulled: {l:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    pools
+        .patch(
+            "worker",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"annotations": {"pinset.io/rollout-paused": null}}})),
+        )
+        .await
+        .unwrap();
 
     // 1. The canary pulls first; the others only after it pinned, one at a time (10 % of 3
     //    nodes rounds up to one), never more than one node pulling, never a pull without a grant.
@@ -1497,7 +1532,13 @@ async fn a_fleet_policy_paces_three_nodes_holds_on_a_failed_canary_and_survives_
         .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("worker"))
         .filter_map(|e| e.reason.clone())
         .collect();
-    for want in ["RolloutWave", "CanaryFailed", "PolicyFallback"] {
+    for want in [
+        "RolloutPaused",
+        "RolloutResumed",
+        "RolloutWave",
+        "CanaryFailed",
+        "PolicyFallback",
+    ] {
         assert!(
             reasons.iter().any(|r| r == want),
             "{want} missing: {reasons:?}"

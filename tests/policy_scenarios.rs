@@ -475,3 +475,35 @@ fn cli_simulate_draws_the_rollout_and_refuses_unknown_nodes() {
     assert_eq!(code, 1);
     assert!(stderr.contains("--fail worker-7: no such node"), "{stderr}");
 }
+
+#[test]
+fn cli_simulate_shows_a_paused_pool_granting_no_one() {
+    let paused = |value: &str| {
+        let annotation = format!("pinset.io/rollout-paused={value}");
+        let args = [
+            "policy",
+            "simulate",
+            "--nodes",
+            "4",
+            "--annotation",
+            &annotation,
+        ];
+        pinset(&args)
+    };
+    let (code, stdout, stderr) = paused("true");
+    assert_eq!(code, 1, "a paused pool does not complete: {stderr}");
+    assert!(
+        stdout.contains("decisions that granted nodes (0)")
+            && stdout.contains("paused by pinset.io/rollout-paused")
+            && stdout.contains("4 never granted"),
+        "{stdout}"
+    );
+    let (code, stdout, _) = paused("false");
+    assert_eq!(code, 0, "{stdout}");
+    let (code, _, stderr) = paused("yes");
+    assert_eq!(code, 1);
+    assert!(
+        stderr.contains("pinset.io/rollout-paused=\"yes\" is neither"),
+        "{stderr}"
+    );
+}

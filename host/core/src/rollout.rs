@@ -126,6 +126,39 @@ pub fn max_pulling(
     })
 }
 
+/// The pool annotation that pauses its rollout: while it is set, no node is granted (the fleet
+/// policy is not asked); nodes granted before go on, since a grant is never taken back.
+pub const PAUSED_ANNOTATION: &str = "pinset.io/rollout-paused";
+
+/// Whether the pool's rollout is paused, and what is wrong with the annotation when its value
+/// is neither `true` nor `false`. Such a value pauses: whoever wrote it meant to stop.
+pub fn paused(annotations: &BTreeMap<String, String>) -> (bool, Option<String>) {
+    match annotations.get(PAUSED_ANNOTATION).map(|v| v.trim()) {
+        None | Some("false") => (false, None),
+        Some("true") => (true, None),
+        Some(other) => (
+            true,
+            Some(format!(
+                "annotation {PAUSED_ANNOTATION}={other:?} is neither \"true\" nor \"false\"; \
+                 the rollout stays paused until it is fixed"
+            )),
+        ),
+    }
+}
+
+/// The answer for a paused pool, in place of the fleet policy's: no node, and why.
+pub fn paused_grant(request: &RolloutRequest) -> Grant {
+    let c = counts(request);
+    Grant::none(format!(
+        "paused by {PAUSED_ANNOTATION}: no node is granted until it is removed; {} granted \
+         node(s) still pulling go on, {} wait, {}/{} at the target",
+        c.pulling,
+        c.waiting,
+        c.done,
+        request.nodes.len()
+    ))
+}
+
 /// What the fleet policy is asked for `pool`: every member, sorted by name. `now_ms` dates the
 /// progress (milliseconds since the Unix epoch).
 pub fn request(
@@ -564,6 +597,31 @@ mod tests {
         assert_eq!(max_pulling(&a("50%"), 10), Ok(Some(5)));
         let err = max_pulling(&a("lots"), 10).unwrap_err();
         assert!(err.contains("\"lots\""), "{err}");
+    }
+
+    #[test]
+    fn the_pause_annotation_stops_grants_and_a_bad_value_pauses() {
+        let a = |v: &str| BTreeMap::from([(PAUSED_ANNOTATION.to_string(), v.to_string())]);
+        assert_eq!(paused(&BTreeMap::new()), (false, None));
+        assert_eq!(paused(&a("false")), (false, None));
+        assert_eq!(paused(&a(" true ")), (true, None));
+        let (p, why) = paused(&a("yes"));
+        assert!(p && why.as_deref().unwrap().contains("\"yes\""), "{why:?}");
+        let t = target(&[("a".into(), 2, 3)]);
+        let members = vec![
+            member("a", vec![set("a", 2, Some(2), None)], Some(&[("a", 2)])),
+            member("b", vec![set("a", 2, Some(1), None)], Some(&[("a", 2)])),
+            member("c", vec![set("a", 2, Some(1), None)], None),
+        ];
+        let r = request("worker", &a("true"), None, t, &members, 0);
+        let g = paused_grant(&r);
+        assert!(g.nodes.is_empty());
+        assert!(
+            g.reason
+                .contains("1 granted node(s) still pulling go on, 1 wait, 1/3 at the target"),
+            "{}",
+            g.reason
+        );
     }
 
     fn digest(n: u8) -> ImageRef {

@@ -150,9 +150,17 @@ pub fn run(sim: &Simulation, mut decide: impl FnMut(&RolloutRequest) -> (Grant, 
     let mut by_name: Vec<usize> = (0..n).collect();
     by_name.sort_by(|&a, &b| sim.nodes[a].name.cmp(&sim.nodes[b].name));
     let (mut decisions, mut now, mut max_in_flight) = (Vec::new(), 0, 0);
+    let annotations: BTreeMap<String, String> = sim.pool.annotations.iter().cloned().collect();
+    let paused = rollout::paused(&annotations).0;
     // Each step but the first follows at least one pull's end: at most n + 1 steps.
     for _ in 0..=n {
-        let (grant, fallback) = decide(&request(sim, &state, now));
+        let request = request(sim, &state, now);
+        // A paused pool is not asked, as the controller does not ask it.
+        let (grant, fallback) = if paused {
+            (rollout::paused_grant(&request), false)
+        } else {
+            decide(&request)
+        };
         let mut granted = Vec::new();
         for k in grant.nodes.iter().map(|&k| k as usize) {
             let Some(&i) = by_name.get(k) else {
@@ -519,6 +527,26 @@ mod tests {
         assert!(
             svg.contains(">failed</text>") && !svg.contains("throttle pause"),
             "{svg}"
+        );
+    }
+
+    #[test]
+    fn a_paused_pool_grants_nothing_and_its_policy_is_not_asked() {
+        let mut s = sim(4, 1000);
+        s.pool.annotations = vec![(rollout::PAUSED_ANNOTATION.into(), "true".into())];
+        let run = run(&s, |_: &RolloutRequest| -> (Grant, bool) {
+            panic!("the policy of a paused pool was asked")
+        });
+        assert_eq!(
+            (run.waiting, run.complete, run.decisions.len()),
+            (4, false, 1)
+        );
+        assert!(
+            run.decisions[0]
+                .reason
+                .starts_with("paused by pinset.io/rollout-paused"),
+            "{:?}",
+            run.decisions[0]
         );
     }
 

@@ -59,6 +59,8 @@ pub(super) struct Decisions(Mutex<HashMap<String, PoolMemory>>);
 struct PoolMemory {
     last: Option<(u64, Decided)>,
     written: BTreeMap<String, rollout::Written>,
+    /// The pool was paused at its last step.
+    paused: bool,
 }
 
 impl Decisions {
@@ -82,6 +84,12 @@ impl Decisions {
         self.with(pool, |m| {
             rollout::overlay_written(members, &mut m.written, now_ms())
         });
+    }
+
+    /// Record whether the pool is paused; whether that changed since its last step (a restarted
+    /// controller sees a paused pool change once).
+    fn pause_changed(&self, pool: &str, paused: bool) -> bool {
+        self.with(pool, |m| std::mem::replace(&mut m.paused, paused) != paused)
     }
 
     /// Forget the pools `exists` no longer knows.
@@ -122,10 +130,11 @@ pub(super) async fn step(
         .collect();
     ctx.decisions.overlay(&pool, &mut members);
     let annotations = mcp.annotations().clone();
-    let (max_pulling, bad_annotation) = match rollout::max_pulling(&annotations, members.len()) {
+    let (max_pulling, bad_ceiling) = match rollout::max_pulling(&annotations, members.len()) {
         Ok(m) => (m, None),
-        Err(e) => (None, Some(format!("MachineConfigPool {pool}: {e}"))),
+        Err(e) => (None, Some(e)),
     };
+    let (paused, bad_pause) = rollout::paused(&annotations);
     let mut request = rollout::request(
         &pool,
         &annotations,
@@ -134,7 +143,20 @@ pub(super) async fn step(
         &members,
         now_ms(),
     );
-    let (decided, fresh) = decide(ctx, &pool, &request).await;
+    let (decided, fresh) = if paused {
+        // Not asked: a paused pool grants no one, whatever its policy would say.
+        let decided = Decided {
+            grant: rollout::paused_grant(&request),
+            policy: ctx.fleet.for_pool(&pool).name().to_string(),
+            fallback: None,
+        };
+        (decided, false)
+    } else {
+        decide(ctx, &pool, &request).await
+    };
+    if ctx.decisions.pause_changed(&pool, paused) {
+        announce_pause(ctx, &pool, paused, &decided.grant.reason);
+    }
     let added = rollout::newly_granted(&request, &decided.grant.nodes);
     // A wave's grants at once: each node starts as soon as its own lands. One that fails fails
     // the reconcile; the ones written stand and are read back on the retry.
@@ -158,8 +180,8 @@ pub(super) async fn step(
         announce(ctx, &pool, &request, &added, &decided, held.as_deref());
     }
     let mut reason = decided.grant.reason.clone();
-    if let Some(bad) = &bad_annotation {
-        reason = format!("{reason}; {bad}");
+    for bad in [bad_ceiling, bad_pause].into_iter().flatten() {
+        reason = format!("{reason}; MachineConfigPool {pool}: {bad}");
     }
     Ok(Some(Outcome {
         rollout: status(&request, &counts, &decided.policy, reason),
@@ -291,6 +313,34 @@ fn announce(
             secondary: None,
         });
     }
+    let (client, pool) = (ctx.client.clone(), pool.to_string());
+    ctx.status_lane.background(async move {
+        crate::events::record::<MachineConfigPool>(client, FIELD_MANAGER, None, &pool, &events)
+            .await;
+    });
+}
+
+/// An Event when the pool's rollout is paused or resumed, in the status lane like [`announce`].
+fn announce_pause(ctx: &Context, pool: &str, paused: bool, reason: &str) {
+    let (reason_code, action, note) = if paused {
+        ("RolloutPaused", "Pause", reason.to_string())
+    } else {
+        (
+            "RolloutResumed",
+            "Resume",
+            format!(
+                "the pause ({}) is lifted: the fleet policy grants again",
+                rollout::PAUSED_ANNOTATION
+            ),
+        )
+    };
+    let events = vec![Event {
+        type_: EventType::Normal,
+        reason: reason_code.into(),
+        note: Some(pinset_core::status::cap(&note, 1024)),
+        action: action.into(),
+        secondary: None,
+    }];
     let (client, pool) = (ctx.client.clone(), pool.to_string());
     ctx.status_lane.background(async move {
         crate::events::record::<MachineConfigPool>(client, FIELD_MANAGER, None, &pool, &events)

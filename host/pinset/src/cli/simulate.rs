@@ -198,6 +198,10 @@ fn simulation(args: &SimulateArgs) -> Result<Simulation> {
     let max_pulling = pinset_core::rollout::max_pulling(&annotations, n)
         .map_err(anyhow::Error::msg)
         .context("--max-pulling")?;
+    // What the controller would append to the pool's reason is an error here.
+    if let (_, Some(bad)) = pinset_core::rollout::paused(&annotations) {
+        bail!("--annotation: {bad}");
+    }
     let nodes = names
         .iter()
         .enumerate()
