@@ -1282,6 +1282,12 @@ async fn a_fleet_policy_paces_three_nodes_holds_on_a_failed_canary_and_survives_
     )
     .await;
     assert!(why.contains("3 wait, 0/3 at the target"), "{why}");
+    let m = metrics(controller_port).await;
+    assert_eq!(
+        metric(&m, "pinset_pool_rollout_paused{pool=\"worker\"}"),
+        1,
+        "{m}"
+    );
     for _ in 0..10 {
         let l = look(&nodes, &cris, "apps", 1, &images[..2]).await;
         assert!(
@@ -1337,14 +1343,9 @@ async fn a_fleet_policy_paces_three_nodes_holds_on_a_failed_canary_and_survives_
         tick += 1;
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    // The canary is whichever node's report the controller saw first; each grant came alone.
-    let mut ticks: Vec<usize> = first_granted.iter().flatten().copied().collect();
-    ticks.dedup();
-    assert_eq!(
-        ticks.len(),
-        3,
-        "two nodes granted at once: {first_granted:?}"
-    );
+    // The canary is whichever node's report the controller saw first. That each grant came
+    // alone is not read off the 100 ms samples (a 150 kB pull and the next grant fit in one):
+    // the controller's metrics below count 3 grants written in 3 waves.
     // The pool's status follows the nodes' reports through the status lane, a moment later.
     let (rollout, degraded) = eventually("the pool reports the rollout done", &logs, || async {
         let p = pools.get("worker").await.map_err(|e| e.to_string())?;
@@ -1371,8 +1372,9 @@ async fn a_fleet_policy_paces_three_nodes_holds_on_a_failed_canary_and_survives_
         (
             metric(&m, "pinset_api_writes_total{kind=\"node_grant\"}"),
             metric(&m, "pinset_rollout_waves_total{pool=\"worker\"}"),
+            metric(&m, "pinset_pool_rollout_paused{pool=\"worker\"}"),
         ),
-        (3, 3),
+        (3, 3, 0),
         "{m}"
     );
 

@@ -66,9 +66,15 @@ struct Inner {
     node_sets: Family<StateLabels, Gauge>,
     last_success: Gauge<f64, AtomicU64>,
     build_info: Family<BuildLabels, Gauge>,
-    rollout_waiting: Gauge,
-    pool_rollout: Family<PoolStateLabels, Gauge>,
-    rollout_waves: Family<PoolLabels, Counter>,
+    rollout: RolloutMetrics,
+}
+
+/// The fleet rollout's: the agent's waiting sets, the controller's pools.
+struct RolloutMetrics {
+    waiting: Gauge,
+    pool_nodes: Family<PoolStateLabels, Gauge>,
+    waves: Family<PoolLabels, Counter>,
+    paused: Family<PoolLabels, Gauge>,
 }
 
 /// The node's sets by state, the last success, the build.
@@ -155,7 +161,7 @@ impl Metrics {
             "Pins found lost behind pinset's back and repaired (kind: image-deleted, pin-removed, dropin-deleted, dropin-edited)",
         );
         let (node_sets, last_success, build_info) = Self::register_gauges(&mut registry);
-        let (rollout_waiting, pool_rollout, rollout_waves) = Self::register_rollout(&mut registry);
+        let rollout = Self::register_rollout(&mut registry);
         Self {
             inner: Arc::new(Inner {
                 registry,
@@ -173,39 +179,42 @@ impl Metrics {
                 node_sets,
                 last_success,
                 build_info,
-                rollout_waiting,
-                pool_rollout,
-                rollout_waves,
+                rollout,
             }),
         }
     }
 
-    fn register_rollout(
-        r: &mut Registry,
-    ) -> (
-        Gauge,
-        Family<PoolStateLabels, Gauge>,
-        Family<PoolLabels, Counter>,
-    ) {
-        let rollout_waiting = registered(
+    fn register_rollout(r: &mut Registry) -> RolloutMetrics {
+        let waiting = registered(
             r,
             "rollout_waiting",
             "This node's PinnedImageSets waiting for a rollout grant from the pool's fleet policy",
             Gauge::default(),
         );
-        let pool_rollout = registered(
+        let pool_nodes = registered(
             r,
             "pool_rollout_nodes",
             "Nodes of each pool by rollout state against the pool's target (granted, pulling, done, failed, waiting)",
             Family::<PoolStateLabels, Gauge>::default(),
         );
-        let rollout_waves = registered(
+        let waves = registered(
             r,
             "rollout_waves",
             "Fleet decisions that granted nodes of a pool (a canary or a wave)",
             Family::<PoolLabels, Counter>::default(),
         );
-        (rollout_waiting, pool_rollout, rollout_waves)
+        let paused = registered(
+            r,
+            "pool_rollout_paused",
+            "1 while the pool's rollout is paused (pinset.io/rollout-paused): no node is granted",
+            Family::<PoolLabels, Gauge>::default(),
+        );
+        RolloutMetrics {
+            waiting,
+            pool_nodes,
+            waves,
+            paused,
+        }
     }
 
     fn register_pulls(r: &mut Registry) -> (Counter, Counter, Counter, Histogram) {
@@ -305,7 +314,7 @@ impl Metrics {
 
     /// Sets of this node waiting for a rollout grant.
     pub fn observe_rollout_waiting(&self, sets: usize) {
-        self.inner.rollout_waiting.set(sets as i64);
+        self.inner.rollout.waiting.set(sets as i64);
     }
 
     /// A pool's nodes by rollout state.
@@ -318,7 +327,8 @@ impl Metrics {
             ("waiting", counts.waiting),
         ] {
             self.inner
-                .pool_rollout
+                .rollout
+                .pool_nodes
                 .get_or_create(&PoolStateLabels {
                     pool: pool.into(),
                     state,
@@ -328,9 +338,19 @@ impl Metrics {
     }
 
     /// A fleet decision granted nodes of `pool`.
+    /// Whether the pool's rollout is paused.
+    pub fn observe_pool_paused(&self, pool: &str, paused: bool) {
+        self.inner
+            .rollout
+            .paused
+            .get_or_create(&PoolLabels { pool: pool.into() })
+            .set(i64::from(paused));
+    }
+
     pub fn count_rollout_wave(&self, pool: &str) {
         self.inner
-            .rollout_waves
+            .rollout
+            .waves
             .get_or_create(&PoolLabels { pool: pool.into() })
             .inc();
     }

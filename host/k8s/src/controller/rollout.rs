@@ -175,6 +175,7 @@ pub(super) async fn step(
     }
     let counts = rollout::counts(&request);
     ctx.metrics.observe_pool_rollout(&pool, &counts);
+    ctx.metrics.observe_pool_paused(&pool, paused);
     let held = rollout::held(&request, &decided.grant);
     if fresh {
         announce(ctx, &pool, &request, &added, &decided, held.as_deref());
@@ -313,11 +314,7 @@ fn announce(
             secondary: None,
         });
     }
-    let (client, pool) = (ctx.client.clone(), pool.to_string());
-    ctx.status_lane.background(async move {
-        crate::events::record::<MachineConfigPool>(client, FIELD_MANAGER, None, &pool, &events)
-            .await;
-    });
+    record(ctx, pool, events);
 }
 
 /// An Event when the pool's rollout is paused or resumed, in the status lane like [`announce`].
@@ -341,6 +338,14 @@ fn announce_pause(ctx: &Context, pool: &str, paused: bool, reason: &str) {
         action: action.into(),
         secondary: None,
     }];
+    record(ctx, pool, events);
+}
+
+/// Record `events` on the pool in the status lane: behind the grants, which do not wait for them.
+fn record(ctx: &Context, pool: &str, events: Vec<Event>) {
+    if events.is_empty() {
+        return;
+    }
     let (client, pool) = (ctx.client.clone(), pool.to_string());
     ctx.status_lane.background(async move {
         crate::events::record::<MachineConfigPool>(client, FIELD_MANAGER, None, &pool, &events)
