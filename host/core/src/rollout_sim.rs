@@ -154,7 +154,7 @@ pub fn run(sim: &Simulation, mut decide: impl FnMut(&RolloutRequest) -> (Grant, 
     let paused = rollout::paused(&annotations).0;
     // Each step but the first follows at least one pull's end: at most n + 1 steps.
     for _ in 0..=n {
-        let request = request(sim, &state, now);
+        let request = request(sim, &annotations, &state, now);
         // A paused pool is not asked, as the controller does not ask it.
         let (grant, fallback) = if paused {
             (rollout::paused_grant(&request), false)
@@ -222,15 +222,19 @@ fn summary(sim: &Simulation, state: &State, decisions: Vec<Decision>, max_in_fli
 
 /// What the controller would ask at `now`: each node as its MachineConfigNode would tell it,
 /// through the controller's own [`rollout::request`] (phases, grants and progress derived by
-/// the same rules).
-fn request(sim: &Simulation, state: &State, now: u64) -> RolloutRequest {
+/// the same rules); `annotations` are the pool's, read once per run.
+fn request(
+    sim: &Simulation,
+    annotations: &BTreeMap<String, String>,
+    state: &State,
+    now: u64,
+) -> RolloutRequest {
     let members: Vec<Member> = (0..sim.nodes.len())
         .map(|i| member(sim, i, state, now))
         .collect();
-    let annotations: BTreeMap<String, String> = sim.pool.annotations.iter().cloned().collect();
     rollout::request(
         &sim.pool.name,
-        &annotations,
+        annotations,
         sim.pool.max_pulling,
         sim.target.clone(),
         &members,

@@ -337,7 +337,6 @@ impl Metrics {
         }
     }
 
-    /// A fleet decision granted nodes of `pool`.
     /// Whether the pool's rollout is paused.
     pub fn observe_pool_paused(&self, pool: &str, paused: bool) {
         self.inner
@@ -347,6 +346,7 @@ impl Metrics {
             .set(i64::from(paused));
     }
 
+    /// A fleet decision granted nodes of `pool`.
     pub fn count_rollout_wave(&self, pool: &str) {
         self.inner
             .rollout
