@@ -722,3 +722,282 @@ async fn pinset_refuses_to_run_beside_openshifts_machine_config_operator() {
         "a node report was written"
     );
 }
+
+/// `pinset rollout …` as a process against the server, with the controller running.
+fn rollout_cli(kubeconfig: &str, args: &[&str]) -> (i32, String, String) {
+    let mut all = vec!["rollout"];
+    all.extend_from_slice(args);
+    all.push("--kubeconfig");
+    all.push(kubeconfig);
+    support::pinset(&all)
+}
+
+/// What an agent reports for set `apps` on node `name`: at `current`, or failed at `failed`.
+async fn agent_reports(
+    nodes: &Api<MachineConfigNode>,
+    name: &str,
+    desired: i64,
+    current: Option<i64>,
+    failed: Option<i64>,
+) {
+    let mut set =
+        json!({"name": "apps", "desiredGeneration": desired, "currentGeneration": current});
+    if let Some(g) = failed {
+        set["lastFailedGeneration"] = json!(g);
+        set["lastFailedGenerationError"] = json!(format!("{}: manifest unknown", image(9)));
+    }
+    let status = json!({
+        "apiVersion": "machineconfiguration.openshift.io/v1", "kind": "MachineConfigNode",
+        "metadata": {"name": name},
+        "status": {"pinnedImageSets": [set], "nodeState": {"ready": true}}
+    });
+    nodes
+        .patch_status(
+            name,
+            &PatchParams::apply("test-agent").force(),
+            &Patch::Apply(&status),
+        )
+        .await
+        .unwrap();
+}
+
+/// The generation of `apps` node `name` is granted, if any.
+async fn granted(nodes: &Api<MachineConfigNode>, name: &str) -> Option<i64> {
+    let n = nodes.get(name).await.ok()?;
+    let grant = n.spec.rollout_grant?;
+    grant
+        .sets
+        .iter()
+        .find(|s| s.name == "apps")
+        .map(|s| s.generation)
+}
+
+/// Play both agents until each has pinned generation `g` of `apps` (or, with `fail`, until the
+/// first node granted `g` has reported it failed).
+async fn play_agents(nodes: &Api<MachineConfigNode>, g: i64, fail: bool) {
+    let mut reported = [false; 2];
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while !reported.iter().all(|r| *r) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no grant of generation {g} in 60 s"
+        );
+        for (i, name) in ["n0", "n1"].iter().enumerate() {
+            if !reported[i] && granted(nodes, name).await >= Some(g) {
+                let (current, failed) = if fail {
+                    (Some(g - 1), Some(g))
+                } else {
+                    (Some(g), None)
+                };
+                agent_reports(nodes, name, g, current, failed).await;
+                reported[i] = true;
+                if fail {
+                    return;
+                }
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// `pinset rollout pause | status | resume` against a real API server and the controller, the
+/// agents played by the test: a paused pool reads Paused and times out, a resumed one is
+/// followed until every node pinned the set (exit 0), a failed canary ends the follow with the
+/// pool Degraded naming the node and the image (exit 1); pausing twice, resuming twice and an
+/// unknown pool are errors.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pinset_rollout_follows_pauses_and_resumes_a_pool() {
+    let Some(server) = support::apiserver::ApiServer::start().await else {
+        return;
+    };
+    server.install_crds().await;
+    let client = server.client().await;
+    let kc = server.kubeconfig.display().to_string();
+    let cli = |args: &'static [&'static str]| {
+        let kc = kc.clone();
+        tokio::task::spawn_blocking(move || rollout_cli(&kc, args))
+    };
+    let pools: Api<pinset_k8s::api::MachineConfigPool> = Api::all(client.clone());
+    let sets: Api<PinnedImageSet> = Api::all(client.clone());
+    let nodes: Api<MachineConfigNode> = Api::all(client.clone());
+    let pp = PostParams::default();
+    pools
+        .create(&pp, &pool("worker", &["worker"]))
+        .await
+        .unwrap();
+
+    let (code, out, _) = cli(&["pause", "worker"]).await.unwrap();
+    assert_eq!((code, out.trim()), (0, "machineconfigpool/worker paused"));
+    let (code, _, err) = cli(&["pause", "worker"]).await.unwrap();
+    assert!(
+        code == 1 && err.contains("worker is already paused"),
+        "{err}"
+    );
+    let (code, _, err) = cli(&["pause", "nosuch"]).await.unwrap();
+    assert!(
+        code == 1 && err.contains("MachineConfigPool nosuch not found"),
+        "{err}"
+    );
+    let (code, _, err) = cli(&["status", "nosuch", "--watch=false"]).await.unwrap();
+    assert!(
+        code == 1 && err.contains("MachineConfigPool nosuch not found"),
+        "{err}"
+    );
+
+    sets.create(
+        &pp,
+        &serde_json::from_value(set("apps", &[image(1), image(2)])).unwrap(),
+    )
+    .await
+    .unwrap();
+    for name in ["n0", "n1"] {
+        let mcn: MachineConfigNode = serde_json::from_value(json!({
+            "apiVersion": "machineconfiguration.openshift.io/v1", "kind": "MachineConfigNode",
+            "metadata": {"name": name},
+            "spec": {"node": {"name": name}, "pool": {"name": "worker"}}
+        }))
+        .unwrap();
+        nodes.create(&pp, &mcn).await.unwrap();
+        agent_reports(&nodes, name, 1, None, None).await;
+    }
+    let stop = tokio_util::sync::CancellationToken::new();
+    let controller = tokio::spawn(pinset_k8s::controller::run(
+        client.clone(),
+        pinset_k8s::metrics::Metrics::new(),
+        default_fleet(),
+        std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false)),
+        stop.clone(),
+    ));
+
+    // Paused: read once as JSON (once the controller's status shows the target), then a
+    // follow that times out.
+    let mut paused = serde_json::Value::Null;
+    for _ in 0..100 {
+        let (code, out, err) = cli(&["status", "worker", "--watch=false", "-o", "json"])
+            .await
+            .unwrap();
+        assert_eq!(code, 0, "{err}");
+        paused = serde_json::from_str(&out).unwrap();
+        if paused["observed"] == json!(true) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(paused["observed"], json!(true), "{paused}");
+    assert_eq!(
+        (
+            &paused["standing"],
+            &paused["target"],
+            &paused["waiting"],
+            &paused["nodes"]
+        ),
+        (&json!("Paused"), &json!("apps@1"), &json!(2), &json!(2)),
+        "{paused}"
+    );
+    let (code, out, err) = cli(&["status", "worker", "--timeout", "3s"]).await.unwrap();
+    assert_eq!(code, 1, "{out}\n{err}");
+    assert!(
+        err.contains("timed out after 3s waiting for MachineConfigPool worker"),
+        "{err}"
+    );
+    assert!(
+        out.contains("Waiting for MachineConfigPool worker to roll out: 0 of 2 nodes at apps@1 (2 waiting): paused"),
+        "{out}"
+    );
+
+    let (code, out, err) = cli(&["resume", "worker"]).await.unwrap();
+    assert_eq!(
+        (code, out.trim()),
+        (0, "machineconfigpool/worker resumed"),
+        "{err}"
+    );
+    let (code, _, err) = cli(&["resume", "worker"]).await.unwrap();
+    assert!(code == 1 && err.contains("worker is not paused"), "{err}");
+
+    // Followed to the end: the agents start once the follow has printed where it starts.
+    let mut follow = std::process::Command::new(support::PINSET)
+        .args([
+            "rollout",
+            "status",
+            "worker",
+            "--timeout",
+            "60s",
+            "--kubeconfig",
+            &kc,
+        ])
+        .env("PINSET_LOG", "warn")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let out = std::io::BufReader::new(follow.stdout.take().unwrap());
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufRead::lines(out) {
+            let _ = tx.send(line.unwrap());
+        }
+    });
+    let first = tokio::time::timeout(Duration::from_secs(30), rx.recv())
+        .await
+        .expect("the follow prints where it starts")
+        .unwrap();
+    play_agents(&nodes, 1, false).await;
+    let status = tokio::task::spawn_blocking(move || follow.wait_with_output())
+        .await
+        .unwrap()
+        .unwrap();
+    let mut rest = Vec::new();
+    while let Some(line) = rx.recv().await {
+        rest.push(line);
+    }
+    let err = String::from_utf8_lossy(&status.stderr);
+    assert_eq!(status.status.code(), Some(0), "{first}\n{rest:?}\n{err}");
+    assert!(
+        first.starts_with(
+            "Waiting for MachineConfigPool worker to roll out: 0 of 2 nodes at apps@1"
+        ),
+        "{first}"
+    );
+    assert_eq!(
+        rest.last().map(String::as_str),
+        Some("MachineConfigPool worker successfully rolled out: 2 of 2 nodes at apps@1"),
+        "{rest:?}"
+    );
+
+    // Generation 2: the canary fails; the follow ends with the pool Degraded, naming it.
+    let mut two = sets.get("apps").await.unwrap();
+    two.spec
+        .pinned_images
+        .push(serde_json::from_value(json!({"name": image(9)})).unwrap());
+    sets.replace("apps", &pp, &two).await.unwrap();
+    play_agents(&nodes, 2, true).await;
+    let (code, out, err) = cli(&["status", "worker", "--timeout", "60s", "-o", "yaml"])
+        .await
+        .unwrap();
+    assert_eq!(code, 1, "{out}\n{err}");
+    let held: serde_json::Value = serde_yaml::from_str(&out).unwrap();
+    assert_eq!(
+        (&held["standing"], &held["failed"], &held["target"]),
+        (&json!("Degraded"), &json!(1), &json!("apps@2")),
+        "{out}"
+    );
+    let canary = held["members"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["phase"] == json!("failed"))
+        .unwrap();
+    let name = canary["name"].as_str().unwrap();
+    assert!(
+        err.contains("MachineConfigPool worker is Degraded")
+            && err.contains(name)
+            && err.contains("manifest unknown"),
+        "{err}"
+    );
+
+    stop.cancel();
+    tokio::time::timeout(Duration::from_secs(10), controller)
+        .await
+        .unwrap()
+        .unwrap();
+}

@@ -1296,14 +1296,27 @@ async fn a_fleet_policy_paces_three_nodes_holds_on_a_failed_canary_and_survives_
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    pools
-        .patch(
-            "worker",
-            &PatchParams::default(),
-            &Patch::Merge(json!({"metadata": {"annotations": {"pinset.io/rollout-paused": null}}})),
-        )
-        .await
+    // `pinset rollout status` follows the rollout from here to its end; `resume` lifts the pause.
+    let follow_out = cluster.dir.path().join("rollout-status.out");
+    let follow = Command::new(support::PINSET)
+        .args(["rollout", "status", "worker", "--timeout", "120s"])
+        .args(["--kubeconfig", &kubeconfig])
+        .env("PINSET_LOG", "warn")
+        .stdout(std::fs::File::create(&follow_out).unwrap())
+        .stderr(Stdio::piped())
+        .spawn()
         .unwrap();
+    let kc = kubeconfig.clone();
+    let (code, out, err) = tokio::task::spawn_blocking(move || {
+        support::pinset(&["rollout", "resume", "worker", "--kubeconfig", &kc])
+    })
+    .await
+    .unwrap();
+    assert_eq!(
+        (code, out.trim()),
+        (0, "machineconfigpool/worker resumed"),
+        "{err}"
+    );
 
     // 1. The canary pulls first; the others only after it pinned, one at a time (10 % of 3
     //    nodes rounds up to one), never more than one node pulling, never a pull without a grant.
@@ -1366,6 +1379,24 @@ async fn a_fleet_policy_paces_three_nodes_holds_on_a_failed_canary_and_survives_
         "{rollout:?}"
     );
     assert!(degraded.is_empty(), "{degraded}");
+    let followed = tokio::task::spawn_blocking(move || follow.wait_with_output())
+        .await
+        .unwrap()
+        .unwrap();
+    let out = std::fs::read_to_string(&follow_out).unwrap();
+    assert_eq!(
+        (followed.status.code(), out.lines().last()),
+        (
+            Some(0),
+            Some("MachineConfigPool worker successfully rolled out: 3 of 3 nodes at apps@1")
+        ),
+        "{out}\n{}",
+        String::from_utf8_lossy(&followed.stderr)
+    );
+    assert!(
+        out.starts_with("Waiting for MachineConfigPool worker to roll out: 0 of 3"),
+        "{out}"
+    );
     // One grant per node, each in its own wave: the canary, then one at a time.
     let m = metrics(controller_port).await;
     assert_eq!(
@@ -1415,6 +1446,26 @@ async fn a_fleet_policy_paces_three_nodes_holds_on_a_failed_canary_and_survives_
             .contains(&format!("canary node {}", FLEET_NODES[canary])),
         "{}",
         held.1
+    );
+    let kc = kubeconfig.clone();
+    let (code, out, err) = tokio::task::spawn_blocking(move || {
+        support::pinset(&[
+            "rollout",
+            "status",
+            "worker",
+            "--watch=false",
+            "--kubeconfig",
+            &kc,
+        ])
+    })
+    .await
+    .unwrap();
+    assert!(
+        code == 1
+            && err.contains("MachineConfigPool worker is Degraded")
+            && err.contains(&format!("canary node {}", FLEET_NODES[canary]))
+            && err.contains(&missing),
+        "{out}\n{err}"
     );
     for _ in 0..20 {
         let l = look(&nodes, &cris, "apps", 2, &images[2..3]).await;

@@ -349,6 +349,56 @@ pub fn counts(request: &RolloutRequest) -> Counts {
     c
 }
 
+/// The target as a pool's status names it: `set@generation` of each set, by name, comma-separated.
+pub fn target_label(target: &Target) -> String {
+    let sets: Vec<String> = target
+        .sets
+        .iter()
+        .map(|s| format!("{}@{}", s.name, s.generation))
+        .collect();
+    sets.join(",")
+}
+
+/// Where a pool's rollout stands against its target, as `pinset rollout status` reports it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Standing {
+    /// Every node of the pool has the target pinned (so has a pool without nodes or sets).
+    Complete,
+    /// The pool is Degraded for this target (a failed canary holds it, a node failed): why.
+    Degraded(String),
+    /// Paused by [`PAUSED_ANNOTATION`] short of the target.
+    Paused,
+    /// Nodes are pulling, or waiting for a grant.
+    Progressing,
+}
+
+impl Standing {
+    pub fn name(&self) -> &'static str {
+        match self {
+            Standing::Complete => "Complete",
+            Standing::Degraded(_) => "Degraded",
+            Standing::Paused => "Paused",
+            Standing::Progressing => "Progressing",
+        }
+    }
+}
+
+/// Where the rollout stands, from the nodes' counts, the pause, and the pool's Degraded message.
+/// `degraded` counts only when the pool's status speaks of this target: one written for an
+/// earlier target says nothing of this one. Nodes at the target win over a Degraded condition
+/// that has not caught up with them.
+pub fn standing(counts: &Counts, paused: bool, degraded: Option<&str>) -> Standing {
+    if counts.waiting + counts.pulling + counts.failed == 0 {
+        Standing::Complete
+    } else if let Some(why) = degraded {
+        Standing::Degraded(why.to_string())
+    } else if paused {
+        Standing::Paused
+    } else {
+        Standing::Progressing
+    }
+}
+
 /// On the node: `desired` without the sets its grant does not cover and that miss an image
 /// (`present` by index of `desired.images`); those go to `waiting`. Sets whose images are all
 /// present stay: they are verified and pinned without a grant. Without a grant field
@@ -677,5 +727,37 @@ mod tests {
         };
         assert_eq!(gate(&open, &[false; 3]), open);
         assert!(waiting_message(&gated.waiting).contains("held generation 3"));
+    }
+
+    #[test]
+    fn where_a_rollout_stands() {
+        let t = target(&[("b".into(), 3, 1), ("a".into(), 2, 1)]);
+        assert_eq!(target_label(&t), "a@2,b@3");
+        assert_eq!(target_label(&target(&[])), "");
+        let c = |pulling, done, failed, waiting| Counts {
+            granted: pulling + done + failed,
+            pulling,
+            done,
+            failed,
+            waiting,
+        };
+        let degraded = Some("canary n0 failed");
+        assert_eq!(standing(&c(0, 3, 0, 0), true, degraded), Standing::Complete);
+        assert_eq!(
+            standing(&c(0, 0, 0, 0), false, None),
+            Standing::Complete,
+            "a pool without nodes has nothing left to pull"
+        );
+        assert_eq!(
+            standing(&c(0, 0, 1, 2), true, degraded),
+            Standing::Degraded("canary n0 failed".into())
+        );
+        assert_eq!(standing(&c(1, 0, 0, 2), true, None), Standing::Paused);
+        assert_eq!(
+            standing(&c(0, 0, 1, 2), false, None),
+            Standing::Progressing,
+            "a failure the pool's status does not name yet"
+        );
+        assert_eq!(standing(&c(1, 1, 0, 1), false, None).name(), "Progressing");
     }
 }

@@ -76,6 +76,23 @@ pub fn set(s: &PinnedImageSet) -> desired::PinnedImageSet {
     }
 }
 
+/// A pool's target: each of `names` (the sets it selects) that exists, with its generation and
+/// image count, as the rollout and the node counts see it.
+pub fn target_sets<S: std::ops::Deref<Target = PinnedImageSet>>(
+    names: &[String],
+    set: impl Fn(&str) -> Option<S>,
+) -> Vec<(String, i64, u32)> {
+    names
+        .iter()
+        .filter_map(|n| {
+            set(n).map(|s| {
+                let generation = s.metadata.generation.unwrap_or(1).max(1);
+                (n.clone(), generation, s.spec.pinned_images.len() as u32)
+            })
+        })
+        .collect()
+}
+
 /// The pool as the node sees it (with the controller's `spec.pinnedImageSets` when written).
 pub fn pool(p: &MachineConfigPool) -> Result<Pool, ConvertError> {
     let name = p.name_any();

@@ -6,7 +6,8 @@
 //! - [`controller`]: the pool controller; [`agent`]: the node agent;
 //! - [`metrics`], [`http`]: Prometheus metrics and the endpoint serving them, health and
 //!   readiness;
-//! - [`ownership`]: refuses to run where OpenShift's Machine Config Operator owns the CRDs.
+//! - [`ownership`]: refuses to run where OpenShift's Machine Config Operator owns the CRDs;
+//! - [`rollout_status`]: a pool's rollout as `pinset rollout` shows it, paused and resumed.
 //!
 //! The rules stay in `pinset-core` (which sets a pool lists, how nodes count) and the node crate
 //! (one reconcile); this crate reads and writes objects. May depend on: core, node, policy, kube,
@@ -24,6 +25,7 @@ pub mod http;
 pub mod metrics;
 pub mod objects;
 pub mod ownership;
+pub mod rollout_status;
 
 use std::path::{Path, PathBuf};
 
@@ -67,4 +69,11 @@ pub async fn client(kubeconfig: Option<&Path>) -> Result<kube::Client, ClientErr
 /// next write to that resource: the watch would then wait on "too large resource version".
 pub fn watcher_config() -> kube::runtime::watcher::Config {
     kube::runtime::watcher::Config::default().any_semantic()
+}
+
+/// Now, in milliseconds since the Unix epoch (how rollouts date progress).
+pub(crate) fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
 }

@@ -123,6 +123,10 @@ enum Command {
         #[command(flatten)]
         policy: PolicyOpts,
     },
+    /// A pool's fleet rollout: follow it until every node has its sets pinned, pause it,
+    /// resume it (as `kubectl rollout` does for a Deployment).
+    #[command(subcommand)]
+    Rollout(cli::rollout::RolloutCommand),
     /// Measure the node pipeline (use a release build).
     #[command(subcommand)]
     Bench(cli::bench::BenchCommand),
@@ -194,6 +198,7 @@ fn run(args: Args) -> Result<ExitCode> {
             output,
         )),
         Command::Bench(cmd) => rt()?.block_on(cli::bench::run(cmd)),
+        Command::Rollout(cmd) => rt()?.block_on(cli::rollout::run(cmd)),
         Command::Crds => Ok(cli::kube::crds()),
         Command::CompilePolicy => cli::policy::compile_child(),
         Command::Completion { shell } => {

@@ -54,16 +54,11 @@ async fn reconcile_pool(
         retrigger_sets(ctx, &name, names);
     }
     let mcp = written.as_ref().unwrap_or(mcp);
-    // Node counts for the sets the pool now holds, at their current generation.
-    let wanted: Vec<(String, i64)> = selected
-        .iter()
-        .flatten()
-        .filter_map(|n| {
-            ctx.sets
-                .get(&ObjectRef::new(n))
-                .map(|s| (n.clone(), s.metadata.generation.unwrap_or(1).max(1)))
-        })
-        .collect();
+    // The sets the pool now holds, at their current generation: node counts and the rollout.
+    let target = convert::target_sets(selected.as_deref().unwrap_or_default(), |n| {
+        ctx.sets.get(&ObjectRef::new(n))
+    });
+    let wanted: Vec<(String, i64)> = target.iter().map(|(n, g, _)| (n.clone(), *g)).collect();
     let members: Vec<_> = ctx
         .nodes
         .state()
@@ -72,16 +67,6 @@ async fn reconcile_pool(
         .collect();
     let reports: Vec<_> = members.iter().map(|n| convert::node_report(n)).collect();
     let sync = pool::sync_status(&name, &wanted, &reports);
-    let target: Vec<(String, i64, u32)> = wanted
-        .iter()
-        .map(|(n, g)| {
-            let images = ctx
-                .sets
-                .get(&ObjectRef::new(n))
-                .map_or(0, |s| s.spec.pinned_images.len() as u32);
-            (n.clone(), *g, images)
-        })
-        .collect();
     let rollout = super::rollout::step(ctx, mcp, &target, &members, &reports).await?;
     let held = rollout.as_ref().and_then(|r| r.held.clone());
     let degraded = match (failure, held, sync.degraded.clone()) {

@@ -82,7 +82,7 @@ impl Decisions {
     /// The members as the API has them once every grant written has landed.
     fn overlay(&self, pool: &str, members: &mut [rollout::Member]) {
         self.with(pool, |m| {
-            rollout::overlay_written(members, &mut m.written, now_ms())
+            rollout::overlay_written(members, &mut m.written, crate::now_ms())
         });
     }
 
@@ -141,7 +141,7 @@ pub(super) async fn step(
         max_pulling,
         rollout::target(target),
         &members,
-        now_ms(),
+        crate::now_ms(),
     );
     let (decided, fresh) = if paused {
         // Not asked: a paused pool grants no one, whatever its policy would say.
@@ -261,7 +261,7 @@ async fn write_grant(
     ctx.decisions.with(pool, |m| {
         let written = rollout::Written {
             grant,
-            at_ms: now_ms(),
+            at_ms: crate::now_ms(),
         };
         m.written.insert(node.clone(), written)
     });
@@ -354,14 +354,8 @@ fn record(ctx: &Context, pool: &str, events: Vec<Event>) {
 }
 
 fn status(request: &RolloutRequest, counts: &Counts, policy: &str, reason: String) -> PoolRollout {
-    let target: Vec<String> = request
-        .target
-        .sets
-        .iter()
-        .map(|s| format!("{}@{}", s.name, s.generation))
-        .collect();
     PoolRollout {
-        target: target.join(","),
+        target: rollout::target_label(&request.target),
         granted: counts.granted,
         pulling: counts.pulling,
         done: counts.done,
@@ -370,10 +364,4 @@ fn status(request: &RolloutRequest, counts: &Counts, policy: &str, reason: Strin
         policy: policy.to_string(),
         reason: pinset_core::status::cap(&reason, 4000),
     }
-}
-
-fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
 }

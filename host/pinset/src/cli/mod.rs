@@ -8,6 +8,7 @@ pub mod node;
 pub mod plan;
 pub mod policy;
 pub mod report;
+pub mod rollout;
 pub mod simulate;
 
 use anyhow::Context;

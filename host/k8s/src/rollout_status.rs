@@ -1,0 +1,611 @@
+//! A pool's rollout as `pinset rollout` shows and steers it: where it stands, read from the
+//! objects themselves (the pool, the PinnedImageSets it selects, its MachineConfigNodes) by the
+//! rules the controller uses — the core's selection, phases and counts — and the pause, set and
+//! lifted through the pool's `pinset.io/rollout-paused` annotation.
+//!
+//! The nodes say how far the rollout is; the pool's status (the controller's) adds the fleet
+//! policy's reason and whether the pool is Degraded, and is believed only when it speaks of
+//! the target the objects show now.
+
+use crate::api::{
+    CONDITION_DEGRADED, MachineConfigNode, MachineConfigPool, PinnedImageSet, PoolRollout,
+};
+use crate::convert::{self, ConvertError};
+use futures::StreamExt;
+use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Client, ResourceExt};
+use pinset_core::pool::{self, PoolError};
+use pinset_core::rollout::{self, PAUSED_ANNOTATION, Standing};
+use serde::Serialize;
+use std::collections::BTreeMap;
+
+/// Where a pool's rollout stands (`pinset rollout status -o json|yaml` prints it).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RolloutStatus {
+    pub pool: String,
+    /// `set@generation` of every set the pool selects, by name; empty when it selects none.
+    pub target: String,
+    /// Complete, Degraded, Paused or Progressing.
+    #[serde(serialize_with = "standing_name")]
+    pub standing: Standing,
+    /// Why it is Degraded or Paused, or what it waits for.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+    pub nodes: u32,
+    pub granted: u32,
+    pub pulling: u32,
+    pub done: u32,
+    pub failed: u32,
+    pub waiting: u32,
+    pub paused: bool,
+    /// The pool's status (the controller's) speaks of this target.
+    pub observed: bool,
+    /// The fleet policy that decided last, and why, when the status speaks of this target.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub policy: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// Every node of the pool, by name.
+    pub members: Vec<MemberStatus>,
+}
+
+/// One node of the pool against the target.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct MemberStatus {
+    pub name: String,
+    /// waiting, pulling, done or failed.
+    pub phase: &'static str,
+    pub granted: bool,
+    pub ready: bool,
+    pub images_done: u64,
+    pub images_total: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+fn standing_name<S: serde::Serializer>(s: &Standing, out: S) -> Result<S::Ok, S::Error> {
+    out.serialize_str(s.name())
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum RolloutError {
+    #[error("MachineConfigPool {pool} not found")]
+    NotFound { pool: String },
+    #[error(transparent)]
+    Convert(#[from] ConvertError),
+    #[error("MachineConfigPool {pool}: reading the {what}: {source}")]
+    Watch {
+        pool: String,
+        what: &'static str,
+        source: watcher::Error,
+    },
+    #[error("MachineConfigPool {pool}: {source}")]
+    Api { pool: String, source: kube::Error },
+    #[error("MachineConfigPool {pool} is already paused ({PAUSED_ANNOTATION}={value:?})")]
+    AlreadyPaused { pool: String, value: String },
+    #[error("MachineConfigPool {pool} is not paused")]
+    NotPaused { pool: String },
+}
+
+/// Where `mcp`'s rollout stands, from every PinnedImageSet and MachineConfigNode there is (the
+/// pool's own are picked here). `now_ms`: milliseconds since the Unix epoch.
+pub fn read<'a>(
+    mcp: &MachineConfigPool,
+    sets: impl IntoIterator<Item = &'a PinnedImageSet>,
+    nodes: impl IntoIterator<Item = &'a MachineConfigNode>,
+    now_ms: u64,
+) -> Result<RolloutStatus, ConvertError> {
+    let name = mcp.name_any();
+    let sets: BTreeMap<String, &PinnedImageSet> =
+        sets.into_iter().map(|s| (s.name_any(), s)).collect();
+    let labelled = sets.iter().map(|(n, s)| (n.as_str(), s.labels()));
+    // The selection the controller makes (and writes to spec.pinnedImageSets).
+    let (selected, too_many) = match pool::select_labelled(&convert::pool(mcp)?, labelled) {
+        Ok(names) => (names.unwrap_or_default(), None),
+        Err(e @ PoolError::TooManySets { .. }) => (Vec::new(), Some(e.to_string())),
+    };
+    let target = convert::target_sets(&selected, |n| sets.get(n).copied());
+    let members: Vec<rollout::Member> = nodes
+        .into_iter()
+        .filter(|n| n.spec.pool.name == name)
+        .map(|n| convert::member(n, &convert::node_report(n)))
+        .collect();
+    let annotations = mcp.annotations();
+    let (paused, pause_note) = rollout::paused(annotations);
+    // The pool's ceiling changes what may be granted, not where nodes stand: not needed here.
+    let request = rollout::request(
+        &name,
+        annotations,
+        None,
+        rollout::target(&target),
+        &members,
+        now_ms,
+    );
+    let counts = rollout::counts(&request);
+    let label = rollout::target_label(&request.target);
+    let observed = observed(mcp, &selected, &label);
+    let standing = match too_many {
+        // No selection, so no target the nodes could be complete against.
+        Some(why) => Standing::Degraded(why),
+        None => {
+            let degraded = observed.then(|| degraded_message(mcp)).flatten();
+            rollout::standing(&counts, paused, degraded.as_deref())
+        }
+    };
+    let message = message(&standing, pause_note, observed, &label);
+    let last_decision = mcp.status.as_ref().and_then(|s| s.rollout.clone());
+    let (policy, reason) = match last_decision.filter(|_| observed) {
+        Some(PoolRollout { policy, reason, .. }) => (Some(policy), Some(reason)),
+        None => (None, None),
+    };
+    Ok(RolloutStatus {
+        pool: name,
+        target: label,
+        standing,
+        message,
+        nodes: request.nodes.len() as u32,
+        granted: counts.granted,
+        pulling: counts.pulling,
+        done: counts.done,
+        failed: counts.failed,
+        waiting: counts.waiting,
+        paused,
+        observed,
+        policy,
+        reason,
+        members: request.nodes.iter().map(member_status).collect(),
+    })
+}
+
+/// The pool's status speaks of `target`: the controller wrote the selection the objects show
+/// (`selected`) and a rollout status for that target.
+fn observed(mcp: &MachineConfigPool, selected: &[String], target: &str) -> bool {
+    let written: Vec<&str> = mcp
+        .spec
+        .pinned_image_sets
+        .iter()
+        .flatten()
+        .map(|s| s.name.as_str())
+        .collect();
+    let status_target = mcp.status.as_ref().and_then(|s| s.rollout.as_ref());
+    written == selected && status_target.map_or("", |r| r.target.as_str()) == target
+}
+
+/// Why the rollout is Degraded or Paused, or what it waits for.
+fn message(
+    standing: &Standing,
+    pause_note: Option<String>,
+    observed: bool,
+    target: &str,
+) -> Option<String> {
+    match standing {
+        Standing::Degraded(why) => Some(why.clone()),
+        Standing::Paused => {
+            Some(pause_note.unwrap_or_else(|| format!("paused by {PAUSED_ANNOTATION}")))
+        }
+        Standing::Progressing if !observed => Some(format!(
+            "the pool's status does not show target {target:?} yet (is the controller running?)"
+        )),
+        _ => None,
+    }
+}
+
+fn degraded_message(mcp: &MachineConfigPool) -> Option<String> {
+    mcp.status
+        .as_ref()?
+        .conditions
+        .iter()
+        .find(|c| c.type_ == CONDITION_DEGRADED && c.status == "True")
+        .map(|c| c.message.clone())
+}
+
+fn member_status(n: &pinset_policy_sdk::FleetNode) -> MemberStatus {
+    MemberStatus {
+        name: n.name.clone(),
+        phase: n.phase.as_str(),
+        granted: n.granted,
+        ready: n.ready,
+        images_done: n.progress.images_done,
+        images_total: n.progress.images_total,
+        error: n.error().map(str::to_string),
+    }
+}
+
+/// Pause (`true`) or resume `pool`'s rollout: the annotation set to `true`, or removed. An
+/// error when the pool is already where it was asked to go, as `kubectl rollout pause` does.
+pub async fn set_paused(client: Client, pool: &str, pause: bool) -> Result<(), RolloutError> {
+    let api: Api<MachineConfigPool> = Api::all(client);
+    let api_error = |source| RolloutError::Api {
+        pool: pool.to_string(),
+        source,
+    };
+    let mcp = api
+        .get_opt(pool)
+        .await
+        .map_err(api_error)?
+        .ok_or_else(|| RolloutError::NotFound { pool: pool.into() })?;
+    let value = mcp.annotations().get(PAUSED_ANNOTATION).cloned();
+    match (pause, rollout::paused(mcp.annotations()).0) {
+        (true, true) => {
+            return Err(RolloutError::AlreadyPaused {
+                pool: pool.into(),
+                value: value.unwrap_or_default(),
+            });
+        }
+        (false, false) => return Err(RolloutError::NotPaused { pool: pool.into() }),
+        _ => {}
+    }
+    let value = pause.then_some("true");
+    let patch = serde_json::json!({"metadata": {"annotations": {PAUSED_ANNOTATION: value}}});
+    let params = PatchParams {
+        field_manager: Some("pinset-rollout".into()),
+        ..Default::default()
+    };
+    api.patch(pool, &params, &Patch::Merge(&patch))
+        .await
+        .map_err(api_error)?;
+    Ok(())
+}
+
+/// Follow `pool`'s rollout through watches of pools, sets and nodes: `on_change` sees the first
+/// status once every list has arrived, then each different one, until it returns `false`;
+/// that status is returned. An error before the first status ends it (a missing CRD, no
+/// permission); later watch errors are retried with backoff.
+pub async fn follow(
+    client: Client,
+    pool: &str,
+    mut on_change: impl FnMut(&RolloutStatus) -> bool,
+) -> Result<RolloutStatus, RolloutError> {
+    let pools = watcher(
+        Api::<MachineConfigPool>::all(client.clone()),
+        crate::watcher_config().fields(&format!("metadata.name={pool}")),
+    );
+    let sets = watcher(
+        Api::<PinnedImageSet>::all(client.clone()),
+        crate::watcher_config(),
+    );
+    let nodes = watcher(
+        Api::<MachineConfigNode>::all(client),
+        crate::watcher_config(),
+    );
+    let mut events = futures::stream::select_all([
+        tagged(pools, Change::Pool, "MachineConfigPool"),
+        tagged(sets, Change::Set, "PinnedImageSets"),
+        tagged(nodes, Change::Node, "MachineConfigNodes"),
+    ]);
+    let mut mirrors = Mirrors::default();
+    let mut last: Option<RolloutStatus> = None;
+    while let Some(event) = events.next().await {
+        let change = match event {
+            Ok(change) => change,
+            Err((what, source)) if !mirrors.ready() => {
+                return Err(RolloutError::Watch {
+                    pool: pool.into(),
+                    what,
+                    source,
+                });
+            }
+            Err((what, error)) => {
+                tracing::warn!(pool, %error, "watching the {what} (retrying)");
+                continue;
+            }
+        };
+        mirrors.apply(change);
+        if !mirrors.ready() {
+            continue;
+        }
+        let mcp = mirrors
+            .pools
+            .objects
+            .get(pool)
+            .ok_or_else(|| RolloutError::NotFound { pool: pool.into() })?;
+        let status = read(
+            mcp,
+            mirrors.sets.objects.values(),
+            mirrors.nodes.objects.values(),
+            crate::now_ms(),
+        )?;
+        if last.as_ref() == Some(&status) {
+            continue;
+        }
+        let go_on = on_change(&status);
+        if !go_on {
+            return Ok(status);
+        }
+        last = Some(status);
+    }
+    Err(RolloutError::NotFound { pool: pool.into() })
+}
+
+enum Change {
+    Pool(watcher::Event<MachineConfigPool>),
+    Set(watcher::Event<PinnedImageSet>),
+    Node(watcher::Event<MachineConfigNode>),
+}
+
+type Tagged = futures::stream::BoxStream<'static, Result<Change, (&'static str, watcher::Error)>>;
+
+fn tagged<K: Send + 'static, S>(
+    events: S,
+    tag: fn(watcher::Event<K>) -> Change,
+    what: &'static str,
+) -> Tagged
+where
+    S: futures::Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send + 'static,
+{
+    events
+        .default_backoff()
+        .map(move |e| e.map(tag).map_err(|err| (what, err)))
+        .boxed()
+}
+
+#[derive(Default)]
+struct Mirrors {
+    pools: Mirror<MachineConfigPool>,
+    sets: Mirror<PinnedImageSet>,
+    nodes: Mirror<MachineConfigNode>,
+}
+
+impl Mirrors {
+    fn ready(&self) -> bool {
+        self.pools.ready && self.sets.ready && self.nodes.ready
+    }
+
+    fn apply(&mut self, change: Change) {
+        match change {
+            Change::Pool(e) => self.pools.apply(e),
+            Change::Set(e) => self.sets.apply(e),
+            Change::Node(e) => self.nodes.apply(e),
+        }
+    }
+}
+
+/// The objects of one watch by name, replaced whole by each relist.
+struct Mirror<K> {
+    objects: BTreeMap<String, K>,
+    relist: Option<BTreeMap<String, K>>,
+    ready: bool,
+}
+
+impl<K> Default for Mirror<K> {
+    fn default() -> Self {
+        Self {
+            objects: BTreeMap::new(),
+            relist: None,
+            ready: false,
+        }
+    }
+}
+
+impl<K: kube::Resource> Mirror<K> {
+    fn apply(&mut self, event: watcher::Event<K>) {
+        match event {
+            watcher::Event::Init => self.relist = Some(BTreeMap::new()),
+            watcher::Event::InitApply(o) => {
+                let o = stripped(o);
+                if let Some(relist) = &mut self.relist {
+                    relist.insert(o.name_any(), o);
+                }
+            }
+            watcher::Event::InitDone => {
+                if let Some(relist) = self.relist.take() {
+                    self.objects = relist;
+                }
+                self.ready = true;
+            }
+            watcher::Event::Apply(o) => {
+                let o = stripped(o);
+                self.objects.insert(o.name_any(), o);
+            }
+            watcher::Event::Delete(o) => {
+                self.objects.remove(&o.name_any());
+            }
+        }
+    }
+}
+
+/// `managedFields`, often an object's largest part, are not read here.
+fn stripped<K: kube::Resource>(mut o: K) -> K {
+    o.meta_mut().managed_fields = None;
+    o
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::{Value, json};
+
+    fn pool(annotations: Value, spec_sets: &[&str], status: Value) -> MachineConfigPool {
+        let sets: Vec<Value> = spec_sets.iter().map(|n| json!({"name": n})).collect();
+        serde_json::from_value(json!({
+            "apiVersion": "machineconfiguration.openshift.io/v1",
+            "kind": "MachineConfigPool",
+            "metadata": {"name": "worker", "annotations": annotations},
+            "spec": {
+                "machineConfigSelector": {"matchLabels": {"role": "worker"}},
+                "pinnedImageSets": if sets.is_empty() { Value::Null } else { json!(sets) }
+            },
+            "status": status
+        }))
+        .unwrap()
+    }
+
+    fn set(name: &str, role: &str, generation: i64, images: usize) -> PinnedImageSet {
+        let digest = "a".repeat(64);
+        let images: Vec<Value> = (0..images)
+            .map(|i| json!({"name": format!("q.io/x/i{i}@sha256:{digest}")}))
+            .collect();
+        serde_json::from_value(json!({
+            "apiVersion": "machineconfiguration.openshift.io/v1",
+            "kind": "PinnedImageSet",
+            "metadata": {"name": name, "generation": generation, "labels": {"role": role}},
+            "spec": {"pinnedImages": images}
+        }))
+        .unwrap()
+    }
+
+    /// A node of `pool` at `current` of set `apps` (failed at `failed`), granted up to `grant`.
+    fn node(
+        name: &str,
+        pool: &str,
+        current: Option<i64>,
+        failed: Option<i64>,
+        grant: Option<i64>,
+    ) -> MachineConfigNode {
+        let grant = grant.map(|g| json!({"sets": [{"name": "apps", "generation": g}]}));
+        let mut set = json!({"name": "apps", "desiredGeneration": 2});
+        if let Some(c) = current {
+            set["currentGeneration"] = json!(c);
+        }
+        if let Some(f) = failed {
+            set["lastFailedGeneration"] = json!(f);
+            set["lastFailedGenerationError"] = json!("q.io/x/i1: manifest unknown");
+        }
+        serde_json::from_value(json!({
+            "apiVersion": "machineconfiguration.openshift.io/v1",
+            "kind": "MachineConfigNode",
+            "metadata": {"name": name},
+            "spec": {"node": {"name": name}, "pool": {"name": pool}, "rolloutGrant": grant},
+            "status": {"pinnedImageSets": [set], "nodeState": {"ready": true}}
+        }))
+        .unwrap()
+    }
+
+    fn status(target: &str, degraded: Option<&str>) -> Value {
+        json!({
+            "conditions": [{
+                "type": CONDITION_DEGRADED,
+                "status": if degraded.is_some() { "True" } else { "False" },
+                "reason": "r", "message": degraded.unwrap_or(""),
+                "lastTransitionTime": "2026-12-01T00:00:00Z"
+            }],
+            "rollout": {"target": target, "granted": 1, "pulling": 1, "done": 0, "failed": 0,
+                        "waiting": 2, "policy": "embedded:default", "reason": "canary n0"}
+        })
+    }
+
+    #[test]
+    fn the_nodes_say_how_far_and_the_pools_status_counts_only_for_this_target() {
+        let sets = [set("apps", "worker", 2, 3), set("other", "master", 5, 1)];
+        let nodes = [
+            node("n0", "worker", Some(2), None, Some(2)),
+            node("n1", "worker", Some(1), None, Some(2)),
+            node("n2", "worker", Some(1), None, None),
+            node("m0", "master", Some(1), None, None),
+        ];
+        let p = pool(json!({}), &["apps"], status("apps@2", None));
+        let s = read(&p, &sets, &nodes, 0).unwrap();
+        assert_eq!((s.target.as_str(), s.nodes), ("apps@2", 3), "{s:?}");
+        assert_eq!(
+            (s.done, s.pulling, s.waiting, s.failed, s.granted),
+            (1, 1, 1, 0, 2)
+        );
+        assert_eq!(
+            (s.standing.clone(), s.observed),
+            (Standing::Progressing, true)
+        );
+        assert_eq!(s.reason.as_deref(), Some("canary n0"));
+        let names: Vec<_> = s
+            .members
+            .iter()
+            .map(|m| (m.name.as_str(), m.phase))
+            .collect();
+        assert_eq!(
+            names,
+            [("n0", "done"), ("n1", "pulling"), ("n2", "waiting")]
+        );
+
+        // A status written for generation 1 says nothing of generation 2: no reason, no
+        // Degraded, and the message says what is missing.
+        let stale = pool(
+            json!({}),
+            &["apps"],
+            status("apps@1", Some("canary n0 failed")),
+        );
+        let s = read(&stale, &sets, &nodes, 0).unwrap();
+        assert_eq!(
+            (s.standing.clone(), s.observed, s.reason),
+            (Standing::Progressing, false, None)
+        );
+        assert!(s.message.unwrap().contains("\"apps@2\""));
+        // Nor does a pool whose spec does not list the selection yet (a set just created).
+        let unwritten = pool(json!({}), &[], status("apps@2", None));
+        assert!(!read(&unwritten, &sets, &nodes, 0).unwrap().observed);
+    }
+
+    #[test]
+    fn degraded_paused_and_complete() {
+        let sets = [set("apps", "worker", 2, 3)];
+        let failed = [
+            node("n0", "worker", Some(1), Some(2), Some(2)),
+            node("n1", "worker", Some(1), None, None),
+        ];
+        let why = "canary n0 failed: q.io/x/i1: manifest unknown";
+        let held = pool(json!({}), &["apps"], status("apps@2", Some(why)));
+        let s = read(&held, &sets, &failed, 0).unwrap();
+        assert_eq!(s.standing, Standing::Degraded(why.into()));
+        assert_eq!(
+            s.members[0].error.as_deref(),
+            Some("q.io/x/i1: manifest unknown")
+        );
+        let json = serde_json::to_value(&s).unwrap();
+        assert_eq!(
+            (json["standing"].as_str(), json["failed"].as_u64()),
+            (Some("Degraded"), Some(1))
+        );
+
+        let waiting = [node("n1", "worker", Some(1), None, None)];
+        let paused = pool(
+            json!({PAUSED_ANNOTATION: "yes"}),
+            &["apps"],
+            status("apps@2", None),
+        );
+        let s = read(&paused, &sets, &waiting, 0).unwrap();
+        assert_eq!((s.standing.clone(), s.paused), (Standing::Paused, true));
+        assert!(
+            s.message.unwrap().contains("\"yes\""),
+            "a bad value is named"
+        );
+
+        let done = [node("n0", "worker", Some(2), None, Some(2))];
+        let s = read(&paused, &sets, &done, 0).unwrap();
+        assert_eq!(
+            s.standing,
+            Standing::Complete,
+            "nothing left to pull, paused or not"
+        );
+        // A pool without sets or nodes has nothing to roll out.
+        let empty = pool(json!({}), &[], Value::Null);
+        let s = read(&empty, &[], &[], 0).unwrap();
+        assert_eq!(
+            (s.standing, s.target.as_str(), s.observed),
+            (Standing::Complete, "", true)
+        );
+    }
+
+    #[test]
+    fn a_pool_selecting_too_many_sets_is_degraded_and_a_bad_selector_is_an_error() {
+        let sets: Vec<_> = (0..=pool::MAX_SETS_PER_POOL)
+            .map(|i| set(&format!("s{i:03}"), "worker", 1, 1))
+            .collect();
+        let nodes = [node("n0", "worker", None, None, None)];
+        let s = read(&pool(json!({}), &[], Value::Null), &sets, &nodes, 0).unwrap();
+        assert!(
+            matches!(&s.standing, Standing::Degraded(why) if why.contains("101")),
+            "{s:?}"
+        );
+        let mut bad = pool(json!({}), &[], Value::Null);
+        bad.spec.machine_config_selector = serde_json::from_value(json!({
+            "matchExpressions": [{"key": "role", "operator": "Near", "values": ["x"]}]
+        }))
+        .unwrap();
+        let e = read(&bad, &sets, &nodes, 0).unwrap_err().to_string();
+        assert!(
+            e.contains("MachineConfigPool worker") && e.contains("Near"),
+            "{e}"
+        );
+    }
+}

@@ -1,0 +1,299 @@
+//! `pinset rollout status | pause | resume POOL`: a pool's fleet rollout from a terminal, as
+//! `kubectl rollout` does it for a Deployment.
+
+use super::plan::Output;
+use anyhow::Result;
+use indicatif::{ProgressBar, ProgressStyle};
+use pinset_core::rollout::Standing;
+use pinset_k8s::rollout_status::{self, RolloutStatus};
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+#[derive(clap::Subcommand)]
+pub enum RolloutCommand {
+    /// Follow a pool's rollout until every node has its PinnedImageSets pinned. Exit 0 when
+    /// they have (with --watch=false: when the rollout could be read); 1 when the pool is
+    /// Degraded for the target (a failed canary holds it, a node failed), when --timeout passes
+    /// first, or when the pool cannot be read.
+    Status(StatusArgs),
+    /// Pause a pool's rollout (annotation pinset.io/rollout-paused=true): no node is granted
+    /// until it is resumed; nodes granted before go on. Exit 1 when it is already paused.
+    Pause(PoolArgs),
+    /// Resume a paused rollout (the annotation removed). Exit 1 when it is not paused.
+    Resume(PoolArgs),
+}
+
+#[derive(clap::Args, Clone, Debug)]
+pub struct PoolArgs {
+    /// The MachineConfigPool.
+    pub pool: String,
+    /// kubeconfig to use; default: in-cluster, then $KUBECONFIG or ~/.kube/config.
+    #[arg(long, value_name = "FILE")]
+    pub kubeconfig: Option<PathBuf>,
+}
+
+#[derive(clap::Args, Clone, Debug)]
+pub struct StatusArgs {
+    #[command(flatten)]
+    pub pool: PoolArgs,
+    /// Follow the rollout until it ends; `--watch=false` prints where it stands and exits.
+    #[arg(long, default_value_t = true, num_args = 0..=1, default_missing_value = "true",
+          action = clap::ArgAction::Set, value_name = "BOOL")]
+    pub watch: bool,
+    /// Give up after this long (`90s`, `10m`, `1h`; a bare number is seconds; 0: never).
+    #[arg(long, default_value = "0", value_parser = duration, value_name = "DURATION")]
+    pub timeout: Duration,
+    /// text for people (a progress bar on a terminal, a line per change elsewhere); json or yaml
+    /// for scripts: the last status, once.
+    #[arg(long, short = 'o', value_enum, default_value = "text")]
+    pub output: Output,
+}
+
+/// `90s`, `10m`, `1h`, or seconds.
+fn duration(text: &str) -> Result<Duration, String> {
+    let (digits, unit) = match text.find(|c: char| !c.is_ascii_digit()) {
+        Some(i) => text.split_at(i),
+        None => (text, "s"),
+    };
+    let n: u64 = digits
+        .parse()
+        .map_err(|_| format!("{text:?}: expected a number and s, m or h, such as 90s or 10m"))?;
+    let seconds = match unit {
+        "s" => n,
+        "m" => n.saturating_mul(60),
+        "h" => n.saturating_mul(3600),
+        _ => return Err(format!("{text:?}: the unit is s, m or h")),
+    };
+    Ok(Duration::from_secs(seconds))
+}
+
+pub async fn run(cmd: RolloutCommand) -> Result<ExitCode> {
+    match cmd {
+        RolloutCommand::Status(args) => status(&args).await,
+        RolloutCommand::Pause(args) => pause(&args, true).await,
+        RolloutCommand::Resume(args) => pause(&args, false).await,
+    }
+}
+
+async fn pause(args: &PoolArgs, pause: bool) -> Result<ExitCode> {
+    let client = pinset_k8s::client(args.kubeconfig.as_deref()).await?;
+    rollout_status::set_paused(client, &args.pool, pause).await?;
+    let done = if pause { "paused" } else { "resumed" };
+    println!("machineconfigpool/{} {done}", args.pool);
+    Ok(ExitCode::SUCCESS)
+}
+
+/// How `status` ended.
+enum End {
+    Read(RolloutStatus),
+    TimedOut(Option<RolloutStatus>),
+}
+
+async fn status(args: &StatusArgs) -> Result<ExitCode> {
+    let client = pinset_k8s::client(args.pool.kubeconfig.as_deref()).await?;
+    let mut view = View::new(args);
+    let mut last = None;
+    let follow = rollout_status::follow(client, &args.pool.pool, |s| {
+        last = Some(s.clone());
+        view.show(s);
+        args.watch && !matches!(s.standing, Standing::Complete | Standing::Degraded(_))
+    });
+    let end = if args.timeout.is_zero() {
+        End::Read(follow.await?)
+    } else {
+        match tokio::time::timeout(args.timeout, follow).await {
+            Ok(read) => End::Read(read?),
+            Err(_) => End::TimedOut(last),
+        }
+    };
+    view.finish();
+    Ok(report(args, end))
+}
+
+/// The end of `status`: the last status in the chosen format and the exit code.
+fn report(args: &StatusArgs, end: End) -> ExitCode {
+    let (status, timed_out) = match end {
+        End::Read(s) => (Some(s), false),
+        End::TimedOut(s) => (s, true),
+    };
+    if let Some(s) = &status {
+        match args.output {
+            Output::Json => println!("{}", serde_json::to_string_pretty(s).unwrap_or_default()),
+            Output::Yaml => print!("{}", serde_yaml::to_string(s).unwrap_or_default()),
+            Output::Text => println!("{}", final_line(s, timed_out)),
+        }
+    }
+    let failed = match &status {
+        _ if timed_out => {
+            let stand = status.as_ref().map_or("nothing read".into(), line);
+            eprintln!(
+                "error: timed out after {}s waiting for MachineConfigPool {} to roll out ({stand})",
+                args.timeout.as_secs(),
+                args.pool.pool
+            );
+            true
+        }
+        Some(s) => match &s.standing {
+            Standing::Degraded(why) => {
+                eprintln!("error: MachineConfigPool {} is Degraded: {why}", s.pool);
+                true
+            }
+            _ => false,
+        },
+        None => false,
+    };
+    if failed {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    }
+}
+
+/// How far the nodes are: `1 of 3 nodes at apps@2 (1 pulling, 1 waiting)`.
+fn line(s: &RolloutStatus) -> String {
+    let target = if s.target.is_empty() {
+        "their target (the pool selects no PinnedImageSet)".to_string()
+    } else {
+        s.target.clone()
+    };
+    let mut rest = Vec::new();
+    for (n, what) in [
+        (s.pulling, "pulling"),
+        (s.failed, "failed"),
+        (s.waiting, "waiting"),
+    ] {
+        if n > 0 {
+            rest.push(format!("{n} {what}"));
+        }
+    }
+    let rest = if rest.is_empty() {
+        String::new()
+    } else {
+        format!(" ({})", rest.join(", "))
+    };
+    format!("{} of {} nodes at {target}{rest}", s.done, s.nodes)
+}
+
+/// What the rollout waits for: the pause, the controller, or the fleet policy's reason.
+fn waiting_for(s: &RolloutStatus) -> String {
+    match (&s.standing, &s.message, &s.reason) {
+        (Standing::Paused, Some(m), _) => format!("paused: {m}"),
+        (_, Some(m), _) => m.clone(),
+        (_, None, Some(r)) => r.clone(),
+        _ => String::new(),
+    }
+}
+
+fn final_line(s: &RolloutStatus, timed_out: bool) -> String {
+    match &s.standing {
+        Standing::Complete => {
+            format!(
+                "MachineConfigPool {} successfully rolled out: {}",
+                s.pool,
+                line(s)
+            )
+        }
+        _ if timed_out => format!("MachineConfigPool {}: {}", s.pool, line(s)),
+        Standing::Degraded(_) => format!("MachineConfigPool {} is Degraded: {}", s.pool, line(s)),
+        _ => format!(
+            "MachineConfigPool {} is rolling out: {}: {}",
+            s.pool,
+            line(s),
+            waiting_for(s)
+        ),
+    }
+}
+
+/// While following, in text: a bar on a terminal, else a line whenever what it says changes
+/// (the counts, the standing, the fleet policy's reason). The last status is [`report`]'s.
+struct View {
+    /// Lines are printed (text output, following, no terminal).
+    lines: bool,
+    bar: Option<ProgressBar>,
+    printed: Option<String>,
+}
+
+fn bar_style() -> Result<ProgressStyle, indicatif::style::TemplateError> {
+    ProgressStyle::with_template(
+        "{prefix} [{bar:32.cyan/blue}] {pos}/{len} nodes {msg} ({elapsed})",
+    )
+}
+
+impl View {
+    fn new(args: &StatusArgs) -> Self {
+        let follow_text = args.output == Output::Text && args.watch;
+        let bar = follow_text
+            .then(|| {
+                super::logging::bars()
+                    .add(ProgressBar::no_length())
+                    .with_style(bar_style().expect("valid template"))
+            })
+            .filter(|b| !b.is_hidden());
+        if let Some(b) = &bar {
+            b.set_prefix(args.pool.pool.clone());
+            b.enable_steady_tick(Duration::from_millis(200));
+        }
+        Self {
+            lines: follow_text && bar.is_none(),
+            bar,
+            printed: None,
+        }
+    }
+
+    fn show(&mut self, s: &RolloutStatus) {
+        let why = waiting_for(s);
+        if let Some(bar) = &self.bar {
+            bar.set_length(u64::from(s.nodes));
+            bar.set_position(u64::from(s.done));
+            bar.set_message(match why.is_empty() {
+                true => line(s),
+                false => format!("{} — {why}", line(s)),
+            });
+            return;
+        }
+        let last = matches!(s.standing, Standing::Complete | Standing::Degraded(_));
+        let why = if why.is_empty() {
+            why
+        } else {
+            format!(": {why}")
+        };
+        let text = format!(
+            "Waiting for MachineConfigPool {} to roll out: {}{why}",
+            s.pool,
+            line(s)
+        );
+        if self.lines && !last && self.printed.as_ref() != Some(&text) {
+            println!("{text}");
+            self.printed = Some(text);
+        }
+    }
+
+    fn finish(&self) {
+        if let Some(bar) = &self.bar {
+            bar.finish_and_clear();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_bar_template_is_valid() {
+        assert!(bar_style().is_ok());
+    }
+
+    #[test]
+    fn durations() {
+        assert_eq!(duration("90"), Ok(Duration::from_secs(90)));
+        assert_eq!(duration("90s"), Ok(Duration::from_secs(90)));
+        assert_eq!(duration("10m"), Ok(Duration::from_secs(600)));
+        assert_eq!(duration("2h"), Ok(Duration::from_secs(7200)));
+        assert_eq!(duration("0"), Ok(Duration::ZERO));
+        assert!(duration("1d").unwrap_err().contains("s, m or h"));
+        assert!(duration("m").unwrap_err().contains("such as 90s"));
+        assert!(duration("-5s").is_err());
+    }
+}
