@@ -177,10 +177,9 @@ fn line(s: &RolloutStatus) -> String {
 
 /// What the rollout waits for: the pause, the controller, or the fleet policy's reason.
 fn waiting_for(s: &RolloutStatus) -> String {
-    match (&s.standing, &s.message, &s.reason) {
-        (Standing::Paused, Some(m), _) => format!("paused: {m}"),
-        (_, Some(m), _) => m.clone(),
-        (_, None, Some(r)) => r.clone(),
+    match (&s.message, &s.reason) {
+        (Some(m), _) => m.clone(),
+        (None, Some(r)) => r.clone(),
         _ => String::new(),
     }
 }
@@ -196,7 +195,13 @@ fn final_line(s: &RolloutStatus, timed_out: bool) -> String {
         }
         _ if timed_out => format!("MachineConfigPool {}: {}", s.pool, line(s)),
         Standing::Degraded(_) => format!("MachineConfigPool {} is Degraded: {}", s.pool, line(s)),
-        _ => format!(
+        Standing::Paused => format!(
+            "MachineConfigPool {} is paused: {}: {}",
+            s.pool,
+            line(s),
+            waiting_for(s)
+        ),
+        Standing::Progressing => format!(
             "MachineConfigPool {} is rolling out: {}: {}",
             s.pool,
             line(s),
@@ -279,6 +284,53 @@ impl View {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn status(standing: Standing, message: Option<&str>) -> RolloutStatus {
+        RolloutStatus {
+            pool: "worker".into(),
+            target: "apps@2".into(),
+            standing,
+            message: message.map(str::to_string),
+            nodes: 4,
+            granted: 2,
+            pulling: 1,
+            done: 1,
+            failed: 0,
+            waiting: 2,
+            paused: false,
+            observed: true,
+            policy: Some("embedded:default".into()),
+            reason: Some("wave: node w-1".into()),
+            members: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn what_the_last_line_says() {
+        let going = status(Standing::Progressing, None);
+        assert_eq!(
+            final_line(&going, false),
+            "MachineConfigPool worker is rolling out: 1 of 4 nodes at apps@2 (1 pulling, 2 \
+             waiting): wave: node w-1"
+        );
+        assert_eq!(
+            final_line(&going, true),
+            "MachineConfigPool worker: 1 of 4 nodes at apps@2 (1 pulling, 2 waiting)"
+        );
+        let paused = status(Standing::Paused, Some("paused by pinset.io/rollout-paused"));
+        assert!(
+            final_line(&paused, false).ends_with("2 waiting): paused by pinset.io/rollout-paused"),
+            "the pause, not the policy's last reason"
+        );
+        let mut done = status(Standing::Complete, None);
+        (done.done, done.pulling, done.waiting) = (4, 0, 0);
+        assert_eq!(
+            final_line(&done, false),
+            "MachineConfigPool worker successfully rolled out: 4 of 4 nodes at apps@2"
+        );
+        done.target.clear();
+        assert!(line(&done).contains("the pool selects no PinnedImageSet"));
+    }
 
     #[test]
     fn the_bar_template_is_valid() {
