@@ -152,6 +152,11 @@ fn report(args: &StatusArgs, end: End) -> ExitCode {
 
 /// How far the nodes are: `1 of 3 nodes at apps@2 (1 pulling, 1 waiting)`.
 fn line(s: &RolloutStatus) -> String {
+    format!("{} of {} nodes {}", s.done, s.nodes, at(s))
+}
+
+/// `at apps@2 (1 pulling, 1 waiting)`: the target and the nodes short of it.
+fn at(s: &RolloutStatus) -> String {
     let target = if s.target.is_empty() {
         "their target (the pool selects no PinnedImageSet)".to_string()
     } else {
@@ -172,7 +177,7 @@ fn line(s: &RolloutStatus) -> String {
     } else {
         format!(" ({})", rest.join(", "))
     };
-    format!("{} of {} nodes at {target}{rest}", s.done, s.nodes)
+    format!("at {target}{rest}")
 }
 
 /// What the rollout waits for: the pause, the controller, or the fleet policy's reason.
@@ -252,8 +257,8 @@ impl View {
             bar.set_length(u64::from(s.nodes));
             bar.set_position(u64::from(s.done));
             bar.set_message(match why.is_empty() {
-                true => line(s),
-                false => format!("{} — {why}", line(s)),
+                true => at(s),
+                false => format!("{} — {why}", at(s)),
             });
             return;
         }
