@@ -1001,3 +1001,87 @@ async fn pinset_rollout_follows_pauses_and_resumes_a_pool() {
         .unwrap()
         .unwrap();
 }
+
+/// The node granted `generation` of `apps` among `names`, other than `not`, once one is.
+async fn next_granted(nodes: &Api<MachineConfigNode>, names: &[&str], not: &[&str]) -> String {
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        for name in names.iter().filter(|n| !not.contains(n)) {
+            if granted(nodes, name).await >= Some(1) {
+                return name.to_string();
+            }
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no node granted in 30 s"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// A node that disappears mid-rollout frees its slot: with one node at a time, the node granted
+/// after the canary is deleted while it pulls, and the last node is granted in its place at
+/// once (the deletion triggers the pool; the periodic resync would come minutes later).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_that_disappears_mid_rollout_frees_its_slot() {
+    let Some(server) = support::apiserver::ApiServer::start().await else {
+        return;
+    };
+    server.install_crds().await;
+    let client = server.client().await;
+    let pools: Api<pinset_k8s::api::MachineConfigPool> = Api::all(client.clone());
+    let sets: Api<PinnedImageSet> = Api::all(client.clone());
+    let nodes: Api<MachineConfigNode> = Api::all(client.clone());
+    let pp = PostParams::default();
+    pools
+        .create(&pp, &pool("worker", &["worker"]))
+        .await
+        .unwrap();
+    sets.create(
+        &pp,
+        &serde_json::from_value(set("apps", &[image(1)])).unwrap(),
+    )
+    .await
+    .unwrap();
+    let names = ["n0", "n1", "n2"];
+    for name in names {
+        let mcn: MachineConfigNode = serde_json::from_value(json!({
+            "apiVersion": "machineconfiguration.openshift.io/v1", "kind": "MachineConfigNode",
+            "metadata": {"name": name},
+            "spec": {"node": {"name": name}, "pool": {"name": "worker"}}
+        }))
+        .unwrap();
+        nodes.create(&pp, &mcn).await.unwrap();
+        agent_reports(&nodes, name, 1, None, None).await;
+    }
+    let stop = tokio_util::sync::CancellationToken::new();
+    let controller = tokio::spawn(pinset_k8s::controller::run(
+        client.clone(),
+        pinset_k8s::metrics::Metrics::new(),
+        default_fleet(),
+        std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false)),
+        stop.clone(),
+    ));
+    let canary = next_granted(&nodes, &names, &[]).await;
+    agent_reports(&nodes, &canary, 1, Some(1), None).await;
+    let second = next_granted(&nodes, &names, &[&canary]).await;
+    // The slot is taken: the third node waits while the second pulls.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let third = names
+        .iter()
+        .find(|n| ![&canary, &second].contains(&&n.to_string()))
+        .unwrap();
+    assert_eq!(
+        granted(&nodes, third).await,
+        None,
+        "two nodes pulling at once"
+    );
+    nodes.delete(&second, &Default::default()).await.unwrap();
+    let replaced = next_granted(&nodes, &[third], &[]).await;
+    assert_eq!(&replaced, third);
+    stop.cancel();
+    tokio::time::timeout(Duration::from_secs(10), controller)
+        .await
+        .unwrap()
+        .unwrap();
+}
