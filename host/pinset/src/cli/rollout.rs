@@ -100,15 +100,16 @@ async fn status(args: &StatusArgs) -> Result<ExitCode> {
         args.watch && !matches!(s.standing, Standing::Complete | Standing::Degraded(_))
     });
     let end = if args.timeout.is_zero() {
-        End::Read(follow.await?)
+        follow.await.map(End::Read)
     } else {
         match tokio::time::timeout(args.timeout, follow).await {
-            Ok(read) => End::Read(read?),
-            Err(_) => End::TimedOut(last),
+            Ok(read) => read.map(End::Read),
+            Err(_) => Ok(End::TimedOut(last)),
         }
     };
+    // The bar goes before anything else is printed, the error included.
     view.finish();
-    Ok(report(args, end))
+    Ok(report(args, end?))
 }
 
 /// The end of `status`: the last status in the chosen format and the exit code.
@@ -126,9 +127,14 @@ fn report(args: &StatusArgs, end: End) -> ExitCode {
     }
     let failed = match &status {
         _ if timed_out => {
-            let stand = status.as_ref().map_or("nothing read".into(), line);
+            // Where it stood is on stdout, in the chosen format.
+            let unread = if status.is_none() {
+                " (nothing read yet)"
+            } else {
+                ""
+            };
             eprintln!(
-                "error: timed out after {}s waiting for MachineConfigPool {} to roll out ({stand})",
+                "error: timed out after {}s waiting for MachineConfigPool {} to roll out{unread}",
                 args.timeout.as_secs(),
                 args.pool.pool
             );
