@@ -1182,6 +1182,24 @@ async fn look(
     }
 }
 
+/// The controller's grant writes and waves, once it has counted at least `at_least` of each.
+async fn grants_and_waves(port: u16, at_least: u64) -> (u64, u64) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let m = metrics(port).await;
+        let g = metric(&m, "pinset_api_writes_total{kind=\"node_grant\"}");
+        let w = metric(&m, "pinset_rollout_waves_total{pool=\"worker\"}");
+        if g >= at_least && w >= at_least {
+            return (g, w);
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{at_least} grant(s) and wave(s) not counted:\n{m}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 fn fleet_pool() -> MachineConfigPool {
     pool("worker", &["worker"], "node-role.kubernetes.io/worker")
 }
@@ -1205,7 +1223,7 @@ fn rollout_of(p: &MachineConfigPool) -> (Option<pinset_k8s::api::PoolRollout>, S
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fleet_policy_paces_three_nodes_holds_on_a_failed_canary_and_survives_hostile_modules() {
-    let Some(cluster) = Cluster::start().await else {
+    let Some(mut cluster) = Cluster::start().await else {
         return;
     };
     let mut runtimes = Vec::new();
@@ -1296,6 +1314,9 @@ async fn a_fleet_policy_paces_three_nodes_holds_on_a_failed_canary_and_survives_
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    // The registry goes away before the canary is granted: its pull can only end once the
+    // registry is back, which the test brings back after stopping the controller (below).
+    cluster.registry.stop();
     // `pinset rollout status` follows the rollout from here to its end; `resume` lifts the pause.
     let follow_out = cluster.dir.path().join("rollout-status.out");
     let follow = Command::new(support::PINSET)
@@ -1320,9 +1341,15 @@ async fn a_fleet_policy_paces_three_nodes_holds_on_a_failed_canary_and_survives_
 
     // 1. The canary pulls first; the others only after it pinned, one at a time (10 % of 3
     //    nodes rounds up to one), never more than one node pulling, never a pull without a grant.
+    //    Losing the controller never stops a node that holds a grant: the controller is stopped
+    //    once the canary is granted (its pull waiting on the registry), the registry comes back,
+    //    the canary pins the set alone, and a restarted controller goes on without granting it
+    //    again.
     let deadline = Instant::now() + Duration::from_secs(90);
     let mut first_granted: Vec<Option<usize>> = vec![None; 3];
     let mut tick = 0;
+    let mut outage: Option<usize> = None;
+    let mut first_controller = (0, 0);
     loop {
         let l = look(&nodes, &cris, "apps", 1, &images[..2]).await;
         for i in 0..3 {
@@ -1341,7 +1368,23 @@ async fn a_fleet_policy_paces_three_nodes_holds_on_a_failed_canary_and_survives_
                     "{} granted before the node(s) granted ahead of it finished: {l:?}",
                     FLEET_NODES[i]
                 );
+                if order == 0 {
+                    first_controller = grants_and_waves(controller_port, 1).await;
+                    controller.borrow_mut().terminate();
+                    assert!(!l.done[i], "the canary pinned without a registry: {l:?}");
+                    cluster.registry.restart();
+                    outage = Some(i);
+                }
             }
+        }
+        if outage.is_some_and(|c| l.done[c]) {
+            assert_eq!(
+                l.granted.iter().filter(|g| **g).count(),
+                1,
+                "a grant without a controller: {l:?}"
+            );
+            *controller.borrow_mut() = start_controller(&[], "fleet-controller-2.log");
+            outage = None;
         }
         let pulling = (0..3).filter(|&i| l.granted[i] && !l.done[i]).count();
         assert!(pulling <= 1, "more than one node pulling at once: {l:?}");
@@ -1397,15 +1440,17 @@ async fn a_fleet_policy_paces_three_nodes_holds_on_a_failed_canary_and_survives_
         out.starts_with("Waiting for MachineConfigPool worker to roll out: 0 of 3"),
         "{out}"
     );
-    // One grant per node, each in its own wave: the canary, then one at a time.
+    // One grant per node, each in its own wave: the canary by the first controller, then one
+    // at a time by the restarted one, which did not grant the canary again.
     let m = metrics(controller_port).await;
     assert_eq!(
         (
+            first_controller,
             metric(&m, "pinset_api_writes_total{kind=\"node_grant\"}"),
             metric(&m, "pinset_rollout_waves_total{pool=\"worker\"}"),
             metric(&m, "pinset_pool_rollout_paused{pool=\"worker\"}"),
         ),
-        (3, 3, 0),
+        ((1, 1), 2, 2, 0),
         "{m}"
     );
 
