@@ -18,7 +18,9 @@
 //! - grant latency: from a node's finishing status write to the next grant in its pool, as the
 //!   agents see it (p50 / p99 / max), against the API's own round trip in the same run (a status
 //!   write until the watch shows it);
-//! - the controller's CPU time and API writes for the whole rollout, per wave.
+//! - the controller's CPU time and API writes for the whole rollout, per wave;
+//! - `pinset rollout status pool-0`, run as an operator would during the rollout: it must exit
+//!   0, and how long after the pool's last node finished it did, and its CPU time.
 //!
 //! `cargo bench --bench rollout` (needs the API server bed: `bash scripts/test.sh` builds it).
 //! `REPEATS` (default 3) sets the repetitions.
@@ -426,6 +428,68 @@ async fn events(client: &kube::Client) -> BTreeMap<String, usize> {
     out
 }
 
+/// `pinset rollout status pool-0`, following that pool through the rollout as an operator
+/// would, in its own process.
+struct Follower {
+    /// When it exited, its exit code and its CPU time (user + system).
+    exit: std::thread::JoinHandle<(Instant, i32, Duration)>,
+}
+
+impl Follower {
+    fn start(kubeconfig: &std::path::Path) -> Follower {
+        let child = std::process::Command::new(support::PINSET)
+            .args([
+                "rollout",
+                "status",
+                "pool-0",
+                "--timeout",
+                "120s",
+                "--kubeconfig",
+            ])
+            .arg(kubeconfig)
+            .env("PINSET_LOG", "warn")
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .expect("start pinset rollout status");
+        let pid = child.id() as libc::pid_t;
+        let exit = std::thread::spawn(move || {
+            let (mut status, mut usage) = (0, unsafe { std::mem::zeroed::<libc::rusage>() });
+            // Reaped here, with its resource usage; `child` is not waited on again.
+            let reaped = unsafe { libc::wait4(pid, &mut status, 0, &mut usage) };
+            assert_eq!(reaped, pid, "wait4 on pinset rollout status");
+            let time = |t: libc::timeval| {
+                Duration::from_secs(t.tv_sec as u64) + Duration::from_micros(t.tv_usec as u64)
+            };
+            let code = if libc::WIFEXITED(status) {
+                libc::WEXITSTATUS(status)
+            } else {
+                -1
+            };
+            drop(child);
+            (
+                Instant::now(),
+                code,
+                time(usage.ru_utime) + time(usage.ru_stime),
+            )
+        });
+        Follower { exit }
+    }
+
+    /// Its exit, once pool-0 rolled out: how long after the pool's last node finished, and
+    /// its CPU time.
+    fn finish(self, log: &[Record]) -> (Duration, Duration) {
+        let (at, code, cpu) = self.exit.join().expect("the follower's waiter");
+        assert_eq!(code, 0, "pinset rollout status pool-0 exit code");
+        let last = log
+            .iter()
+            .filter(|r| FLEET.pool_of(r.node) == 0 && r.what == What::Finished)
+            .map(|r| r.at)
+            .max()
+            .expect("pool-0's nodes finished");
+        (at.saturating_duration_since(last), cpu)
+    }
+}
+
 /// One repetition on a fresh API server; `None` when the bed is missing.
 async fn run() -> Option<Row> {
     let server = support::apiserver::ApiServer::start().await?;
@@ -450,6 +514,7 @@ async fn run() -> Option<Row> {
     let images: Vec<_> = (0..=FLEET.images)
         .map(|i| json!({"name": Fleet::image(CHANGED, i)}))
         .collect();
+    let follower = Follower::start(&server.kubeconfig);
     let changed_at = Instant::now();
     sets.patch(
         &Fleet::set_name(CHANGED),
@@ -504,6 +569,7 @@ async fn run() -> Option<Row> {
     watch.abort();
     let sim = sim.lock().unwrap();
     let analysis = analyse(&sim.log, changed_at);
+    let follow = follower.finish(&sim.log);
     let expected_waves: usize = (0..FLEET.pools).map(|p| Pace::of(p).expected().1).sum();
     assert_eq!(waves, expected_waves, "waves");
     assert_eq!(
@@ -522,6 +588,7 @@ async fn run() -> Option<Row> {
         events,
         reconciles,
         others,
+        follow,
     })
 }
 
@@ -556,6 +623,9 @@ struct Row {
     reconciles: (u64, f64),
     /// CPU of the API server with etcd, and of this process (the simulated agents).
     others: (Duration, Duration),
+    /// `pinset rollout status pool-0`: from the pool's last node finishing to its exit, and
+    /// its CPU time.
+    follow: (Duration, Duration),
 }
 
 impl Row {
@@ -584,6 +654,11 @@ impl Row {
             self.others.1.as_secs_f64(),
         );
         println!("    events: {:?}", self.events);
+        println!(
+            "    pinset rollout status pool-0: exit 0 {} ms after the pool's last node finished, CPU {} ms",
+            ms(self.follow.0),
+            ms(self.follow.1)
+        );
         println!(
             "{index:>3} {:>6.2}s {:>7.2}s {:>6} {:>5} {:>6} {:>6} {:>6} {:>6} {:>6} {:>6} {:>8.1} {:>7.2} {:>6}  {:?} ({})",
             (a.last_finish - self.changed_at).as_secs_f64(),

@@ -278,25 +278,18 @@ pub async fn follow(
     ]);
     let mut mirrors = Mirrors::default();
     let mut last: Option<RolloutStatus> = None;
+    let mut next_read = tokio::time::Instant::now();
     while let Some(event) = events.next().await {
-        let change = match event {
-            Ok(change) => change,
-            Err((what, source)) if !mirrors.ready() => {
-                return Err(RolloutError::Watch {
-                    pool: pool.into(),
-                    what,
-                    source,
-                });
-            }
-            Err((what, error)) => {
-                tracing::warn!(pool, %error, "watching the {what} (retrying)");
-                continue;
-            }
-        };
-        mirrors.apply(change);
+        mirrors.take(pool, event)?;
+        // The events that arrive before the next read is due are taken first: a read is O(the
+        // cluster's nodes), and a large pool's progress reports arrive by the thousand.
+        while let Ok(Some(event)) = tokio::time::timeout_at(next_read, events.next()).await {
+            mirrors.take(pool, event)?;
+        }
         if !mirrors.ready() {
             continue;
         }
+        next_read = tokio::time::Instant::now() + READ_EVERY;
         let mcp = mirrors
             .pools
             .objects
@@ -311,14 +304,17 @@ pub async fn follow(
         if last.as_ref() == Some(&status) {
             continue;
         }
-        let go_on = on_change(&status);
-        if !go_on {
+        if !on_change(&status) {
             return Ok(status);
         }
         last = Some(status);
     }
     Err(RolloutError::NotFound { pool: pool.into() })
 }
+
+/// At most this often a pool's rollout is read again while events arrive (~7 ms for 3 000
+/// nodes, release build).
+const READ_EVERY: std::time::Duration = std::time::Duration::from_millis(200);
 
 enum Change {
     Pool(watcher::Event<MachineConfigPool>),
@@ -352,6 +348,27 @@ struct Mirrors {
 impl Mirrors {
     fn ready(&self) -> bool {
         self.pools.ready && self.sets.ready && self.nodes.ready
+    }
+
+    /// Apply one event of the watches. An error before every list has arrived ends the follow
+    /// (a missing CRD, no permission); after, the watch retries with backoff.
+    fn take(
+        &mut self,
+        pool: &str,
+        event: Result<Change, (&'static str, watcher::Error)>,
+    ) -> Result<(), RolloutError> {
+        match event {
+            Ok(change) => self.apply(change),
+            Err((what, source)) if !self.ready() => {
+                return Err(RolloutError::Watch {
+                    pool: pool.into(),
+                    what,
+                    source,
+                });
+            }
+            Err((what, error)) => tracing::warn!(pool, %error, "watching the {what} (retrying)"),
+        }
+        Ok(())
     }
 
     fn apply(&mut self, change: Change) {
