@@ -915,16 +915,13 @@ async fn pinset_rollout_follows_pauses_and_resumes_a_pool() {
     assert!(code == 1 && err.contains("worker is not paused"), "{err}");
 
     // Followed to the end: the agents start once the follow has printed where it starts.
+    let pictures = tempfile::tempdir().unwrap();
+    let svg = pictures.path().join("rollout.svg");
     let mut follow = std::process::Command::new(support::PINSET)
-        .args([
-            "rollout",
-            "status",
-            "worker",
-            "--timeout",
-            "60s",
-            "--kubeconfig",
-            &kc,
-        ])
+        .args(["rollout", "status", "worker", "--timeout", "60s"])
+        .args(["--kubeconfig", &kc])
+        .arg("--timeline")
+        .arg(&svg)
         .env("PINSET_LOG", "warn")
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
@@ -962,6 +959,33 @@ async fn pinset_rollout_follows_pauses_and_resumes_a_pool() {
         rest.last().map(String::as_str),
         Some("MachineConfigPool worker successfully rolled out: 2 of 2 nodes at apps@1"),
         "{rest:?}"
+    );
+    // The picture: a bar per node, the second starting once the canary's ended.
+    assert!(
+        err.contains(&format!("timeline: {}", svg.display())),
+        "{err}"
+    );
+    assert!(std::fs::read_to_string(&svg).unwrap().contains("<svg"));
+    let trace: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(svg.with_extension("trace.json")).unwrap())
+            .unwrap();
+    let mut bars: Vec<(f64, f64, String)> = trace["traceEvents"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["ph"] == "X")
+        .map(|e| {
+            let start = e["ts"].as_f64().unwrap();
+            let node = e["args"]["image"].as_str().unwrap().to_string();
+            assert_eq!(e["cat"], "pull", "{e}");
+            (start, start + e["dur"].as_f64().unwrap(), node)
+        })
+        .collect();
+    bars.sort_by(|a, b| a.0.total_cmp(&b.0));
+    assert_eq!(bars.len(), 2, "{trace}");
+    assert!(
+        bars[1].0 >= bars[0].1,
+        "the nodes pulled one after the other: {bars:?}"
     );
 
     // Generation 2: the canary fails; the follow ends with the pool Degraded, naming it.

@@ -8,6 +8,7 @@
 
 use crate::desired::{Desired, DesiredSet, Wanted};
 use crate::status::{Progress, SetStatus};
+use crate::timeline::{Mark, MarkKind, Timeline};
 use pinset_policy_sdk::{
     FleetNode, FleetPool, Grant, MAX_PULLING_ANNOTATION, NodeProgress, Phase, RolloutRequest,
     SetState, Target, TargetSet, count_or_percent,
@@ -399,6 +400,89 @@ pub fn standing(counts: &Counts, paused: bool, degraded: Option<&str>) -> Standi
     }
 }
 
+/// A real rollout as seen from outside (`pinset rollout status --timeline`): when each node was
+/// first seen working towards the target and when it was first seen at it, or failed. Times are
+/// the caller's, in milliseconds since it began watching.
+#[derive(Clone, Debug, Default)]
+pub struct Watched {
+    nodes: BTreeMap<String, Seen>,
+}
+
+#[derive(Clone, Debug, Default)]
+struct Seen {
+    /// First seen short of the target (waiting or pulling): a later Done is this rollout's.
+    short: bool,
+    started_ms: Option<u64>,
+    ended_ms: Option<u64>,
+    failed: bool,
+}
+
+impl Watched {
+    /// What the nodes show at `at_ms`: each node's name, whether it holds a grant, its phase.
+    pub fn observe<'a>(
+        &mut self,
+        at_ms: u64,
+        nodes: impl IntoIterator<Item = (&'a str, bool, Phase)>,
+    ) {
+        for (name, granted, phase) in nodes {
+            let seen = self.nodes.entry(name.to_string()).or_default();
+            match phase {
+                Phase::Waiting => seen.short = true,
+                Phase::Pulling | Phase::Failed => {
+                    seen.short = true;
+                    if granted {
+                        seen.started_ms.get_or_insert(at_ms);
+                    }
+                    if phase == Phase::Failed && seen.ended_ms.is_none() {
+                        seen.started_ms.get_or_insert(at_ms);
+                        (seen.ended_ms, seen.failed) = (Some(at_ms), true);
+                    }
+                }
+                // A node already at the target when the watch began draws nothing; one that
+                // got there between two looks, an instant.
+                Phase::Done if seen.short && (seen.ended_ms.is_none() || seen.failed) => {
+                    seen.started_ms.get_or_insert(at_ms);
+                    (seen.ended_ms, seen.failed) = (Some(at_ms), false);
+                }
+                Phase::Done => {}
+            }
+        }
+    }
+
+    /// The rollout as a picture: a lane per node (by name), a bar from when it was seen
+    /// working to when it was seen at the target (red when it failed; open to `end_ms` while
+    /// it works).
+    pub fn timeline(&self, title: String, notes: Vec<String>, end_ms: u64) -> Timeline {
+        let lanes = self
+            .nodes
+            .iter()
+            .map(|(name, seen)| {
+                let Some(start) = seen.started_ms else {
+                    return Vec::new();
+                };
+                vec![Mark {
+                    kind: if seen.failed {
+                        MarkKind::Failed
+                    } else {
+                        MarkKind::Pull
+                    },
+                    image: name.clone(),
+                    start_ms: start as f64,
+                    end_ms: seen.ended_ms.unwrap_or(end_ms).max(start) as f64,
+                    bytes: None,
+                }]
+            })
+            .collect();
+        Timeline {
+            title,
+            notes,
+            lanes,
+            lane_names: self.nodes.keys().cloned().collect(),
+            end_ms: end_ms as f64,
+        }
+    }
+}
+
 /// On the node: `desired` without the sets its grant does not cover and that miss an image
 /// (`present` by index of `desired.images`); those go to `waiting`. Sets whose images are all
 /// present stay: they are verified and pinned without a grant. Without a grant field
@@ -759,5 +843,72 @@ mod tests {
             "a failure the pool's status does not name yet"
         );
         assert_eq!(standing(&c(1, 1, 0, 1), false, None).name(), "Progressing");
+    }
+
+    #[test]
+    fn a_watched_rollout_as_a_timeline() {
+        let mut w = Watched::default();
+        let (wait, pull, done, fail) = (Phase::Waiting, Phase::Pulling, Phase::Done, Phase::Failed);
+        w.observe(
+            0,
+            [
+                ("a", true, pull),
+                ("b", false, wait),
+                ("c", false, wait),
+                ("old", false, done),
+            ],
+        );
+        w.observe(
+            100,
+            [
+                ("a", true, done),
+                ("b", true, pull),
+                ("c", false, wait),
+                ("old", false, done),
+            ],
+        );
+        w.observe(
+            250,
+            [
+                ("a", true, done),
+                ("b", true, fail),
+                ("c", false, done),
+                ("old", false, done),
+            ],
+        );
+        w.observe(
+            400,
+            [
+                ("a", true, done),
+                ("b", true, fail),
+                ("c", false, done),
+                ("old", false, done),
+            ],
+        );
+        let t = w.timeline("t".into(), vec![], 500);
+        assert_eq!(t.lane_names, ["a", "b", "c", "old"]);
+        let bars: Vec<Option<(MarkKind, f64, f64)>> = t
+            .lanes
+            .iter()
+            .map(|l| l.first().map(|m| (m.kind, m.start_ms, m.end_ms)))
+            .collect();
+        assert_eq!(
+            bars,
+            [
+                Some((MarkKind::Pull, 0.0, 100.0)),
+                Some((MarkKind::Failed, 100.0, 250.0)),
+                Some((MarkKind::Pull, 250.0, 250.0)),
+                None,
+            ],
+            "c got there between two looks; old was there before"
+        );
+        // A node that fails and then pins the target on a retry ends as a pull.
+        w.observe(450, [("b", true, done)]);
+        let t = w.timeline("t".into(), vec![], 500);
+        assert_eq!(t.lanes[1][0].kind, MarkKind::Pull);
+        assert_eq!(
+            (t.lanes[1][0].start_ms, t.lanes[1][0].end_ms),
+            (100.0, 450.0)
+        );
     }
 }

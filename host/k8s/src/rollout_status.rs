@@ -17,6 +17,7 @@ use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
 use pinset_core::pool::{self, PoolError};
 use pinset_core::rollout::{self, PAUSED_ANNOTATION, Standing};
+use pinset_policy_sdk::Phase;
 use serde::Serialize;
 use std::collections::BTreeMap;
 
@@ -57,13 +58,18 @@ pub struct RolloutStatus {
 pub struct MemberStatus {
     pub name: String,
     /// waiting, pulling, done or failed.
-    pub phase: &'static str,
+    #[serde(serialize_with = "phase_name")]
+    pub phase: Phase,
     pub granted: bool,
     pub ready: bool,
     pub images_done: u64,
     pub images_total: u64,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+}
+
+fn phase_name<S: serde::Serializer>(p: &Phase, out: S) -> Result<S::Ok, S::Error> {
+    out.serialize_str(p.as_str())
 }
 
 fn standing_name<S: serde::Serializer>(s: &Standing, out: S) -> Result<S::Ok, S::Error> {
@@ -205,7 +211,7 @@ fn degraded_message(mcp: &MachineConfigPool) -> Option<String> {
 fn member_status(n: &pinset_policy_sdk::FleetNode) -> MemberStatus {
     MemberStatus {
         name: n.name.clone(),
-        phase: n.phase.as_str(),
+        phase: n.phase,
         granted: n.granted,
         ready: n.ready,
         images_done: n.progress.images_done,
@@ -532,7 +538,11 @@ mod tests {
             .collect();
         assert_eq!(
             names,
-            [("n0", "done"), ("n1", "pulling"), ("n2", "waiting")]
+            [
+                ("n0", Phase::Done),
+                ("n1", Phase::Pulling),
+                ("n2", Phase::Waiting)
+            ]
         );
 
         // A status written for generation 1 says nothing of generation 2: no reason, no

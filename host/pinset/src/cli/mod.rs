@@ -104,6 +104,21 @@ pub fn child_compiler() -> anyhow::Result<Compiler> {
     Ok(Compiler::Subprocess(exe))
 }
 
+/// Draw `t` into `path` (SVG) and the same data into `path`'s `.trace.json` (Chrome trace
+/// format); the trace's path.
+pub fn write_timeline(
+    path: &std::path::Path,
+    t: &pinset_core::timeline::Timeline,
+) -> anyhow::Result<PathBuf> {
+    use pinset_core::timeline;
+    std::fs::write(path, timeline::svg(t))
+        .with_context(|| format!("writing {}", path.display()))?;
+    let trace = path.with_extension("trace.json");
+    let json = serde_json::to_string(&timeline::chrome_trace(t))?;
+    std::fs::write(&trace, json).with_context(|| format!("writing {}", trace.display()))?;
+    Ok(trace)
+}
+
 /// The same warning in every command when inputs hold nothing to work on:
 /// `warning: --sets examples/empty: no PinnedImageSet found`.
 pub fn warn_if_empty(flag: &str, paths: &[std::path::PathBuf], found: usize, kind: &str) {

@@ -7,7 +7,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use pinset_core::decisions::Decisions;
 use pinset_core::desired::{self, Desired, NodeInfo};
 use pinset_core::status::NodeStatus;
-use pinset_core::timeline::{self, Recorder};
+use pinset_core::timeline::Recorder;
 use pinset_core::yaml::Fields;
 use pinset_k8s::objects::{self, Objects};
 use pinset_node::cri::client::{STANDARD_ENDPOINTS, find_endpoint};
@@ -281,7 +281,7 @@ pub fn write_timeline(
     node: &str,
     report: &Report,
     path: &Path,
-) -> std::io::Result<(PathBuf, PathBuf)> {
+) -> anyhow::Result<(PathBuf, PathBuf)> {
     let mut notes = Vec::new();
     if let Some(plan) = &report.plan {
         notes.push(format!(
@@ -298,9 +298,7 @@ pub fn write_timeline(
         ));
     }
     let t = recorder.finish(format!("pinset: pulls of node {node}"), notes);
-    std::fs::write(path, timeline::svg(&t))?;
-    let trace = path.with_extension("trace.json");
-    std::fs::write(&trace, serde_json::to_string(&timeline::chrome_trace(&t))?)?;
+    let trace = super::write_timeline(path, &t)?;
     Ok((path.to_path_buf(), trace))
 }
 
@@ -469,7 +467,7 @@ pub async fn run_with_progress<
         match write_timeline(recorder, &node.name, report, path) {
             Ok((svg, trace)) => println!("timeline: {} ({})", svg.display(), trace.display()),
             Err(e) => {
-                tracing::error!(path = %path.display(), error = %e, "cannot write the timeline")
+                tracing::error!(path = %path.display(), error = %super::error_line(&e), "cannot write the timeline")
             }
         }
     }

@@ -8,7 +8,7 @@ use anyhow::{Context, Result};
 use pinset_core::decisions::Decisions;
 use pinset_core::desired::{Desired, NodeInfo};
 use pinset_core::plan::{self, Plan};
-use pinset_core::timeline::{self, Recorder, Timeline};
+use pinset_core::timeline::{Recorder, Timeline};
 use pinset_node::Reconciler;
 use pinset_node::cri::client::{CriClient, CriConfig};
 use pinset_node::facts::{self, Facts};
@@ -190,11 +190,7 @@ pub async fn plan_cmd(
     let plan = plan::make(&mut guarded, &facts.request);
     if let Some(path) = &sim.timeline {
         let t = simulate(&node.name, &plan, &facts, &mut guarded, sim.pull_rate_mib);
-        std::fs::write(path, timeline::svg(&t))
-            .with_context(|| format!("--timeline {}", path.display()))?;
-        let trace = path.with_extension("trace.json");
-        std::fs::write(&trace, serde_json::to_string(&timeline::chrome_trace(&t))?)
-            .with_context(|| format!("--timeline {}", trace.display()))?;
+        let trace = super::write_timeline(path, &t).context("--timeline")?;
         eprintln!("timeline: {} ({})", path.display(), trace.display());
     }
     let report = report(&node, &desired, &plan, &facts, &mut guarded, module.name());

@@ -2,13 +2,13 @@
 //! `kubectl rollout` does it for a Deployment.
 
 use super::plan::Output;
-use anyhow::Result;
+use anyhow::{Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
-use pinset_core::rollout::Standing;
+use pinset_core::rollout::{Standing, Watched};
 use pinset_k8s::rollout_status::{self, RolloutStatus};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 #[derive(clap::Subcommand)]
 pub enum RolloutCommand {
@@ -48,6 +48,11 @@ pub struct StatusArgs {
     /// for scripts: the last status, once.
     #[arg(long, short = 'o', value_enum, default_value = "text")]
     pub output: Output,
+    /// When it ends, draw the rollout as followed into FILE (SVG: a lane per node, a bar from
+    /// when it was seen pulling to when it was seen at the target, red when it failed) and
+    /// FILE's .trace.json.
+    #[arg(long, value_name = "FILE.svg")]
+    pub timeline: Option<PathBuf>,
 }
 
 /// `90s`, `10m`, `1h`, or seconds.
@@ -109,7 +114,16 @@ async fn status(args: &StatusArgs) -> Result<ExitCode> {
     };
     // The bar goes before anything else is printed, the error included.
     view.finish();
-    Ok(report(args, end?))
+    let end = end?;
+    if let Some(path) = &args.timeline {
+        let last = match &end {
+            End::Read(s) => Some(s),
+            End::TimedOut(s) => s.as_ref(),
+        };
+        let trace = view.write_timeline(path, last)?;
+        eprintln!("timeline: {} ({})", path.display(), trace.display());
+    }
+    Ok(report(args, end))
 }
 
 /// The end of `status`: the last status in the chosen format and the exit code.
@@ -228,6 +242,9 @@ struct View {
     lines: bool,
     bar: Option<ProgressBar>,
     printed: Option<String>,
+    /// When each node was seen working and done, for `--timeline`.
+    watched: Watched,
+    began: Instant,
 }
 
 fn bar_style() -> Result<ProgressStyle, indicatif::style::TemplateError> {
@@ -254,10 +271,17 @@ impl View {
             lines: follow_text && bar.is_none(),
             bar,
             printed: None,
+            watched: Watched::default(),
+            began: Instant::now(),
         }
     }
 
     fn show(&mut self, s: &RolloutStatus) {
+        let members = s
+            .members
+            .iter()
+            .map(|m| (m.name.as_str(), m.granted, m.phase));
+        self.watched.observe(self.elapsed_ms(), members);
         let why = waiting_for(s);
         if let Some(bar) = &self.bar {
             bar.set_length(u64::from(s.nodes));
@@ -289,6 +313,27 @@ impl View {
         if let Some(bar) = &self.bar {
             bar.finish_and_clear();
         }
+    }
+
+    fn elapsed_ms(&self) -> u64 {
+        self.began.elapsed().as_millis() as u64
+    }
+
+    /// The rollout as followed, drawn into `path`; the trace's path.
+    fn write_timeline(&self, path: &Path, last: Option<&RolloutStatus>) -> Result<PathBuf> {
+        let title = match last {
+            Some(s) => format!(
+                "pinset rollout status: MachineConfigPool {}, target {}",
+                s.pool, s.target
+            ),
+            None => "pinset rollout status".to_string(),
+        };
+        let mut notes = vec![
+            "each node from when it was seen pulling to when it was seen at the target (red: failed), as this follow saw it".to_string(),
+        ];
+        notes.extend(last.map(|s| final_line(s, false)));
+        let t = self.watched.timeline(title, notes, self.elapsed_ms());
+        super::write_timeline(path, &t).context("--timeline")
     }
 }
 

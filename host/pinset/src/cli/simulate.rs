@@ -10,7 +10,6 @@ use super::plan::Output;
 use anyhow::{Context, Result, bail};
 use indicatif::{ProgressBar, ProgressStyle};
 use pinset_core::rollout_sim::{self, Run, SimNode, Simulation};
-use pinset_core::timeline;
 use pinset_policy::{FleetInstance, GuardedFleet};
 use pinset_policy_sdk::{FleetPool, MAX_PULLING_ANNOTATION, Target, TargetSet};
 use serde::Serialize;
@@ -282,7 +281,7 @@ fn resolve(given: &[String], names: &[String], flag: &str) -> Result<Vec<usize>>
 }
 
 fn write_timeline(
-    path: &PathBuf,
+    path: &std::path::Path,
     run: &Run,
     policy: &PolicyRef,
     args: &SimulateArgs,
@@ -295,11 +294,7 @@ fn write_timeline(
         ),
         vec![pool_line(args), summary(run)],
     );
-    std::fs::write(path, timeline::svg(&t))
-        .with_context(|| format!("writing {}", path.display()))?;
-    let trace = path.with_extension("trace.json");
-    std::fs::write(&trace, serde_json::to_string(&timeline::chrome_trace(&t))?)
-        .with_context(|| format!("writing {}", trace.display()))?;
+    super::write_timeline(path, &t)?;
     Ok(())
 }
 
