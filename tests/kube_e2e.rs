@@ -1322,6 +1322,8 @@ async fn a_fleet_policy_paces_three_nodes_holds_on_a_failed_canary_and_survives_
     let follow = Command::new(support::PINSET)
         .args(["rollout", "status", "worker", "--timeout", "120s"])
         .args(["--kubeconfig", &kubeconfig])
+        .arg("--timeline")
+        .arg(follow_out.with_extension("svg"))
         .env("PINSET_LOG", "warn")
         .stdout(std::fs::File::create(&follow_out).unwrap())
         .stderr(Stdio::piped())
@@ -1440,6 +1442,30 @@ async fn a_fleet_policy_paces_three_nodes_holds_on_a_failed_canary_and_survives_
         out.starts_with("Waiting for MachineConfigPool worker to roll out: 0 of 3"),
         "{out}"
     );
+    // Its picture: a bar per node, one after the other, the canary first.
+    let trace = std::fs::read_to_string(follow_out.with_extension("trace.json")).unwrap();
+    let trace: serde_json::Value = serde_json::from_str(&trace).unwrap();
+    let mut bars: Vec<(f64, f64, String)> = trace["traceEvents"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["ph"] == "X" && e["cat"] == "pull")
+        .map(|e| {
+            let start = e["ts"].as_f64().unwrap();
+            let node = e["args"]["image"].as_str().unwrap().to_string();
+            (start, start + e["dur"].as_f64().unwrap(), node)
+        })
+        .collect();
+    bars.sort_by(|a, b| a.0.total_cmp(&b.0));
+    assert_eq!(bars.len(), 3, "{trace}");
+    assert!(
+        bars.windows(2).all(|w| w[1].0 >= w[0].1),
+        "one node at a time: {bars:?}"
+    );
+    let canary = (0..3)
+        .min_by_key(|&i| first_granted[i].unwrap_or(usize::MAX))
+        .unwrap();
+    assert_eq!(bars[0].2, FLEET_NODES[canary], "{bars:?}");
     // One grant per node, each in its own wave: the canary by the first controller, then one
     // at a time by the restarted one, which did not grant the canary again.
     let m = metrics(controller_port).await;
