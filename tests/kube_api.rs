@@ -761,6 +761,40 @@ async fn agent_reports(
         .unwrap();
 }
 
+/// A MachineConfigNode in pool `worker` for each of `names`, reporting `apps` generation 1
+/// wanted, as a starting agent does.
+async fn worker_nodes(nodes: &Api<MachineConfigNode>, names: &[&str]) {
+    for name in names {
+        let mcn: MachineConfigNode = serde_json::from_value(json!({
+            "apiVersion": "machineconfiguration.openshift.io/v1", "kind": "MachineConfigNode",
+            "metadata": {"name": name},
+            "spec": {"node": {"name": name}, "pool": {"name": "worker"}}
+        }))
+        .unwrap();
+        nodes.create(&PostParams::default(), &mcn).await.unwrap();
+        agent_reports(nodes, name, 1, None, None).await;
+    }
+}
+
+/// The controller in this process with the embedded default fleet policy, until the token is
+/// cancelled.
+fn spawn_controller(
+    client: &kube::Client,
+) -> (
+    tokio_util::sync::CancellationToken,
+    tokio::task::JoinHandle<()>,
+) {
+    let stop = tokio_util::sync::CancellationToken::new();
+    let controller = tokio::spawn(pinset_k8s::controller::run(
+        client.clone(),
+        pinset_k8s::metrics::Metrics::new(),
+        default_fleet(),
+        std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false)),
+        stop.clone(),
+    ));
+    (stop, controller)
+}
+
 /// The generation of `apps` node `name` is granted, if any.
 async fn granted(nodes: &Api<MachineConfigNode>, name: &str) -> Option<i64> {
     let n = nodes.get(name).await.ok()?;
@@ -850,24 +884,8 @@ async fn pinset_rollout_follows_pauses_and_resumes_a_pool() {
     )
     .await
     .unwrap();
-    for name in ["n0", "n1"] {
-        let mcn: MachineConfigNode = serde_json::from_value(json!({
-            "apiVersion": "machineconfiguration.openshift.io/v1", "kind": "MachineConfigNode",
-            "metadata": {"name": name},
-            "spec": {"node": {"name": name}, "pool": {"name": "worker"}}
-        }))
-        .unwrap();
-        nodes.create(&pp, &mcn).await.unwrap();
-        agent_reports(&nodes, name, 1, None, None).await;
-    }
-    let stop = tokio_util::sync::CancellationToken::new();
-    let controller = tokio::spawn(pinset_k8s::controller::run(
-        client.clone(),
-        pinset_k8s::metrics::Metrics::new(),
-        default_fleet(),
-        std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false)),
-        stop.clone(),
-    ));
+    worker_nodes(&nodes, &["n0", "n1"]).await;
+    let (stop, controller) = spawn_controller(&client);
 
     // Paused: read once as JSON (once the controller's status shows the target), then a
     // follow that times out.
@@ -1068,24 +1086,8 @@ async fn a_node_that_disappears_mid_rollout_frees_its_slot() {
     .await
     .unwrap();
     let names = ["n0", "n1", "n2"];
-    for name in names {
-        let mcn: MachineConfigNode = serde_json::from_value(json!({
-            "apiVersion": "machineconfiguration.openshift.io/v1", "kind": "MachineConfigNode",
-            "metadata": {"name": name},
-            "spec": {"node": {"name": name}, "pool": {"name": "worker"}}
-        }))
-        .unwrap();
-        nodes.create(&pp, &mcn).await.unwrap();
-        agent_reports(&nodes, name, 1, None, None).await;
-    }
-    let stop = tokio_util::sync::CancellationToken::new();
-    let controller = tokio::spawn(pinset_k8s::controller::run(
-        client.clone(),
-        pinset_k8s::metrics::Metrics::new(),
-        default_fleet(),
-        std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false)),
-        stop.clone(),
-    ));
+    worker_nodes(&nodes, &names).await;
+    let (stop, controller) = spawn_controller(&client);
     let canary = next_granted(&nodes, &names, &[]).await;
     agent_reports(&nodes, &canary, 1, Some(1), None).await;
     let second = next_granted(&nodes, &names, &[&canary]).await;

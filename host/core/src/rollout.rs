@@ -8,7 +8,7 @@
 
 use crate::desired::{Desired, DesiredSet, Wanted};
 use crate::status::{Progress, SetStatus};
-use crate::timeline::{Mark, MarkKind, Timeline};
+use crate::timeline::{NodeBar, Timeline};
 use pinset_policy_sdk::{
     FleetNode, FleetPool, Grant, MAX_PULLING_ANNOTATION, NodeProgress, Phase, RolloutRequest,
     SetState, Target, TargetSet, count_or_percent,
@@ -453,33 +453,19 @@ impl Watched {
     /// working to when it was seen at the target (red when it failed; open to `end_ms` while
     /// it works).
     pub fn timeline(&self, title: String, notes: Vec<String>, end_ms: u64) -> Timeline {
-        let lanes = self
+        let nodes = self
             .nodes
             .iter()
             .map(|(name, seen)| {
-                let Some(start) = seen.started_ms else {
-                    return Vec::new();
-                };
-                vec![Mark {
-                    kind: if seen.failed {
-                        MarkKind::Failed
-                    } else {
-                        MarkKind::Pull
-                    },
-                    image: name.clone(),
-                    start_ms: start as f64,
-                    end_ms: seen.ended_ms.unwrap_or(end_ms).max(start) as f64,
-                    bytes: None,
-                }]
+                let bar = seen.started_ms.map(|start_ms| NodeBar {
+                    start_ms,
+                    end_ms: seen.ended_ms,
+                    failed: seen.failed,
+                });
+                (name.clone(), bar)
             })
             .collect();
-        Timeline {
-            title,
-            notes,
-            lanes,
-            lane_names: self.nodes.keys().cloned().collect(),
-            end_ms: end_ms as f64,
-        }
+        Timeline::of_nodes(title, notes, nodes, end_ms)
     }
 }
 
@@ -552,6 +538,7 @@ pub fn waiting_message(waiting: &[(String, i64)]) -> String {
 mod tests {
     use super::*;
     use crate::reference::ImageRef;
+    use crate::timeline::MarkKind;
 
     fn set(name: &str, generation: i64, current: Option<i64>, failed: Option<i64>) -> SetStatus {
         SetStatus {

@@ -10,7 +10,7 @@
 
 use crate::rollout::{self, Member, RolloutGrant};
 use crate::status::{Progress, SetStatus};
-use crate::timeline::{Mark, MarkKind, Timeline};
+use crate::timeline::{NodeBar, Timeline};
 use pinset_policy_sdk::{FleetPool, Grant, Phase, RolloutRequest, Target};
 use serde::Serialize;
 use std::collections::BTreeMap;
@@ -290,34 +290,19 @@ fn member(sim: &Simulation, i: usize, state: &State, now: u64) -> Member {
 /// The run as a timeline: one lane per node, its pull a bar from its grant to its end (red when
 /// it failed; to the end of the run when it never finished).
 pub fn timeline(run: &Run, title: String, notes: Vec<String>) -> Timeline {
-    let lanes = run
+    let nodes = run
         .nodes
         .iter()
         .map(|node| {
-            let Some(start) = node.granted_ms else {
-                return Vec::new();
-            };
-            let kind = if node.outcome == "failed" {
-                MarkKind::Failed
-            } else {
-                MarkKind::Pull
-            };
-            vec![Mark {
-                kind,
-                image: node.name.clone(),
-                start_ms: start as f64,
-                end_ms: node.ended_ms.unwrap_or(run.end_ms) as f64,
-                bytes: None,
-            }]
+            let bar = node.granted_ms.map(|start_ms| NodeBar {
+                start_ms,
+                end_ms: node.ended_ms,
+                failed: node.outcome == "failed",
+            });
+            (node.name.clone(), bar)
         })
         .collect();
-    Timeline {
-        title,
-        notes,
-        lanes,
-        lane_names: run.nodes.iter().map(|n| n.name.clone()).collect(),
-        end_ms: run.end_ms as f64,
-    }
+    Timeline::of_nodes(title, notes, nodes, run.end_ms)
 }
 
 #[cfg(test)]
@@ -523,8 +508,8 @@ mod tests {
         });
         let t = timeline(&run, "rollout".into(), vec![]);
         assert_eq!(t.lane_names, ["w-00", "w-01", "w-02"]);
-        assert_eq!(t.lanes[0][0].kind, MarkKind::Failed);
-        assert_eq!(t.lanes[1][0].kind, MarkKind::Pull);
+        assert_eq!(t.lanes[0][0].kind, crate::timeline::MarkKind::Failed);
+        assert_eq!(t.lanes[1][0].kind, crate::timeline::MarkKind::Pull);
         let svg = crate::timeline::svg(&t);
         assert!(svg.contains(">w-02<title>w-02</title>"), "{svg}");
         // The legend names what the picture holds: pulls and a failure, no throttle or retry.

@@ -51,6 +51,52 @@ impl Timeline {
     }
 }
 
+/// A node's bar on a rollout's timeline, in milliseconds.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct NodeBar {
+    pub start_ms: u64,
+    /// `None`: still at work when the timeline ends.
+    pub end_ms: Option<u64>,
+    pub failed: bool,
+}
+
+impl Timeline {
+    /// A rollout's timeline: a lane per node (in the order given), its bar if it has one, red
+    /// when it failed, open to `end_ms` while it works.
+    pub fn of_nodes(
+        title: String,
+        notes: Vec<String>,
+        nodes: Vec<(String, Option<NodeBar>)>,
+        end_ms: u64,
+    ) -> Timeline {
+        let lanes = nodes
+            .iter()
+            .map(|(name, bar)| {
+                bar.iter()
+                    .map(|b| Mark {
+                        kind: if b.failed {
+                            MarkKind::Failed
+                        } else {
+                            MarkKind::Pull
+                        },
+                        image: name.clone(),
+                        start_ms: b.start_ms as f64,
+                        end_ms: b.end_ms.unwrap_or(end_ms).max(b.start_ms) as f64,
+                        bytes: None,
+                    })
+                    .collect()
+            })
+            .collect();
+        Timeline {
+            title,
+            notes,
+            lanes,
+            lane_names: nodes.into_iter().map(|(name, _)| name).collect(),
+            end_ms: end_ms as f64,
+        }
+    }
+}
+
 /// Builds a timeline from pull events as they happen.
 #[derive(Default)]
 pub struct Recorder {
