@@ -77,3 +77,8 @@ pub(crate) fn now_ms() -> u64 {
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as u64)
 }
+
+/// Caches keep what pinset reads; `managedFields` (often the largest part of an object) go.
+pub(crate) fn strip_managed_fields<K: kube::Resource>(obj: &mut K) {
+    obj.meta_mut().managed_fields = None;
+}

@@ -13,6 +13,7 @@ use crate::api::{
 use crate::convert::{self, ConvertError};
 use futures::StreamExt;
 use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::reflector::{self, ObjectRef};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
 use pinset_core::pool::{self, PoolError};
@@ -265,46 +266,55 @@ pub async fn follow(
     pool: &str,
     mut on_change: impl FnMut(&RolloutStatus) -> bool,
 ) -> Result<RolloutStatus, RolloutError> {
-    let pools = watcher(
-        Api::<MachineConfigPool>::all(client.clone()),
-        crate::watcher_config().fields(&format!("metadata.name={pool}")),
-    );
-    let sets = watcher(
-        Api::<PinnedImageSet>::all(client.clone()),
-        crate::watcher_config(),
-    );
-    let nodes = watcher(
-        Api::<MachineConfigNode>::all(client),
-        crate::watcher_config(),
-    );
+    let (pools, pools_writer) = reflector::store();
+    let (sets, sets_writer) = reflector::store();
+    let (nodes, nodes_writer) = reflector::store();
+    let pool_config = crate::watcher_config().fields(&format!("metadata.name={pool}"));
     let mut events = futures::stream::select_all([
-        tagged(pools, Change::Pool, "MachineConfigPool"),
-        tagged(sets, Change::Set, "PinnedImageSets"),
-        tagged(nodes, Change::Node, "MachineConfigNodes"),
+        cached(
+            watcher(Api::<MachineConfigPool>::all(client.clone()), pool_config),
+            pools_writer,
+            "MachineConfigPool",
+        ),
+        cached(
+            watcher(
+                Api::<PinnedImageSet>::all(client.clone()),
+                crate::watcher_config(),
+            ),
+            sets_writer,
+            "PinnedImageSets",
+        ),
+        cached(
+            watcher(
+                Api::<MachineConfigNode>::all(client),
+                crate::watcher_config(),
+            ),
+            nodes_writer,
+            "MachineConfigNodes",
+        ),
     ]);
-    let mut mirrors = Mirrors::default();
+    let mut lists = Lists::default();
     let mut last: Option<RolloutStatus> = None;
     let mut next_read = tokio::time::Instant::now();
     while let Some(event) = events.next().await {
-        mirrors.take(pool, event)?;
+        lists.take(pool, event)?;
         // The events that arrive before the next read is due are taken first: a read is O(the
         // cluster's nodes), and a large pool's progress reports arrive by the thousand.
         while let Ok(Some(event)) = tokio::time::timeout_at(next_read, events.next()).await {
-            mirrors.take(pool, event)?;
+            lists.take(pool, event)?;
         }
-        if !mirrors.ready() {
+        if !lists.ready() {
             continue;
         }
         next_read = tokio::time::Instant::now() + READ_EVERY;
-        let mcp = mirrors
-            .pools
-            .objects
-            .get(pool)
+        let mcp = pools
+            .get(&ObjectRef::new(pool))
             .ok_or_else(|| RolloutError::NotFound { pool: pool.into() })?;
+        let (sets, nodes) = (sets.state(), nodes.state());
         let status = read(
-            mcp,
-            mirrors.sets.objects.values(),
-            mirrors.nodes.objects.values(),
+            &mcp,
+            sets.iter().map(AsRef::as_ref),
+            nodes.iter().map(AsRef::as_ref),
             crate::now_ms(),
         )?;
         if last.as_ref() == Some(&status) {
@@ -322,49 +332,52 @@ pub async fn follow(
 /// nodes, release build).
 const READ_EVERY: std::time::Duration = std::time::Duration::from_millis(200);
 
-enum Change {
-    Pool(watcher::Event<MachineConfigPool>),
-    Set(watcher::Event<PinnedImageSet>),
-    Node(watcher::Event<MachineConfigNode>),
-}
+/// A watch's event as the follow needs it, once its cache has taken it: which watch (`what`)
+/// and whether it completed a list, or its error.
+type Cached = futures::stream::BoxStream<
+    'static,
+    Result<(&'static str, bool), (&'static str, watcher::Error)>,
+>;
 
-type Tagged = futures::stream::BoxStream<'static, Result<Change, (&'static str, watcher::Error)>>;
-
-fn tagged<K: Send + 'static, S>(
-    events: S,
-    tag: fn(watcher::Event<K>) -> Change,
-    what: &'static str,
-) -> Tagged
+/// `events` kept in `writer`'s cache (without `managedFields`), retried with backoff.
+fn cached<K, S>(events: S, writer: reflector::store::Writer<K>, what: &'static str) -> Cached
 where
+    K: kube::Resource<DynamicType = ()> + Clone + Send + Sync + 'static,
     S: futures::Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send + 'static,
 {
     events
         .default_backoff()
-        .map(move |e| e.map(tag).map_err(|err| (what, err)))
+        .modify(crate::strip_managed_fields)
+        .reflect(writer)
+        .map(move |e| {
+            e.map(|e| (what, matches!(e, watcher::Event::InitDone)))
+                .map_err(|err| (what, err))
+        })
         .boxed()
 }
 
+/// Which watches have delivered their first full list.
 #[derive(Default)]
-struct Mirrors {
-    pools: Mirror<MachineConfigPool>,
-    sets: Mirror<PinnedImageSet>,
-    nodes: Mirror<MachineConfigNode>,
-}
+struct Lists(std::collections::BTreeSet<&'static str>);
 
-impl Mirrors {
+impl Lists {
     fn ready(&self) -> bool {
-        self.pools.ready && self.sets.ready && self.nodes.ready
+        self.0.len() == 3
     }
 
-    /// Apply one event of the watches. An error before every list has arrived ends the follow
+    /// Note one event of the watches. An error before every list has arrived ends the follow
     /// (a missing CRD, no permission); after, the watch retries with backoff.
     fn take(
         &mut self,
         pool: &str,
-        event: Result<Change, (&'static str, watcher::Error)>,
+        event: Result<(&'static str, bool), (&'static str, watcher::Error)>,
     ) -> Result<(), RolloutError> {
         match event {
-            Ok(change) => self.apply(change),
+            Ok((what, listed)) => {
+                if listed {
+                    self.0.insert(what);
+                }
+            }
             Err((what, source)) if !self.ready() => {
                 return Err(RolloutError::Watch {
                     pool: pool.into(),
@@ -376,64 +389,6 @@ impl Mirrors {
         }
         Ok(())
     }
-
-    fn apply(&mut self, change: Change) {
-        match change {
-            Change::Pool(e) => self.pools.apply(e),
-            Change::Set(e) => self.sets.apply(e),
-            Change::Node(e) => self.nodes.apply(e),
-        }
-    }
-}
-
-/// The objects of one watch by name, replaced whole by each relist.
-struct Mirror<K> {
-    objects: BTreeMap<String, K>,
-    relist: Option<BTreeMap<String, K>>,
-    ready: bool,
-}
-
-impl<K> Default for Mirror<K> {
-    fn default() -> Self {
-        Self {
-            objects: BTreeMap::new(),
-            relist: None,
-            ready: false,
-        }
-    }
-}
-
-impl<K: kube::Resource> Mirror<K> {
-    fn apply(&mut self, event: watcher::Event<K>) {
-        match event {
-            watcher::Event::Init => self.relist = Some(BTreeMap::new()),
-            watcher::Event::InitApply(o) => {
-                let o = stripped(o);
-                if let Some(relist) = &mut self.relist {
-                    relist.insert(o.name_any(), o);
-                }
-            }
-            watcher::Event::InitDone => {
-                if let Some(relist) = self.relist.take() {
-                    self.objects = relist;
-                }
-                self.ready = true;
-            }
-            watcher::Event::Apply(o) => {
-                let o = stripped(o);
-                self.objects.insert(o.name_any(), o);
-            }
-            watcher::Event::Delete(o) => {
-                self.objects.remove(&o.name_any());
-            }
-        }
-    }
-}
-
-/// `managedFields`, often an object's largest part, are not read here.
-fn stripped<K: kube::Resource>(mut o: K) -> K {
-    o.meta_mut().managed_fields = None;
-    o
 }
 
 #[cfg(test)]

@@ -166,7 +166,7 @@ where
     let api: Api<K> = Api::all(client);
     let stream = watcher(api, config)
         .default_backoff()
-        .modify(|o: &mut K| o.meta_mut().managed_fields = None)
+        .modify(crate::strip_managed_fields)
         .reflect(writer);
     tokio::spawn(async move {
         let mut stream = std::pin::pin!(stream);

@@ -205,7 +205,7 @@ pub async fn run(
     let sets_stream = watch::changed_objects(
         watcher(sets_api.clone(), config.clone())
             .default_backoff()
-            .modify(watch::strip)
+            .modify(crate::strip_managed_fields)
             .reflect(sets_writer),
         |s: &PinnedImageSet| (s.metadata.generation, s.labels().clone()),
     );
@@ -213,7 +213,7 @@ pub async fn run(
     let nodes_stream = watch::changed_objects(
         watcher(nodes_api, config.clone())
             .default_backoff()
-            .modify(watch::strip)
+            .modify(crate::strip_managed_fields)
             .reflect(nodes_writer),
         node_change,
     );
@@ -223,7 +223,7 @@ pub async fn run(
     let pools_stream = watch::changed_objects(
         watcher(pools_api, config.clone())
             .default_backoff()
-            .modify(watch::strip)
+            .modify(crate::strip_managed_fields)
             .reflect(pools_writer),
         |p: &MachineConfigPool| {
             (
@@ -311,7 +311,7 @@ async fn run_sets(
     let (reader, writer) = reflector::store();
     let own_sets = watcher(sets_api, watcher_config())
         .default_backoff()
-        .modify(watch::strip)
+        .modify(crate::strip_managed_fields)
         .reflect(writer)
         .applied_objects();
     Controller::for_stream(own_sets, reader)

@@ -1,5 +1,5 @@
-//! The controller's watch streams: caches without `managedFields`, and only the changes a
-//! reconciler cares about.
+//! The controller's watch streams: only the changes a reconciler cares about (its caches drop
+//! `managedFields` through [`crate::strip_managed_fields`]).
 
 use futures::StreamExt;
 use kube::ResourceExt;
@@ -7,11 +7,6 @@ use kube::runtime::controller::Action;
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
 use std::collections::HashMap;
-
-/// Caches keep what pinset reads; `managedFields` (often the largest part of an object) go.
-pub(super) fn strip<K: kube::Resource>(obj: &mut K) {
-    obj.meta_mut().managed_fields = None;
-}
 
 /// The objects of a watch whose `key` changed since they were last seen, and every deletion.
 pub(super) fn changed_objects<K, T, S>(
