@@ -89,12 +89,6 @@ async fn pause(args: &PoolArgs, pause: bool) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// How `status` ended.
-enum End {
-    Read(RolloutStatus),
-    TimedOut(Option<RolloutStatus>),
-}
-
 async fn status(args: &StatusArgs) -> Result<ExitCode> {
     let client = pinset_k8s::client(args.pool.kubeconfig.as_deref()).await?;
     let mut view = View::new(args);
@@ -104,34 +98,27 @@ async fn status(args: &StatusArgs) -> Result<ExitCode> {
         view.show(s);
         args.watch && !matches!(s.standing, Standing::Complete | Standing::Degraded(_))
     });
+    // The last status read, and whether --timeout passed first.
     let end = if args.timeout.is_zero() {
-        follow.await.map(End::Read)
+        follow.await.map(|s| (Some(s), false))
     } else {
         match tokio::time::timeout(args.timeout, follow).await {
-            Ok(read) => read.map(End::Read),
-            Err(_) => Ok(End::TimedOut(last)),
+            Ok(read) => read.map(|s| (Some(s), false)),
+            Err(_) => Ok((last, true)),
         }
     };
     // The bar goes before anything else is printed, the error included.
     view.finish();
-    let end = end?;
+    let (status, timed_out) = end?;
     if let Some(path) = &args.timeline {
-        let last = match &end {
-            End::Read(s) => Some(s),
-            End::TimedOut(s) => s.as_ref(),
-        };
-        let trace = view.write_timeline(path, last)?;
+        let trace = view.write_timeline(path, status.as_ref())?;
         eprintln!("timeline: {} ({})", path.display(), trace.display());
     }
-    Ok(report(args, end))
+    Ok(report(args, status, timed_out))
 }
 
 /// The end of `status`: the last status in the chosen format and the exit code.
-fn report(args: &StatusArgs, end: End) -> ExitCode {
-    let (status, timed_out) = match end {
-        End::Read(s) => (Some(s), false),
-        End::TimedOut(s) => (s, true),
-    };
+fn report(args: &StatusArgs, status: Option<RolloutStatus>, timed_out: bool) -> ExitCode {
     if let Some(s) = &status {
         match args.output {
             Output::Json => println!("{}", serde_json::to_string_pretty(s).unwrap_or_default()),
