@@ -33,15 +33,9 @@ fn demo_runs_both_nodes_and_pins_everything() {
         if node == "master-0" {
             assert!(pauses >= pulls - 1, "{node}: {pauses} pauses");
         }
-        let trace: serde_json::Value = serde_json::from_str(
-            &std::fs::read_to_string(path.with_extension("trace.json")).unwrap(),
-        )
-        .unwrap();
-        let complete = trace["traceEvents"]
-            .as_array()
-            .unwrap()
+        let complete = support::timeline_bars(&path)
             .iter()
-            .filter(|e| e["ph"] == "X" && e["cat"] == "pull")
+            .filter(|b| b.3 == "pull")
             .count();
         assert_eq!(complete, pulls, "{node}: the trace holds the same pulls");
     }

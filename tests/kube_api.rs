@@ -984,23 +984,9 @@ async fn pinset_rollout_follows_pauses_and_resumes_a_pool() {
         "{err}"
     );
     assert!(std::fs::read_to_string(&svg).unwrap().contains("<svg"));
-    let trace: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(svg.with_extension("trace.json")).unwrap())
-            .unwrap();
-    let mut bars: Vec<(f64, f64, String)> = trace["traceEvents"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|e| e["ph"] == "X")
-        .map(|e| {
-            let start = e["ts"].as_f64().unwrap();
-            let node = e["args"]["image"].as_str().unwrap().to_string();
-            assert_eq!(e["cat"], "pull", "{e}");
-            (start, start + e["dur"].as_f64().unwrap(), node)
-        })
-        .collect();
-    bars.sort_by(|a, b| a.0.total_cmp(&b.0));
-    assert_eq!(bars.len(), 2, "{trace}");
+    let bars = support::timeline_bars(&svg);
+    assert!(bars.iter().all(|b| b.3 == "pull"), "{bars:?}");
+    assert_eq!(bars.len(), 2, "{bars:?}");
     assert!(
         bars[1].0 >= bars[0].1,
         "the nodes pulled one after the other: {bars:?}"

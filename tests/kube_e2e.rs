@@ -1443,21 +1443,11 @@ async fn a_fleet_policy_paces_three_nodes_holds_on_a_failed_canary_and_survives_
         "{out}"
     );
     // Its picture: a bar per node, one after the other, the canary first.
-    let trace = std::fs::read_to_string(follow_out.with_extension("trace.json")).unwrap();
-    let trace: serde_json::Value = serde_json::from_str(&trace).unwrap();
-    let mut bars: Vec<(f64, f64, String)> = trace["traceEvents"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|e| e["ph"] == "X" && e["cat"] == "pull")
-        .map(|e| {
-            let start = e["ts"].as_f64().unwrap();
-            let node = e["args"]["image"].as_str().unwrap().to_string();
-            (start, start + e["dur"].as_f64().unwrap(), node)
-        })
+    let bars: Vec<_> = support::timeline_bars(&follow_out.with_extension("svg"))
+        .into_iter()
+        .filter(|b| b.3 == "pull")
         .collect();
-    bars.sort_by(|a, b| a.0.total_cmp(&b.0));
-    assert_eq!(bars.len(), 3, "{trace}");
+    assert_eq!(bars.len(), 3, "{bars:?}");
     assert!(
         bars.windows(2).all(|w| w[1].0 >= w[0].1),
         "one node at a time: {bars:?}"

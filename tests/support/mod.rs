@@ -23,3 +23,27 @@ pub fn pinset(args: &[&str]) -> (i32, String, String) {
         String::from_utf8_lossy(&out.stderr).into_owned(),
     )
 }
+
+/// The bars of a timeline's `.trace.json` (next to `svg`), by start: (start µs, end µs, what
+/// the bar is of — an image, or a rollout's node —, its kind: `pull`, `failed`, …).
+pub fn timeline_bars(svg: &std::path::Path) -> Vec<(f64, f64, String, String)> {
+    let text = std::fs::read_to_string(svg.with_extension("trace.json")).unwrap();
+    let trace: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let mut bars: Vec<_> = trace["traceEvents"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["ph"] == "X")
+        .map(|e| {
+            let start = e["ts"].as_f64().unwrap();
+            (
+                start,
+                start + e["dur"].as_f64().unwrap(),
+                e["args"]["image"].as_str().unwrap().to_string(),
+                e["cat"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    bars.sort_by(|a, b| a.0.total_cmp(&b.0));
+    bars
+}
