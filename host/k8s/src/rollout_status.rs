@@ -328,8 +328,8 @@ pub async fn follow(
     Err(RolloutError::NotFound { pool: pool.into() })
 }
 
-/// At most this often a pool's rollout is read again while events arrive (~7 ms for 3 000
-/// nodes, release build).
+/// At most this often a pool's rollout is read again while events arrive (a read goes over every
+/// MachineConfigNode of the cluster).
 const READ_EVERY: std::time::Duration = std::time::Duration::from_millis(200);
 
 /// A watch's event as the follow needs it, once its cache has taken it: which watch (`what`)
