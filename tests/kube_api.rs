@@ -3,6 +3,7 @@
 
 mod support;
 
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
 use kube::core::{ApiResource, GroupVersionKind};
 use pinset_k8s::api::{MachineConfigNode, PinnedImageSet};
@@ -611,6 +612,53 @@ async fn the_controller_rides_out_an_api_server_restart_without_rewriting() {
     assert!(!task.is_finished(), "the controller is still running");
     stop.cancel();
     tokio::time::timeout(std::time::Duration::from_secs(10), task)
+        .await
+        .expect("the controller stops")
+        .unwrap();
+}
+
+/// One of the controller's watches failing for long (here the MachineConfigNode CRD is deleted:
+/// its watch meets 404 after 404, each retried later than the last) does not stall the others: a
+/// set created while it fails is selected at once. Each watch backs off on its own errors; a
+/// backoff shared by the three (kube's controller adds one unless told not to) would sleep after
+/// each of the node watch's errors as long as that watch does — 0.8, 1.6, 3.2, 6.4, 12.8 s… with
+/// jitter — and read no pool or set meanwhile: 25 s into the failures it is in its fifth or sixth
+/// sleep, of at least 6.4 s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_watch_does_not_stall_the_others() {
+    let Some(server) = support::apiserver::ApiServer::start().await else {
+        return;
+    };
+    let (client, pools, sets) = worker_with_one_set(&server).await;
+    let (stop, controller) = spawn_controller(&client);
+    let selects = async |name: &str, within: Duration| {
+        let deadline = std::time::Instant::now() + within;
+        loop {
+            let pool = pools.get("worker").await.unwrap();
+            let selection = pool.spec.pinned_image_sets.unwrap_or_default();
+            if selection.iter().any(|s| s.name == name) {
+                return Ok(());
+            }
+            if std::time::Instant::now() > deadline {
+                return Err(selection.into_iter().map(|s| s.name).collect::<Vec<_>>());
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    };
+    selects("w", Duration::from_secs(60)).await.unwrap();
+
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    let mcn = "machineconfignodes.machineconfiguration.openshift.io";
+    crds.delete(mcn, &Default::default()).await.unwrap();
+    tokio::time::sleep(Duration::from_secs(25)).await;
+    let w2: PinnedImageSet = serde_json::from_value(set("w2", &[image(2)])).unwrap();
+    sets.create(&PostParams::default(), &w2).await.unwrap();
+    if let Err(selection) = selects("w2", Duration::from_secs(2)).await {
+        panic!("w2 is not selected within 2 s while the node watch fails: {selection:?}");
+    }
+    assert!(!controller.is_finished(), "the controller is still running");
+    stop.cancel();
+    tokio::time::timeout(Duration::from_secs(10), controller)
         .await
         .expect("the controller stops")
         .unwrap();

@@ -255,6 +255,7 @@ pub async fn run(
     let stop = shutdown.clone();
     let pools = Controller::for_stream(pools_stream, pools_reader.clone())
         .with_config(limits(POOL_CONCURRENCY))
+        .trigger_backoff(watch::OwnBackoffOnly)
         .watches_stream(sets_stream, set_to_pools(pools_reader))
         .watches_stream(nodes_stream, node_to_pool)
         .reconcile_on(tokio_stream::wrappers::UnboundedReceiverStream::new(
@@ -316,6 +317,7 @@ async fn run_sets(
         .applied_objects();
     Controller::for_stream(own_sets, reader)
         .with_config(limits(SET_CONCURRENCY))
+        .trigger_backoff(watch::OwnBackoffOnly)
         .reconcile_on(tokio_stream::wrappers::UnboundedReceiverStream::new(
             triggers,
         ))

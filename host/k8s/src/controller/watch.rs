@@ -7,6 +7,26 @@ use kube::runtime::controller::Action;
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
 use std::collections::HashMap;
+use std::time::Duration;
+
+/// The controller's answer to kube's `trigger_backoff`: none. Each watch already backs off on its
+/// own errors (`default_backoff`); the controller's default would add one more backoff, shared by
+/// every watch it merges and sleeping without reading any of them. One failing watch then stalls
+/// the others for as long as its own growing delay (12.8 s and more after five errors, 30 s at
+/// most), and after an API server restart the errors of all three watches add up in it.
+pub(super) struct OwnBackoffOnly;
+
+impl Iterator for OwnBackoffOnly {
+    type Item = Duration;
+
+    fn next(&mut self) -> Option<Duration> {
+        Some(Duration::ZERO)
+    }
+}
+
+impl kube::runtime::utils::Backoff for OwnBackoffOnly {
+    fn reset(&mut self) {}
+}
 
 /// The objects of a watch whose `key` changed since they were last seen, and every deletion.
 pub(super) fn changed_objects<K, T, S>(
