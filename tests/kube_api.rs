@@ -273,20 +273,9 @@ async fn the_controller_writes_pool_selections_once() {
     );
     sets.create(&pp, &infra_set).await.unwrap();
 
-    let selection = |name: &'static str| {
-        let pools = pools.clone();
-        async move {
-            pools
-                .get(name)
-                .await
-                .ok()
-                .and_then(|p| p.spec.pinned_image_sets)
-                .map(|v| v.into_iter().map(|s| s.name).collect::<Vec<_>>())
-        }
-    };
     let converged = || async {
-        selection("worker").await == Some(vec!["w".to_string()])
-            && selection("infra").await == Some(vec!["i".to_string(), "w".to_string()])
+        selection(&pools, "worker").await == Some(vec!["w".to_string()])
+            && selection(&pools, "infra").await == Some(vec!["i".to_string(), "w".to_string()])
             && sets
                 .get("i")
                 .await
@@ -341,6 +330,41 @@ async fn worker_with_one_set(
         .await
         .unwrap();
     (client, pools, sets)
+}
+
+/// The names of the sets pool `name` selects, if it exists and has a selection.
+async fn selection(
+    pools: &Api<pinset_k8s::api::MachineConfigPool>,
+    name: &str,
+) -> Option<Vec<String>> {
+    let pool = pools.get(name).await.ok()?;
+    Some(
+        pool.spec
+            .pinned_image_sets?
+            .into_iter()
+            .map(|s| s.name)
+            .collect(),
+    )
+}
+
+/// Wait up to `within` for pool `name` to select exactly `want`; else the selection last read.
+async fn selects(
+    pools: &Api<pinset_k8s::api::MachineConfigPool>,
+    name: &str,
+    want: &[&str],
+    within: Duration,
+) -> Result<(), Option<Vec<String>>> {
+    let deadline = std::time::Instant::now() + within;
+    loop {
+        let now = selection(pools, name).await;
+        if now.as_ref().is_some_and(|v| v.iter().eq(want.iter())) {
+            return Ok(());
+        }
+        if std::time::Instant::now() > deadline {
+            return Err(now);
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
 
 /// A pool is reconciled again when its annotations change (the rollout ceiling lives there), and
@@ -552,26 +576,10 @@ async fn the_controller_rides_out_an_api_server_restart_without_rewriting() {
         ready,
         stop.clone(),
     ));
-    let selection = async || {
-        pools
-            .get("worker")
-            .await
-            .ok()
-            .and_then(|p| p.spec.pinned_image_sets)
-            .map(|v| v.into_iter().map(|s| s.name).collect::<Vec<_>>())
-    };
-    let wait_for = async |want: Vec<&str>| {
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
-        while selection().await != Some(want.iter().map(|s| s.to_string()).collect()) {
-            assert!(
-                std::time::Instant::now() < deadline,
-                "no {want:?}\n{}",
-                server.log()
-            );
-            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-        }
-    };
-    wait_for(vec!["w"]).await;
+    let sixty = Duration::from_secs(60);
+    if let Err(e) = selects(&pools, "worker", &["w"], sixty).await {
+        panic!("no [w]: {e:?}\n{}", server.log());
+    }
     // Let the set's status and the pool's status land too.
     tokio::time::sleep(std::time::Duration::from_secs(2)).await;
     let writes = |m: &pinset_k8s::metrics::Metrics| {
@@ -595,7 +603,9 @@ async fn the_controller_rides_out_an_api_server_restart_without_rewriting() {
         );
         tokio::time::sleep(std::time::Duration::from_millis(200)).await;
     }
-    wait_for(vec!["w", "w2"]).await;
+    if let Err(e) = selects(&pools, "worker", &["w", "w2"], sixty).await {
+        panic!("no [w, w2] after the restart: {e:?}\n{}", server.log());
+    }
     tokio::time::sleep(std::time::Duration::from_secs(2)).await;
     let after = writes(&metrics);
     assert_eq!(
@@ -631,21 +641,8 @@ async fn a_failing_watch_does_not_stall_the_others() {
     };
     let (client, pools, sets) = worker_with_one_set(&server).await;
     let (stop, controller) = spawn_controller(&client);
-    let selects = async |name: &str, within: Duration| {
-        let deadline = std::time::Instant::now() + within;
-        loop {
-            let pool = pools.get("worker").await.unwrap();
-            let selection = pool.spec.pinned_image_sets.unwrap_or_default();
-            if selection.iter().any(|s| s.name == name) {
-                return Ok(());
-            }
-            if std::time::Instant::now() > deadline {
-                return Err(selection.into_iter().map(|s| s.name).collect::<Vec<_>>());
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    };
-    selects("w", Duration::from_secs(60)).await.unwrap();
+    let sixty = Duration::from_secs(60);
+    selects(&pools, "worker", &["w"], sixty).await.unwrap();
 
     let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
     let mcn = "machineconfignodes.machineconfiguration.openshift.io";
@@ -653,8 +650,8 @@ async fn a_failing_watch_does_not_stall_the_others() {
     tokio::time::sleep(Duration::from_secs(25)).await;
     let w2: PinnedImageSet = serde_json::from_value(set("w2", &[image(2)])).unwrap();
     sets.create(&PostParams::default(), &w2).await.unwrap();
-    if let Err(selection) = selects("w2", Duration::from_secs(2)).await {
-        panic!("w2 is not selected within 2 s while the node watch fails: {selection:?}");
+    if let Err(e) = selects(&pools, "worker", &["w", "w2"], Duration::from_secs(2)).await {
+        panic!("w2 is not selected within 2 s while the node watch fails: {e:?}");
     }
     assert!(!controller.is_finished(), "the controller is still running");
     stop.cancel();
