@@ -234,11 +234,7 @@ async fn run_controller_with<F, Fut>(
         );
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
     }
-    stop.cancel();
-    tokio::time::timeout(std::time::Duration::from_secs(10), task)
-        .await
-        .expect("the controller stops")
-        .unwrap();
+    stop_controller(stop, task).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -619,12 +615,7 @@ async fn the_controller_rides_out_an_api_server_restart_without_rewriting() {
         "only the new set's status: {before:?} → {after:?}"
     );
     assert!(after.2 - before.2 <= 1, "{before:?} → {after:?}");
-    assert!(!task.is_finished(), "the controller is still running");
-    stop.cancel();
-    tokio::time::timeout(std::time::Duration::from_secs(10), task)
-        .await
-        .expect("the controller stops")
-        .unwrap();
+    stop_controller(stop, task).await;
 }
 
 /// One of the controller's watches failing for long (here the MachineConfigNode CRD is deleted:
@@ -653,12 +644,7 @@ async fn a_failing_watch_does_not_stall_the_others() {
     if let Err(e) = selects(&pools, "worker", &["w", "w2"], Duration::from_secs(2)).await {
         panic!("w2 is not selected within 2 s while the node watch fails: {e:?}");
     }
-    assert!(!controller.is_finished(), "the controller is still running");
-    stop.cancel();
-    tokio::time::timeout(Duration::from_secs(10), controller)
-        .await
-        .expect("the controller stops")
-        .unwrap();
+    stop_controller(stop, controller).await;
 }
 
 /// Where OpenShift's Machine Config Operator owns the CRDs (annotations of its release payload,
@@ -838,6 +824,19 @@ fn spawn_controller(
         stop.clone(),
     ));
     (stop, controller)
+}
+
+/// Stop a controller started by the test: it must still be running, and stop within 10 s.
+async fn stop_controller(
+    stop: tokio_util::sync::CancellationToken,
+    task: tokio::task::JoinHandle<()>,
+) {
+    assert!(!task.is_finished(), "the controller is still running");
+    stop.cancel();
+    tokio::time::timeout(Duration::from_secs(10), task)
+        .await
+        .expect("the controller stops")
+        .expect("the controller's task ends without a panic");
 }
 
 /// The generation of `apps` node `name` is granted, if any.
@@ -1068,11 +1067,7 @@ async fn pinset_rollout_follows_pauses_and_resumes_a_pool() {
         "{err}"
     );
 
-    stop.cancel();
-    tokio::time::timeout(Duration::from_secs(10), controller)
-        .await
-        .unwrap()
-        .unwrap();
+    stop_controller(stop, controller).await;
 }
 
 /// The node granted `generation` of `apps` among `names`, other than `not`, once one is.
@@ -1136,9 +1131,5 @@ async fn a_node_that_disappears_mid_rollout_frees_its_slot() {
     nodes.delete(&second, &Default::default()).await.unwrap();
     let replaced = next_granted(&nodes, &[third], &[]).await;
     assert_eq!(&replaced, third);
-    stop.cancel();
-    tokio::time::timeout(Duration::from_secs(10), controller)
-        .await
-        .unwrap()
-        .unwrap();
+    stop_controller(stop, controller).await;
 }
