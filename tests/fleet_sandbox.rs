@@ -5,8 +5,8 @@
 mod support;
 
 use pinset_policy::{
-    FleetInstance, FleetModule, GuardedFleet, Hook, Limits, LoadError, PolicyError, PolicyInstance,
-    WasmRuntime,
+    Decided, FleetInstance, FleetModule, GuardedFleet, Hook, Limits, LoadError, PolicyError,
+    PolicyInstance, WasmRuntime,
 };
 use pinset_policy_sdk::{FleetNode, FleetPool, Phase, RolloutRequest};
 use std::path::PathBuf;
@@ -113,22 +113,33 @@ fn node_only_fleet_only_and_both_modules_load_for_what_they_export() {
     assert_eq!(wasm.nodes, vec![0], "a canary first");
 }
 
-#[test]
-fn every_misbehaviour_of_a_fleet_module_falls_back_to_the_default_and_is_named() {
-    let hostile = fleet("pinset_test_policy_hostile");
-    for (mode, max_pulling, kind, says) in [
-        ("trap", None, "trap", "traps on purpose"),
-        ("loop", None, "deadline", "deadline"),
-        ("alloc", None, "memory", "memory cap"),
-        ("all", Some(1), "invalid", "over the pool's ceiling of 1"),
-        ("out-of-range", None, "invalid", "names node 8 of 3"),
-        ("twice", None, "invalid", "names node 0 twice"),
-        ("max-pulls", None, "invalid", "max-pulls 1000"),
-    ] {
-        let request = pool(3, mode, max_pulling);
-        let started = Instant::now();
-        let decided = GuardedFleet::new(Box::new(hostile.instance())).grant(&request);
-        let elapsed = started.elapsed();
+/// What the hostile fleet module does in each mode that the guard must contain: the failure's
+/// kind, and words its message must hold.
+const CONTAINED: [(&str, Option<u32>, &str, &str); 8] = [
+    ("trap", None, "trap", "traps on purpose"),
+    ("loop", None, "deadline", "deadline"),
+    ("alloc", None, "memory", "memory cap"),
+    ("sleep", None, "trap", pinset_policy::NO_WAITING),
+    ("all", Some(1), "invalid", "over the pool's ceiling of 1"),
+    ("out-of-range", None, "invalid", "names node 8 of 3"),
+    ("twice", None, "invalid", "names node 0 twice"),
+    ("max-pulls", None, "invalid", "max-pulls 1000"),
+];
+
+/// Modes whose answer stands: printing, probing the sandbox or flooding the log costs the module
+/// nothing but what it wrote; the default's canary is granted, with the reason it gave.
+const ANSWERED: [(&str, &str); 4] = [
+    ("stdout", "canary"),
+    ("stderr", "canary"),
+    ("log-flood", "canary"),
+    // No environment, no arguments, no directory: WASI as a policy gets it.
+    ("probe", "env 0 args 0 root false"),
+];
+
+/// Every mode of the hostile fleet module asked through `decide`, a fresh instance each time.
+fn every_misbehaviour_is_contained(decide: impl Fn(RolloutRequest) -> (Decided, Duration)) {
+    for (mode, max_pulling, kind, says) in CONTAINED {
+        let (decided, elapsed) = decide(pool(3, mode, max_pulling));
         let fallback = decided
             .fallback
             .unwrap_or_else(|| panic!("{mode}: no fallback"));
@@ -143,16 +154,54 @@ fn every_misbehaviour_of_a_fleet_module_falls_back_to_the_default_and_is_named()
         assert_eq!(decided.policy, "builtin:default-fleet");
         assert!(elapsed < Duration::from_secs(2), "{mode}: took {elapsed:?}");
     }
+    for (mode, reason) in ANSWERED {
+        let (decided, elapsed) = decide(pool(3, mode, None));
+        assert_eq!(decided.fallback, None, "{mode}");
+        assert_eq!(decided.grant.nodes, vec![0], "{mode}");
+        assert!(
+            decided.grant.reason.contains(reason),
+            "{mode}: {}",
+            decided.grant.reason
+        );
+        assert!(elapsed < Duration::from_secs(2), "{mode}: took {elapsed:?}");
+    }
     // Without a ceiling, everyone at once is a valid strategy (the reference's).
-    let decided = GuardedFleet::new(Box::new(hostile.instance())).grant(&pool(3, "all", None));
+    let (decided, _) = decide(pool(3, "all", None));
     assert_eq!(
         (decided.grant.nodes, decided.fallback),
         (vec![0, 1, 2], None)
     );
-    // A log flood is cut at the budget and the answer is used.
-    let decided =
-        GuardedFleet::new(Box::new(hostile.instance())).grant(&pool(3, "log-flood", None));
-    assert!(decided.fallback.is_none());
+}
+
+fn decide_here(request: RolloutRequest) -> (Decided, Duration) {
+    let hostile = fleet("pinset_test_policy_hostile");
+    let started = Instant::now();
+    let decided = GuardedFleet::new(Box::new(hostile.instance())).grant(&request);
+    (decided, started.elapsed())
+}
+
+#[test]
+fn every_misbehaviour_of_a_fleet_module_falls_back_to_the_default_and_is_named() {
+    every_misbehaviour_is_contained(decide_here);
+}
+
+/// The controller asks from async code, on tokio's blocking threads: nothing the module does
+/// there (print, wait, trap) may panic the runtime or hold it. The same asked on an async worker
+/// itself, as a caller that forgot `spawn_blocking` would.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fleet_module_asked_from_async_code_is_contained_alike() {
+    let handle = tokio::runtime::Handle::current();
+    let on_blocking_thread = move |request: RolloutRequest| {
+        handle.block_on(tokio::task::spawn_blocking(move || decide_here(request)))
+    };
+    tokio::task::spawn_blocking(move || {
+        every_misbehaviour_is_contained(|r| on_blocking_thread(r).expect("no panic"))
+    })
+    .await
+    .unwrap();
+    tokio::spawn(async { every_misbehaviour_is_contained(decide_here) })
+        .await
+        .unwrap();
 }
 
 /// The hostile module's `echo` digest: FNV-1a (64 bits) of the `Debug` form of the rollout

@@ -1,5 +1,6 @@
 //! The fleet side of the hostile policy: misbehaves as the pool's `pinset.test/hostile-fleet`
-//! annotation says; without it, answers like the default fleet policy.
+//! annotation says (trap, loop, alloc, sleep, print, probe the sandbox, flood the log, answer
+//! nonsense); without it, answers like the default fleet policy.
 
 use pinset_policy_default::fleet as default;
 use pinset_policy_sdk::*;
@@ -41,6 +42,36 @@ impl Fleet for HostileFleet {
                 max_pulls: Some(1000),
                 ..default::grant(request)
             },
+            Some("sleep") => {
+                // Blocks in a host call (WASI clocks and poll), where epoch interruption cannot
+                // reach.
+                std::thread::sleep(std::time::Duration::from_secs(20));
+                default::grant(request)
+            }
+            Some("stdout") => {
+                println!(
+                    "hostile fleet policy writes to stdout {}",
+                    "x".repeat(100_000)
+                );
+                default::grant(request)
+            }
+            Some("stderr") => {
+                eprintln!(
+                    "hostile fleet policy writes to stderr {}",
+                    "x".repeat(100_000)
+                );
+                default::grant(request)
+            }
+            // What the sandbox lets it see, in the reason: no environment, no directory.
+            Some("probe") => {
+                let env = std::env::vars().count();
+                let root = std::fs::read_dir("/").is_ok();
+                let args = std::env::args().count();
+                Grant {
+                    reason: format!("env {env} args {args} root {root}"),
+                    ..default::grant(request)
+                }
+            }
             Some("log-flood") => {
                 for n in 0..1_000 {
                     log(
