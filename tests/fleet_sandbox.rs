@@ -165,6 +165,19 @@ fn every_misbehaviour_is_contained(decide: impl Fn(RolloutRequest) -> (Decided, 
         );
         assert!(elapsed < Duration::from_secs(2), "{mode}: took {elapsed:?}");
     }
+    // A 24 MiB reason: the grant stands, its reason arrives cut and without a raw newline.
+    let (decided, _) = decide(pool(3, "giant-reason", None));
+    assert_eq!((decided.grant.nodes, decided.fallback), (vec![0], None));
+    let reason = decided.grant.reason;
+    assert!(
+        reason.len() <= pinset_policy::MAX_REASON_BYTES + 8,
+        "{} bytes",
+        reason.len()
+    );
+    assert!(
+        reason.starts_with("z\\nz\\n") && !reason.contains('\n'),
+        "{reason:.40}"
+    );
     // Without a ceiling, everyone at once is a valid strategy (the reference's).
     let (decided, _) = decide(pool(3, "all", None));
     assert_eq!(

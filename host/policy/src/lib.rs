@@ -34,8 +34,8 @@ pub use pinset_policy_sdk::{
 };
 pub use wasm::{
     COMPILE_INVALID_MODULE, COMPILE_SUBCOMMAND, CONTRACT, CompiledModule, Compiler, FLEET_CONTRACT,
-    FleetModule, Limits, MAX_LOG_BYTES, MAX_LOG_LINE_BYTES, MAX_LOG_LINES, NO_WAITING,
-    PolicyModule, STDERR_CAPTURE_BYTES, WasmFleet, WasmPolicy, WasmRuntime, bounded,
+    FleetModule, Limits, MAX_LOG_BYTES, MAX_LOG_LINE_BYTES, MAX_LOG_LINES, MAX_REASON_BYTES,
+    NO_WAITING, PolicyModule, STDERR_CAPTURE_BYTES, WasmFleet, WasmPolicy, WasmRuntime, bounded,
     instance_strategy, precompile,
 };
 

@@ -31,7 +31,7 @@ mod wasi;
 pub use compile::{COMPILE_INVALID_MODULE, COMPILE_SUBCOMMAND, Compiler, precompile};
 pub use engine::{WasmRuntime, instance_strategy};
 pub use fleet::{FLEET_CONTRACT, FleetModule, WasmFleet};
-pub use instance::WasmPolicy;
+pub use instance::{MAX_REASON_BYTES, WasmPolicy};
 pub use module::{CONTRACT, CompiledModule, PolicyModule};
 pub use store::{Limits, MAX_LOG_BYTES, MAX_LOG_LINE_BYTES, MAX_LOG_LINES, STDERR_CAPTURE_BYTES};
 pub use wasi::NO_WAITING;

@@ -72,6 +72,10 @@ impl Fleet for HostileFleet {
                     ..default::grant(request)
                 }
             }
+            Some("giant-reason") => Grant {
+                reason: "z\n".repeat(12 << 20),
+                ..default::grant(request)
+            },
             Some("log-flood") => {
                 for n in 0..1_000 {
                     log(
