@@ -880,7 +880,8 @@ async fn play_agents(nodes: &Api<MachineConfigNode>, g: i64, fail: bool) {
 
 /// `pinset rollout pause | status | resume` against a real API server and the controller, the
 /// agents played by the test: a paused pool reads Paused and times out, a resumed one is
-/// followed until every node pinned the set (exit 0), a failed canary ends the follow with the
+/// followed until every node pinned the set (exit 0, the API server restarted on the way), a
+/// failed canary ends the follow with the
 /// pool Degraded naming the node and the image (exit 1); pausing twice, resuming twice and an
 /// unknown pool are errors.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1000,6 +1001,8 @@ async fn pinset_rollout_follows_pauses_and_resumes_a_pool() {
         .await
         .expect("the follow prints where it starts")
         .unwrap();
+    // The API server restarts under the follow (and the controller): both ride it out.
+    server.restart().await;
     play_agents(&nodes, 1, false).await;
     let status = tokio::task::spawn_blocking(move || follow.wait_with_output())
         .await
@@ -1011,6 +1014,12 @@ async fn pinset_rollout_follows_pauses_and_resumes_a_pool() {
     }
     let err = String::from_utf8_lossy(&status.stderr);
     assert_eq!(status.status.code(), Some(0), "{first}\n{rest:?}\n{err}");
+    // The restart, said once per interruption, naming the watch; not again by kube's client.
+    assert!(err.contains("(retrying)"), "{err}");
+    assert!(
+        !err.contains("failed with error") && !err.contains("eof in poll"),
+        "{err}"
+    );
     assert!(
         first.starts_with(
             "Waiting for MachineConfigPool worker to roll out: 0 of 2 nodes at apps@1"

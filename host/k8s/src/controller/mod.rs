@@ -314,7 +314,13 @@ async fn run_sets(
         .default_backoff()
         .modify(crate::strip_managed_fields)
         .reflect(writer)
-        .applied_objects();
+        .applied_objects()
+        .filter(|event| {
+            if let Err(e) = event {
+                watch::interrupted::<PinnedImageSet>(e);
+            }
+            std::future::ready(event.is_ok())
+        });
     Controller::for_stream(own_sets, reader)
         .with_config(limits(SET_CONCURRENCY))
         .trigger_backoff(watch::OwnBackoffOnly)

@@ -28,20 +28,30 @@ impl kube::runtime::utils::Backoff for OwnBackoffOnly {
     fn reset(&mut self) {}
 }
 
-/// The objects of a watch whose `key` changed since they were last seen, and every deletion.
+/// A watch's error, logged once with the kind it watches. The watch retries on its own backoff;
+/// the controller gets nothing from it, so it is not passed on.
+pub(super) fn interrupted<K: kube::Resource<DynamicType = ()>>(error: &watcher::Error) {
+    tracing::warn!(kind = %K::kind(&()), %error, "watch interrupted; resuming");
+}
+
+/// The objects of a watch whose `key` changed since they were last seen, and every deletion;
+/// its errors logged ([`interrupted`]).
 pub(super) fn changed_objects<K, T, S>(
     events: S,
     key: impl Fn(&K) -> T + Send + 'static,
 ) -> impl futures::Stream<Item = Result<K, watcher::Error>> + Send
 where
-    K: kube::Resource + Send + 'static,
+    K: kube::Resource<DynamicType = ()> + Send + 'static,
     T: PartialEq + Send + 'static,
     S: futures::Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send,
 {
     let mut seen: HashMap<String, T> = HashMap::new();
     events.flat_map(move |event| {
         let out: Vec<Result<K, watcher::Error>> = match event {
-            Err(e) => vec![Err(e)],
+            Err(e) => {
+                interrupted::<K>(&e);
+                vec![]
+            }
             Ok(watcher::Event::Apply(o) | watcher::Event::InitApply(o)) => {
                 let k = key(&o);
                 let name = o.name_any();
@@ -62,7 +72,8 @@ where
     })
 }
 
-/// Reconcile errors are logged by the error policy; here the controller's own (watches, queue).
+/// Reconcile errors are logged by the error policy, watch errors where they arrive
+/// ([`interrupted`]); here the controller's own.
 pub(super) fn log_outcome<K, E: std::error::Error, W: std::error::Error>(
     outcome: Result<(ObjectRef<K>, Action), kube::runtime::controller::Error<E, W>>,
 ) -> std::future::Ready<()>
