@@ -391,6 +391,12 @@ fn exit_codes_completions_and_clear_words() {
     assert!(err.contains("--policy-memory-mib"), "{err}");
     let (code, _, err) = pinset(&["controller", "--metrics-addr", "nonsense"]);
     assert_eq!(code, 2, "{err}");
+    let (code, _, err) = pinset(&["policy", "info", "--log", "pinset=bogus"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains("'pinset=bogus' for '--log") && err.contains("EnvFilter"),
+        "{err}"
+    );
     // Completions, and `:PORT` parses (the flag is checked before anything runs).
     let (code, out, _) = pinset(&["completion", "bash"]);
     assert_eq!(code, 0);

@@ -35,7 +35,13 @@ fn version() -> &'static str {
 )]
 struct Args {
     /// Log filter (tracing EnvFilter syntax), e.g. `info` or `pinset=debug`.
-    #[arg(long, global = true, env = "PINSET_LOG", default_value = "info")]
+    #[arg(
+        long,
+        global = true,
+        env = "PINSET_LOG",
+        default_value = "info",
+        value_parser = cli::logging::parse_filter
+    )]
     log: String,
     /// Log lines as text, or as one JSON object per line (fields: timestamp, level, message,
     /// and the event's own: node, set, image, hook…).

@@ -63,6 +63,14 @@ fn with_defaults(filter: &str) -> String {
     }
 }
 
+/// `--log` / `PINSET_LOG` checked before anything runs: a filter tracing cannot read is a usage
+/// error naming why, not a silent fall back to `info`.
+pub fn parse_filter(filter: &str) -> Result<String, String> {
+    tracing_subscriber::EnvFilter::try_new(filter)
+        .map(|_| filter.to_string())
+        .map_err(|e| format!("{e} (EnvFilter syntax, e.g. `info` or `info,pinset_node=debug`)"))
+}
+
 /// Logs go to stderr so that command output on stdout stays clean.
 pub fn init(filter: &str, format: LogFormat) {
     use std::io::IsTerminal;
@@ -100,5 +108,15 @@ mod tests {
             with_defaults("info,kube_client=debug"),
             "info,kube_client=debug"
         );
+    }
+
+    #[test]
+    fn a_filter_tracing_cannot_read_is_refused_with_why() {
+        assert_eq!(
+            super::parse_filter("info,pinset=debug").unwrap(),
+            "info,pinset=debug"
+        );
+        let e = super::parse_filter("pinset=bogus").unwrap_err();
+        assert!(e.contains("EnvFilter syntax"), "{e}");
     }
 }
