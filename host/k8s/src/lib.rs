@@ -71,6 +71,18 @@ pub fn watcher_config() -> kube::runtime::watcher::Config {
     kube::runtime::watcher::Config::default().any_semantic()
 }
 
+/// Log filter `filter` with kube's client silenced unless it names it. The client logs each failed
+/// request itself (`ERROR failed with error client error (Connect)`) and each closed watch
+/// connection (`WARN eof in poll`); pinset reports the same failure where it handles it, once,
+/// naming the object, the watch or the write.
+pub fn quiet_client(filter: &str) -> String {
+    if filter.contains("kube_client") {
+        filter.to_string()
+    } else {
+        format!("{filter},kube_client=off")
+    }
+}
+
 /// Now, in milliseconds since the Unix epoch (how rollouts date progress).
 pub(crate) fn now_ms() -> u64 {
     std::time::SystemTime::now()
@@ -81,4 +93,20 @@ pub(crate) fn now_ms() -> u64 {
 /// Caches keep what pinset reads; `managedFields` (often the largest part of an object) go.
 pub(crate) fn strip_managed_fields<K: kube::Resource>(obj: &mut K) {
     obj.meta_mut().managed_fields = None;
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn kubes_client_is_silent_unless_the_filter_names_it() {
+        assert_eq!(super::quiet_client("info"), "info,kube_client=off");
+        assert_eq!(
+            super::quiet_client("pinset=debug"),
+            "pinset=debug,kube_client=off"
+        );
+        assert_eq!(
+            super::quiet_client("info,kube_client=debug"),
+            "info,kube_client=debug"
+        );
+    }
 }

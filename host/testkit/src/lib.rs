@@ -533,12 +533,7 @@ pub fn policy_dir() -> PathBuf {
 /// Logs of the code under test to stderr, filtered by `filter` (tracing EnvFilter syntax); kube's
 /// client only when the filter names it, as `pinset` does.
 pub fn init_logging(filter: &str) {
-    let filter = if filter.contains("kube_client") {
-        filter.to_string()
-    } else {
-        format!("{filter},kube_client=off")
-    };
-    let filter = tracing_subscriber::EnvFilter::try_new(filter)
+    let filter = tracing_subscriber::EnvFilter::try_new(pinset_k8s::quiet_client(filter))
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)

@@ -51,18 +51,6 @@ fn line() -> Line {
     Line(Vec::with_capacity(256))
 }
 
-/// `filter` with kube's client silenced unless it names it. The client logs each failed request
-/// itself (`ERROR failed with error client error (Connect)`) and each closed watch connection
-/// (`WARN eof in poll`); pinset reports the same failure where it handles it, once, naming the
-/// object, the watch or the write.
-fn with_defaults(filter: &str) -> String {
-    if filter.contains("kube_client") {
-        filter.to_string()
-    } else {
-        format!("{filter},kube_client=off")
-    }
-}
-
 /// `--log` / `PINSET_LOG` checked before anything runs: a filter tracing cannot read is a usage
 /// error naming why, not a silent fall back to `info`.
 pub fn parse_filter(filter: &str) -> Result<String, String> {
@@ -74,8 +62,8 @@ pub fn parse_filter(filter: &str) -> Result<String, String> {
 /// Logs go to stderr so that command output on stdout stays clean.
 pub fn init(filter: &str, format: LogFormat) {
     use std::io::IsTerminal;
-    let filter = tracing_subscriber::EnvFilter::try_new(with_defaults(filter))
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(with_defaults("info")));
+    let filter = tracing_subscriber::EnvFilter::try_new(pinset_k8s::quiet_client(filter))
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(pinset_k8s::quiet_client("info")));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(line)
@@ -95,21 +83,6 @@ pub fn init(filter: &str, format: LogFormat) {
 
 #[cfg(test)]
 mod tests {
-    use super::with_defaults;
-
-    #[test]
-    fn kubes_client_is_silent_unless_the_filter_names_it() {
-        assert_eq!(with_defaults("info"), "info,kube_client=off");
-        assert_eq!(
-            with_defaults("pinset=debug"),
-            "pinset=debug,kube_client=off"
-        );
-        assert_eq!(
-            with_defaults("info,kube_client=debug"),
-            "info,kube_client=debug"
-        );
-    }
-
     #[test]
     fn a_filter_tracing_cannot_read_is_refused_with_why() {
         assert_eq!(
