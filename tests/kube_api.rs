@@ -6,7 +6,7 @@ mod support;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
 use kube::core::{ApiResource, GroupVersionKind};
-use pinset_k8s::api::{MachineConfigNode, PinnedImageSet};
+use pinset_k8s::api::{MachineConfigNode, MachineConfigPool, PinnedImageSet};
 use serde_json::json;
 use std::time::Duration;
 
@@ -33,14 +33,42 @@ async fn create_err(api: &Api<PinnedImageSet>, obj: serde_json::Value) -> String
     }
 }
 
-#[tokio::test]
-async fn the_server_validates_sets_and_node_status() {
-    let Some(server) = support::apiserver::ApiServer::start().await else {
-        return;
-    };
+/// An API server serving pinset's CRDs, a client of it, and the three kinds' APIs. A test binds
+/// `server` (or `_server`) when it takes the rest apart: the server stops when it is dropped.
+struct Cluster {
+    server: support::apiserver::ApiServer,
+    client: kube::Client,
+    pools: Api<MachineConfigPool>,
+    sets: Api<PinnedImageSet>,
+    nodes: Api<MachineConfigNode>,
+}
+
+/// A [`Cluster`]; `None` (after a loud message) on a machine without the test bed.
+async fn cluster() -> Option<Cluster> {
+    let server = support::apiserver::ApiServer::start().await?;
     server.install_crds().await;
     let client = server.client().await;
-    let sets: Api<PinnedImageSet> = Api::all(client.clone());
+    Some(Cluster {
+        pools: Api::all(client.clone()),
+        sets: Api::all(client.clone()),
+        nodes: Api::all(client.clone()),
+        server,
+        client,
+    })
+}
+
+#[tokio::test]
+async fn the_server_validates_sets_and_node_status() {
+    let Some(Cluster {
+        server,
+        client,
+        sets,
+        nodes,
+        ..
+    }) = cluster().await
+    else {
+        return;
+    };
 
     // The seed's example, as written (v1alpha1), is served and read back as v1.
     let alpha = ApiResource::from_gvk_with_plural(
@@ -97,7 +125,6 @@ async fn the_server_validates_sets_and_node_status() {
     sets.create(&PostParams::default(), &limit).await.unwrap();
 
     // MachineConfigNode: named like its node; generation rules on the status.
-    let nodes: Api<MachineConfigNode> = Api::all(client.clone());
     let mcn = |name: &str, node: &str| -> MachineConfigNode {
         serde_json::from_value(json!({
             "apiVersion": "machineconfiguration.openshift.io/v1",
@@ -175,7 +202,7 @@ async fn the_server_validates_sets_and_node_status() {
     apply(status(json!({"name": "a", "desiredGeneration": 4, "currentGeneration": 2, "lastFailedGeneration": 4, "lastFailedGenerationError": "q.io/x@sha256:00: not found"}))).await.unwrap();
 }
 
-fn pool(name: &str, roles: &[&str]) -> pinset_k8s::api::MachineConfigPool {
+fn pool(name: &str, roles: &[&str]) -> MachineConfigPool {
     serde_json::from_value(json!({
         "apiVersion": "machineconfiguration.openshift.io/v1",
         "kind": "MachineConfigPool",
@@ -239,13 +266,16 @@ async fn run_controller_with<F, Fut>(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_controller_writes_pool_selections_once() {
-    let Some(server) = support::apiserver::ApiServer::start().await else {
+    let Some(Cluster {
+        server: _server,
+        client,
+        pools,
+        sets,
+        ..
+    }) = cluster().await
+    else {
         return;
     };
-    server.install_crds().await;
-    let client = server.client().await;
-    let pools: Api<pinset_k8s::api::MachineConfigPool> = Api::all(client.clone());
-    let sets: Api<PinnedImageSet> = Api::all(client.clone());
     let pp = PostParams::default();
     pools
         .create(&pp, &pool("worker", &["worker"]))
@@ -305,34 +335,21 @@ async fn the_controller_writes_pool_selections_once() {
     );
 }
 
-/// The CRDs, pool `worker` and set `w` (one image) selected by it.
-async fn worker_with_one_set(
-    server: &support::apiserver::ApiServer,
-) -> (
-    kube::Client,
-    Api<pinset_k8s::api::MachineConfigPool>,
-    Api<PinnedImageSet>,
-) {
-    server.install_crds().await;
-    let client = server.client().await;
-    let pools: Api<pinset_k8s::api::MachineConfigPool> = Api::all(client.clone());
-    let sets: Api<PinnedImageSet> = Api::all(client.clone());
+/// A [`cluster`] with pool `worker` (role worker) and set `w` (one image) selected by it.
+async fn worker_with_one_set() -> Option<Cluster> {
+    let c = cluster().await?;
     let pp = PostParams::default();
-    pools
+    c.pools
         .create(&pp, &pool("worker", &["worker"]))
         .await
         .unwrap();
-    sets.create(&pp, &serde_json::from_value(set("w", &[image(1)])).unwrap())
-        .await
-        .unwrap();
-    (client, pools, sets)
+    let w = serde_json::from_value(set("w", &[image(1)])).unwrap();
+    c.sets.create(&pp, &w).await.unwrap();
+    Some(c)
 }
 
 /// The names of the sets pool `name` selects, if it exists and has a selection.
-async fn selection(
-    pools: &Api<pinset_k8s::api::MachineConfigPool>,
-    name: &str,
-) -> Option<Vec<String>> {
+async fn selection(pools: &Api<MachineConfigPool>, name: &str) -> Option<Vec<String>> {
     let pool = pools.get(name).await.ok()?;
     Some(
         pool.spec
@@ -345,7 +362,7 @@ async fn selection(
 
 /// Wait up to `within` for pool `name` to select exactly `want`; else the selection last read.
 async fn selects(
-    pools: &Api<pinset_k8s::api::MachineConfigPool>,
+    pools: &Api<MachineConfigPool>,
     name: &str,
     want: &[&str],
     within: Duration,
@@ -367,10 +384,15 @@ async fn selects(
 /// not when the controller's own status write lands.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pool_reacts_to_its_annotations_not_to_its_own_status() {
-    let Some(server) = support::apiserver::ApiServer::start().await else {
+    let Some(Cluster {
+        server: _server,
+        client,
+        pools,
+        ..
+    }) = worker_with_one_set().await
+    else {
         return;
     };
-    let (client, pools, _) = worker_with_one_set(&server).await;
     let reason = || async {
         pools
             .get("worker")
@@ -427,10 +449,15 @@ async fn a_pool_reacts_to_its_annotations_not_to_its_own_status() {
 /// writer stops, pinset's status lands, and the other's condition is still there.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pool_status_overtaken_by_another_writer_is_retried_until_it_lands() {
-    let Some(server) = support::apiserver::ApiServer::start().await else {
+    let Some(Cluster {
+        server: _server,
+        client,
+        pools,
+        ..
+    }) = worker_with_one_set().await
+    else {
         return;
     };
-    let (client, pools, _) = worker_with_one_set(&server).await;
     let metrics = pinset_k8s::metrics::Metrics::new();
     // Started once pinset's first status is there (two writers from the start would only
     // delay it).
@@ -512,7 +539,7 @@ struct OtherWriter {
 impl OtherWriter {
     const LOOPS: usize = 4;
 
-    fn start(pools: Api<pinset_k8s::api::MachineConfigPool>) -> Self {
+    fn start(pools: Api<MachineConfigPool>) -> Self {
         let stop = tokio_util::sync::CancellationToken::new();
         let tasks = (0..Self::LOOPS)
             .map(|writer| {
@@ -558,10 +585,16 @@ impl OtherWriter {
 /// writes only what that change needs — no re-write of what was already converged.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_controller_rides_out_an_api_server_restart_without_rewriting() {
-    let Some(server) = support::apiserver::ApiServer::start().await else {
+    let Some(Cluster {
+        server,
+        client,
+        pools,
+        sets,
+        ..
+    }) = worker_with_one_set().await
+    else {
         return;
     };
-    let (client, pools, sets) = worker_with_one_set(&server).await;
     let metrics = pinset_k8s::metrics::Metrics::new();
     let stop = tokio_util::sync::CancellationToken::new();
     let ready = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -627,10 +660,16 @@ async fn the_controller_rides_out_an_api_server_restart_without_rewriting() {
 /// sleep, of at least 6.4 s.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failing_watch_does_not_stall_the_others() {
-    let Some(server) = support::apiserver::ApiServer::start().await else {
+    let Some(Cluster {
+        server: _server,
+        client,
+        pools,
+        sets,
+        ..
+    }) = worker_with_one_set().await
+    else {
         return;
     };
-    let (client, pools, sets) = worker_with_one_set(&server).await;
     let (stop, controller) = spawn_controller(&client);
     let sixty = Duration::from_secs(60);
     selects(&pools, "worker", &["w"], sixty).await.unwrap();
@@ -676,7 +715,7 @@ async fn pinset_refuses_to_run_beside_openshifts_machine_config_operator() {
     }
     server.install(crds).await;
     let client = server.client().await;
-    let pools: Api<pinset_k8s::api::MachineConfigPool> = Api::all(client.clone());
+    let pools: Api<MachineConfigPool> = Api::all(client.clone());
     pools
         .create(&PostParams::default(), &pool("worker", &["worker"]))
         .await
@@ -886,19 +925,21 @@ async fn play_agents(nodes: &Api<MachineConfigNode>, g: i64, fail: bool) {
 /// unknown pool are errors.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pinset_rollout_follows_pauses_and_resumes_a_pool() {
-    let Some(server) = support::apiserver::ApiServer::start().await else {
+    let Some(Cluster {
+        server,
+        client,
+        pools,
+        sets,
+        nodes,
+    }) = cluster().await
+    else {
         return;
     };
-    server.install_crds().await;
-    let client = server.client().await;
     let kc = server.kubeconfig.display().to_string();
     let cli = |args: &'static [&'static str]| {
         let kc = kc.clone();
         tokio::task::spawn_blocking(move || rollout_cli(&kc, args))
     };
-    let pools: Api<pinset_k8s::api::MachineConfigPool> = Api::all(client.clone());
-    let sets: Api<PinnedImageSet> = Api::all(client.clone());
-    let nodes: Api<MachineConfigNode> = Api::all(client.clone());
     let pp = PostParams::default();
     pools
         .create(&pp, &pool("worker", &["worker"]))
@@ -1101,14 +1142,16 @@ async fn next_granted(nodes: &Api<MachineConfigNode>, names: &[&str], not: &[&st
 /// once (the deletion triggers the pool; the periodic resync would come minutes later).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_that_disappears_mid_rollout_frees_its_slot() {
-    let Some(server) = support::apiserver::ApiServer::start().await else {
+    let Some(Cluster {
+        server: _server,
+        client,
+        pools,
+        sets,
+        nodes,
+    }) = cluster().await
+    else {
         return;
     };
-    server.install_crds().await;
-    let client = server.client().await;
-    let pools: Api<pinset_k8s::api::MachineConfigPool> = Api::all(client.clone());
-    let sets: Api<PinnedImageSet> = Api::all(client.clone());
-    let nodes: Api<MachineConfigNode> = Api::all(client.clone());
     let pp = PostParams::default();
     pools
         .create(&pp, &pool("worker", &["worker"]))
