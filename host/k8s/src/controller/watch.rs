@@ -11,9 +11,11 @@ use std::time::Duration;
 
 /// The controller's answer to kube's `trigger_backoff`: none. Each watch already backs off on its
 /// own errors (`default_backoff`); the controller's default would add one more backoff, shared by
-/// every watch it merges and sleeping without reading any of them. One failing watch then stalls
+/// every watch it merges and sleeping without reading any of them. One failing watch then stalled
 /// the others for as long as its own growing delay (12.8 s and more after five errors, 30 s at
-/// most), and after an API server restart the errors of all three watches add up in it.
+/// most), and after an API server restart the errors of all three watches added up in it. The
+/// watches' errors now stop where they arrive ([`interrupted`]); this keeps one that ever gets
+/// through from sleeping them all.
 pub(super) struct OwnBackoffOnly;
 
 impl Iterator for OwnBackoffOnly {
