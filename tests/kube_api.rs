@@ -670,7 +670,8 @@ async fn a_failing_watch_does_not_stall_the_others() {
     else {
         return;
     };
-    let (stop, controller) = spawn_controller(&client);
+    let metrics = pinset_k8s::metrics::Metrics::new();
+    let (stop, controller) = spawn_controller_with(&client, metrics.clone());
     let sixty = Duration::from_secs(60);
     selects(&pools, "worker", &["w"], sixty).await.unwrap();
 
@@ -683,6 +684,11 @@ async fn a_failing_watch_does_not_stall_the_others() {
     if let Err(e) = selects(&pools, "worker", &["w", "w2"], Duration::from_secs(2)).await {
         panic!("w2 is not selected within 2 s while the node watch fails: {e:?}");
     }
+    // Each failure of the node watch counted under its kind (0.8 + 1.6 + 3.2 + 6.4 s of backoff
+    // fit in 25 s at the longest jitter), the healthy watches' none.
+    let count = |kind| metrics.watch_interruptions(kind);
+    assert!(count("MachineConfigNode") >= 4, "{}", metrics.encode());
+    assert_eq!(count("MachineConfigPool") + count("PinnedImageSet"), 0);
     stop_controller(stop, controller).await;
 }
 
@@ -854,10 +860,21 @@ fn spawn_controller(
     tokio_util::sync::CancellationToken,
     tokio::task::JoinHandle<()>,
 ) {
+    spawn_controller_with(client, pinset_k8s::metrics::Metrics::new())
+}
+
+/// [`spawn_controller`] with metrics the caller holds.
+fn spawn_controller_with(
+    client: &kube::Client,
+    metrics: pinset_k8s::metrics::Metrics,
+) -> (
+    tokio_util::sync::CancellationToken,
+    tokio::task::JoinHandle<()>,
+) {
     let stop = tokio_util::sync::CancellationToken::new();
     let controller = tokio::spawn(pinset_k8s::controller::run(
         client.clone(),
-        pinset_k8s::metrics::Metrics::new(),
+        metrics,
         default_fleet(),
         std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false)),
         stop.clone(),

@@ -71,6 +71,20 @@ pub fn watcher_config() -> kube::runtime::watcher::Config {
     kube::runtime::watcher::Config::default().any_semantic()
 }
 
+/// A watch of `K` was interrupted (it resumes on its own backoff): said once, naming the kind,
+/// and counted (`pinset_watch_interruptions_total{kind}`).
+pub(crate) fn watch_interrupted<K: kube::Resource<DynamicType = ()>>(
+    metrics: &metrics::Metrics,
+    error: &kube::runtime::watcher::Error,
+) {
+    let kind = match K::kind(&()) {
+        std::borrow::Cow::Borrowed(kind) => kind,
+        std::borrow::Cow::Owned(_) => "other",
+    };
+    tracing::warn!(kind, %error, "watch interrupted; resuming");
+    metrics.count_watch_interruption(kind);
+}
+
 /// Log filter `filter` with kube's client silenced unless it names it. The client logs each failed
 /// request itself (`ERROR failed with error client error (Connect)`) and each closed watch
 /// connection (`WARN eof in poll`); pinset reports the same failure where it handles it, once,

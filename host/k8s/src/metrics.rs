@@ -63,6 +63,7 @@ struct Inner {
     api_writes: Family<KindLabels, Counter>,
     api_write_conflicts: Family<KindLabels, Counter>,
     pin_drift: Family<KindLabels, Counter>,
+    watch_interruptions: Family<KindLabels, Counter>,
     node_sets: Family<StateLabels, Gauge>,
     last_success: Gauge<f64, AtomicU64>,
     build_info: Family<BuildLabels, Gauge>,
@@ -160,6 +161,11 @@ impl Metrics {
             "pin_drift",
             "Pins found lost behind pinset's back and repaired (kind: image-deleted, pin-removed, dropin-deleted, dropin-edited)",
         );
+        let watch_interruptions = kind_counter(
+            r,
+            "watch_interruptions",
+            "Watches interrupted and resumed (kind: MachineConfigPool, PinnedImageSet, MachineConfigNode)",
+        );
         let (node_sets, last_success, build_info) = Self::register_gauges(&mut registry);
         let rollout = Self::register_rollout(&mut registry);
         Self {
@@ -176,6 +182,7 @@ impl Metrics {
                 api_writes,
                 api_write_conflicts,
                 pin_drift,
+                watch_interruptions,
                 node_sets,
                 last_success,
                 build_info,
@@ -425,6 +432,22 @@ impl Metrics {
     pub fn api_write_conflicts(&self, kind: &'static str) -> u64 {
         self.inner
             .api_write_conflicts
+            .get_or_create(&KindLabels { kind })
+            .get()
+    }
+
+    /// A watch of `kind` (a Kubernetes kind) was interrupted and resumes.
+    pub fn count_watch_interruption(&self, kind: &'static str) {
+        self.inner
+            .watch_interruptions
+            .get_or_create(&KindLabels { kind })
+            .inc();
+    }
+
+    /// Interruptions so far of the watches of `kind`.
+    pub fn watch_interruptions(&self, kind: &'static str) -> u64 {
+        self.inner
+            .watch_interruptions
             .get_or_create(&KindLabels { kind })
             .get()
     }

@@ -182,18 +182,21 @@ impl<S: Sizer + 'static, B: PinBackend> Agent<S, B> {
             self.client.clone(),
             crate::watcher_config(),
             changes.clone(),
+            self.metrics.clone(),
             shutdown.clone(),
         );
         let sets = watch::spawn_reflector::<PinnedImageSet>(
             self.client.clone(),
             crate::watcher_config(),
             changes.clone(),
+            self.metrics.clone(),
             shutdown.clone(),
         );
         let own = watch::spawn_reflector::<MachineConfigNode>(
             self.client.clone(),
             crate::watcher_config().fields(&format!("metadata.name={}", self.config.node_name)),
             changes,
+            self.metrics.clone(),
             shutdown.clone(),
         );
         tokio::select! {

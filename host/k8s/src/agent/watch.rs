@@ -151,6 +151,7 @@ pub(super) fn spawn_reflector<K>(
     client: Client,
     config: watcher::Config,
     changes: watch::Sender<u64>,
+    metrics: crate::metrics::Metrics,
     shutdown: CancellationToken,
 ) -> Store<K>
 where
@@ -177,9 +178,7 @@ where
             };
             match next {
                 None => return,
-                Some(Err(e)) => {
-                    tracing::warn!(kind = %K::kind(&()), error = %e, "watch interrupted; resuming")
-                }
+                Some(Err(e)) => crate::watch_interrupted::<K>(&metrics, &e),
                 Some(Ok(_)) => changes.send_modify(|n| *n += 1),
             }
         }

@@ -197,42 +197,20 @@ pub async fn run(
     let pools_api: Api<MachineConfigPool> = Api::all(client.clone());
     let sets_api: Api<PinnedImageSet> = Api::all(client.clone());
     let nodes_api: Api<MachineConfigNode> = Api::all(client.clone());
-    let config = watcher_config();
-
-    let (sets_reader, sets_writer) = reflector::store();
     // A pool cares about a set's labels and spec (its generation), not its status; about a
-    // node's report, not its progress.
-    let sets_stream = watch::changed_objects(
-        watcher(sets_api.clone(), config.clone())
-            .default_backoff()
-            .modify(crate::strip_managed_fields)
-            .reflect(sets_writer),
-        |s: &PinnedImageSet| (s.metadata.generation, s.labels().clone()),
-    );
-    let (nodes_reader, nodes_writer) = reflector::store();
-    let nodes_stream = watch::changed_objects(
-        watcher(nodes_api, config.clone())
-            .default_backoff()
-            .modify(crate::strip_managed_fields)
-            .reflect(nodes_writer),
-        node_change,
-    );
-    let (pools_reader, pools_writer) = reflector::store();
-    // A pool is reconciled for its spec, labels and annotations (the rollout ceiling), not for
-    // the status this controller writes.
-    let pools_stream = watch::changed_objects(
-        watcher(pools_api, config.clone())
-            .default_backoff()
-            .modify(crate::strip_managed_fields)
-            .reflect(pools_writer),
-        |p: &MachineConfigPool| {
-            (
-                p.metadata.generation,
-                p.labels().clone(),
-                p.annotations().clone(),
-            )
-        },
-    );
+    // node's report, not its progress; about its own spec, labels and annotations (the rollout
+    // ceiling), not the status this controller writes.
+    let set_change = |s: &PinnedImageSet| (s.metadata.generation, s.labels().clone());
+    let (sets_reader, sets_stream) =
+        watch::cached_changes(sets_api.clone(), set_change, metrics.clone());
+    let (nodes_reader, nodes_stream) =
+        watch::cached_changes(nodes_api, node_change, metrics.clone());
+    let pool_change = |p: &MachineConfigPool| {
+        let m = &p.metadata;
+        (m.generation, p.labels().clone(), p.annotations().clone())
+    };
+    let (pools_reader, pools_stream) =
+        watch::cached_changes(pools_api, pool_change, metrics.clone());
     let (set_triggers, set_trigger_rx) = mpsc::unbounded_channel();
     let (pool_triggers, pool_trigger_rx) = mpsc::unbounded_channel();
     let (synced_tx, synced) = tokio::sync::watch::channel(false);
@@ -310,14 +288,15 @@ async fn run_sets(
     shutdown: CancellationToken,
 ) {
     let (reader, writer) = reflector::store();
+    let metrics = ctx.metrics.clone();
     let own_sets = watcher(sets_api, watcher_config())
         .default_backoff()
         .modify(crate::strip_managed_fields)
         .reflect(writer)
         .applied_objects()
-        .filter(|event| {
+        .filter(move |event| {
             if let Err(e) = event {
-                watch::interrupted::<PinnedImageSet>(e);
+                crate::watch_interrupted::<PinnedImageSet>(&metrics, e);
             }
             std::future::ready(event.is_ok())
         });

@@ -1,11 +1,13 @@
 //! The controller's watch streams: only the changes a reconciler cares about (its caches drop
 //! `managedFields` through [`crate::strip_managed_fields`]).
 
+use crate::metrics::Metrics;
 use futures::StreamExt;
 use kube::ResourceExt;
 use kube::runtime::controller::Action;
 use kube::runtime::reflector::ObjectRef;
-use kube::runtime::watcher;
+use kube::runtime::reflector::{self, Store};
+use kube::runtime::{WatchStreamExt, watcher};
 use std::collections::HashMap;
 use std::time::Duration;
 
@@ -14,7 +16,7 @@ use std::time::Duration;
 /// every watch it merges and sleeping without reading any of them. One failing watch then stalled
 /// the others for as long as its own growing delay (12.8 s and more after five errors, 30 s at
 /// most), and after an API server restart the errors of all three watches added up in it. The
-/// watches' errors now stop where they arrive ([`interrupted`]); this keeps one that ever gets
+/// watches' errors now stop where they arrive ([`changed_objects`]); this keeps one that ever gets
 /// through from sleeping them all.
 pub(super) struct OwnBackoffOnly;
 
@@ -30,17 +32,41 @@ impl kube::runtime::utils::Backoff for OwnBackoffOnly {
     fn reset(&mut self) {}
 }
 
-/// A watch's error, logged once with the kind it watches. The watch retries on its own backoff;
-/// the controller gets nothing from it, so it is not passed on.
-pub(super) fn interrupted<K: kube::Resource<DynamicType = ()>>(error: &watcher::Error) {
-    tracing::warn!(kind = %K::kind(&()), %error, "watch interrupted; resuming");
+/// A watch of every `K`, kept in a new cache without `managedFields` and retried on its own
+/// backoff: the cache, and the objects whose `key` changed ([`changed_objects`]).
+pub(super) fn cached_changes<K, T>(
+    api: kube::Api<K>,
+    key: impl Fn(&K) -> T + Send + 'static,
+    metrics: Metrics,
+) -> (
+    Store<K>,
+    impl futures::Stream<Item = Result<K, watcher::Error>> + Send,
+)
+where
+    K: kube::Resource<DynamicType = ()>
+        + Clone
+        + std::fmt::Debug
+        + serde::de::DeserializeOwned
+        + Send
+        + Sync
+        + 'static,
+    T: PartialEq + Send + 'static,
+{
+    let (reader, writer) = reflector::store();
+    let events = watcher(api, crate::watcher_config())
+        .default_backoff()
+        .modify(crate::strip_managed_fields)
+        .reflect(writer);
+    (reader, changed_objects(events, key, metrics))
 }
 
-/// The objects of a watch whose `key` changed since they were last seen, and every deletion;
-/// its errors logged ([`interrupted`]).
-pub(super) fn changed_objects<K, T, S>(
+/// The objects of a watch whose `key` changed since they were last seen, and every deletion.
+/// Its errors stop here, said and counted ([`crate::watch_interrupted`]): the watch retries on
+/// its own backoff and the controller has nothing to do with them.
+fn changed_objects<K, T, S>(
     events: S,
     key: impl Fn(&K) -> T + Send + 'static,
+    metrics: Metrics,
 ) -> impl futures::Stream<Item = Result<K, watcher::Error>> + Send
 where
     K: kube::Resource<DynamicType = ()> + Send + 'static,
@@ -51,7 +77,7 @@ where
     events.flat_map(move |event| {
         let out: Vec<Result<K, watcher::Error>> = match event {
             Err(e) => {
-                interrupted::<K>(&e);
+                crate::watch_interrupted::<K>(&metrics, &e);
                 vec![]
             }
             Ok(watcher::Event::Apply(o) | watcher::Event::InitApply(o)) => {
@@ -75,7 +101,7 @@ where
 }
 
 /// Reconcile errors are logged by the error policy, watch errors where they arrive
-/// ([`interrupted`]); here the controller's own.
+/// ([`changed_objects`]); here the controller's own.
 pub(super) fn log_outcome<K, E: std::error::Error, W: std::error::Error>(
     outcome: Result<(ObjectRef<K>, Action), kube::runtime::controller::Error<E, W>>,
 ) -> std::future::Ready<()>
