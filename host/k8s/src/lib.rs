@@ -71,6 +71,50 @@ pub fn watcher_config() -> kube::runtime::watcher::Config {
     kube::runtime::watcher::Config::default().any_semantic()
 }
 
+/// What pinset watches: its own kinds, read whole.
+pub(crate) trait Watched:
+    kube::Resource<DynamicType = ()>
+    + Clone
+    + std::fmt::Debug
+    + serde::de::DeserializeOwned
+    + Send
+    + Sync
+    + 'static
+{
+}
+
+impl<K> Watched for K where
+    K: kube::Resource<DynamicType = ()>
+        + Clone
+        + std::fmt::Debug
+        + serde::de::DeserializeOwned
+        + Send
+        + Sync
+        + 'static
+{
+}
+
+/// Every watch of pinset's: the objects of `api` that `config` selects, kept in a new cache
+/// without `managedFields`, retried on the watch's own backoff (0.8 s doubling to 30 s). The
+/// cache, and the watch's events once the cache has taken them.
+pub(crate) fn cached_watch<K: Watched>(
+    api: kube::Api<K>,
+    config: kube::runtime::watcher::Config,
+) -> (
+    kube::runtime::reflector::Store<K>,
+    impl futures::Stream<Item = kube::runtime::watcher::Result<kube::runtime::watcher::Event<K>>>
+    + Send
+    + 'static,
+) {
+    use kube::runtime::WatchStreamExt;
+    let (reader, writer) = kube::runtime::reflector::store();
+    let events = kube::runtime::watcher(api, config)
+        .default_backoff()
+        .modify(strip_managed_fields)
+        .reflect(writer);
+    (reader, events)
+}
+
 /// A watch of `K` was interrupted (it resumes on its own backoff): said once, naming the kind,
 /// and counted (`pinset_watch_interruptions_total{kind}`).
 pub(crate) fn watch_interrupted<K: kube::Resource<DynamicType = ()>>(

@@ -13,8 +13,8 @@ use crate::api::{
 use crate::convert::{self, ConvertError};
 use futures::StreamExt;
 use kube::api::{Api, Patch, PatchParams};
-use kube::runtime::reflector::{self, ObjectRef};
-use kube::runtime::{WatchStreamExt, watcher};
+use kube::runtime::reflector::ObjectRef;
+use kube::runtime::watcher;
 use kube::{Client, ResourceExt};
 use pinset_core::pool::{self, PoolError};
 use pinset_core::rollout::{self, PAUSED_ANNOTATION, Standing};
@@ -266,32 +266,21 @@ pub async fn follow(
     pool: &str,
     mut on_change: impl FnMut(&RolloutStatus) -> bool,
 ) -> Result<RolloutStatus, RolloutError> {
-    let (pools, pools_writer) = reflector::store();
-    let (sets, sets_writer) = reflector::store();
-    let (nodes, nodes_writer) = reflector::store();
     let pool_config = crate::watcher_config().fields(&format!("metadata.name={pool}"));
+    let (pools, pools_events) =
+        crate::cached_watch(Api::<MachineConfigPool>::all(client.clone()), pool_config);
+    let (sets, sets_events) = crate::cached_watch(
+        Api::<PinnedImageSet>::all(client.clone()),
+        crate::watcher_config(),
+    );
+    let (nodes, nodes_events) = crate::cached_watch(
+        Api::<MachineConfigNode>::all(client),
+        crate::watcher_config(),
+    );
     let mut events = futures::stream::select_all([
-        cached(
-            watcher(Api::<MachineConfigPool>::all(client.clone()), pool_config),
-            pools_writer,
-            "MachineConfigPool",
-        ),
-        cached(
-            watcher(
-                Api::<PinnedImageSet>::all(client.clone()),
-                crate::watcher_config(),
-            ),
-            sets_writer,
-            "PinnedImageSets",
-        ),
-        cached(
-            watcher(
-                Api::<MachineConfigNode>::all(client),
-                crate::watcher_config(),
-            ),
-            nodes_writer,
-            "MachineConfigNodes",
-        ),
+        labelled(pools_events, "MachineConfigPool"),
+        labelled(sets_events, "PinnedImageSets"),
+        labelled(nodes_events, "MachineConfigNodes"),
     ]);
     let mut lists = Lists::default();
     let mut last: Option<RolloutStatus> = None;
@@ -339,16 +328,12 @@ type Cached = futures::stream::BoxStream<
     Result<(&'static str, bool), (&'static str, watcher::Error)>,
 >;
 
-/// `events` kept in `writer`'s cache (without `managedFields`), retried with backoff.
-fn cached<K, S>(events: S, writer: reflector::store::Writer<K>, what: &'static str) -> Cached
+/// A cached watch's events ([`crate::cached_watch`]) as the follow needs them.
+fn labelled<K, S>(events: S, what: &'static str) -> Cached
 where
-    K: kube::Resource<DynamicType = ()> + Clone + Send + Sync + 'static,
     S: futures::Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send + 'static,
 {
     events
-        .default_backoff()
-        .modify(crate::strip_managed_fields)
-        .reflect(writer)
         .map(move |e| {
             e.map(|e| (what, matches!(e, watcher::Event::InitDone)))
                 .map_err(|err| (what, err))

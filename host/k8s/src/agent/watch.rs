@@ -6,10 +6,10 @@ use crate::api::{MachineConfigNode, MachineConfigPool, PinnedImageSet};
 use crate::convert;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Node;
+use kube::Client;
 use kube::api::Api;
-use kube::runtime::reflector::{self, ObjectRef, Store};
-use kube::runtime::{WatchStreamExt, watcher};
-use kube::{Client, Resource};
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::watcher;
 use pinset_core::desired::{self, Desired, NodeInfo};
 use pinset_core::rollout::RolloutGrant;
 use std::time::Duration;
@@ -147,28 +147,14 @@ fn stamp(config: &AgentConfig) -> Option<std::time::SystemTime> {
         .and_then(|f| std::fs::metadata(f).and_then(|m| m.modified()).ok())
 }
 
-pub(super) fn spawn_reflector<K>(
+pub(super) fn spawn_reflector<K: crate::Watched>(
     client: Client,
     config: watcher::Config,
     changes: watch::Sender<u64>,
     metrics: crate::metrics::Metrics,
     shutdown: CancellationToken,
-) -> Store<K>
-where
-    K: Resource<DynamicType = ()>
-        + Clone
-        + std::fmt::Debug
-        + serde::de::DeserializeOwned
-        + Send
-        + Sync
-        + 'static,
-{
-    let (reader, writer) = reflector::store();
-    let api: Api<K> = Api::all(client);
-    let stream = watcher(api, config)
-        .default_backoff()
-        .modify(crate::strip_managed_fields)
-        .reflect(writer);
+) -> Store<K> {
+    let (reader, stream) = crate::cached_watch(Api::<K>::all(client), config);
     tokio::spawn(async move {
         let mut stream = std::pin::pin!(stream);
         loop {

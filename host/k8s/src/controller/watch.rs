@@ -6,8 +6,8 @@ use futures::StreamExt;
 use kube::ResourceExt;
 use kube::runtime::controller::Action;
 use kube::runtime::reflector::ObjectRef;
-use kube::runtime::reflector::{self, Store};
-use kube::runtime::{WatchStreamExt, watcher};
+use kube::runtime::reflector::Store;
+use kube::runtime::watcher;
 use std::collections::HashMap;
 use std::time::Duration;
 
@@ -34,29 +34,15 @@ impl kube::runtime::utils::Backoff for OwnBackoffOnly {
 
 /// A watch of every `K`, kept in a new cache without `managedFields` and retried on its own
 /// backoff: the cache, and the objects whose `key` changed ([`changed_objects`]).
-pub(super) fn cached_changes<K, T>(
+pub(super) fn cached_changes<K: crate::Watched, T: PartialEq + Send + 'static>(
     api: kube::Api<K>,
     key: impl Fn(&K) -> T + Send + 'static,
     metrics: Metrics,
 ) -> (
     Store<K>,
     impl futures::Stream<Item = Result<K, watcher::Error>> + Send,
-)
-where
-    K: kube::Resource<DynamicType = ()>
-        + Clone
-        + std::fmt::Debug
-        + serde::de::DeserializeOwned
-        + Send
-        + Sync
-        + 'static,
-    T: PartialEq + Send + 'static,
-{
-    let (reader, writer) = reflector::store();
-    let events = watcher(api, crate::watcher_config())
-        .default_backoff()
-        .modify(crate::strip_managed_fields)
-        .reflect(writer);
+) {
+    let (reader, events) = crate::cached_watch(api, crate::watcher_config());
     (reader, changed_objects(events, key, metrics))
 }
 
