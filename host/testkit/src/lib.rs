@@ -534,7 +534,7 @@ pub fn policy_dir() -> PathBuf {
 /// client only when the filter names it, as `pinset` does.
 pub fn init_logging(filter: &str) {
     let filter = tracing_subscriber::EnvFilter::try_new(pinset_k8s::quiet_client(filter))
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(pinset_k8s::quiet_client("warn")));
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)

@@ -26,9 +26,9 @@ use crate::metrics::Metrics;
 use crate::watcher_config;
 use futures::StreamExt;
 use kube::api::Api;
+use kube::runtime::WatchStreamExt;
 use kube::runtime::controller::{Action, Controller};
-use kube::runtime::reflector::{self, ObjectRef, Store};
-use kube::runtime::{WatchStreamExt, watcher};
+use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Client, ResourceExt};
 use std::collections::HashMap;
 use std::sync::atomic::AtomicBool;
@@ -287,19 +287,14 @@ async fn run_sets(
     ctx: Arc<Context>,
     shutdown: CancellationToken,
 ) {
-    let (reader, writer) = reflector::store();
     let metrics = ctx.metrics.clone();
-    let own_sets = watcher(sets_api, watcher_config())
-        .default_backoff()
-        .modify(crate::strip_managed_fields)
-        .reflect(writer)
-        .applied_objects()
-        .filter(move |event| {
-            if let Err(e) = event {
-                crate::watch_interrupted::<PinnedImageSet>(&metrics, e);
-            }
-            std::future::ready(event.is_ok())
-        });
+    let (reader, events) = crate::cached_watch(sets_api, watcher_config());
+    let own_sets = events.applied_objects().filter(move |event| {
+        if let Err(e) = event {
+            crate::watch_interrupted::<PinnedImageSet>(&metrics, e);
+        }
+        std::future::ready(event.is_ok())
+    });
     Controller::for_stream(own_sets, reader)
         .with_config(limits(SET_CONCURRENCY))
         .trigger_backoff(watch::OwnBackoffOnly)
