@@ -4,7 +4,7 @@
 
 use crate::{Fallback, Hook, MAX_CONCURRENCY, Observer, PolicyError, validate};
 use pinset_policy_default::DefaultFleet;
-use pinset_policy_sdk::{Fleet, Grant, PolicyInfo, RolloutRequest};
+use pinset_policy_sdk::{Fleet, Grant, PolicyInfo, Rollout, RolloutRequest};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -12,7 +12,13 @@ use std::time::Instant;
 pub trait FleetInstance: Send {
     fn name(&self) -> &str;
     fn info(&mut self) -> Result<PolicyInfo, PolicyError>;
-    fn grant(&mut self, request: &RolloutRequest) -> Result<Grant, PolicyError>;
+    /// Which nodes of the pool may pull now, the request given as the columns both a module
+    /// and the native policies read.
+    fn grant_rollout(&mut self, rollout: &Rollout) -> Result<Grant, PolicyError>;
+    /// The same for a request as the controller builds it, its columns built here.
+    fn grant(&mut self, request: &RolloutRequest) -> Result<Grant, PolicyError> {
+        self.grant_rollout(&Rollout::from(request))
+    }
 }
 
 /// A fleet policy compiled into pinset. Its calls cannot fail.
@@ -43,8 +49,8 @@ impl FleetInstance for NativeFleet {
     fn info(&mut self) -> Result<PolicyInfo, PolicyError> {
         Ok(self.fleet.info())
     }
-    fn grant(&mut self, request: &RolloutRequest) -> Result<Grant, PolicyError> {
-        Ok(self.fleet.grant(&request.into()))
+    fn grant_rollout(&mut self, rollout: &Rollout) -> Result<Grant, PolicyError> {
+        Ok(self.fleet.grant(rollout))
     }
 }
 
@@ -88,10 +94,12 @@ impl GuardedFleet {
         self
     }
 
-    /// Which nodes of `request`'s pool may pull now. Never fails.
+    /// Which nodes of `request`'s pool may pull now. Never fails. The request's columns are
+    /// built once, for the primary policy and, when its answer is not used, the fallback.
     pub fn grant(&mut self, request: &RolloutRequest) -> Decided {
+        let rollout = Rollout::from(request);
         let started = Instant::now();
-        let answer = self.primary.grant(request);
+        let answer = self.primary.grant_rollout(&rollout);
         if let Some(o) = &self.observer {
             o.policy_call(Hook::Grant, started.elapsed());
         }
@@ -120,7 +128,7 @@ impl GuardedFleet {
         }
         let mut reference = NativeFleet::reference();
         let grant = reference
-            .grant(request)
+            .grant_rollout(&rollout)
             .expect("the native default fleet policy cannot fail");
         Decided {
             grant,
@@ -161,8 +169,24 @@ mod tests {
         fn info(&mut self) -> Result<PolicyInfo, PolicyError> {
             Ok(PolicyInfo::new("answer", "0", ""))
         }
-        fn grant(&mut self, _: &RolloutRequest) -> Result<Grant, PolicyError> {
+        fn grant_rollout(&mut self, _: &Rollout) -> Result<Grant, PolicyError> {
             Ok(self.0.clone())
+        }
+    }
+
+    /// Answers out of range, keeping the columns it was asked with.
+    struct Recording(std::sync::Arc<std::sync::Mutex<Option<Rollout>>>);
+
+    impl FleetInstance for Recording {
+        fn name(&self) -> &str {
+            "test:recording"
+        }
+        fn info(&mut self) -> Result<PolicyInfo, PolicyError> {
+            Ok(PolicyInfo::new("recording", "0", ""))
+        }
+        fn grant_rollout(&mut self, rollout: &Rollout) -> Result<Grant, PolicyError> {
+            *self.0.lock().unwrap() = Some(rollout.clone());
+            Ok(Grant::new(vec![99], "x"))
         }
     }
 
@@ -210,5 +234,24 @@ mod tests {
             assert_eq!(d.grant.nodes, vec![0], "the default's canary");
             assert_eq!(d.policy, "builtin:default-fleet");
         }
+    }
+
+    #[test]
+    fn the_module_and_the_fallback_decide_on_the_columns_of_the_request() {
+        let mut request = request(5, None);
+        request.nodes[0].phase = Phase::Done;
+        request.nodes[2].labels = vec![("zone".into(), "b".into())];
+        let asked = std::sync::Arc::new(std::sync::Mutex::new(None));
+        let d = GuardedFleet::new(Box::new(Recording(asked.clone()))).grant(&request);
+        let asked = asked.lock().unwrap().take().expect("the module was asked");
+        assert_eq!(asked, Rollout::from(&request));
+        assert!(d.fallback.is_some());
+        let native = NativeFleet::reference().grant(&request).unwrap();
+        assert_eq!(d.grant, native);
+        assert_eq!(
+            d.grant.nodes,
+            vec![1],
+            "one at a time, the first node waiting"
+        );
     }
 }

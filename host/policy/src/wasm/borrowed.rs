@@ -138,19 +138,7 @@ impl BorrowedHooks {
         module: &str,
         interface: &str,
     ) -> Result<Self, LoadError> {
-        let missing = |what: &str| LoadError::Contract {
-            module: module.into(),
-            expected: interface.into(),
-            found: format!("no `{what}` export"),
-        };
-        let iface = component
-            .get_export_index(None, interface)
-            .ok_or_else(|| missing(interface))?;
-        let func = |name: &str| {
-            component
-                .get_export_index(Some(&iface), name)
-                .ok_or_else(|| missing(name))
-        };
+        let func = |name: &str| export_index(component, module, interface, name);
         Ok(Self {
             admit: func("admit")?,
             order: func("order")?,
@@ -199,8 +187,29 @@ impl BorrowedHooks {
     }
 }
 
+/// Where function `name` of `interface` (`package/interface@version`) is among `component`'s
+/// exports. The generated bindings have checked that it exists by the time this is asked.
+pub(super) fn export_index(
+    component: &Component,
+    module: &str,
+    interface: &str,
+    name: &str,
+) -> Result<ComponentExportIndex, LoadError> {
+    let missing = |what: &str| LoadError::Contract {
+        module: module.into(),
+        expected: interface.into(),
+        found: format!("no `{what}` export"),
+    };
+    let iface = component
+        .get_export_index(None, interface)
+        .ok_or_else(|| missing(interface))?;
+    component
+        .get_export_index(Some(&iface), name)
+        .ok_or_else(|| missing(name))
+}
+
 /// Call export `func` of `instance`, its types checked against `P` and `R`.
-fn call<P, R>(
+pub(super) fn call<P, R>(
     mut store: impl AsContextMut,
     instance: &Instance,
     func: ComponentExportIndex,

@@ -1,10 +1,12 @@
 //! Fleet modules (`wit/fleet/fleet.wit`): loading, and one call of the `grant` hook in a fresh
 //! instance under the module's deadline and memory cap.
 
+use super::borrowed::{call, export_index};
 use super::bounded;
 use super::engine::Ticker;
 use super::engine::WasmRuntime;
 use super::fleet_bindings as fb;
+use super::fleet_columns::Converted;
 use super::instance::{
     MAX_DESCRIPTION_BYTES, MAX_NAME_BYTES, MAX_REASON_BYTES, classify, deadline_ticks,
 };
@@ -15,6 +17,7 @@ use crate::{Hook, LoadError, PolicyError};
 use pinset_policy_sdk as sdk;
 use std::sync::Arc;
 use wasmtime::Engine;
+use wasmtime::component::{ComponentExportIndex, Instance, InstancePre};
 
 /// The exported interface (and version) the controller calls.
 pub const FLEET_CONTRACT: &str = "pinset:fleet/rollout@0.2.0";
@@ -22,7 +25,10 @@ pub const FLEET_CONTRACT: &str = "pinset:fleet/rollout@0.2.0";
 struct FleetShared {
     name: String,
     sha256: String,
-    pre: fb::FleetPolicyPre<State>,
+    pre: InstancePre<State>,
+    /// The contract's functions among the module's exports, found once.
+    info: ComponentExportIndex,
+    grant: ComponentExportIndex,
     engine: Engine,
     limits: Limits,
     _ticker: Arc<Ticker>,
@@ -43,10 +49,7 @@ impl FleetModule {
     }
     /// The interfaces the module imports, sorted (`pinset policy info`).
     pub fn imports(&self) -> Vec<String> {
-        super::module::imports(
-            &self.shared.engine,
-            self.shared.pre.instance_pre().component(),
-        )
+        super::module::imports(&self.shared.engine, self.shared.pre.component())
     }
     /// An instance for one decision: each call runs in a fresh store.
     pub fn instance(&self) -> WasmFleet {
@@ -81,12 +84,18 @@ impl WasmRuntime {
     /// Check a compiled module's fleet contract and pre-instantiate it.
     pub fn fleet_module(&self, compiled: &CompiledModule) -> Result<FleetModule, LoadError> {
         let name = &compiled.name;
-        let pre = fb::FleetPolicyPre::new(self.bind(compiled, FLEET_CONTRACT)?)
+        let pre = self.bind(compiled, FLEET_CONTRACT)?;
+        // The generated bindings' check of the contract's exports (their instances are not used:
+        // the request is lowered borrowed, see `fleet_columns`).
+        fb::FleetPolicyPre::new(pre.clone())
             .map_err(|e| super::module::incompatible(name, FLEET_CONTRACT, e))?;
+        let func = |f: &str| export_index(&compiled.component, name, FLEET_CONTRACT, f);
         Ok(FleetModule {
             shared: Arc::new(FleetShared {
                 name: name.clone(),
                 sha256: compiled.sha256.clone(),
+                info: func("info")?,
+                grant: func("grant")?,
                 pre,
                 engine: self.engine.clone(),
                 limits: compiled.limits,
@@ -105,7 +114,7 @@ impl WasmFleet {
     fn call<R>(
         &mut self,
         hook: Hook,
-        f: impl FnOnce(&mut wasmtime::Store<State>, &fb::FleetPolicy) -> wasmtime::Result<R>,
+        f: impl FnOnce(&mut wasmtime::Store<State>, &Instance) -> wasmtime::Result<R>,
     ) -> Result<R, PolicyError> {
         let s = &self.shared;
         let mut store = new_store(&s.engine, &s.name, s.limits, Arc::new(LogBudget::default()));
@@ -124,7 +133,9 @@ impl FleetInstance for WasmFleet {
     }
 
     fn info(&mut self) -> Result<sdk::PolicyInfo, PolicyError> {
-        let i = self.call(Hook::Info, |s, p| p.pinset_fleet_rollout().call_info(s))?;
+        let info = self.shared.info;
+        let i: fb::pinset::fleet::types::PolicyInfo =
+            self.call(Hook::Info, |s, instance| call(s, instance, info, ()))?;
         Ok(sdk::PolicyInfo {
             name: bounded(&i.name, MAX_NAME_BYTES),
             version: bounded(&i.version, MAX_NAME_BYTES),
@@ -132,10 +143,12 @@ impl FleetInstance for WasmFleet {
         })
     }
 
-    fn grant(&mut self, request: &sdk::RolloutRequest) -> Result<sdk::Grant, PolicyError> {
-        let request = super::fleet_columns::request(request);
-        let g = self.call(Hook::Grant, |s, p| {
-            p.pinset_fleet_rollout().call_grant(s, &request)
+    fn grant_rollout(&mut self, rollout: &sdk::Rollout) -> Result<sdk::Grant, PolicyError> {
+        let converted = Converted::of(rollout);
+        let request = converted.request(rollout);
+        let grant = self.shared.grant;
+        let g: fb::pinset::fleet::types::RolloutGrant = self.call(Hook::Grant, |s, instance| {
+            call(s, instance, grant, (request,))
         })?;
         Ok(sdk::Grant {
             nodes: g.nodes,

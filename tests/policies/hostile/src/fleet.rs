@@ -27,8 +27,12 @@ impl Fleet for HostileFleet {
             }
             Some("alloc") => {
                 let mut hoard: Vec<Vec<u8>> = Vec::new();
+                // 8 MiB blocks, one byte written in each: the memory cap is met within a few grows,
+                // however busy the machine (filling every byte once outlasted the 100 ms deadline).
                 loop {
-                    hoard.push(vec![1u8; 1 << 20]);
+                    let mut block = Vec::with_capacity(8 << 20);
+                    block.push(1u8);
+                    hoard.push(block);
                     std::hint::black_box(&hoard);
                 }
             }
@@ -73,7 +77,7 @@ impl Fleet for HostileFleet {
                 }
             }
             Some("giant-reason") => Grant {
-                reason: "z\n".repeat(12 << 20),
+                reason: "z\n".repeat(2 << 20),
                 ..default::grant(request)
             },
             Some("log-flood") => {

@@ -31,8 +31,12 @@ fn misbehave(node: &NodeFacts) -> Option<&str> {
         }
         "alloc" => {
             let mut hoard: Vec<Vec<u8>> = Vec::new();
+            // 8 MiB blocks, one byte written in each: the memory cap is met within a few grows,
+            // however busy the machine (filling every byte once outlasted the 100 ms deadline).
             loop {
-                hoard.push(vec![1u8; 1 << 20]);
+                let mut block = Vec::with_capacity(8 << 20);
+                block.push(1u8);
+                hoard.push(block);
                 std::hint::black_box(&hoard);
             }
         }
@@ -83,7 +87,7 @@ impl Policy for Hostile {
     fn admit(&self, request: &AdmissionRequest) -> Admission {
         match misbehave(&request.node) {
             Some("bad-subset") => Admission::admit_some(vec![0, 9_999], "names an unknown image"),
-            Some("giant-reason") => Admission::reject("z\n".repeat(12 << 20)),
+            Some("giant-reason") => Admission::reject("z\n".repeat(2 << 20)),
             _ => DefaultPolicy.admit(request),
         }
     }
