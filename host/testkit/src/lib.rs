@@ -380,16 +380,27 @@ impl Containerd {
         Some(c)
     }
 
+    /// Until containerd's CRI image service answers: its socket accepts connections before the
+    /// CRI plugin has started, and calls until then fail with "server is not initialized yet".
     fn wait_ready(&self) {
         let deadline = Instant::now() + Duration::from_secs(15);
-        while std::os::unix::net::UnixStream::connect(&self.socket).is_err() {
-            assert!(
-                Instant::now() < deadline,
-                "containerd did not serve {} within 15 s: {}",
+        let endpoint = self.endpoint();
+        // On a thread of its own: this may be called from inside a test's async runtime.
+        let answered = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("a test runtime");
+            runtime.block_on(cri_answers(endpoint, deadline))
+        })
+        .join()
+        .expect("the readiness probe does not panic");
+        if let Err(last) = answered {
+            panic!(
+                "containerd's CRI did not answer on {} within 15 s ({last}): {}",
                 self.socket.display(),
                 self.log()
             );
-            std::thread::sleep(Duration::from_millis(20));
         }
     }
 
@@ -421,6 +432,24 @@ impl Containerd {
             .arg(&self.socket)
             .args(["--namespace", namespace]);
         c
+    }
+}
+
+/// Ask `ListImages` on `endpoint` every 20 ms until it answers (the last failure when `deadline`
+/// passes first).
+async fn cri_answers(endpoint: String, deadline: Instant) -> Result<(), String> {
+    use pinset_node::cri::client::{CriClient, CriConfig};
+    let client = CriClient::new(CriConfig {
+        endpoint,
+        ..Default::default()
+    })
+    .map_err(|e| e.to_string())?;
+    loop {
+        match client.list_images().await {
+            Ok(_) => return Ok(()),
+            Err(e) if Instant::now() >= deadline => return Err(e.to_string()),
+            Err(_) => tokio::time::sleep(Duration::from_millis(20)).await,
+        }
     }
 }
 
