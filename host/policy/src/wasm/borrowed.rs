@@ -188,7 +188,7 @@ impl BorrowedHooks {
 }
 
 /// Where function `name` of `interface` (`package/interface@version`) is among `component`'s
-/// exports. The generated bindings have checked that it exists by the time this is asked.
+/// exports; a contract error naming what is missing when it is not there.
 pub(super) fn export_index(
     component: &Component,
     module: &str,
