@@ -160,7 +160,20 @@ mod tests {
     use super::*;
     use pinset_policy_sdk::{FleetNode, FleetPool, Phase};
 
-    struct Answer(Grant);
+    /// Answers `grant` whatever it is asked, keeping the columns it was asked with.
+    struct Answer {
+        grant: Grant,
+        asked: Arc<std::sync::Mutex<Option<Rollout>>>,
+    }
+
+    impl Answer {
+        fn new(grant: Grant) -> Self {
+            Self {
+                grant,
+                asked: Arc::default(),
+            }
+        }
+    }
 
     impl FleetInstance for Answer {
         fn name(&self) -> &str {
@@ -169,24 +182,9 @@ mod tests {
         fn info(&mut self) -> Result<PolicyInfo, PolicyError> {
             Ok(PolicyInfo::new("answer", "0", ""))
         }
-        fn grant_rollout(&mut self, _: &Rollout) -> Result<Grant, PolicyError> {
-            Ok(self.0.clone())
-        }
-    }
-
-    /// Answers out of range, keeping the columns it was asked with.
-    struct Recording(std::sync::Arc<std::sync::Mutex<Option<Rollout>>>);
-
-    impl FleetInstance for Recording {
-        fn name(&self) -> &str {
-            "test:recording"
-        }
-        fn info(&mut self) -> Result<PolicyInfo, PolicyError> {
-            Ok(PolicyInfo::new("recording", "0", ""))
-        }
         fn grant_rollout(&mut self, rollout: &Rollout) -> Result<Grant, PolicyError> {
-            *self.0.lock().unwrap() = Some(rollout.clone());
-            Ok(Grant::new(vec![99], "x"))
+            *self.asked.lock().unwrap() = Some(rollout.clone());
+            Ok(self.grant.clone())
         }
     }
 
@@ -212,7 +210,7 @@ mod tests {
     #[test]
     fn a_valid_answer_is_used_and_an_invalid_one_falls_back_to_the_canary() {
         let all = Grant::new(vec![0, 1, 2], "everyone");
-        let d = GuardedFleet::new(Box::new(Answer(all.clone()))).grant(&request(3, None));
+        let d = GuardedFleet::new(Box::new(Answer::new(all.clone()))).grant(&request(3, None));
         assert_eq!((d.grant, d.fallback), (all.clone(), None));
 
         for (bad, why) in [
@@ -228,7 +226,7 @@ mod tests {
             ),
         ] {
             let max = (bad == all).then_some(1);
-            let d = GuardedFleet::new(Box::new(Answer(bad))).grant(&request(3, max));
+            let d = GuardedFleet::new(Box::new(Answer::new(bad))).grant(&request(3, max));
             let fallback = d.fallback.expect("fallback");
             assert!(fallback.message.contains(why), "{}", fallback.message);
             assert_eq!(d.grant.nodes, vec![0], "the default's canary");
@@ -241,8 +239,9 @@ mod tests {
         let mut request = request(5, None);
         request.nodes[0].phase = Phase::Done;
         request.nodes[2].labels = vec![("zone".into(), "b".into())];
-        let asked = std::sync::Arc::new(std::sync::Mutex::new(None));
-        let d = GuardedFleet::new(Box::new(Recording(asked.clone()))).grant(&request);
+        let out_of_range = Answer::new(Grant::new(vec![99], "x"));
+        let asked = out_of_range.asked.clone();
+        let d = GuardedFleet::new(Box::new(out_of_range)).grant(&request);
         let asked = asked.lock().unwrap().take().expect("the module was asked");
         assert_eq!(asked, Rollout::from(&request));
         assert!(d.fallback.is_some());
