@@ -165,7 +165,8 @@ fn every_misbehaviour_is_contained(decide: impl Fn(RolloutRequest) -> (Decided, 
         );
         assert!(elapsed < Duration::from_secs(2), "{mode}: took {elapsed:?}");
     }
-    // A 4 MiB reason (1 000 times the cap): the grant stands, its reason arrives cut and without a raw newline.
+    // A 4 MiB reason (1 000 times the cap): the grant stands, its reason arrives cut and
+    // without a raw newline.
     let (decided, _) = decide(pool(3, "giant-reason", None));
     assert_eq!((decided.grant.nodes, decided.fallback), (vec![0], None));
     let reason = decided.grant.reason;
