@@ -1,7 +1,8 @@
-//! The hooks that carry the node's facts and images (`admit`, `order`, `concurrency`,
-//! `throttle`), called with their arguments borrowed: lowered straight from the caller's values
-//! into the policy's memory. The generated bindings take owned records, which would copy every
-//! column, label and name once more on the host per call.
+//! The node contract's hooks, called by the export indices found once per module: `admit`,
+//! `order`, `concurrency` and `throttle` with their arguments borrowed, lowered straight from the
+//! caller's values into the policy's memory. The generated bindings take owned records, which
+//! would copy every column, label and name once more on the host per call, and type-check every
+//! export again for each instance.
 
 use super::wit;
 use crate::LoadError;
@@ -120,10 +121,10 @@ pub(super) struct AdmissionRequestArg<'a> {
     pub(super) images: ImagesArg<'a>,
 }
 
-/// Where the hooks with borrowed arguments are among a module's exports, found once when it
-/// loads.
+/// Where the contract's hooks are among a module's exports, found once when it loads.
 #[derive(Clone, Copy)]
 pub(super) struct BorrowedHooks {
+    info: ComponentExportIndex,
     admit: ComponentExportIndex,
     order: ComponentExportIndex,
     concurrency: ComponentExportIndex,
@@ -131,8 +132,8 @@ pub(super) struct BorrowedHooks {
 }
 
 impl BorrowedHooks {
-    /// The hooks of `interface` (`package/interface@version`) exported by `component`. The
-    /// generated bindings have checked that they exist by the time this is asked.
+    /// The hooks of `interface` (`package/interface@version`) exported by `component`; a
+    /// contract error naming the first one missing.
     pub(super) fn find(
         component: &Component,
         module: &str,
@@ -140,11 +141,20 @@ impl BorrowedHooks {
     ) -> Result<Self, LoadError> {
         let func = |name: &str| export_index(component, module, interface, name);
         Ok(Self {
+            info: func("info")?,
             admit: func("admit")?,
             order: func("order")?,
             concurrency: func("concurrency")?,
             throttle: func("throttle")?,
         })
+    }
+
+    pub(super) fn info(
+        &self,
+        store: impl AsContextMut,
+        instance: &Instance,
+    ) -> Result<wit::PolicyInfo> {
+        call(store, instance, self.info, ())
     }
 
     pub(super) fn admit(

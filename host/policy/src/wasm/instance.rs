@@ -6,7 +6,7 @@ use super::bounded;
 use super::engine::EPOCH_TICK;
 use super::module::Shared;
 use super::store::{Limits, LogBudget, State, new_store};
-use super::{bindings, wit};
+use super::wit;
 use crate::{Hook, PolicyError, PolicyInstance};
 use pinset_policy_sdk as sdk;
 use std::sync::Arc;
@@ -21,10 +21,10 @@ pub struct WasmPolicy {
     pub(super) log: Arc<LogBudget>,
 }
 
-/// A live instance: the component instance, and the contract's exports found in it.
+/// A live instance: the component instance (its hooks are called by the export indices found
+/// once per module, `Shared::hooks`).
 pub(super) struct Bound {
     instance: Instance,
-    policy: bindings::Policy,
 }
 
 /// Longest admission reason passed on (status, logs, `pinset plan`).
@@ -54,10 +54,10 @@ impl WasmPolicy {
             let s = &self.shared;
             let mut store = new_store(&s.engine, &s.name, s.limits, self.log.clone());
             store.set_epoch_deadline(ticks);
-            let bound = s.pre.instantiate(&mut store).and_then(|instance| {
-                let policy = s.indices.load(&mut store, &instance)?;
-                Ok(Bound { instance, policy })
-            });
+            let bound = s
+                .pre
+                .instantiate(&mut store)
+                .map(|instance| Bound { instance });
             match bound {
                 Ok(bound) => self.live = Some((store, bound)),
                 Err(e) => return Err(classify(&s.name, s.limits, hook, &store, e)),
@@ -141,9 +141,8 @@ impl PolicyInstance for WasmPolicy {
     }
 
     fn info(&mut self) -> Result<sdk::PolicyInfo, PolicyError> {
-        let i = self.call(Hook::Info, |s, b| {
-            b.policy.pinset_policy_decisions().call_info(s)
-        })?;
+        let hooks = self.shared.hooks;
+        let i = self.call(Hook::Info, |s, b| hooks.info(s, &b.instance))?;
         Ok(sdk::PolicyInfo {
             name: bounded(&i.name, MAX_NAME_BYTES),
             version: bounded(&i.version, MAX_NAME_BYTES),

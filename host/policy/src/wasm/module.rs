@@ -2,7 +2,6 @@
 //! ([`CompiledModule`]), then per contract its version checked and its imports linked
 //! (pre-instantiation).
 
-use super::bindings;
 use super::borrowed::BorrowedHooks;
 use super::engine::{Ticker, WasmRuntime};
 use super::instance::WasmPolicy;
@@ -61,15 +60,12 @@ impl WasmRuntime {
     /// Check a compiled module's node contract and pre-instantiate it.
     pub fn policy_module(&self, compiled: &CompiledModule) -> Result<PolicyModule, LoadError> {
         let (name, pre) = (&compiled.name, self.bind(compiled, CONTRACT)?);
-        let indices =
-            bindings::PolicyIndices::new(&pre).map_err(|e| incompatible(name, CONTRACT, e))?;
         let hooks = BorrowedHooks::find(&compiled.component, name, CONTRACT)?;
         Ok(PolicyModule {
             shared: Arc::new(Shared {
                 name: name.clone(),
                 sha256: compiled.sha256.clone(),
                 pre,
-                indices,
                 hooks,
                 engine: self.engine.clone(),
                 limits: compiled.limits,
@@ -191,19 +187,6 @@ pub(super) fn too_large(name: &str, bytes: u64, limits: Limits) -> Result<(), Lo
     Ok(())
 }
 
-/// The contract's exports of `module` do not have the types `contract` gives them.
-pub(super) fn incompatible(
-    module: &str,
-    contract: &str,
-    cause: impl std::fmt::Display,
-) -> LoadError {
-    LoadError::Contract {
-        module: module.into(),
-        expected: contract.into(),
-        found: format!("an incompatible {contract}: {cause:#}"),
-    }
-}
-
 /// The module must export `contract` (`package/interface@version`) or a semver-compatible
 /// version of it.
 pub(super) fn check_export(
@@ -288,8 +271,8 @@ pub(super) struct Shared {
     pub(super) name: String,
     pub(super) sha256: String,
     pub(super) pre: wasmtime::component::InstancePre<State>,
-    /// The contract's exports, found once; `hooks`: those called with borrowed arguments.
-    pub(super) indices: bindings::PolicyIndices,
+    /// The contract's functions among the module's exports, found once; called with borrowed
+    /// arguments.
     pub(super) hooks: BorrowedHooks,
     pub(super) engine: Engine,
     pub(super) limits: Limits,
