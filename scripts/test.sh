@@ -29,5 +29,5 @@ cargo clippy --workspace --all-targets --locked -- -D warnings
 echo "==> the container image (scripts/image.sh; the image tests run it under containerd)"
 bash scripts/image.sh
 
-echo "==> cargo test --workspace"
-cargo test --workspace --locked
+echo "==> cargo test --workspace --no-fail-fast (one failing test binary does not hide the others)"
+cargo test --workspace --locked --no-fail-fast

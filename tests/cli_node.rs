@@ -157,6 +157,48 @@ fn plan_works_without_a_runtime() {
     assert_eq!((count("lane"), count("pull")), (1, 5), "{text}");
     assert!(count("throttle") >= 4, "{text}");
     assert!(svg.with_extension("trace.json").exists());
+
+    // The worker's policy asks five pulls at once; a rollout grant's cap of 2 is what the node
+    // does, and the plan says so (text and document).
+    let worker = |extra: &[&str]| {
+        let mut args = vec![
+            "plan",
+            "--sets",
+            sets.to_str().unwrap(),
+            "--node",
+            nodes.to_str().unwrap(),
+            "--node-name",
+            "worker-0",
+            "--no-sizing",
+        ];
+        args.extend_from_slice(extra);
+        pinset(&args)
+    };
+    let (code, out, err) = worker(&["--max-pulls", "2"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains(", 2 at once"), "{out}");
+    assert!(
+        out.contains("capped by the rollout grant (max-pulls 2): the policy asked 5 at once"),
+        "{out}"
+    );
+    let (_, out, _) = worker(&["--max-pulls", "2", "-o", "json"]);
+    let json: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(
+        (
+            json["concurrency"].clone(),
+            json["policyConcurrency"].clone()
+        ),
+        (2.into(), 5.into())
+    );
+    let (_, out, _) = worker(&["-o", "json"]);
+    let json: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert!(
+        json["policyConcurrency"].is_null() && json["concurrency"] == 5,
+        "{json}"
+    );
+    let (code, _, err) = worker(&["--max-pulls", "0"]);
+    assert_eq!(code, 2, "a cap outside 1..=64 is a usage error: {err}");
+
     let (code, _, err) = pinset(&["plan", "--pull-rate-mib", "0", "--sets", "x", "--node", "y"]);
     assert_eq!(code, 2, "a rate of 0 is a usage error: {err}");
     let (code, _, err) = pinset(&["plan", "-o", "xml", "--sets", "x", "--node", "y"]);
@@ -443,7 +485,7 @@ fn exit_codes_completions_and_clear_words() {
     assert_eq!(info["module"], "embedded:default");
     assert_eq!(info["node"]["contract"], "pinset:policy/decisions@0.1.0");
     assert_eq!(info["node"]["name"], "default");
-    assert_eq!(info["fleet"]["contract"], "pinset:fleet/rollout@0.2.0");
+    assert_eq!(info["fleet"]["contract"], "pinset:fleet/rollout@0.2.1");
     assert_eq!(info["sha256"].as_str().map(str::len), Some(64));
     // A module of the node contract alone (and no WASI), as YAML.
     let floor = support::policy_path("pinset_test_policy_floor");
@@ -467,7 +509,7 @@ fn exit_codes_completions_and_clear_words() {
     let (code, out, err) = pinset(&["policy", "info", zones.to_str().unwrap()]);
     assert_eq!(code, 0, "{err}");
     assert!(
-        out.contains("fleet  pinset:fleet/rollout@0.2.0 — zone-by-zone")
+        out.contains("fleet  pinset:fleet/rollout@0.2.1 — zone-by-zone")
             && !out.contains("  node "),
         "{out}"
     );

@@ -5,8 +5,8 @@
 mod support;
 
 use pinset_policy::{
-    Decided, FleetInstance, FleetModule, GuardedFleet, Hook, Limits, LoadError, PolicyError,
-    PolicyInstance, WasmRuntime,
+    Decided, Described, FleetInstance, FleetModule, GuardedFleet, Hook, Limits, LoadError,
+    PolicyError, PolicyInstance, WasmRuntime,
 };
 use pinset_policy_sdk::{FleetNode, FleetPool, Phase, RolloutRequest};
 use std::path::PathBuf;
@@ -63,7 +63,7 @@ fn node_only_fleet_only_and_both_modules_load_for_what_they_export() {
     // It is the other kind of policy, not an old one: the error says its role, not "rebuild".
     assert!(
         matches!(err, LoadError::OtherContract { .. })
-            && msg.contains("pinset:fleet/rollout@0.2.0")
+            && msg.contains("pinset:fleet/rollout@0.2.1")
             && msg.contains("pinset:policy/decisions@0.1.0")
             && msg.contains("node pull policy")
             && !msg.contains("rebuild"),
@@ -273,4 +273,35 @@ fn a_trapped_fleet_call_leaves_the_module_usable() {
     );
     // Each call runs in a fresh instance: the next one answers.
     assert_eq!(instance.grant(&pool(3, "", None)).unwrap().nodes, vec![0]);
+}
+
+/// `decide` was added in pinset:fleet@0.2.1: a module built for 0.2.0 exports `grant` only,
+/// still loads and is asked `grant` (its pool never holds by its word); a 0.2.1 module's hold
+/// reaches the controller — the default's failed canary holds the pool by its own answer.
+#[test]
+fn a_fleet_module_built_for_0_2_0_keeps_loading_and_a_0_2_1_module_can_hold() {
+    let old = fleet("pinset_test_policy_fleet_0_2_0");
+    assert_eq!(old.instance().info().unwrap().name, "fleet-0.2.0");
+    let d = GuardedFleet::new(Box::new(old.instance())).grant(&pool(3, "", None));
+    assert_eq!(d.fallback, None, "{:?}", d.fallback);
+    assert_eq!(d.grant.nodes, vec![0]);
+    assert_eq!(d.grant.reason, "built for 0.2.0: the first node");
+    assert_eq!(d.grant.hold, None);
+
+    let mut failed = pool(3, "", None);
+    failed.nodes[0].granted = true;
+    failed.nodes[0].phase = Phase::Failed;
+    let default = runtime()
+        .load_fleet(
+            pinset_policy::EMBEDDED_DEFAULT_NAME,
+            pinset_policy::EMBEDDED_DEFAULT,
+            None,
+            Limits::default(),
+        )
+        .unwrap();
+    let d = GuardedFleet::new(Box::new(default.instance())).grant(&failed);
+    assert_eq!(d.fallback, None, "{:?}", d.fallback);
+    let hold = d.grant.hold.expect("a failed canary holds the pool");
+    assert!(hold.contains("canary node w-0 failed"), "{hold}");
+    assert!(d.grant.nodes.is_empty());
 }

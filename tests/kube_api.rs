@@ -816,6 +816,18 @@ async fn agent_reports(
     current: Option<i64>,
     failed: Option<i64>,
 ) {
+    agent_reports_ready(nodes, name, true, desired, current, failed).await
+}
+
+/// [`agent_reports`], the node Ready or not.
+async fn agent_reports_ready(
+    nodes: &Api<MachineConfigNode>,
+    name: &str,
+    ready: bool,
+    desired: i64,
+    current: Option<i64>,
+    failed: Option<i64>,
+) {
     let mut set =
         json!({"name": "apps", "desiredGeneration": desired, "currentGeneration": current});
     if let Some(g) = failed {
@@ -825,7 +837,7 @@ async fn agent_reports(
     let status = json!({
         "apiVersion": "machineconfiguration.openshift.io/v1", "kind": "MachineConfigNode",
         "metadata": {"name": name},
-        "status": {"pinnedImageSets": [set], "nodeState": {"ready": true}}
+        "status": {"pinnedImageSets": [set], "nodeState": {"ready": ready}}
     });
     nodes
         .patch_status(
@@ -871,11 +883,33 @@ fn spawn_controller_with(
     tokio_util::sync::CancellationToken,
     tokio::task::JoinHandle<()>,
 ) {
+    spawn_controller_as(client, metrics, default_fleet())
+}
+
+/// [`spawn_controller`] with the fleet policies of `fleet`.
+fn spawn_controller_with_fleet(
+    client: &kube::Client,
+    fleet: pinset_k8s::controller::FleetTable,
+) -> (
+    tokio_util::sync::CancellationToken,
+    tokio::task::JoinHandle<()>,
+) {
+    spawn_controller_as(client, pinset_k8s::metrics::Metrics::new(), fleet)
+}
+
+fn spawn_controller_as(
+    client: &kube::Client,
+    metrics: pinset_k8s::metrics::Metrics,
+    fleet: pinset_k8s::controller::FleetTable,
+) -> (
+    tokio_util::sync::CancellationToken,
+    tokio::task::JoinHandle<()>,
+) {
     let stop = tokio_util::sync::CancellationToken::new();
     let controller = tokio::spawn(pinset_k8s::controller::run(
         client.clone(),
         metrics,
-        default_fleet(),
+        fleet,
         std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false)),
         stop.clone(),
     ));
@@ -1200,5 +1234,154 @@ async fn a_node_that_disappears_mid_rollout_frees_its_slot() {
     nodes.delete(&second, &Default::default()).await.unwrap();
     let replaced = next_granted(&nodes, &[third], &[]).await;
     assert_eq!(&replaced, third);
+    stop_controller(stop, controller).await;
+}
+
+/// The pool's rollout reason and whether its PolicyFallback condition is True (with its message).
+async fn pool_rollout(pools: &Api<MachineConfigPool>, name: &str) -> (String, Option<String>) {
+    let status = pools.get(name).await.unwrap().status.unwrap_or_default();
+    let fallback = status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == pinset_k8s::api::CONDITION_POLICY_FALLBACK && c.status == "True")
+        .map(|c| c.message.clone());
+    (
+        status.rollout.map(|r| r.reason).unwrap_or_default(),
+        fallback,
+    )
+}
+
+/// Wait up to 30 s for `check` to hold on the pool's rollout reason and fallback.
+async fn pool_until(
+    pools: &Api<MachineConfigPool>,
+    what: &str,
+    check: impl Fn(&str, Option<&str>) -> bool,
+) -> (String, Option<String>) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let (reason, fallback) = pool_rollout(pools, "worker").await;
+        if check(&reason, fallback.as_deref()) {
+            return (reason, fallback);
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{what}: reason {reason:?}, fallback {fallback:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// The ceiling is checked on the nodes the controller writes grants to: a fleet module that
+/// grants every node of a pool whose only Ready, waiting node fits the ceiling of 2 — beside a
+/// node that is not Ready and one whose set failed before any grant — is refused (3 grants would
+/// be written), the default answers with its canary, and the pool's fallback names the ceiling.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_controller_refuses_a_grant_over_the_ceiling_whatever_the_nodes_state() {
+    let Some(Cluster {
+        server: _server,
+        client,
+        pools,
+        sets,
+        nodes,
+    }) = cluster().await
+    else {
+        return;
+    };
+    let pp = PostParams::default();
+    let mut worker = pool("worker", &["worker"]);
+    worker.metadata.annotations = Some(
+        [
+            ("pinset.io/rollout-max-pulling".to_string(), "2".to_string()),
+            ("pinset.test/hostile-fleet".to_string(), "all".to_string()),
+        ]
+        .into(),
+    );
+    pools.create(&pp, &worker).await.unwrap();
+    sets.create(
+        &pp,
+        &serde_json::from_value(set("apps", &[image(1)])).unwrap(),
+    )
+    .await
+    .unwrap();
+    let names = ["n0", "n1", "n2"];
+    worker_nodes(&nodes, &names).await;
+    agent_reports_ready(&nodes, "n0", false, 1, None, None).await;
+    agent_reports(&nodes, "n1", 1, None, Some(1)).await;
+    let runtime = pinset_policy::WasmRuntime::new().unwrap();
+    let mut fleet = default_fleet();
+    let hostile = support::policy_path("pinset_test_policy_hostile");
+    fleet.by_pool.insert(
+        "worker".into(),
+        runtime
+            .load_fleet_file(&hostile, None, pinset_policy::Limits::default())
+            .unwrap(),
+    );
+    let (stop, controller) = spawn_controller_with_fleet(&client, fleet);
+    let (_, fallback) = pool_until(&pools, "the fallback is reported", |_, f| f.is_some()).await;
+    let fallback = fallback.unwrap();
+    assert!(
+        fallback.contains("3 nodes pulling at once, over the pool's ceiling of 2"),
+        "{fallback}"
+    );
+    assert_eq!(granted(&nodes, "n2").await, Some(1), "the default's canary");
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    for name in ["n0", "n1"] {
+        assert_eq!(granted(&nodes, name).await, None, "{name} granted");
+    }
+    stop_controller(stop, controller).await;
+}
+
+/// A ceiling lowered mid-rollout leaves the pool over it: the default policy grants nobody until
+/// its nodes are done, and that answer is no policy failure (no fallback, no condition).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ceiling_lowered_mid_rollout_is_waited_out_without_a_fallback() {
+    let Some(Cluster {
+        server: _server,
+        client,
+        pools,
+        sets,
+        nodes,
+    }) = cluster().await
+    else {
+        return;
+    };
+    let pp = PostParams::default();
+    let mut worker = pool("worker", &["worker"]);
+    worker.metadata.annotations =
+        Some([("pinset.io/rollout-max-pulling".to_string(), "3".to_string())].into());
+    pools.create(&pp, &worker).await.unwrap();
+    sets.create(
+        &pp,
+        &serde_json::from_value(set("apps", &[image(1)])).unwrap(),
+    )
+    .await
+    .unwrap();
+    let names = ["n0", "n1", "n2", "n3"];
+    worker_nodes(&nodes, &names).await;
+    let (stop, controller) = spawn_controller(&client);
+    let canary = next_granted(&nodes, &names, &[]).await;
+    agent_reports(&nodes, &canary, 1, Some(1), None).await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    for name in names {
+        while granted(&nodes, name).await.is_none() {
+            assert!(std::time::Instant::now() < deadline, "{name} never granted");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    pools
+        .patch(
+            "worker",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"annotations": {
+                "pinset.io/rollout-max-pulling": "1"
+            }}})),
+        )
+        .await
+        .unwrap();
+    let (reason, fallback) = pool_until(&pools, "the lowered ceiling is seen", |r, _| {
+        r.contains("wave of 1: 3 node(s) in flight")
+    })
+    .await;
+    assert_eq!(fallback, None, "{reason}");
     stop_controller(stop, controller).await;
 }

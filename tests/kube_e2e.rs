@@ -1033,7 +1033,8 @@ fn the_image_runs_under_containerd_and_says_its_version() {
         "{stdout:?} does not start with {expected:?}"
     );
     assert!(
-        stdout.contains("policy contract pinset:policy/decisions@"),
+        stdout.contains("policy contracts pinset:policy/decisions@")
+            && stdout.contains(" pinset:fleet/rollout@"),
         "{stdout}"
     );
 }
@@ -1650,7 +1651,7 @@ async fn a_fleet_policy_paces_three_nodes_holds_on_a_failed_canary_and_survives_
         "RolloutPaused",
         "RolloutResumed",
         "RolloutWave",
-        "CanaryFailed",
+        "RolloutHeld",
         "PolicyFallback",
     ] {
         assert!(

@@ -84,6 +84,8 @@ fn nothing_test_only_is_built_into_the_binary() {
             "pinset-test-policy-hostile",
             "pinset-test-policy-unthrottled",
             "pinset-test-policy-future-contract",
+            "pinset-test-policy-floor",
+            "pinset-test-policy-fleet-0-2-0",
         ],
     );
     forbid("pinset-k8s", &["pinset-testkit", "pinset-cri-sim"]);

@@ -244,7 +244,7 @@ fn a_module_without_wasi_imports_only_the_contract_and_decides_through_the_host(
     assert_eq!(
         default.imports(),
         [
-            "pinset:fleet/types@0.2.0",
+            "pinset:fleet/types@0.2.1",
             "pinset:policy/host@0.1.0",
             "pinset:policy/types@0.1.0"
         ]

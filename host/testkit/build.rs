@@ -6,7 +6,7 @@
 mod wasm_build;
 
 /// (package, file stem) of every policy built here.
-const POLICIES: [(&str, &str); 9] = [
+const POLICIES: [(&str, &str); 10] = [
     ("pinset-policy-default", "pinset_policy_default"),
     (
         "pinset-policy-smallest-first",
@@ -28,6 +28,10 @@ const POLICIES: [(&str, &str); 9] = [
         "pinset_test_policy_unthrottled",
     ),
     ("pinset-test-policy-floor", "pinset_test_policy_floor"),
+    (
+        "pinset-test-policy-fleet-0-2-0",
+        "pinset_test_policy_fleet_0_2_0",
+    ),
 ];
 
 fn main() {

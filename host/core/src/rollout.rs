@@ -301,26 +301,32 @@ pub fn newly_granted(request: &RolloutRequest, nodes: &[u32]) -> Vec<usize> {
     out
 }
 
-/// Why the pool holds, when its canary failed: no node reached the target through a grant, a
-/// granted node failed, and `grant` adds no one. The pool's Degraded message and the
-/// `CanaryFailed` Event say this.
-pub fn held(request: &RolloutRequest, grant: &Grant) -> Option<String> {
-    let proven = request
-        .nodes
-        .iter()
-        .any(|n| n.granted && n.phase == Phase::Done);
-    let failed = request
-        .nodes
-        .iter()
-        .find(|n| n.granted && n.phase == Phase::Failed)?;
-    if proven || !grant.nodes.is_empty() {
+/// An answer that would leave the pool over its ceiling (`pool.max_pulling`): the nodes
+/// holding a slot after it ([`FleetNode::holds_slot`]) plus every node it adds
+/// ([`newly_granted`]: the controller writes their grants whatever their state — not Ready,
+/// failed, or pulling without a grant — so each counts), and the ceiling. An answer that adds
+/// nobody never is: a pool already over a ceiling lowered mid-rollout waits for its nodes, and
+/// the policy that says so did nothing wrong. The host checks every fleet answer with this
+/// (`pinset_policy::validate::grant`).
+pub fn over_ceiling(request: &RolloutRequest, nodes: &[u32]) -> Option<(usize, u32)> {
+    let ceiling = request.pool.max_pulling?;
+    let added = newly_granted(request, nodes).len();
+    if added == 0 {
         return None;
     }
-    Some(format!(
-        "the rollout holds: canary node {} failed: {}",
-        failed.name,
-        failed.error().unwrap_or("see its MachineConfigNode")
-    ))
+    let holding = request.nodes.iter().filter(|n| n.holds_slot()).count();
+    let after = holding + added;
+    (after > ceiling as usize).then_some((after, ceiling))
+}
+
+/// The pool's Degraded message when the fleet policy's answer holds its rollout
+/// ([`Grant::hold`]: the default's failed canary, or a custom policy's own stop): the pool's
+/// status and the `RolloutHeld` Event say this.
+pub fn held(grant: &Grant) -> Option<String> {
+    grant
+        .hold
+        .as_ref()
+        .map(|why| format!("the rollout holds: {why}"))
 }
 
 /// How far a pool's rollout is, node by node.
@@ -639,6 +645,84 @@ mod tests {
         assert_ne!(fingerprint(&r), fingerprint(&changed));
     }
 
+    /// One pool's nodes in the states a ceiling must count, by name: `(ready, granted, phase)`.
+    fn pool_of(max_pulling: u32, nodes: &[(bool, bool, Phase)]) -> RolloutRequest {
+        RolloutRequest {
+            pool: FleetPool {
+                name: "worker".into(),
+                max_pulling: Some(max_pulling),
+                ..Default::default()
+            },
+            nodes: nodes
+                .iter()
+                .enumerate()
+                .map(|(i, &(ready, granted, phase))| FleetNode {
+                    name: format!("n{i}"),
+                    ready,
+                    granted,
+                    phase,
+                    ..Default::default()
+                })
+                .collect(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn the_ceiling_counts_every_node_an_answer_adds_whatever_its_state() {
+        use Phase::*;
+        // Not Ready, failed without a grant, pulling without a grant, waiting: all four are
+        // written a grant when named, so all four count.
+        let r = pool_of(
+            2,
+            &[
+                (false, false, Waiting),
+                (true, false, Failed),
+                (true, false, Pulling),
+                (true, false, Waiting),
+                (true, false, Done),
+            ],
+        );
+        assert_eq!(over_ceiling(&r, &[0, 1, 2, 3]), Some((4, 2)));
+        assert_eq!(over_ceiling(&r, &[0, 1, 2]), Some((3, 2)));
+        assert_eq!(over_ceiling(&r, &[0, 1]), None);
+        // A node at the target is not granted: naming it adds nobody.
+        assert_eq!(over_ceiling(&r, &[4, 3, 2, 1]), Some((3, 2)));
+        assert_eq!(over_ceiling(&r, &[4, 3, 2]), None);
+    }
+
+    #[test]
+    fn an_answer_that_adds_nobody_is_never_over_the_ceiling() {
+        use Phase::*;
+        // A ceiling of 3 lowered to 1 with three granted nodes pulling: over it, and waiting.
+        let r = pool_of(
+            1,
+            &[
+                (true, true, Pulling),
+                (true, true, Pulling),
+                (true, true, Failed),
+                (true, false, Waiting),
+            ],
+        );
+        assert_eq!(over_ceiling(&r, &[]), None);
+        assert_eq!(
+            over_ceiling(&r, &[0, 1]),
+            None,
+            "granted already: adds nobody"
+        );
+        assert_eq!(over_ceiling(&r, &[3]), Some((4, 1)));
+        // A granted node that is not Ready frees its slot; a done one holds none.
+        let r = pool_of(
+            2,
+            &[
+                (false, true, Pulling),
+                (true, true, Done),
+                (true, false, Waiting),
+            ],
+        );
+        assert_eq!(over_ceiling(&r, &[2]), None);
+    }
+
     #[test]
     fn grants_written_count_until_the_cache_shows_them() {
         let t = target(&[("a".into(), 2, 1)]);
@@ -685,28 +769,11 @@ mod tests {
     }
 
     #[test]
-    fn a_failed_canary_holds_until_a_node_succeeds_or_someone_is_granted() {
-        let t = target(&[("a".into(), 2, 1)]);
-        let canary = member("c", vec![set("a", 2, Some(1), Some(2))], Some(&[("a", 2)]));
-        let members = vec![canary, member("w", vec![], None)];
-        let r = request("worker", &BTreeMap::new(), None, t.clone(), &members, 0);
-        let why = held(&r, &Grant::none("x")).unwrap();
-        assert!(
-            why.contains("canary node c failed: image x: not found"),
-            "{why}"
-        );
-        assert_eq!(held(&r, &Grant::new(vec![1], "go on")), None);
-        let mut proven = members.clone();
-        proven.push(member(
-            "d",
-            vec![set("a", 2, Some(2), None)],
-            Some(&[("a", 2)]),
-        ));
-        let r = request("worker", &BTreeMap::new(), None, t, &proven, 0);
+    fn a_pool_holds_by_the_policy_s_word() {
+        assert_eq!(held(&Grant::none("waiting")), None);
         assert_eq!(
-            held(&r, &Grant::none("x")),
-            None,
-            "a node succeeded: no canary failure"
+            held(&Grant::hold("canary node c failed: image x: not found")).as_deref(),
+            Some("the rollout holds: canary node c failed: image x: not found")
         );
     }
 

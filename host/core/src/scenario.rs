@@ -403,7 +403,7 @@ pub fn run(loaded: &Loaded, policy: &mut dyn Decisions) -> Outcome {
             .collect()
     };
     let mut diffs = Vec::new();
-    let plan = plan::make(policy, request);
+    let plan = plan::make(policy, request, None);
 
     if let Some(want) = &s.expect.admission {
         admission_diffs(want, &plan, &refs, &mut diffs);

@@ -201,6 +201,7 @@ mod tests {
             },
             pulls: Vec::new(),
             concurrency: 1,
+            capped_from: None,
         }
     }
 

@@ -47,7 +47,10 @@ struct PoolLabels {
 struct BuildLabels {
     version: String,
     commit: String,
+    /// The node contract's interface and version.
     contract: String,
+    /// The fleet contract's.
+    fleet_contract: String,
 }
 
 struct Inner {
@@ -274,20 +277,21 @@ impl Metrics {
         let build_info = Family::<BuildLabels, Gauge>::default();
         registry.register(
             "build_info",
-            "The running build: release, source commit and policy contract (always 1)",
+            "The running build: release, source commit and policy contracts, node and fleet (always 1)",
             build_info.clone(),
         );
         (node_sets, last_success, build_info)
     }
 
-    /// `pinset_build_info{version, commit, contract} 1`.
-    pub fn set_build_info(&self, version: &str, commit: &str, contract: &str) {
+    /// `pinset_build_info{version, commit, contract, fleet_contract} 1`.
+    pub fn set_build_info(&self, version: &str, commit: &str, contract: &str, fleet: &str) {
         self.inner
             .build_info
             .get_or_create(&BuildLabels {
                 version: version.into(),
                 commit: commit.into(),
                 contract: contract.into(),
+                fleet_contract: fleet.into(),
             })
             .set(1);
     }

@@ -165,11 +165,8 @@ impl<S: Sizer + 'static, B: PinBackend> Reconciler<S, B> {
         let drift = drift::find(desired, status, &facts.present, &pinned);
         let mut phases = facts.phases.clone();
         let started = Instant::now();
-        let mut plan = plan::make(decisions.as_mut(), &facts.request);
-        if let Some(cap) = desired.grant.as_ref().and_then(|g| g.max_pulls) {
-            // The fleet policy's cap on this node, over the node policy's concurrency.
-            plan.concurrency = plan.concurrency.min(cap.max(1));
-        }
+        let grant_cap = desired.grant.as_ref().and_then(|g| g.max_pulls);
+        let plan = plan::make(decisions.as_mut(), &facts.request, grant_cap);
         phases.push(("policy", started.elapsed()));
         let jobs = start(
             desired,

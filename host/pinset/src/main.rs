@@ -8,17 +8,18 @@ mod cli;
 use cli::{PolicyOpts, node::Inputs, node::RuntimeOpts, policy::PolicyCommand};
 use std::process::ExitCode;
 
-/// `pinset --version`: the release, the source commit it was built from and the policy
-/// contract it speaks, e.g. `0.1.0 (commit 1a2b3c4d5e6f, policy contract
-/// pinset:policy/decisions@0.1.0)`.
+/// `pinset --version`: the release, the source commit it was built from and every policy
+/// contract it serves, e.g. `0.1.0 (commit 1a2b3c4d5e6f, policy contracts
+/// pinset:policy/decisions@0.1.0 pinset:fleet/rollout@0.2.1)`.
 fn version() -> &'static str {
     static VERSION: std::sync::OnceLock<String> = std::sync::OnceLock::new();
     VERSION.get_or_init(|| {
+        let contracts: Vec<&str> = pinset_policy::CONTRACTS.iter().map(|(c, _)| *c).collect();
         format!(
-            "{} (commit {}, policy contract {})",
+            "{} (commit {}, policy contracts {})",
             env!("CARGO_PKG_VERSION"),
             env!("PINSET_COMMIT"),
-            pinset_policy::CONTRACT
+            contracts.join(" ")
         )
     })
 }
@@ -94,6 +95,10 @@ enum Command {
         /// Consult this CRI endpoint for the images already present.
         #[arg(long)]
         cri: Option<String>,
+        /// The node's rollout grant caps pulls at once at N (its MachineConfigNode's
+        /// `spec.rolloutGrant.maxPulls`), over the policy's concurrency, as the agent applies it.
+        #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=64))]
+        max_pulls: Option<u32>,
         /// text for people; json or yaml for scripts (fields: see the README).
         #[arg(long, short = 'o', value_enum, default_value = "text")]
         output: cli::plan::Output,
@@ -191,6 +196,7 @@ fn run(args: Args) -> Result<ExitCode> {
         Command::Plan {
             inputs,
             cri,
+            max_pulls,
             output,
             sizing,
             simulation,
@@ -198,6 +204,7 @@ fn run(args: Args) -> Result<ExitCode> {
         } => rt()?.block_on(cli::plan::plan_cmd(
             &inputs,
             cri,
+            max_pulls,
             &sizing,
             &simulation,
             &policy,

@@ -95,7 +95,7 @@ pub enum LoadError {
         module: String,
         expected: String,
         found: String,
-        hint: &'static str,
+        hint: String,
     },
     #[error("policy module {module}: compiling it in a child process ({exe}): {cause}")]
     Compiler {

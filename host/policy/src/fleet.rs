@@ -2,16 +2,14 @@
 //! fleet module or the native default; [`GuardedFleet`] asks one, validates the answer
 //! ([`crate::validate::grant`]) and falls back to the native default fleet policy on any failure.
 
-use crate::{Fallback, Hook, MAX_CONCURRENCY, Observer, PolicyError, validate};
+use crate::guard::Guard;
+use crate::{Described, Fallback, Hook, MAX_CONCURRENCY, Observer, PolicyError, validate};
 use pinset_policy_default::DefaultFleet;
 use pinset_policy_sdk::{Fleet, Grant, PolicyInfo, Rollout, RolloutRequest};
 use std::sync::Arc;
-use std::time::Instant;
 
 /// A fleet policy answering one decision. Calls may fail; the controller uses [`GuardedFleet`].
-pub trait FleetInstance: Send {
-    fn name(&self) -> &str;
-    fn info(&mut self) -> Result<PolicyInfo, PolicyError>;
+pub trait FleetInstance: Described {
     /// Which nodes of the pool may pull now, the request given as the columns both a module
     /// and the native policies read.
     fn grant_rollout(&mut self, rollout: &Rollout) -> Result<Grant, PolicyError>;
@@ -42,13 +40,16 @@ impl NativeFleet {
     }
 }
 
-impl FleetInstance for NativeFleet {
+impl Described for NativeFleet {
     fn name(&self) -> &str {
         &self.name
     }
     fn info(&mut self) -> Result<PolicyInfo, PolicyError> {
         Ok(self.fleet.info())
     }
+}
+
+impl FleetInstance for NativeFleet {
     fn grant_rollout(&mut self, rollout: &Rollout) -> Result<Grant, PolicyError> {
         Ok(self.fleet.grant(rollout))
     }
@@ -58,9 +59,7 @@ impl FleetInstance for NativeFleet {
 /// default's (with the failure).
 pub struct GuardedFleet {
     primary: Box<dyn FleetInstance>,
-    observer: Option<Arc<dyn Observer>>,
-    /// Log each failure as a warning (the controller); off when the caller reports them itself.
-    warn: bool,
+    guard: Guard,
 }
 
 /// A decision and how it was made.
@@ -77,20 +76,19 @@ impl GuardedFleet {
     pub fn new(primary: Box<dyn FleetInstance>) -> Self {
         Self {
             primary,
-            observer: None,
-            warn: true,
+            guard: Guard::default(),
         }
     }
 
     /// No warning per failure: the caller reports the failures ([`Decided::fallback`]) itself,
     /// once (`pinset policy simulate`, which may meet the same failure at every decision).
     pub fn without_warnings(mut self) -> Self {
-        self.warn = false;
+        self.guard.quiet();
         self
     }
 
     pub fn with_observer(mut self, observer: Arc<dyn Observer>) -> Self {
-        self.observer = Some(observer);
+        self.guard.observe(observer);
         self
     }
 
@@ -98,33 +96,21 @@ impl GuardedFleet {
     /// built once, for the primary policy and, when its answer is not used, the fallback.
     pub fn grant(&mut self, request: &RolloutRequest) -> Decided {
         let rollout = Rollout::from(request);
-        let started = Instant::now();
-        let answer = self.primary.grant_rollout(&rollout);
-        if let Some(o) = &self.observer {
-            o.policy_call(Hook::Grant, started.elapsed());
-        }
-        let error = match answer {
-            Ok(grant) => match validate::grant(&grant, request) {
-                Ok(()) => {
-                    return Decided {
-                        grant,
-                        policy: self.primary.name().to_string(),
-                        fallback: None,
-                    };
-                }
-                Err(reason) => PolicyError::Invalid {
-                    policy: self.primary.name().to_string(),
-                    hook: Hook::Grant,
-                    reason,
-                },
-            },
-            Err(e) => e,
-        };
-        if self.warn {
-            warn(self.primary.name(), request, &error);
-        }
-        if let Some(o) = &self.observer {
-            o.policy_fallback(Hook::Grant, error.kind());
+        let primary = self.primary.as_mut();
+        let name = primary.name().to_string();
+        let answer = self.guard.ask(
+            &name,
+            Hook::Grant,
+            Some(&request.pool.name),
+            || primary.grant_rollout(&rollout),
+            |grant| validate::grant(grant, request),
+        );
+        if let Some(grant) = answer {
+            return Decided {
+                grant,
+                policy: name,
+                fallback: None,
+            };
         }
         let mut reference = NativeFleet::reference();
         let grant = reference
@@ -133,23 +119,9 @@ impl GuardedFleet {
         Decided {
             grant,
             policy: reference.name().to_string(),
-            fallback: Some(Fallback {
-                hook: Hook::Grant,
-                kind: error.kind(),
-                message: error.to_string(),
-            }),
+            fallback: self.guard.take_fallbacks().pop(),
         }
     }
-}
-
-fn warn(policy: &str, request: &RolloutRequest, error: &PolicyError) {
-    tracing::warn!(
-        policy,
-        pool = %request.pool.name,
-        hook = "grant",
-        error = %error,
-        "fleet decision failed; using the built-in default fleet policy for it"
-    );
 }
 
 /// Pulls at once a grant may allow on a node.
@@ -175,13 +147,16 @@ mod tests {
         }
     }
 
-    impl FleetInstance for Answer {
+    impl Described for Answer {
         fn name(&self) -> &str {
             "test:answer"
         }
         fn info(&mut self) -> Result<PolicyInfo, PolicyError> {
             Ok(PolicyInfo::new("answer", "0", ""))
         }
+    }
+
+    impl FleetInstance for Answer {
         fn grant_rollout(&mut self, rollout: &Rollout) -> Result<Grant, PolicyError> {
             *self.asked.lock().unwrap() = Some(rollout.clone());
             Ok(self.grant.clone())
@@ -223,6 +198,13 @@ mod tests {
                     ..Grant::new(vec![0], "x")
                 },
                 "max-pulls 0",
+            ),
+            (
+                Grant {
+                    hold: Some("stop".into()),
+                    ..Grant::new(vec![1], "x")
+                },
+                "holds the rollout yet grants 1 node(s)",
             ),
         ] {
             let max = (bad == all).then_some(1);

@@ -1,4 +1,11 @@
-use super::{Hook, MAX_CONCURRENCY, NativePolicy, PolicyError, PolicyInstance, validate};
+//! The guards: a policy whose every answer is valid. [`Guard`] is what they share — the call
+//! timed and reported, the answer checked, a failure logged, counted and kept — and [`Guarded`]
+//! (node decisions) and [`crate::GuardedFleet`] (fleet decisions) apply it to their contract,
+//! answering with the native reference when the policy's answer is not used.
+
+use super::{
+    Described, Hook, MAX_CONCURRENCY, NativePolicy, PolicyError, PolicyInstance, validate,
+};
 use pinset_core::decisions::{Decisions, Fallback, Observer};
 use pinset_policy_sdk::{
     Admission, AdmissionRequest, Images, NodeFacts, PolicyInfo, Pressure, PullOutcome,
@@ -6,13 +13,82 @@ use pinset_policy_sdk::{
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-/// A policy whose every answer is valid: the primary policy's when it is, else the native
+/// Asks a policy, checks its answer, and on a failure logs it (once, as a warning), reports it
+/// to the observer and keeps it: the one place every hook of every contract goes through.
+#[derive(Default)]
+pub(crate) struct Guard {
+    observer: Option<Arc<dyn Observer>>,
+    fallbacks: Vec<Fallback>,
+    /// Log each failure as a warning; off when the caller reports them itself.
+    quiet: bool,
+}
+
+impl Guard {
+    pub(crate) fn observe(&mut self, observer: Arc<dyn Observer>) {
+        self.observer = Some(observer);
+    }
+
+    pub(crate) fn quiet(&mut self) {
+        self.quiet = true;
+    }
+
+    /// The policy's answer to `hook` when it is valid; else `None`, the failure recorded (the
+    /// caller answers with its reference). `pool` names the pool a fleet decision is for.
+    pub(crate) fn ask<T>(
+        &mut self,
+        policy: &str,
+        hook: Hook,
+        pool: Option<&str>,
+        ask: impl FnOnce() -> Result<T, PolicyError>,
+        check: impl FnOnce(&T) -> Result<(), String>,
+    ) -> Option<T> {
+        let started = Instant::now();
+        let answer = ask();
+        if let Some(o) = &self.observer {
+            o.policy_call(hook, started.elapsed());
+        }
+        let error = match answer {
+            Ok(value) => match check(&value) {
+                Ok(()) => return Some(value),
+                Err(reason) => PolicyError::Invalid {
+                    policy: policy.to_string(),
+                    hook,
+                    reason,
+                },
+            },
+            Err(e) => e,
+        };
+        if !self.quiet {
+            let (hook, pool) = (hook.as_str(), pool.unwrap_or_default());
+            tracing::warn!(policy, pool, hook, error = %error,
+                "policy decision failed; using the built-in reference policy for it");
+        }
+        if let Some(o) = &self.observer {
+            o.policy_fallback(hook, error.kind());
+        }
+        self.fallbacks.push(Fallback {
+            hook,
+            kind: error.kind(),
+            message: error.to_string(),
+        });
+        None
+    }
+
+    pub(crate) fn fallbacks(&self) -> &[Fallback] {
+        &self.fallbacks
+    }
+
+    pub(crate) fn take_fallbacks(&mut self) -> Vec<Fallback> {
+        std::mem::take(&mut self.fallbacks)
+    }
+}
+
+/// A node policy whose every answer is valid: the primary policy's when it is, else the native
 /// reference policy's. Failures are logged, reported to the observer and kept for status.
 pub struct Guarded {
     primary: Box<dyn PolicyInstance>,
     reference: NativePolicy,
-    fallbacks: Vec<Fallback>,
-    observer: Option<Arc<dyn Observer>>,
+    guard: Guard,
 }
 
 impl Guarded {
@@ -20,14 +96,13 @@ impl Guarded {
         Self {
             primary,
             reference: NativePolicy::reference(),
-            fallbacks: Vec::new(),
-            observer: None,
+            guard: Guard::default(),
         }
     }
 
     /// Report every call and fallback to `observer` (Prometheus in the agent).
     pub fn with_observer(mut self, observer: Arc<dyn Observer>) -> Self {
-        self.observer = Some(observer);
+        self.guard.observe(observer);
         self
     }
 
@@ -39,37 +114,14 @@ impl Guarded {
         check: impl FnOnce(&T) -> Result<(), String>,
         reference: impl FnOnce(&mut NativePolicy) -> Result<T, PolicyError>,
     ) -> T {
-        let started = Instant::now();
-        let answer = ask(self.primary.as_mut());
-        if let Some(o) = &self.observer {
-            o.policy_call(hook, started.elapsed());
+        let primary = self.primary.as_mut();
+        let name = primary.name().to_string();
+        match self.guard.ask(&name, hook, None, || ask(primary), check) {
+            Some(answer) => answer,
+            None => {
+                reference(&mut self.reference).expect("the native reference policy cannot fail")
+            }
         }
-        let error = match answer {
-            Ok(value) => match check(&value) {
-                Ok(()) => return value,
-                Err(reason) => PolicyError::Invalid {
-                    policy: self.primary.name().to_string(),
-                    hook,
-                    reason,
-                },
-            },
-            Err(e) => e,
-        };
-        tracing::warn!(
-            policy = self.primary.name(),
-            hook = hook.as_str(),
-            error = %error,
-            "policy decision failed; using the built-in reference policy for it"
-        );
-        if let Some(o) = &self.observer {
-            o.policy_fallback(hook, error.kind());
-        }
-        self.fallbacks.push(Fallback {
-            hook,
-            kind: error.kind(),
-            message: error.to_string(),
-        });
-        reference(&mut self.reference).expect("the native reference policy cannot fail")
     }
 
     pub fn info(&mut self) -> PolicyInfo {
@@ -83,11 +135,11 @@ impl Decisions for Guarded {
     }
 
     fn fallbacks(&self) -> &[Fallback] {
-        &self.fallbacks
+        self.guard.fallbacks()
     }
 
     fn take_fallbacks(&mut self) -> Vec<Fallback> {
-        std::mem::take(&mut self.fallbacks)
+        self.guard.take_fallbacks()
     }
 
     fn admit(&mut self, request: &AdmissionRequest) -> Admission {

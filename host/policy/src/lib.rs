@@ -33,21 +33,28 @@ pub use pinset_policy_sdk::{
     PullOutcome, Verdict,
 };
 pub use wasm::{
-    COMPILE_INVALID_MODULE, COMPILE_SUBCOMMAND, CONTRACT, CompiledModule, Compiler, FLEET_CONTRACT,
-    FleetModule, Limits, MAX_LOG_BYTES, MAX_LOG_LINE_BYTES, MAX_LOG_LINES, MAX_REASON_BYTES,
-    NO_WAITING, PolicyModule, STDERR_CAPTURE_BYTES, WasmFleet, WasmPolicy, WasmRuntime, bounded,
+    COMPILE_INVALID_MODULE, COMPILE_SUBCOMMAND, CONTRACT, CONTRACTS, CompiledModule, Compiler,
+    Contract, FLEET_CONTRACT, Fleet, FleetModule, Limits, MAX_LOG_BYTES, MAX_LOG_LINE_BYTES,
+    MAX_LOG_LINES, MAX_REASON_BYTES, Module, NO_WAITING, Node, PolicyModule, Role,
+    STDERR_CAPTURE_BYTES, WasmFleet, WasmInstance, WasmPolicy, WasmRuntime, bounded,
     instance_strategy, precompile,
 };
 
 pub use pinset_core::decisions::Hook;
 use std::time::Duration;
 
-/// One live instance of a policy, answering the hooks of one reconcile. Calls may fail; callers
-/// other than tests and benchmarks use [`Guarded`], which never does.
-pub trait PolicyInstance: Send {
+/// What every policy instance answers, whatever its contract and whether it is a Wasm module or
+/// compiled into pinset: its name and what it says of itself. The contracts' traits,
+/// [`PolicyInstance`] and [`FleetInstance`], build on it.
+pub trait Described: Send {
     /// The name of the module or built-in policy, for errors and metrics.
     fn name(&self) -> &str;
     fn info(&mut self) -> Result<PolicyInfo, PolicyError>;
+}
+
+/// One live instance of a node policy, answering the hooks of one reconcile. Calls may fail;
+/// callers other than tests and benchmarks use [`Guarded`], which never does.
+pub trait PolicyInstance: Described {
     fn admit(&mut self, request: &AdmissionRequest) -> Result<Admission, PolicyError>;
     fn order(&mut self, node: &NodeFacts, images: &Images) -> Result<Vec<u32>, PolicyError>;
     fn concurrency(&mut self, node: &NodeFacts) -> Result<u32, PolicyError>;

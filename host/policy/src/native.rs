@@ -1,4 +1,4 @@
-use super::{PolicyError, PolicyInstance};
+use super::{Described, PolicyError, PolicyInstance};
 use pinset_policy_default::DefaultPolicy;
 use pinset_policy_sdk::{
     Admission, AdmissionRequest, Images, NodeFacts, Policy, PolicyInfo, Pressure, PullOutcome,
@@ -29,13 +29,16 @@ impl NativePolicy {
     }
 }
 
-impl PolicyInstance for NativePolicy {
+impl Described for NativePolicy {
     fn name(&self) -> &str {
         &self.name
     }
     fn info(&mut self) -> Result<PolicyInfo, PolicyError> {
         Ok(self.policy.info())
     }
+}
+
+impl PolicyInstance for NativePolicy {
     fn admit(&mut self, request: &AdmissionRequest) -> Result<Admission, PolicyError> {
         Ok(self.policy.admit(request))
     }

@@ -2,7 +2,7 @@
 //! of the policy, never something pinset acts on.
 
 use super::{MAX_CONCURRENCY, MAX_THROTTLE};
-use pinset_policy_sdk::{Grant, Phase, RolloutRequest, Verdict};
+use pinset_policy_sdk::{Grant, RolloutRequest, Verdict};
 
 /// `order` must be a permutation of `0..len`.
 pub fn order(order: &[u32], len: usize) -> Result<(), String> {
@@ -61,9 +61,9 @@ pub fn throttle_ms(ms: u64) -> Result<(), String> {
 }
 
 /// A fleet grant must name nodes of the request, each once, allow 1..=64 pulls per node when
-/// it caps them, and keep the pool within its ceiling (`pinset.io/rollout-max-pulling`): the
-/// nodes in flight after the grant (granted, Ready, pulling or failed and retrying, plus the
-/// newly granted) may not outnumber it.
+/// it caps them, and keep the pool within its ceiling (`pinset.io/rollout-max-pulling`), as
+/// [`pinset_core::rollout::over_ceiling`] counts it: the nodes holding a slot plus every node
+/// the grant adds, whatever its state; a grant that adds nobody is within it.
 pub fn grant(grant: &Grant, request: &RolloutRequest) -> Result<(), String> {
     let n = request.nodes.len();
     let mut seen = vec![false; n];
@@ -83,22 +83,15 @@ pub fn grant(grant: &Grant, request: &RolloutRequest) -> Result<(), String> {
             crate::fleet::MAX_PULLS
         ));
     }
-    let Some(ceiling) = request.pool.max_pulling else {
-        return Ok(());
-    };
-    let in_flight = request
-        .nodes
-        .iter()
-        .zip(&seen)
-        .filter(|(node, added)| {
-            node.ready
-                && ((node.granted && node.in_flight())
-                    || (**added && !node.granted && node.phase == Phase::Waiting))
-        })
-        .count();
-    if in_flight > ceiling as usize {
+    if grant.hold.is_some() && !grant.nodes.is_empty() {
         return Err(format!(
-            "grant leaves {in_flight} nodes pulling at once, over the pool's ceiling of {ceiling} ({})",
+            "the decision holds the rollout yet grants {} node(s)",
+            grant.nodes.len()
+        ));
+    }
+    if let Some((after, ceiling)) = pinset_core::rollout::over_ceiling(request, &grant.nodes) {
+        return Err(format!(
+            "grant leaves {after} nodes pulling at once, over the pool's ceiling of {ceiling} ({})",
             pinset_policy_sdk::MAX_PULLING_ANNOTATION
         ));
     }

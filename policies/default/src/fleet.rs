@@ -63,7 +63,7 @@ pub fn grant(rollout: &Rollout) -> Grant {
         return canary(rollout);
     }
     let wave = wave(rollout);
-    let in_flight = nodes.iter().filter(|n| n.in_flight() && n.ready).count() as u32;
+    let in_flight = nodes.iter().filter(|n| n.holds_slot()).count() as u32;
     let add: Vec<u32> = rollout
         .candidates()
         .take(wave.saturating_sub(in_flight) as usize)
@@ -90,14 +90,14 @@ fn canary(rollout: &Rollout) -> Grant {
     let nodes = &rollout.nodes;
     if let Some(failed) = nodes.iter().find(|n| n.granted && n.phase == Phase::Failed) {
         let waiting = rollout.count(Phase::Waiting);
-        return Grant::none(format!(
+        return Grant::hold(format!(
             "canary node {} failed: {}; holding the other {waiting} node(s) until it succeeds \
              or the sets change",
             failed.name,
             failed.error().unwrap_or("see its MachineConfigNode")
         ));
     }
-    if let Some(pulling) = nodes.iter().find(|n| n.in_flight() && n.ready) {
+    if let Some(pulling) = nodes.iter().find(|n| n.holds_slot()) {
         return Grant::none(format!(
             "canary node {} is pulling; the others wait for it",
             pulling.name
@@ -195,6 +195,13 @@ mod tests {
             "{}",
             g.reason
         );
+        assert_eq!(g.hold.as_deref(), Some(g.reason.as_str()), "the pool holds");
+        // Once a granted node reached the target, a failure no longer holds the pool.
+        r.nodes[1].granted = true;
+        r.nodes[1].phase = Phase::Done;
+        let g = decide(&r);
+        assert_eq!(g.hold, None, "{}", g.reason);
+        assert!(g.reason.starts_with("wave of 1"), "{}", g.reason);
     }
 
     #[test]

@@ -111,6 +111,11 @@ impl FleetNode {
         in_flight(self.granted, self.phase)
     }
 
+    /// Counts against the pool's ceiling ([`holds_slot`]).
+    pub fn holds_slot(&self) -> bool {
+        holds_slot(self.granted, self.phase, self.ready)
+    }
+
     /// The error of the first target set that failed on this node, if any.
     pub fn error(&self) -> Option<&str> {
         self.sets
@@ -124,6 +129,15 @@ impl FleetNode {
 /// [`crate::Node::in_flight`].
 pub(crate) fn in_flight(granted: bool, phase: Phase) -> bool {
     granted && matches!(phase, Phase::Pulling | Phase::Failed)
+}
+
+/// A node counts against the pool's ceiling on nodes pulling at once
+/// ([`MAX_PULLING_ANNOTATION`]) while it is in flight ([`in_flight`]) and Ready: a granted node
+/// that is not Ready frees its slot until it is Ready again (a node that went away must not hold
+/// the rollout). The one rule behind [`FleetNode::holds_slot`] and [`crate::Node::holds_slot`],
+/// which the default fleet policy counts its waves by and the host checks every answer with.
+pub fn holds_slot(granted: bool, phase: Phase, ready: bool) -> bool {
+    ready && in_flight(granted, phase)
 }
 
 /// What the controller knows of a pool's rollout, one record per node: what it builds, updates
@@ -146,6 +160,9 @@ pub struct Grant {
     pub max_pulls: Option<u32>,
     /// Shown to operators in the pool's status, Events and logs.
     pub reason: String,
+    /// The pool's rollout holds, and why: it cannot go on until something changes (a failed
+    /// canary). The pool is Degraded with it. A grant that holds names no node.
+    pub hold: Option<String>,
 }
 
 impl Grant {
@@ -154,6 +171,17 @@ impl Grant {
             nodes,
             max_pulls: None,
             reason: reason.into(),
+            hold: None,
+        }
+    }
+
+    /// Grant no node, and hold the pool's rollout: `reason` is both the grant's reason and the
+    /// hold's.
+    pub fn hold(reason: impl Into<String>) -> Self {
+        let reason = reason.into();
+        Self {
+            hold: Some(reason.clone()),
+            ..Self::none(reason)
         }
     }
 

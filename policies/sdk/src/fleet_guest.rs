@@ -33,6 +33,10 @@ fn nodes(c: wit::Nodes) -> crate::Nodes {
 }
 
 pub fn grant<F: Fleet + Default>(r: wit::RolloutRequest) -> wit::RolloutGrant {
+    decide::<F>(r).grant
+}
+
+pub fn decide<F: Fleet + Default>(r: wit::RolloutRequest) -> wit::RolloutDecision {
     let rollout = crate::Rollout {
         pool: types::FleetPool {
             name: r.pool.name,
@@ -57,9 +61,12 @@ pub fn grant<F: Fleet + Default>(r: wit::RolloutRequest) -> wit::RolloutGrant {
         nodes: nodes(r.nodes),
     };
     let g = F::default().grant(&rollout);
-    wit::RolloutGrant {
-        nodes: g.nodes,
-        max_pulls: g.max_pulls,
-        reason: g.reason,
+    wit::RolloutDecision {
+        grant: wit::RolloutGrant {
+            nodes: g.nodes,
+            max_pulls: g.max_pulls,
+            reason: g.reason,
+        },
+        hold: g.hold,
     }
 }

@@ -404,6 +404,11 @@ impl<'a> Node<'a> {
         crate::fleet::in_flight(self.granted, self.phase)
     }
 
+    /// Counts against the pool's ceiling ([`crate::fleet::holds_slot`]).
+    pub fn holds_slot(&self) -> bool {
+        crate::fleet::holds_slot(self.granted, self.phase, self.ready)
+    }
+
     /// The error of the first target set that failed on this node, if any.
     pub fn error(&self) -> Option<&'a str> {
         self.sets().find_map(|s| s.last_failed_error)

@@ -158,6 +158,11 @@ macro_rules! export_fleet {
                 ) -> $crate::fleet_bindings::pinset::fleet::types::RolloutGrant {
                     $crate::fleet_guest::grant::<$fleet>(request)
                 }
+                fn decide(
+                    request: $crate::fleet_bindings::pinset::fleet::types::RolloutRequest,
+                ) -> $crate::fleet_bindings::pinset::fleet::types::RolloutDecision {
+                    $crate::fleet_guest::decide::<$fleet>(request)
+                }
             }
             $crate::fleet_bindings::__export_rollout!(ExportedFleet with_types_in $crate::fleet_bindings);
         };

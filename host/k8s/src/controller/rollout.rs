@@ -176,7 +176,7 @@ pub(super) async fn step(
     let counts = rollout::counts(&request);
     ctx.metrics.observe_pool_rollout(&pool, &counts);
     ctx.metrics.observe_pool_paused(&pool, paused);
-    let held = rollout::held(&request, &decided.grant);
+    let held = rollout::held(&decided.grant);
     if fresh {
         announce(ctx, &pool, &request, &added, &decided, held.as_deref());
     }
@@ -299,7 +299,7 @@ fn announce(
     if let Some(why) = held {
         events.push(Event {
             type_: EventType::Warning,
-            reason: "CanaryFailed".into(),
+            reason: "RolloutHeld".into(),
             note: Some(pinset_core::status::cap(why, 1024)),
             action: "Hold".into(),
             secondary: None,

@@ -146,7 +146,19 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let crio = dir.path().join("crio");
         std::os::unix::fs::symlink("/bin/sleep", &crio).unwrap();
-        let mut child = std::process::Command::new(&crio).arg("30").spawn().unwrap();
+        let mut command = std::process::Command::new(&crio);
+        command.arg("30");
+        // The stand-in takes SIGHUP's default action whatever this test inherited: a parent that
+        // ignores it (`nohup`, some CI runners) passes the ignored disposition on across exec.
+        // SAFETY: between fork and exec the closure only calls signal(2), which is
+        // async-signal-safe.
+        unsafe {
+            std::os::unix::process::CommandExt::pre_exec(&mut command, || {
+                libc::signal(libc::SIGHUP, libc::SIG_DFL);
+                Ok(())
+            });
+        }
+        let mut child = command.spawn().unwrap();
         let pid = child.id() as i32;
         // The kernel renames the process late in exec, after the parent has seen it start.
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);

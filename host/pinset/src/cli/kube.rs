@@ -137,6 +137,7 @@ fn metrics() -> Metrics {
         env!("CARGO_PKG_VERSION"),
         env!("PINSET_COMMIT"),
         pinset_policy::CONTRACT,
+        pinset_policy::FLEET_CONTRACT,
     );
     metrics
 }

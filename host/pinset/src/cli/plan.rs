@@ -112,7 +112,10 @@ pub struct PlanReport {
     pub pulls: Vec<Pull>,
     /// Sum of the known sizes of the pulls.
     pub known_bytes: u64,
+    /// Pulls at once: the policy's, at most the rollout grant's cap (`--max-pulls`).
     pub concurrency: u32,
+    /// The policy's own concurrency when the grant's cap lowered it.
+    pub policy_concurrency: Option<u32>,
     /// The pause the policy asks after the first pull at the current pressure.
     pub throttle_after_pull_ms: Option<u64>,
     /// Hooks where the policy failed and the reference decided, with why.
@@ -163,6 +166,7 @@ pub struct Pull {
 pub async fn plan_cmd(
     inputs: &Inputs,
     cri: Option<String>,
+    max_pulls: Option<u32>,
     sizing: &SizingOpts,
     sim: &Simulation,
     policy: &PolicyOpts,
@@ -187,7 +191,7 @@ pub async fn plan_cmd(
         None => offline_facts(&desired, &node, sizer.as_ref()).await,
     };
     let mut guarded = Guarded::new(Box::new(module.instance()));
-    let plan = plan::make(&mut guarded, &facts.request);
+    let plan = plan::make(&mut guarded, &facts.request, max_pulls);
     if let Some(path) = &sim.timeline {
         let t = simulate(&node.name, &plan, &facts, &mut guarded, sim.pull_rate_mib);
         let trace = super::write_timeline(path, &t).context("--timeline")?;
@@ -300,6 +304,7 @@ fn report(
         known_bytes: pulls.iter().filter_map(|p| p.size_bytes).sum(),
         pulls,
         concurrency: plan.concurrency,
+        policy_concurrency: plan.capped_from,
         throttle_after_pull_ms: throttle,
         fallbacks: policy.fallbacks().iter().map(ToString::to_string).collect(),
     }
@@ -337,6 +342,12 @@ fn print_text(r: &PlanReport) {
         fmt_bytes(r.known_bytes),
         r.concurrency
     );
+    if let Some(asked) = r.policy_concurrency {
+        println!(
+            "  capped by the rollout grant (max-pulls {}): the policy asked {asked} at once",
+            r.concurrency
+        );
+    }
     if let Some(ms) = r.throttle_after_pull_ms {
         println!(
             "throttle after a pull (current pressure): {:?}",

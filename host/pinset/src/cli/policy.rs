@@ -148,10 +148,10 @@ fn info(opts: &PolicyOpts, output: super::plan::Output) -> Result<ExitCode> {
     // (kind, contract, what the policy says of itself) for each contract it implements.
     let mut contracts = Vec::new();
     if let Some(m) = node {
-        contracts.push(("node", pinset_policy::CONTRACT, node_info(m)));
+        contracts.push(("node", m.interface(), node_info(m)));
     }
     if let Some(f) = fleet {
-        contracts.push(("fleet", pinset_policy::FLEET_CONTRACT, fleet_info(f)));
+        contracts.push(("fleet", f.interface(), fleet_info(f)));
     }
     let report = || {
         let mut report = serde_json::json!({
@@ -280,16 +280,13 @@ impl<'a> Modules<'a> {
         Ok(self.fleet.as_ref().expect("loaded above"))
     }
 
-    /// Both contracts, each when the module implements it; the node contract's error when it
-    /// implements neither (it names the module and what it exports).
+    /// Both contracts, each when the module implements it; when it implements neither, the
+    /// error of the contract it was built for (`WasmRuntime::bind_all`).
     fn load_all(&mut self) -> Result<()> {
-        self.compiled()?;
-        let node = self.node().map(drop);
-        let fleet = self.fleet().map(drop);
-        match (node, fleet) {
-            (Err(e), Err(_)) => Err(e),
-            _ => Ok(()),
-        }
+        let compiled = self.compiled()?;
+        let (node, fleet) = self.runtime.bind_all(&compiled)?;
+        (self.node, self.fleet) = (node, fleet);
+        Ok(())
     }
 
     /// One scenario file, node or fleet, against a fresh instance; an unreadable file fails.
@@ -356,7 +353,7 @@ impl<'a> Modules<'a> {
 }
 
 fn fleet_info(module: &pinset_policy::FleetModule) -> pinset_policy::PolicyInfo {
-    use pinset_policy::FleetInstance;
+    use pinset_policy::Described;
     module
         .instance()
         .info()

@@ -10,7 +10,7 @@ use super::plan::Output;
 use anyhow::{Context, Result, bail};
 use indicatif::{ProgressBar, ProgressStyle};
 use pinset_core::rollout_sim::{self, Run, SimNode, Simulation};
-use pinset_policy::{FleetInstance, GuardedFleet};
+use pinset_policy::{Described, GuardedFleet};
 use pinset_policy_sdk::{FleetPool, MAX_PULLING_ANNOTATION, Target, TargetSet};
 use serde::Serialize;
 use std::collections::BTreeMap;

@@ -1,30 +1,38 @@
-//! One reconcile's instance of a policy: calls under a deadline, failures classified, the
-//! contract's types converted to and from the SDK's.
+//! One instance of a module, whatever its contract: calls under a deadline, failures
+//! classified, the contract's `info` lifted. Each contract's hooks are called through
+//! [`WasmInstance::call`] (`node.rs`, `fleet.rs`).
 
-use super::borrowed::{AdmissionRequestArg, ImagesArg, NodeArg, OutcomeArg};
 use super::bounded;
+use super::contract::Contract;
 use super::engine::EPOCH_TICK;
 use super::module::Shared;
 use super::store::{Limits, LogBudget, State, new_store};
-use super::wit;
-use crate::{Hook, PolicyError, PolicyInstance};
+use crate::{Hook, PolicyError};
 use pinset_policy_sdk as sdk;
 use std::sync::Arc;
-use wasmtime::component::Instance;
+use wasmtime::AsContextMut;
+use wasmtime::component::{
+    ComponentExportIndex, ComponentNamedList, ComponentType, Instance, Lift, Lower, TypedFunc,
+};
 use wasmtime::{Store, Trap};
 
-/// One reconcile's instance of a Wasm policy.
-pub struct WasmPolicy {
-    pub(super) shared: Arc<Shared>,
-    pub(super) live: Option<(Store<State>, Bound)>,
-    /// What the policy may still log in this reconcile, whatever instances it takes.
-    pub(super) log: Arc<LogBudget>,
+/// An instance of a module bound to contract `C`: one reconcile's (node) or one decision's
+/// (fleet). Instantiated on its first call; a failed call discards it.
+pub struct WasmInstance<C: Contract> {
+    pub(super) shared: Arc<Shared<C>>,
+    live: Option<(Store<State>, Instance)>,
+    /// What the policy may still log in this instance's reconcile or decision, whatever stores
+    /// it takes.
+    log: Arc<LogBudget>,
 }
 
-/// A live instance: the component instance (its hooks are called by the export indices found
-/// once per module, `Shared::hooks`).
-pub(super) struct Bound {
-    instance: Instance,
+/// `record policy-info`, the same in every contract.
+#[derive(ComponentType, Lift)]
+#[component(record)]
+struct InfoRecord {
+    name: String,
+    version: String,
+    description: String,
 }
 
 /// Longest admission reason passed on (status, logs, `pinset plan`).
@@ -41,43 +49,63 @@ pub(super) fn deadline_ticks(limits: Limits) -> u64 {
     (limits.deadline.as_nanos().div_ceil(tick) as u64).max(1) + 1
 }
 
-impl WasmPolicy {
-    /// Run one hook, instantiating first when there is no live instance. Any failure drops the
-    /// store: a trapped instance may not be entered again.
-    fn call<R>(
+impl<C: Contract> WasmInstance<C> {
+    pub(super) fn new(shared: Arc<Shared<C>>) -> Self {
+        Self {
+            shared,
+            live: None,
+            log: Arc::default(),
+        }
+    }
+
+    /// Run one hook, instantiating first when there is no live instance, under the module's
+    /// deadline. Any failure drops the store (a trapped instance may not be entered again); so
+    /// does every call of a contract whose calls each take a fresh instance.
+    pub(super) fn call<R>(
         &mut self,
         hook: Hook,
-        f: impl FnOnce(&mut Store<State>, &Bound) -> wasmtime::Result<R>,
+        f: impl FnOnce(&mut Store<State>, &Instance, &C::Exports) -> wasmtime::Result<R>,
     ) -> Result<R, PolicyError> {
-        let ticks = deadline_ticks(self.shared.limits);
+        let (s, ticks) = (&self.shared, deadline_ticks(self.shared.limits));
         if self.live.is_none() {
-            let s = &self.shared;
             let mut store = new_store(&s.engine, &s.name, s.limits, self.log.clone());
             store.set_epoch_deadline(ticks);
-            let bound = s
-                .pre
-                .instantiate(&mut store)
-                .map(|instance| Bound { instance });
-            match bound {
-                Ok(bound) => self.live = Some((store, bound)),
+            match s.pre.instantiate(&mut store) {
+                Ok(instance) => self.live = Some((store, instance)),
                 Err(e) => return Err(classify(&s.name, s.limits, hook, &store, e)),
             }
         }
         let (store, instance) = self.live.as_mut().expect("instantiated above");
         store.set_epoch_deadline(ticks);
-        match f(store, instance) {
-            Ok(r) => Ok(r),
+        match f(store, instance, &s.exports) {
+            Ok(answer) => {
+                if C::FRESH_PER_CALL {
+                    self.live = None;
+                }
+                Ok(answer)
+            }
             Err(e) => {
                 let (store, _) = self.live.take().expect("live instance");
-                Err(classify(
-                    &self.shared.name,
-                    self.shared.limits,
-                    hook,
-                    &store,
-                    e,
-                ))
+                Err(classify(&s.name, s.limits, hook, &store, e))
             }
         }
+    }
+}
+
+impl<C: Contract> crate::Described for WasmInstance<C> {
+    fn name(&self) -> &str {
+        &self.shared.name
+    }
+
+    /// What the module says of itself, its strings bounded.
+    fn info(&mut self) -> Result<sdk::PolicyInfo, PolicyError> {
+        let info = C::info(&self.shared.exports);
+        let i: InfoRecord = self.call(Hook::Info, |s, instance, _| call(s, instance, info, ()))?;
+        Ok(sdk::PolicyInfo {
+            name: bounded(&i.name, MAX_NAME_BYTES),
+            version: bounded(&i.version, MAX_NAME_BYTES),
+            description: bounded(&i.description, MAX_DESCRIPTION_BYTES),
+        })
     }
 }
 
@@ -135,77 +163,17 @@ fn panic_message(state: &State) -> Option<String> {
     Some(detail.join(" "))
 }
 
-impl PolicyInstance for WasmPolicy {
-    fn name(&self) -> &str {
-        &self.shared.name
-    }
-
-    fn info(&mut self) -> Result<sdk::PolicyInfo, PolicyError> {
-        let hooks = self.shared.hooks;
-        let i = self.call(Hook::Info, |s, b| hooks.info(s, &b.instance))?;
-        Ok(sdk::PolicyInfo {
-            name: bounded(&i.name, MAX_NAME_BYTES),
-            version: bounded(&i.version, MAX_NAME_BYTES),
-            description: bounded(&i.description, MAX_DESCRIPTION_BYTES),
-        })
-    }
-
-    fn admit(&mut self, request: &sdk::AdmissionRequest) -> Result<sdk::Admission, PolicyError> {
-        let disk = disk(&request.disk);
-        let arg = AdmissionRequestArg {
-            node: NodeArg::of(&request.node),
-            disk: &disk,
-            images: ImagesArg::of(&request.images),
-        };
-        let hooks = self.shared.hooks;
-        let a = self.call(Hook::Admit, |s, b| hooks.admit(s, &b.instance, arg))?;
-        let verdict = match a.verdict {
-            wit::Verdict::AdmitAll => sdk::Verdict::AdmitAll,
-            wit::Verdict::AdmitSome(v) => sdk::Verdict::AdmitSome(v),
-            wit::Verdict::Reject => sdk::Verdict::Reject,
-        };
-        Ok(sdk::Admission {
-            verdict,
-            reason: bounded(&a.reason, MAX_REASON_BYTES),
-        })
-    }
-
-    fn order(&mut self, n: &sdk::NodeFacts, images: &sdk::Images) -> Result<Vec<u32>, PolicyError> {
-        let (n, images) = (NodeArg::of(n), ImagesArg::of(images));
-        let hooks = self.shared.hooks;
-        self.call(Hook::Order, |s, b| hooks.order(s, &b.instance, n, images))
-    }
-
-    fn concurrency(&mut self, n: &sdk::NodeFacts) -> Result<u32, PolicyError> {
-        let (n, hooks) = (NodeArg::of(n), self.shared.hooks);
-        self.call(Hook::Concurrency, |s, b| {
-            hooks.concurrency(s, &b.instance, n)
-        })
-    }
-
-    fn throttle(
-        &mut self,
-        n: &sdk::NodeFacts,
-        outcome: &sdk::PullOutcome,
-        pressure: &sdk::Pressure,
-    ) -> Result<u64, PolicyError> {
-        let (n, outcome) = (NodeArg::of(n), OutcomeArg::of(outcome));
-        let pressure = wit::Pressure {
-            io: pressure.io,
-            cpu: pressure.cpu,
-            memory: pressure.memory,
-        };
-        let hooks = self.shared.hooks;
-        self.call(Hook::Throttle, |s, b| {
-            hooks.throttle(s, &b.instance, n, outcome, pressure)
-        })
-    }
-}
-
-fn disk(d: &sdk::DiskFacts) -> wit::DiskFacts {
-    wit::DiskFacts {
-        capacity_bytes: d.capacity_bytes,
-        used_bytes: d.used_bytes,
-        available_bytes: d.available_bytes,
-    }
+/// Call export `func` of `instance`, its types checked against `P` and `R`.
+pub(super) fn call<P, R>(
+    mut store: impl AsContextMut,
+    instance: &Instance,
+    func: ComponentExportIndex,
+    params: P,
+) -> wasmtime::Result<R>
+where
+    P: ComponentNamedList + Lower + Send + Sync,
+    R: ComponentType + Lift + Send + Sync + 'static,
+{
+    let f: TypedFunc<P, (R,)> = instance.get_typed_func(&mut store, func)?;
+    Ok(f.call(&mut store, params)?.0)
 }

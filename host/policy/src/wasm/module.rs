@@ -1,10 +1,11 @@
 //! Loading a module: its size, sha256 pin and header checked and compiled once
-//! ([`CompiledModule`]), then per contract its version checked and its imports linked
-//! (pre-instantiation).
+//! ([`CompiledModule`]), then bound to a contract ([`Module`]): its export checked against the
+//! contract's version, its imports linked (pre-instantiation), its functions found. One path
+//! for every contract ([`Contract`]).
 
-use super::borrowed::BorrowedHooks;
+use super::contract::{self, CONTRACTS, Contract, Fleet, Node};
 use super::engine::{Ticker, WasmRuntime};
-use super::instance::WasmPolicy;
+use super::instance::WasmInstance;
 use super::store::{Limits, State};
 use crate::LoadError;
 use sha2::{Digest, Sha256};
@@ -13,8 +14,8 @@ use std::sync::Arc;
 use wasmtime::Engine;
 use wasmtime::component::Component;
 
-/// The exported interface (and version) this pinset calls.
-pub const CONTRACT: &str = "pinset:policy/decisions@0.1.0";
+/// The node contract's interface (and version) this pinset calls.
+pub const CONTRACT: &str = Node::INTERFACE;
 
 /// A module's bytes checked (size, sha256 pin, header) and compiled, not yet bound to a
 /// contract: one compile serves both contracts of a module that implements both. Cheap to clone.
@@ -36,17 +37,17 @@ impl CompiledModule {
 }
 
 impl WasmRuntime {
-    /// Load a module from a file. `sha256`, when given, must match the file.
+    /// Load a node policy module from a file. `sha256`, when given, must match the file.
     pub fn load_file(
         &self,
         path: &Path,
         sha256: Option<&str>,
         limits: Limits,
     ) -> Result<PolicyModule, LoadError> {
-        self.policy_module(&self.compile_file(path, sha256, limits)?)
+        self.bind(&self.compile_file(path, sha256, limits)?)
     }
 
-    /// Compile, check and pre-instantiate a module.
+    /// Compile, check and pre-instantiate a node policy module.
     pub fn load(
         &self,
         name: &str,
@@ -54,19 +55,55 @@ impl WasmRuntime {
         sha256: Option<&str>,
         limits: Limits,
     ) -> Result<PolicyModule, LoadError> {
-        self.policy_module(&self.compile_module(name, bytes, sha256, limits)?)
+        self.bind(&self.compile_module(name, bytes, sha256, limits)?)
     }
 
-    /// Check a compiled module's node contract and pre-instantiate it.
+    /// Load a fleet module from a file. `sha256`, when given, must match the file.
+    pub fn load_fleet_file(
+        &self,
+        path: &Path,
+        sha256: Option<&str>,
+        limits: Limits,
+    ) -> Result<FleetModule, LoadError> {
+        self.bind(&self.compile_file(path, sha256, limits)?)
+    }
+
+    /// Compile, check and pre-instantiate a fleet module.
+    pub fn load_fleet(
+        &self,
+        name: &str,
+        bytes: &[u8],
+        sha256: Option<&str>,
+        limits: Limits,
+    ) -> Result<FleetModule, LoadError> {
+        self.bind(&self.compile_module(name, bytes, sha256, limits)?)
+    }
+
+    /// Bind a compiled module to the node contract.
     pub fn policy_module(&self, compiled: &CompiledModule) -> Result<PolicyModule, LoadError> {
-        let (name, pre) = (&compiled.name, self.bind(compiled, CONTRACT)?);
-        let hooks = BorrowedHooks::find(&compiled.component, name, CONTRACT)?;
-        Ok(PolicyModule {
+        self.bind(compiled)
+    }
+
+    /// Bind a compiled module to the fleet contract.
+    pub fn fleet_module(&self, compiled: &CompiledModule) -> Result<FleetModule, LoadError> {
+        self.bind(compiled)
+    }
+
+    /// `compiled` bound to contract `C`: its export of `C` (or a compatible version) checked,
+    /// its imports linked once, the contract's functions found. One compile serves every
+    /// contract a module exports.
+    pub fn bind<C: Contract>(&self, compiled: &CompiledModule) -> Result<Module<C>, LoadError> {
+        let (name, component) = (&compiled.name, &compiled.component);
+        let interface = check_export::<C>(&self.engine, component, name)?;
+        let pre = self.pre_instantiate(name, component)?;
+        let exports = C::exports(component, name, &interface)?;
+        Ok(Module {
             shared: Arc::new(Shared {
+                interface,
                 name: name.clone(),
                 sha256: compiled.sha256.clone(),
                 pre,
-                hooks,
+                exports,
                 engine: self.engine.clone(),
                 limits: compiled.limits,
                 _ticker: self.ticker.clone(),
@@ -74,16 +111,23 @@ impl WasmRuntime {
         })
     }
 
-    /// `compiled` checked to export `contract` (or a compatible version) and its imports linked
-    /// once: what binding a module to either contract starts with.
-    pub(super) fn bind(
+    /// Each contract `compiled` exports, bound; when it binds to none, the error of the
+    /// contract it was built for (a module built for a fleet contract this pinset does not
+    /// serve is told about the fleet contract), else the node contract's.
+    pub fn bind_all(
         &self,
         compiled: &CompiledModule,
-        contract: &str,
-    ) -> Result<wasmtime::component::InstancePre<State>, LoadError> {
-        let (name, component) = (&compiled.name, &compiled.component);
-        check_export(&self.engine, component, name, contract)?;
-        self.pre_instantiate(name, component)
+    ) -> Result<(Option<PolicyModule>, Option<FleetModule>), LoadError> {
+        let (node, fleet) = (self.bind::<Node>(compiled), self.bind::<Fleet>(compiled));
+        match (node, fleet) {
+            (Err(node), Err(fleet)) => {
+                let exports = exports(&self.engine, &compiled.component);
+                let built_for_fleet = contract::of_package(&exports, Fleet::INTERFACE)
+                    && !contract::of_package(&exports, Node::INTERFACE);
+                Err(if built_for_fleet { fleet } else { node })
+            }
+            (node, fleet) => Ok((node.ok(), fleet.ok())),
+        }
     }
 
     /// A module file checked and compiled. `sha256`, when given, must match the file.
@@ -187,44 +231,34 @@ pub(super) fn too_large(name: &str, bytes: u64, limits: Limits) -> Result<(), Lo
     Ok(())
 }
 
-/// The module must export `contract` (`package/interface@version`) or a semver-compatible
-/// version of it.
-pub(super) fn check_export(
+/// The interfaces a component exports.
+fn exports(engine: &Engine, component: &Component) -> Vec<String> {
+    let ty = component.component_type();
+    ty.exports(engine).map(|(n, _)| n.to_string()).collect()
+}
+
+/// The module must export `C`'s interface or a semver-compatible version of it: the name it
+/// exports it under. A module exporting another of pinset's contracts is told which role it
+/// plays instead of being asked to rebuild.
+fn check_export<C: Contract>(
     engine: &Engine,
     component: &Component,
     name: &str,
-    contract: &str,
-) -> Result<(), LoadError> {
-    let ty = component.component_type();
-    let exports: Vec<String> = ty.exports(engine).map(|(n, _)| n.to_string()).collect();
-    // The export implementing `c`, or a semver-compatible version of it.
-    let implementing = |c: &str| {
-        let wanted = version_of(c, c).expect("a contract has a version");
-        exports
-            .iter()
-            .find(|e| version_of(e, c).is_some_and(|v| compatible(v, wanted)))
-    };
-    if implementing(contract).is_some() {
-        return Ok(());
+) -> Result<String, LoadError> {
+    let exports = exports(engine, component);
+    if let Some(found) = contract::implementing(&exports, C::INTERFACE) {
+        return Ok(found.clone());
     }
-    // pinset's other contract: say which role the module plays instead of asking to rebuild it.
-    let (other, hint) = if contract == CONTRACT {
-        (
-            super::FLEET_CONTRACT,
-            "it is a fleet rollout policy, for the controller (`pinset controller --fleet-policy`)",
-        )
-    } else {
-        (
-            CONTRACT,
-            "it is a node pull policy, for the agents (`--policy`), not a fleet rollout policy",
-        )
-    };
-    if let Some(found) = implementing(other) {
+    let other = CONTRACTS
+        .iter()
+        .filter(|(interface, _)| *interface != C::INTERFACE)
+        .find_map(|(interface, role)| Some((contract::implementing(&exports, interface)?, role)));
+    if let Some((found, role)) = other {
         return Err(LoadError::OtherContract {
             module: name.into(),
-            expected: contract.into(),
+            expected: C::INTERFACE.into(),
             found: found.clone(),
-            hint,
+            hint: format!("it is a {}, not a {}", role.what, C::ROLE.what),
         });
     }
     let found = if exports.is_empty() {
@@ -234,7 +268,7 @@ pub(super) fn check_export(
     };
     Err(LoadError::Contract {
         module: name.into(),
-        expected: contract.into(),
+        expected: C::INTERFACE.into(),
         found,
     })
 }
@@ -251,41 +285,43 @@ pub(super) fn imports(engine: &Engine, component: &Component) -> Vec<String> {
     names
 }
 
-/// The (major, minor) version of `export` when it names the interface of `contract`.
-fn version_of(export: &str, contract: &str) -> Option<(u64, u64)> {
-    let prefix = &contract[..=contract.find('@')?];
-    let version = export.strip_prefix(prefix)?;
-    let mut parts = version.split('.');
-    Some((parts.next()?.parse().ok()?, parts.next()?.parse().ok()?))
-}
-/// Semver compatibility: same major, and for 0.x the same minor.
-fn compatible(found: (u64, u64), wanted: (u64, u64)) -> bool {
-    found.0 == wanted.0 && (found.0 != 0 || found.1 == wanted.1)
-}
-
 fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-pub(super) struct Shared {
+pub(super) struct Shared<C: Contract> {
+    /// The contract's interface as the module exports it (its version may be an older,
+    /// compatible one).
+    interface: String,
     pub(super) name: String,
     pub(super) sha256: String,
     pub(super) pre: wasmtime::component::InstancePre<State>,
-    /// The contract's functions among the module's exports, found once; called with borrowed
-    /// arguments.
-    pub(super) hooks: BorrowedHooks,
+    /// The contract's functions among the module's exports, found once.
+    pub(super) exports: C::Exports,
     pub(super) engine: Engine,
     pub(super) limits: Limits,
     _ticker: Arc<Ticker>,
 }
 
-/// A compiled, checked, pre-instantiated policy module. Cheap to clone.
-#[derive(Clone)]
-pub struct PolicyModule {
-    shared: Arc<Shared>,
+/// A compiled, checked, pre-instantiated module bound to contract `C`. Cheap to clone.
+pub struct Module<C: Contract> {
+    shared: Arc<Shared<C>>,
 }
 
-impl PolicyModule {
+/// A node policy module.
+pub type PolicyModule = Module<Node>;
+/// A fleet policy module.
+pub type FleetModule = Module<Fleet>;
+
+impl<C: Contract> Clone for Module<C> {
+    fn clone(&self) -> Self {
+        Self {
+            shared: self.shared.clone(),
+        }
+    }
+}
+
+impl<C: Contract> Module<C> {
     pub fn name(&self) -> &str {
         &self.shared.name
     }
@@ -295,41 +331,16 @@ impl PolicyModule {
     pub fn limits(&self) -> Limits {
         self.shared.limits
     }
+    /// The contract's interface as the module exports it, with the version it was built for.
+    pub fn interface(&self) -> &str {
+        &self.shared.interface
+    }
     /// The interfaces the module imports, sorted (`pinset policy info`).
     pub fn imports(&self) -> Vec<String> {
         imports(&self.shared.engine, self.shared.pre.component())
     }
-    /// A fresh instance for one reconcile.
-    pub fn instance(&self) -> WasmPolicy {
-        WasmPolicy {
-            shared: self.shared.clone(),
-            live: None,
-            log: Arc::default(),
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn contract_versions() {
-        assert_eq!(version_of(CONTRACT, CONTRACT), Some((0, 1)));
-        assert_eq!(
-            version_of("pinset:policy/decisions@0.2.0", CONTRACT),
-            Some((0, 2))
-        );
-        assert_eq!(version_of("other:x/decisions@0.1.0", CONTRACT), None);
-        let fleet = super::super::fleet::FLEET_CONTRACT;
-        assert_eq!(
-            version_of("pinset:fleet/rollout@0.2.3", fleet),
-            Some((0, 2))
-        );
-        assert_eq!(version_of(CONTRACT, fleet), None);
-        assert!(compatible((0, 1), (0, 1)));
-        assert!(!compatible((0, 2), (0, 1)));
-        assert!(compatible((1, 3), (1, 0)));
-        assert!(!compatible((2, 0), (1, 0)));
+    /// A fresh instance: for one reconcile (node), or one decision (fleet).
+    pub fn instance(&self) -> WasmInstance<C> {
+        WasmInstance::new(self.shared.clone())
     }
 }

@@ -1,0 +1,215 @@
+//! The node contract (`wit/policy.wit`): where its hooks are among a module's exports, and
+//! `admit`, `order`, `concurrency` and `throttle` called with their arguments borrowed, lowered
+//! straight from the caller's values into the policy's memory. The generated bindings take
+//! owned records, which would copy every column, label and name once more on the host per call,
+//! and type-check every export again for each instance.
+
+use super::bounded;
+use super::contract::{Contract, Node, Role, export_index};
+use super::instance::{MAX_REASON_BYTES, WasmInstance, call};
+use super::wit;
+use crate::{Hook, LoadError, PolicyError, PolicyInstance};
+use pinset_policy_sdk as sdk;
+use wasmtime::component::{Component, ComponentExportIndex, ComponentType, Lower};
+
+/// `record images` of the contract, over borrowed columns.
+#[derive(ComponentType, Lower, Clone, Copy)]
+#[component(record)]
+struct ImagesArg<'a> {
+    references: &'a str,
+    #[component(name = "reference-starts")]
+    reference_starts: &'a [u32],
+    present: &'a [u8],
+    #[component(name = "size-known")]
+    size_known: &'a [u8],
+    #[component(name = "size-bytes")]
+    size_bytes: &'a [u64],
+    #[component(name = "layer-starts")]
+    layer_starts: &'a [u32],
+    #[component(name = "layer-ids")]
+    layer_ids: &'a [u32],
+    #[component(name = "layer-sizes")]
+    layer_sizes: &'a [u64],
+    #[component(name = "set-starts")]
+    set_starts: &'a [u32],
+    #[component(name = "set-ids")]
+    set_ids: &'a [u32],
+    #[component(name = "set-names")]
+    set_names: &'a [String],
+}
+
+impl<'a> ImagesArg<'a> {
+    fn of(images: &'a sdk::Images) -> Self {
+        let c = images.columns();
+        ImagesArg {
+            references: c.references,
+            reference_starts: c.reference_starts,
+            present: c.present,
+            size_known: c.size_known,
+            size_bytes: c.size_bytes,
+            layer_starts: c.layer_starts,
+            layer_ids: c.layer_ids,
+            layer_sizes: c.layer_sizes,
+            set_starts: c.set_starts,
+            set_ids: c.set_ids,
+            set_names: c.set_names,
+        }
+    }
+}
+
+/// `record node-facts` of the contract, borrowed.
+#[derive(ComponentType, Lower, Clone, Copy)]
+#[component(record)]
+struct NodeArg<'a> {
+    name: &'a str,
+    labels: &'a [(String, String)],
+    pools: &'a [String],
+    #[component(name = "control-plane")]
+    control_plane: bool,
+    ready: bool,
+    #[component(name = "disk-pressure")]
+    disk_pressure: bool,
+    #[component(name = "allocatable-ephemeral-bytes")]
+    allocatable_ephemeral_bytes: Option<u64>,
+}
+
+impl<'a> NodeArg<'a> {
+    fn of(n: &'a sdk::NodeFacts) -> Self {
+        NodeArg {
+            name: &n.name,
+            labels: &n.labels,
+            pools: &n.pools,
+            control_plane: n.control_plane,
+            ready: n.ready,
+            disk_pressure: n.disk_pressure,
+            allocatable_ephemeral_bytes: n.allocatable_ephemeral_bytes,
+        }
+    }
+}
+
+/// `record pull-outcome` of the contract, borrowed.
+#[derive(ComponentType, Lower, Clone, Copy)]
+#[component(record)]
+struct OutcomeArg<'a> {
+    reference: &'a str,
+    error: Option<&'a str>,
+    bytes: Option<u64>,
+    #[component(name = "duration-ms")]
+    duration_ms: u64,
+    remaining: u32,
+}
+
+impl<'a> OutcomeArg<'a> {
+    fn of(o: &'a sdk::PullOutcome) -> Self {
+        OutcomeArg {
+            reference: &o.reference,
+            error: o.error.as_deref(),
+            bytes: o.bytes,
+            duration_ms: o.duration_ms,
+            remaining: o.remaining,
+        }
+    }
+}
+
+/// `record admission-request` of the contract, borrowed.
+#[derive(ComponentType, Lower, Clone, Copy)]
+#[component(record)]
+struct AdmissionRequestArg<'a> {
+    node: NodeArg<'a>,
+    disk: &'a wit::DiskFacts,
+    images: ImagesArg<'a>,
+}
+
+/// Where the node contract's hooks are among a module's exports, found once when it loads.
+#[derive(Clone, Copy)]
+pub struct NodeExports {
+    info: ComponentExportIndex,
+    admit: ComponentExportIndex,
+    order: ComponentExportIndex,
+    concurrency: ComponentExportIndex,
+    throttle: ComponentExportIndex,
+}
+
+impl Contract for Node {
+    const INTERFACE: &'static str = "pinset:policy/decisions@0.1.0";
+    const ROLE: Role = Role {
+        kind: "node",
+        what: "node pull policy, for the agents (`--policy`)",
+    };
+    const FRESH_PER_CALL: bool = false;
+    type Exports = NodeExports;
+
+    fn exports(
+        component: &Component,
+        module: &str,
+        interface: &str,
+    ) -> Result<NodeExports, LoadError> {
+        let func = |name: &str| export_index(component, module, interface, name);
+        Ok(NodeExports {
+            info: func("info")?,
+            admit: func("admit")?,
+            order: func("order")?,
+            concurrency: func("concurrency")?,
+            throttle: func("throttle")?,
+        })
+    }
+
+    fn info(exports: &NodeExports) -> ComponentExportIndex {
+        exports.info
+    }
+}
+
+/// A node policy module's instance for one reconcile.
+pub type WasmPolicy = WasmInstance<Node>;
+
+impl PolicyInstance for WasmInstance<Node> {
+    fn admit(&mut self, request: &sdk::AdmissionRequest) -> Result<sdk::Admission, PolicyError> {
+        let disk = wit::DiskFacts {
+            capacity_bytes: request.disk.capacity_bytes,
+            used_bytes: request.disk.used_bytes,
+            available_bytes: request.disk.available_bytes,
+        };
+        let arg = AdmissionRequestArg {
+            node: NodeArg::of(&request.node),
+            disk: &disk,
+            images: ImagesArg::of(&request.images),
+        };
+        let a: wit::Admission = self.call(Hook::Admit, |s, i, e| call(s, i, e.admit, (arg,)))?;
+        let verdict = match a.verdict {
+            wit::Verdict::AdmitAll => sdk::Verdict::AdmitAll,
+            wit::Verdict::AdmitSome(v) => sdk::Verdict::AdmitSome(v),
+            wit::Verdict::Reject => sdk::Verdict::Reject,
+        };
+        Ok(sdk::Admission {
+            verdict,
+            reason: bounded(&a.reason, MAX_REASON_BYTES),
+        })
+    }
+
+    fn order(&mut self, n: &sdk::NodeFacts, images: &sdk::Images) -> Result<Vec<u32>, PolicyError> {
+        let (n, images) = (NodeArg::of(n), ImagesArg::of(images));
+        self.call(Hook::Order, |s, i, e| call(s, i, e.order, (n, images)))
+    }
+
+    fn concurrency(&mut self, n: &sdk::NodeFacts) -> Result<u32, PolicyError> {
+        let n = NodeArg::of(n);
+        self.call(Hook::Concurrency, |s, i, e| call(s, i, e.concurrency, (n,)))
+    }
+
+    fn throttle(
+        &mut self,
+        n: &sdk::NodeFacts,
+        outcome: &sdk::PullOutcome,
+        pressure: &sdk::Pressure,
+    ) -> Result<u64, PolicyError> {
+        let (n, outcome) = (NodeArg::of(n), OutcomeArg::of(outcome));
+        let pressure = wit::Pressure {
+            io: pressure.io,
+            cpu: pressure.cpu,
+            memory: pressure.memory,
+        };
+        self.call(Hook::Throttle, |s, i, e| {
+            call(s, i, e.throttle, (n, outcome, pressure))
+        })
+    }
+}
