@@ -287,6 +287,28 @@ fn cli_bench_reports_every_hook() {
         "{stdout}"
     );
     assert!(rows.iter().all(|r| r["wasm"]["medianUs"].as_f64().unwrap() > 0.0 && r["ratio"].as_f64().is_some()));
+    assert!(rows.iter().all(|r| r["baseline"] == "native"), "{stdout}");
+
+    // With the floor module: a fresh instance and a reconcile against it, in the same run.
+    let floor = support::policy_path("pinset_test_policy_floor");
+    let (code, stdout, stderr) = bench(&["--floor", floor.to_str().unwrap(), "-o", "json"]);
+    assert_eq!(code, 0, "{stderr}");
+    let report: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    let against: Vec<&str> = report["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["baseline"] == "floor")
+        .map(|r| r["hook"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        against,
+        [
+            "new instance, against the floor module",
+            "reconcile (new instance + admit + order + concurrency + 1 throttle), against the floor module"
+        ],
+        "{stdout}"
+    );
 
     // A fleet-only module: the fleet rows alone, named as a fleet policy.
     let zones = support::policy_path("pinset_policy_zone_by_zone");

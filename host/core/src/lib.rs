@@ -8,13 +8,18 @@
 //!   crate), the hooks, fallbacks, and the observer that metrics implement;
 //! - [`plan`]: from decisions to a pull plan; [`settle`]: from presence and pull outcomes to
 //!   per-set verdicts; [`drift`]: pins lost behind pinset's back;
-//! - [`status`]: the per-set status model; [`scenario`]: the offline scenario format;
-//! - [`rollout`]: a pool's rollout against its target; [`rollout_sim`]: a whole rollout played
-//!   offline against a fleet policy.
+//! - [`status`]: the per-set status model; [`scenario`], [`fleet_scenario`]: the offline
+//!   scenario formats (node decisions, fleet decisions);
+//! - [`rollout`]: a pool's rollout against its target (phases, the request a fleet policy gets,
+//!   which nodes a grant adds, the pool's ceiling, where a rollout stands); [`rollout_sim`]: a
+//!   whole rollout played offline against a fleet policy;
+//! - [`timeline`]: pull and rollout timelines, drawn as SVG or a Chrome trace;
+//! - [`yaml`]: YAML read with positions (`FILE:LINE:COL: field.path`), unknown fields refused.
 //!
-//! May depend on: the policy SDK's contract types, serde, thiserror. Must not depend on any
-//! runtime or adapter: no tokio, tonic, kube, wasmtime, hyper. It touches the file system only to
-//! read scenario files named by the caller.
+//! May depend on: the policy SDK's contract types, serde, thiserror, the YAML parser. Must not
+//! depend on any runtime or adapter: no tokio, tonic, kube, wasmtime, hyper. It does no network
+//! or process I/O and reads no clock; it touches the file system only to read the input files a
+//! command names (scenario files, and [`yaml_files`] of a directory), and writes nothing.
 
 pub mod decisions;
 pub mod desired;

@@ -10,8 +10,8 @@
 //! - [`rollout_status`]: a pool's rollout as `pinset rollout` shows it, paused and resumed.
 //!
 //! The rules stay in `pinset-core` (which sets a pool lists, how nodes count) and the node crate
-//! (one reconcile); this crate reads and writes objects. May depend on: core, node, policy, kube,
-//! k8s-openapi, hyper. Must not hold domain rules of its own.
+//! (one reconcile); this crate reads and writes objects. May depend on: core, node, policy, the
+//! policy SDK's contract types (a fleet request, a grant), kube, k8s-openapi, hyper. Must not hold domain rules of its own.
 
 pub mod agent;
 pub mod api;

@@ -9,7 +9,8 @@
 //! - [`facts`], [`reconcile`]: the reconcile as its phases (facts → plan → pulls → verify →
 //!   pin → settle); [`config`]: the one way to build a [`Reconciler`] from flags.
 //!
-//! May depend on: `pinset-core` (rules, plan, settle, status, the `Decisions` trait), tokio,
+//! May depend on: `pinset-core` (rules, plan, settle, status, the `Decisions` trait), the policy
+//! SDK's contract types (the facts a reconcile hands the decisions: images, node, disk), tokio,
 //! tonic, the OCI client. Must not depend on the policy runtime (wasmtime) or Kubernetes: the
 //! decisions of a reconcile are an argument, whatever implements them.
 

@@ -14,7 +14,11 @@ const HOSTILE: &str = "target/wasm-policies/components/pinset_test_policy_hostil
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let path = std::env::args().nth(1).unwrap_or_else(|| HOSTILE.into());
-    let module = WasmRuntime::new()?.load_fleet_file(path.as_ref(), None, Limits::default())?;
+    let module = WasmRuntime::new()?.load_file_as::<pinset_policy::Fleet>(
+        path.as_ref(),
+        None,
+        Limits::default(),
+    )?;
     for nodes in [300, 3000] {
         let mut request = synth::fleet(nodes);
         // The hostile module names a node the pool does not have: an invalid answer.

@@ -26,11 +26,15 @@ impl Stats {
 pub struct Row {
     pub what: String,
     pub wasm: Stats,
+    /// The baseline's figures: the native reference's, or the floor module's.
     pub native: Stats,
+    /// What `native` measured: `native` (the reference compiled into pinset) or `floor` (the
+    /// module that decides nothing, `--floor`).
+    pub baseline: &'static str,
 }
 
 impl Row {
-    /// Wasm median over native median.
+    /// Wasm median over the baseline's median.
     pub fn ratio(&self) -> f64 {
         self.wasm.median.as_secs_f64() / self.native.median.as_secs_f64().max(1e-9)
     }
@@ -114,6 +118,7 @@ pub fn run(
             what: what.to_string(),
             wasm: Stats::of(wasm_samples),
             native: Stats::of(native_samples),
+            baseline: "native",
         });
         tick(what);
     }
@@ -147,7 +152,56 @@ pub fn fleet(
         what: format!("fleet grant, {nodes}-node pool (new instance + grant)"),
         wasm: Stats::of(wasm),
         native: Stats::of(native),
+        baseline: "native",
     })
+}
+
+/// A fresh instance and a whole reconcile of `module` against the same of `floor` (a module
+/// that decides nothing: what the sandbox costs by itself), calls interleaved on the same
+/// inputs. The sandbox's cost is followed as these two rows: the reconcile at most 2× the
+/// floor's, a fresh instance at most 10 µs (BENCHMARKS.md).
+pub fn against_floor(
+    module: &PolicyModule,
+    floor: &PolicyModule,
+    images: usize,
+    iterations: usize,
+) -> Result<Vec<Row>, PolicyError> {
+    let request = synth::request(images, 42);
+    let (outcome, pressure) = synth::outcome(&request);
+    let node = &request.node;
+    let reconcile = |p: &mut dyn PolicyInstance| -> Result<(), PolicyError> {
+        p.admit(&request)?;
+        p.order(node, &request.images)?;
+        p.concurrency(node)?;
+        p.throttle(node, &outcome, &pressure)?;
+        Ok(())
+    };
+    let instance = |p: &mut dyn PolicyInstance| p.concurrency(node).map(drop);
+    let warmup = (iterations / 10).max(3);
+    let mut rows = Vec::new();
+    type Step<'a> = &'a dyn Fn(&mut dyn PolicyInstance) -> Result<(), PolicyError>;
+    for (what, step) in [(ROWS[4], &instance as Step), (ROWS[5], &reconcile as Step)] {
+        let (mut ours, mut theirs) = (Vec::new(), Vec::new());
+        for i in 0..warmup + iterations {
+            let started = Instant::now();
+            step(&mut module.instance())?;
+            let a = started.elapsed();
+            let started = Instant::now();
+            step(&mut floor.instance())?;
+            let b = started.elapsed();
+            if i >= warmup {
+                ours.push(a);
+                theirs.push(b);
+            }
+        }
+        rows.push(Row {
+            what: format!("{what}, against the floor module"),
+            wasm: Stats::of(ours),
+            native: Stats::of(theirs),
+            baseline: "floor",
+        });
+    }
+    Ok(rows)
 }
 
 /// Pool sizes the fleet rows measure.

@@ -152,7 +152,11 @@ fn fleet_table(flags: &[String]) -> Result<controller::FleetTable> {
             Some((f, h)) => (f, Some(h)),
             None => (arg, None),
         };
-        Ok(runtime.load_fleet_file(std::path::Path::new(file), sha256, limits)?)
+        Ok(runtime.load_file_as::<pinset_policy::Fleet>(
+            std::path::Path::new(file),
+            sha256,
+            limits,
+        )?)
     };
     let mut default = None;
     let mut by_pool = std::collections::BTreeMap::new();

@@ -43,6 +43,10 @@ pub enum PolicyCommand {
         /// Measured calls per hook (after a warm-up of a tenth of that).
         #[arg(long, default_value_t = 200)]
         iterations: usize,
+        /// Also measure a fresh instance and a reconcile against this module that decides
+        /// nothing (`tests/policies/floor`): what the sandbox costs by itself, in the same run.
+        #[arg(long, value_name = "FILE.wasm")]
+        floor: Option<PathBuf>,
         /// text for people, json for scripts.
         #[arg(long, short = 'o', value_enum, default_value = "text")]
         output: Format,
@@ -100,8 +104,9 @@ pub fn run(cmd: PolicyCommand) -> Result<ExitCode> {
             policy,
             images,
             iterations,
+            floor,
             output,
-        } => bench_cmd(&policy, images, iterations.max(1), output),
+        } => bench_cmd(&policy, images, iterations.max(1), floor.as_deref(), output),
         PolicyCommand::Simulate(args) => super::simulate::run(&args),
         PolicyCommand::Info {
             mut policy,
@@ -267,7 +272,7 @@ impl<'a> Modules<'a> {
     fn node(&mut self) -> Result<&PolicyModule> {
         if self.node.is_none() {
             let compiled = self.compiled()?;
-            self.node = Some(self.runtime.policy_module(&compiled)?);
+            self.node = Some(self.runtime.bind::<pinset_policy::Node>(&compiled)?);
         }
         Ok(self.node.as_ref().expect("loaded above"))
     }
@@ -275,7 +280,7 @@ impl<'a> Modules<'a> {
     fn fleet(&mut self) -> Result<&pinset_policy::FleetModule> {
         if self.fleet.is_none() {
             let compiled = self.compiled()?;
-            self.fleet = Some(self.runtime.fleet_module(&compiled)?);
+            self.fleet = Some(self.runtime.bind::<pinset_policy::Fleet>(&compiled)?);
         }
         Ok(self.fleet.as_ref().expect("loaded above"))
     }
@@ -402,6 +407,7 @@ fn bench_cmd(
     opts: &PolicyOpts,
     images: usize,
     iterations: usize,
+    floor: Option<&std::path::Path>,
     format: Format,
 ) -> Result<ExitCode> {
     let mut modules = Modules::new(opts)?;
@@ -430,6 +436,11 @@ fn bench_cmd(
             bar.set_message(what);
         })?;
     }
+    if let (Some(module), Some(floor)) = (&modules.node, floor) {
+        bar.set_message("against the floor module");
+        let floor = modules.runtime.load_file(floor, None, module.limits())?;
+        rows.extend(bench::against_floor(module, &floor, images, iterations)?);
+    }
     if let Some(fleet) = &modules.fleet {
         for nodes in bench::FLEET_NODES {
             bar.set_message(format!("fleet grant, {nodes} nodes"));
@@ -452,7 +463,7 @@ fn bench_cmd(
     println!("instances: {}", pinset_policy::instance_strategy());
     println!(
         "{:<70} {:>22} {:>22} {:>8}",
-        "hook", "wasm", "native", "ratio"
+        "hook", "wasm", "native / floor", "ratio"
     );
     for row in &rows {
         println!(

@@ -91,6 +91,7 @@ pub fn bench_json(
             "hook": r.what,
             "wasm": {"medianUs": us(r.wasm.median), "p99Us": us(r.wasm.p99)},
             "native": {"medianUs": us(r.native.median), "p99Us": us(r.native.p99)},
+            "baseline": r.baseline,
             "ratio": r.ratio(),
         })).collect::<Vec<_>>(),
     })

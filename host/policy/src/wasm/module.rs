@@ -44,7 +44,7 @@ impl WasmRuntime {
         sha256: Option<&str>,
         limits: Limits,
     ) -> Result<PolicyModule, LoadError> {
-        self.bind(&self.compile_file(path, sha256, limits)?)
+        self.load_file_as(path, sha256, limits)
     }
 
     /// Compile, check and pre-instantiate a node policy module.
@@ -55,38 +55,28 @@ impl WasmRuntime {
         sha256: Option<&str>,
         limits: Limits,
     ) -> Result<PolicyModule, LoadError> {
-        self.bind(&self.compile_module(name, bytes, sha256, limits)?)
+        self.load_as(name, bytes, sha256, limits)
     }
 
-    /// Load a fleet module from a file. `sha256`, when given, must match the file.
-    pub fn load_fleet_file(
+    /// Load a module of contract `C` from a file (`load_file_as::<Fleet>`).
+    pub fn load_file_as<C: Contract>(
         &self,
         path: &Path,
         sha256: Option<&str>,
         limits: Limits,
-    ) -> Result<FleetModule, LoadError> {
+    ) -> Result<Module<C>, LoadError> {
         self.bind(&self.compile_file(path, sha256, limits)?)
     }
 
-    /// Compile, check and pre-instantiate a fleet module.
-    pub fn load_fleet(
+    /// Compile, check and pre-instantiate a module of contract `C`.
+    pub fn load_as<C: Contract>(
         &self,
         name: &str,
         bytes: &[u8],
         sha256: Option<&str>,
         limits: Limits,
-    ) -> Result<FleetModule, LoadError> {
+    ) -> Result<Module<C>, LoadError> {
         self.bind(&self.compile_module(name, bytes, sha256, limits)?)
-    }
-
-    /// Bind a compiled module to the node contract.
-    pub fn policy_module(&self, compiled: &CompiledModule) -> Result<PolicyModule, LoadError> {
-        self.bind(compiled)
-    }
-
-    /// Bind a compiled module to the fleet contract.
-    pub fn fleet_module(&self, compiled: &CompiledModule) -> Result<FleetModule, LoadError> {
-        self.bind(compiled)
     }
 
     /// `compiled` bound to contract `C`: its export of `C` (or a compatible version) checked,
