@@ -2,7 +2,6 @@
 
 mod support;
 
-use pinset_cri_sim::{SimConfig, SimulatedRuntime};
 use pinset_node::pin::crio;
 use std::path::Path;
 use std::process::Command;
@@ -207,60 +206,21 @@ fn plan_works_without_a_runtime() {
 
 #[test]
 fn node_pulls_and_pins_against_a_runtime_and_refuses_a_tag_by_name() {
-    let dir = tempfile::tempdir().unwrap();
-    let images: Vec<String> = (1..=3)
-        .map(|n| format!("registry.test/a/{n}@sha256:{n:064x}"))
-        .collect();
-    let sets = dir.path().join("sets.yaml");
-    let set = |name: &str, refs: &[String]| {
-        let mut s = format!(
-            "apiVersion: machineconfiguration.openshift.io/v1\nkind: PinnedImageSet\nmetadata:\n  name: {name}\n  labels: {{machineconfiguration.openshift.io/role: worker}}\nspec:\n  pinnedImages:\n"
-        );
-        for r in refs {
-            s.push_str(&format!("    - name: {r}\n"));
-        }
-        s
-    };
-    std::fs::write(&sets, set("apps", &images)).unwrap();
-    let node = dir.path().join("node.yaml");
-    std::fs::write(
-        &node,
-        "kind: Node\nmetadata: {name: w1, labels: {node-role.kubernetes.io/worker: ''}}\nstatus:\n  allocatable: {ephemeral-storage: 50Gi}\n  conditions: [{type: Ready, status: 'True'}]\n",
-    )
-    .unwrap();
-    let dropins = dir.path().join("crio.conf.d");
+    let images = support::digests("a", 3);
     let rt = tokio::runtime::Runtime::new().unwrap();
-    let sim = SimulatedRuntime::new(SimConfig::uniform(
-        &images,
-        1 << 20,
-        dropins.join(crio::DROP_IN),
-    ));
-    let server = rt
-        .block_on(sim.serve(&dir.path().join("cri.sock")))
-        .unwrap();
-    let endpoint = server.endpoint();
-    let args = |sets: &Path| -> Vec<String> {
-        [
-            "node",
-            "--sets",
-            sets.to_str().unwrap(),
-            "--node",
-            node.to_str().unwrap(),
-            "--cri",
-            &endpoint,
-            "--crio-dropin-dir",
-            dropins.to_str().unwrap(),
-            "--crio-reload",
-            "",
-            "--no-sizing",
-        ]
-        .iter()
-        .map(|s| s.to_string())
-        .collect()
+    let n = support::SimNode::start(&rt, &images, "", |_| {});
+    n.write_set("apps", None, &images);
+    let (dir, sets, dropins, sim) = (&n.dir, &n.sets, &n.dropins, &n.sim);
+    // The node's arguments with another sets file.
+    let args = |file: &Path| -> Vec<String> {
+        let mut a = n.node_args();
+        a[2] = file.to_str().unwrap().to_string();
+        a
     };
+    let set = |name: &str, refs: &[String]| support::set_yaml(name, None, refs);
     let run = |a: Vec<String>| pinset(&a.iter().map(String::as_str).collect::<Vec<_>>());
 
-    let (code, out, err) = run(args(&sets));
+    let (code, out, err) = run(args(sets));
     assert_eq!(code, 0, "{out}\n{err}");
     assert!(out.contains("node w1: 3 pulled, 0 failed"), "{out}");
     // No --pin: the runtime says it is CRI-O (CRI Version), so the drop-in is written.
@@ -296,60 +256,25 @@ fn node_pulls_and_pins_against_a_runtime_and_refuses_a_tag_by_name() {
         "the valid set is unaffected: {out}"
     );
     assert_eq!(sim.stats().calls("PullImage"), 3, "nothing pulled twice");
-    drop(server);
 }
 
 #[test]
 fn watch_restarts_on_a_changed_set_and_abandons_pulls_in_flight() {
     use pinset_cri_sim::Fault;
     use std::time::{Duration, Instant};
-    let dir = tempfile::tempdir().unwrap();
-    let images: Vec<String> = (1..=6)
-        .map(|n| format!("registry.test/w/{n}@sha256:{n:064x}"))
-        .collect();
-    let write_set = |generation: i64, refs: &[String]| {
-        let mut s = format!(
-            "kind: PinnedImageSet\nmetadata:\n  name: apps\n  generation: {generation}\n  labels: {{machineconfiguration.openshift.io/role: worker}}\nspec:\n  pinnedImages:\n"
-        );
-        for r in refs {
-            s.push_str(&format!("    - name: {r}\n"));
-        }
-        std::fs::write(dir.path().join("sets.yaml"), s).unwrap();
-    };
-    write_set(1, &images[..3]);
-    let node = dir.path().join("node.yaml");
-    std::fs::write(
-        &node,
-        "kind: Node\nmetadata: {name: w1, labels: {node-role.kubernetes.io/worker: ''}}\nstatus:\n  allocatable: {ephemeral-storage: 50Gi}\n  conditions: [{type: Ready, status: 'True'}]\n",
-    )
-    .unwrap();
-    let dropins = dir.path().join("crio.conf.d");
+    let images = support::digests("w", 6);
     let rt = tokio::runtime::Runtime::new().unwrap();
-    let sim = SimulatedRuntime::new(SimConfig::uniform(
-        &images,
-        1 << 20,
-        dropins.join(crio::DROP_IN),
-    ));
-    for r in &images[..3] {
-        sim.inject(r, [Fault::Hang]);
-    }
-    let server = rt
-        .block_on(sim.serve(&dir.path().join("cri.sock")))
-        .unwrap();
+    let n = support::SimNode::start(&rt, &images, "", |sim| {
+        for r in &images[..3] {
+            sim.inject(r, [Fault::Hang]);
+        }
+    });
+    let write_set = |generation: i64, refs: &[String]| n.write_set("apps", Some(generation), refs);
+    write_set(1, &images[..3]);
+    let (dropins, sim) = (&n.dropins, &n.sim);
     let mut child = Command::new(support::PINSET)
-        .args([
-            "node",
-            "--watch",
-            "--no-sizing",
-            "--crio-reload",
-            "",
-            "--sets",
-        ])
-        .arg(dir.path().join("sets.yaml"))
-        .arg("--node")
-        .arg(&node)
-        .args(["--cri", &server.endpoint(), "--crio-dropin-dir"])
-        .arg(&dropins)
+        .args(n.node_args())
+        .arg("--watch")
         .env("PINSET_LOG", "warn")
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
@@ -381,7 +306,6 @@ fn watch_restarts_on_a_changed_set_and_abandons_pulls_in_flight() {
     assert_eq!(stats.in_flight, 0);
     let _ = child.kill();
     let _ = child.wait();
-    drop(server);
 }
 
 /// kubectl-grade habits: exit codes (0 ok, 1 failure, 2 usage), a dry run whose input is
@@ -643,49 +567,20 @@ fn input_errors_name_file_line_and_field_once() {
 #[test]
 fn hostile_policies_cannot_crash_stall_or_flood_pinset_node() {
     let hostile = support::policy_path("pinset_test_policy_hostile");
-    let images: Vec<String> = (1..=3)
-        .map(|n| format!("registry.test/h/{n}@sha256:{n:064x}"))
-        .collect();
+    let images = support::digests("h", 3);
     let rt = tokio::runtime::Runtime::new().unwrap();
     for mode in support::HOSTILE_MODES {
-        let dir = tempfile::tempdir().unwrap();
-        let sets = dir.path().join("sets.yaml");
-        let mut set = "apiVersion: machineconfiguration.openshift.io/v1\nkind: PinnedImageSet\nmetadata:\n  name: apps\n  labels: {machineconfiguration.openshift.io/role: worker}\nspec:\n  pinnedImages:\n".to_string();
-        for r in &images {
-            set.push_str(&format!("    - name: {r}\n"));
-        }
-        std::fs::write(&sets, set).unwrap();
-        let node = dir.path().join("node.yaml");
-        std::fs::write(
-            &node,
-            format!("kind: Node\nmetadata: {{name: w1, labels: {{node-role.kubernetes.io/worker: '', pinset.test/hostile: {mode}}}}}\nstatus:\n  allocatable: {{ephemeral-storage: 50Gi}}\n  conditions: [{{type: Ready, status: 'True'}}]\n"),
-        )
-        .unwrap();
-        let dropins = dir.path().join("crio.conf.d");
-        let sim = SimulatedRuntime::new(SimConfig::uniform(
+        let n = support::SimNode::start(
+            &rt,
             &images,
-            1 << 20,
-            dropins.join(crio::DROP_IN),
-        ));
-        let server = rt
-            .block_on(sim.serve(&dir.path().join("cri.sock")))
-            .unwrap();
+            &format!("pinset.test/hostile: {mode}"),
+            |_| {},
+        );
+        n.write_set("apps", None, &images);
         let started = std::time::Instant::now();
         let out = Command::new(support::PINSET)
-            .args(["node", "--sets", sets.to_str().unwrap()])
-            .args([
-                "--node",
-                node.to_str().unwrap(),
-                "--cri",
-                &server.endpoint(),
-            ])
-            .args([
-                "--crio-dropin-dir",
-                dropins.to_str().unwrap(),
-                "--crio-reload",
-                "",
-            ])
-            .args(["--no-sizing", "--policy", hostile.to_str().unwrap()])
+            .args(n.node_args())
+            .args(["--policy", hostile.to_str().unwrap()])
             .args(["--policy-deadline-ms", "50"])
             .env("PINSET_LOG", "info")
             .output()
@@ -736,7 +631,7 @@ fn hostile_policies_cannot_crash_stall_or_flood_pinset_node() {
                 1,
                 "said once: {ctx}"
             );
-            assert_eq!(sim.stats().calls("PullImage"), 0, "{ctx}");
+            assert_eq!(n.sim.stats().calls("PullImage"), 0, "{ctx}");
             continue;
         }
         assert_eq!(code, Some(0), "{ctx}");
@@ -753,7 +648,6 @@ fn hostile_policies_cannot_crash_stall_or_flood_pinset_node() {
                 "printing is no failure: {ctx}"
             ),
         }
-        drop(server);
     }
 }
 

@@ -346,6 +346,27 @@ fn a_module_of_another_contract_version_is_refused() {
     assert!(msg.contains("pinset:policy/decisions@0.1.0"), "{msg}");
 }
 
+/// A module built from a WIT that differs from the host's under the same version (one more
+/// column in `images`) is refused when it loads, naming the function and the record field that
+/// differs — not
+/// trapped and replaced on every call.
+#[test]
+fn a_module_whose_types_differ_from_the_host_s_is_refused_naming_the_function_and_field() {
+    let path = component("pinset_test_policy_mismatch");
+    let err = runtime()
+        .load_file(&path, None, Limits::default())
+        .err()
+        .expect("refused");
+    let msg = err.to_string();
+    assert!(matches!(err, LoadError::Mismatch { .. }), "{msg}");
+    assert!(msg.contains("function `admit`"), "{msg}");
+    assert!(msg.contains("pinset:policy/decisions@0.1.0"), "{msg}");
+    assert!(
+        msg.contains("field images: expected record of 11 fields, found 12"),
+        "the field is named: {msg}"
+    );
+}
+
 #[test]
 fn the_sha256_pin_is_enforced() {
     let path = component("pinset_policy_default");

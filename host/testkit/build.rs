@@ -6,7 +6,7 @@
 mod wasm_build;
 
 /// (package, file stem) of every policy built here.
-const POLICIES: [(&str, &str); 10] = [
+const POLICIES: [(&str, &str); 11] = [
     ("pinset-policy-default", "pinset_policy_default"),
     (
         "pinset-policy-smallest-first",
@@ -32,6 +32,7 @@ const POLICIES: [(&str, &str); 10] = [
         "pinset-test-policy-fleet-0-2-0",
         "pinset_test_policy_fleet_0_2_0",
     ),
+    ("pinset-test-policy-mismatch", "pinset_test_policy_mismatch"),
 ];
 
 fn main() {

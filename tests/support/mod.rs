@@ -47,3 +47,107 @@ pub fn timeline_bars(svg: &std::path::Path) -> Vec<(f64, f64, String, String)> {
     bars.sort_by(|a, b| a.0.total_cmp(&b.0));
     bars
 }
+
+/// `n` image references by digest, `registry.test/{repo}/1@sha256:…` onwards.
+pub fn digests(repo: &str, n: usize) -> Vec<String> {
+    (1..=n)
+        .map(|i| format!("registry.test/{repo}/{i}@sha256:{i:064x}"))
+        .collect()
+}
+
+/// A PinnedImageSet of the worker role as YAML, at `generation` when given.
+pub fn set_yaml(name: &str, generation: Option<i64>, refs: &[String]) -> String {
+    let generation = generation.map_or(String::new(), |g| format!("  generation: {g}\n"));
+    let mut s = format!(
+        "apiVersion: machineconfiguration.openshift.io/v1\nkind: PinnedImageSet\nmetadata:\n  \
+         name: {name}\n{generation}  labels: {{machineconfiguration.openshift.io/role: worker}}\n\
+         spec:\n  pinnedImages:\n"
+    );
+    for r in refs {
+        s.push_str(&format!("    - name: {r}\n"));
+    }
+    s
+}
+
+/// A Ready worker Node `w1` with 50Gi of ephemeral storage as YAML; `labels` are more labels
+/// (`key: value, …`), or empty.
+pub fn worker_yaml(labels: &str) -> String {
+    let more = if labels.is_empty() {
+        String::new()
+    } else {
+        format!(", {labels}")
+    };
+    format!(
+        "kind: Node\nmetadata: {{name: w1, labels: {{node-role.kubernetes.io/worker: ''{more}}}}}\n\
+         status:\n  allocatable: {{ephemeral-storage: 50Gi}}\n  conditions: [{{type: Ready, \
+         status: 'True'}}]\n"
+    )
+}
+
+/// A worker node as `pinset node` meets it: its Node and sets in files, and the in-process CRI
+/// service (a real gRPC server on a unix socket) able to pull `images` (1 MiB each), pins in a
+/// CRI-O drop-in directory. The server stops when this is dropped.
+pub struct SimNode {
+    pub dir: tempfile::TempDir,
+    pub sets: std::path::PathBuf,
+    pub node: std::path::PathBuf,
+    pub dropins: std::path::PathBuf,
+    pub sim: pinset_cri_sim::SimulatedRuntime,
+    pub server: pinset_cri_sim::SimServer,
+}
+
+impl SimNode {
+    /// The node's files (`node_labels` as [`worker_yaml`]) and its runtime, serving on `rt`;
+    /// `prepare` runs before it serves (faults injected, images preloaded).
+    pub fn start(
+        rt: &tokio::runtime::Runtime,
+        images: &[String],
+        node_labels: &str,
+        prepare: impl FnOnce(&pinset_cri_sim::SimulatedRuntime),
+    ) -> Self {
+        use pinset_cri_sim::{SimConfig, SimulatedRuntime};
+        let dir = tempfile::tempdir().unwrap();
+        let (sets, node) = (dir.path().join("sets.yaml"), dir.path().join("node.yaml"));
+        std::fs::write(&node, worker_yaml(node_labels)).unwrap();
+        let dropins = dir.path().join("crio.conf.d");
+        let drop_in = dropins.join(pinset_node::pin::crio::DROP_IN);
+        let sim = SimulatedRuntime::new(SimConfig::uniform(images, 1 << 20, drop_in));
+        prepare(&sim);
+        let server = rt
+            .block_on(sim.serve(&dir.path().join("cri.sock")))
+            .unwrap();
+        Self {
+            dir,
+            sets,
+            node,
+            dropins,
+            sim,
+            server,
+        }
+    }
+
+    /// Write the sets file: set `name` of `refs`, at `generation` when given.
+    pub fn write_set(&self, name: &str, generation: Option<i64>, refs: &[String]) {
+        std::fs::write(&self.sets, set_yaml(name, generation, refs)).unwrap();
+    }
+
+    /// `pinset node` on this node: its sets, Node, runtime and drop-ins, CRI-O not reloaded,
+    /// no registry sizing.
+    pub fn node_args(&self) -> Vec<String> {
+        let path = |p: &std::path::Path| p.to_str().unwrap().to_string();
+        vec![
+            "node".into(),
+            "--sets".into(),
+            path(&self.sets),
+            "--node".into(),
+            path(&self.node),
+            "--cri".into(),
+            self.server.endpoint(),
+            "--crio-dropin-dir".into(),
+            path(&self.dropins),
+            "--crio-reload".into(),
+            String::new(),
+            "--no-sizing".into(),
+        ]
+    }
+}

@@ -103,6 +103,20 @@ pub enum LoadError {
         exe: PathBuf,
         cause: String,
     },
+    /// A function of the contract whose type differs from the host's under the same version
+    /// (a WIT changed on one side only).
+    #[error(
+        "policy module {module}: function `{function}` of {interface} does not match this \
+         pinset's contract: {cause}"
+    )]
+    Mismatch {
+        module: String,
+        interface: &'static str,
+        function: &'static str,
+        cause: String,
+    },
+    #[error("policy module {module}: cannot be instantiated: {cause}")]
+    Instantiate { module: String, cause: String },
     #[error("policy module {module}: imports what the sandbox does not offer: {cause}")]
     Link { module: String, cause: String },
     #[error("wasm engine: {0}")]

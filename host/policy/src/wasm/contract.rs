@@ -3,8 +3,12 @@
 //! ([`super::module`]), instances, limits and failures ([`super::instance`]) are written once,
 //! over [`Contract`].
 
+use super::store::State;
 use crate::LoadError;
-use wasmtime::component::{Component, ComponentExportIndex};
+use wasmtime::Store;
+use wasmtime::component::{
+    Component, ComponentExportIndex, ComponentNamedList, ComponentType, Instance, Lift, Lower,
+};
 
 /// One contract a policy module may export.
 pub trait Contract: Send + Sync + 'static {
@@ -26,6 +30,32 @@ pub trait Contract: Send + Sync + 'static {
     ) -> Result<Self::Exports, LoadError>;
     /// The `info` function, which every contract has.
     fn info(exports: &Self::Exports) -> ComponentExportIndex;
+    /// Each function's type checked against what the host lowers and lifts, in an instance
+    /// made for the check when the module loads: a mismatch (a field the host does not know, a
+    /// type of another shape) is named there, with the function, instead of trapping on every
+    /// call. The function's name and wasmtime's error on the first that differs.
+    fn typecheck(
+        store: &mut Store<State>,
+        instance: &Instance,
+        exports: &Self::Exports,
+    ) -> Result<(), (&'static str, wasmtime::Error)>;
+}
+
+/// Whether export `func` of `instance` takes `P` and returns `R`, as the host calls it.
+pub(super) fn check<P, R>(
+    store: &mut Store<State>,
+    instance: &Instance,
+    name: &'static str,
+    func: ComponentExportIndex,
+) -> Result<(), (&'static str, wasmtime::Error)>
+where
+    P: ComponentNamedList + Lower + Send + Sync,
+    R: ComponentType + Lift + Send + Sync + 'static,
+{
+    instance
+        .get_typed_func::<P, (R,)>(store, func)
+        .map(drop)
+        .map_err(|e| (name, e))
 }
 
 /// The role a module exporting a contract plays.

@@ -3,14 +3,17 @@
 //! a fresh instance.
 
 use super::bounded;
-use super::contract::{Contract, Fleet, Role, export_index, optional_export};
+use super::contract::{Contract, Fleet, Role, check, export_index, optional_export};
 use super::fleet_bindings::pinset::fleet::types;
 use super::fleet_columns::Converted;
+use super::fleet_columns::RequestArg;
 use super::instance::{MAX_REASON_BYTES, WasmInstance, call};
+use super::store::State;
 use crate::fleet::FleetInstance;
 use crate::{Hook, LoadError, PolicyError};
 use pinset_policy_sdk as sdk;
-use wasmtime::component::{Component, ComponentExportIndex};
+use wasmtime::Store;
+use wasmtime::component::{Component, ComponentExportIndex, Instance};
 
 /// The fleet contract's interface (and version) the controller calls.
 pub const FLEET_CONTRACT: &str = Fleet::INTERFACE;
@@ -48,6 +51,21 @@ impl Contract for Fleet {
 
     fn info(exports: &FleetExports) -> ComponentExportIndex {
         exports.info
+    }
+
+    fn typecheck(
+        store: &mut Store<State>,
+        instance: &Instance,
+        e: &FleetExports,
+    ) -> Result<(), (&'static str, wasmtime::Error)> {
+        type Request = RequestArg<'static>;
+        check::<(Request,), types::RolloutGrant>(store, instance, "grant", e.grant)?;
+        match e.decide {
+            Some(decide) => {
+                check::<(Request,), types::RolloutDecision>(store, instance, "decide", decide)
+            }
+            None => Ok(()),
+        }
     }
 }
 

@@ -177,3 +177,32 @@ where
     let f: TypedFunc<P, (R,)> = instance.get_typed_func(&mut store, func)?;
     Ok(f.call(&mut store, params)?.0)
 }
+
+/// A module's functions checked against the host's types, in an instance made for it when the
+/// module loads ([`Contract::typecheck`], and `info`): a module that cannot be instantiated, or
+/// whose function differs from what the host lowers and lifts, is refused there, named.
+pub(super) fn typecheck<C: Contract>(
+    engine: &wasmtime::Engine,
+    name: &str,
+    limits: Limits,
+    pre: &wasmtime::component::InstancePre<State>,
+    exports: &C::Exports,
+) -> Result<(), crate::LoadError> {
+    let mut store = new_store(engine, name, limits, Arc::default());
+    store.set_epoch_deadline(deadline_ticks(limits));
+    let instance = pre
+        .instantiate(&mut store)
+        .map_err(|e| crate::LoadError::Instantiate {
+            module: name.into(),
+            cause: classify(name, limits, Hook::Info, &store, e).to_string(),
+        })?;
+    let info = C::info(exports);
+    super::contract::check::<(), InfoRecord>(&mut store, &instance, "info", info)
+        .and_then(|()| C::typecheck(&mut store, &instance, exports))
+        .map_err(|(function, e)| crate::LoadError::Mismatch {
+            module: name.into(),
+            interface: C::INTERFACE,
+            function,
+            cause: format!("{e:#}"),
+        })
+}

@@ -5,7 +5,7 @@
 
 use super::contract::{self, CONTRACTS, Contract, Fleet, Node};
 use super::engine::{Ticker, WasmRuntime};
-use super::instance::WasmInstance;
+use super::instance::{WasmInstance, typecheck};
 use super::store::{Limits, State};
 use crate::LoadError;
 use sha2::{Digest, Sha256};
@@ -87,6 +87,7 @@ impl WasmRuntime {
         let interface = check_export::<C>(&self.engine, component, name)?;
         let pre = self.pre_instantiate(name, component)?;
         let exports = C::exports(component, name, &interface)?;
+        typecheck::<C>(&self.engine, name, compiled.limits, &pre, &exports)?;
         Ok(Module {
             shared: Arc::new(Shared {
                 interface,

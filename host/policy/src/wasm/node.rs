@@ -5,12 +5,14 @@
 //! and type-check every export again for each instance.
 
 use super::bounded;
-use super::contract::{Contract, Node, Role, export_index};
+use super::contract::{Contract, Node, Role, check, export_index};
 use super::instance::{MAX_REASON_BYTES, WasmInstance, call};
+use super::store::State;
 use super::wit;
 use crate::{Hook, LoadError, PolicyError, PolicyInstance};
 use pinset_policy_sdk as sdk;
-use wasmtime::component::{Component, ComponentExportIndex, ComponentType, Lower};
+use wasmtime::Store;
+use wasmtime::component::{Component, ComponentExportIndex, ComponentType, Instance, Lower};
 
 /// `record images` of the contract, over borrowed columns.
 #[derive(ComponentType, Lower, Clone, Copy)]
@@ -156,6 +158,22 @@ impl Contract for Node {
 
     fn info(exports: &NodeExports) -> ComponentExportIndex {
         exports.info
+    }
+
+    fn typecheck(
+        store: &mut Store<State>,
+        instance: &Instance,
+        e: &NodeExports,
+    ) -> Result<(), (&'static str, wasmtime::Error)> {
+        type Node = NodeArg<'static>;
+        check::<(AdmissionRequestArg<'static>,), wit::Admission>(
+            store, instance, "admit", e.admit,
+        )?;
+        check::<(Node, ImagesArg<'static>), Vec<u32>>(store, instance, "order", e.order)?;
+        check::<(Node,), u32>(store, instance, "concurrency", e.concurrency)?;
+        check::<(Node, OutcomeArg<'static>, wit::Pressure), u64>(
+            store, instance, "throttle", e.throttle,
+        )
     }
 }
 

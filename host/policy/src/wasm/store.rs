@@ -69,7 +69,7 @@ impl LogBudget {
 }
 
 /// Store state: the empty WASI context, the memory limiter, and the policy's log budget.
-pub(super) struct State {
+pub struct State {
     /// Built on the first WASI call: a module built without the standard library imports no
     /// WASI and never pays for it.
     wasi: Option<WasiCtx>,
