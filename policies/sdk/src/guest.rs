@@ -27,21 +27,18 @@ fn node(n: wit::NodeFacts) -> types::NodeFacts {
     }
 }
 
+/// The contract's columns moved into an [`types::Images`] (from [`crate::image_columns!`]).
+macro_rules! move_columns {
+    ([$t:ident] $($name:ident: $owned:ty => $borrowed:ty, $wit:literal;)*) => {
+        types::Images::from_columns(types::Columns {
+            $($name: $t.$name,)*
+        })
+    };
+}
+
 /// The contract's columns, moved into the SDK's table without copying.
 fn table(t: wit::Images) -> types::Images {
-    types::Images::from_columns(types::Columns {
-        references: t.references,
-        reference_starts: t.reference_starts,
-        present: t.present,
-        size_known: t.size_known,
-        size_bytes: t.size_bytes,
-        layer_starts: t.layer_starts,
-        layer_ids: t.layer_ids,
-        layer_sizes: t.layer_sizes,
-        set_starts: t.set_starts,
-        set_ids: t.set_ids,
-        set_names: t.set_names,
-    })
+    crate::image_columns!(move_columns, t)
 }
 
 pub fn info<P: Policy + Default>() -> wit::PolicyInfo {

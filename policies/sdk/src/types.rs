@@ -24,24 +24,6 @@ pub struct DiskFacts {
     pub available_bytes: Option<u64>,
 }
 
-/// The images wanted on the node, stored as columns exactly as they cross the sandbox boundary
-/// (`record images` in `wit/policy.wit`). Build with [`Images::push`]; read with
-/// [`Images::get`] and [`Images::iter`], which borrow in place.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Images {
-    pub(crate) references: String,
-    pub(crate) reference_starts: Vec<u32>,
-    pub(crate) present: Vec<u8>,
-    pub(crate) size_known: Vec<u8>,
-    pub(crate) size_bytes: Vec<u64>,
-    pub(crate) layer_starts: Vec<u32>,
-    pub(crate) layer_ids: Vec<u32>,
-    pub(crate) layer_sizes: Vec<u64>,
-    pub(crate) set_starts: Vec<u32>,
-    pub(crate) set_ids: Vec<u32>,
-    pub(crate) set_names: Vec<String>,
-}
-
 /// Entries `from .. to` of a compressed-sparse-row column for row `i`, clamped to `len`: a
 /// malformed column yields empty or shortened rows, never a panic.
 pub(crate) fn row(starts: &[u32], i: usize, len: usize) -> core::ops::Range<usize> {
@@ -51,19 +33,13 @@ pub(crate) fn row(starts: &[u32], i: usize, len: usize) -> core::ops::Range<usiz
 }
 
 impl Default for Images {
+    /// No image: every column empty, the row-start columns at their first offset.
     fn default() -> Self {
         Self {
-            references: String::new(),
             reference_starts: vec![0],
-            present: Vec::new(),
-            size_known: Vec::new(),
-            size_bytes: Vec::new(),
             layer_starts: vec![0],
-            layer_ids: Vec::new(),
-            layer_sizes: Vec::new(),
             set_starts: vec![0],
-            set_ids: Vec::new(),
-            set_names: Vec::new(),
+            ..Self::empty_columns()
         }
     }
 }
@@ -93,58 +69,95 @@ impl<'a> Image<'a> {
     }
 }
 
-/// The columns of [`Images`], as the contract defines them (used by the Wasm glue).
+/// The columns of `record images` (`wit/policy.wit`), listed once in the contract's order as
+/// `rust_name: OwnedType => BorrowedType, "wit-name";`. Every place that spells the columns out —
+/// the SDK's owned and borrowed views ([`Images::from_columns`], [`Images::columns`]), the guest
+/// glue that moves the contract's record into an [`Images`], and the host's lowering of an
+/// [`Images`] into a policy's memory — is generated from this list: `$callback` is a macro of the
+/// caller's, given `[ARGS] name: Owned => Borrowed, "wit-name"; …`. Adding a column is a change
+/// to the WIT, to this list, and to the code that fills ([`Images::push`]) and reads it.
 #[doc(hidden)]
-pub struct Columns {
-    pub references: String,
-    pub reference_starts: Vec<u32>,
-    pub present: Vec<u8>,
-    pub size_known: Vec<u8>,
-    pub size_bytes: Vec<u64>,
-    pub layer_starts: Vec<u32>,
-    pub layer_ids: Vec<u32>,
-    pub layer_sizes: Vec<u64>,
-    pub set_starts: Vec<u32>,
-    pub set_ids: Vec<u32>,
-    pub set_names: Vec<String>,
-}
-
-/// The columns of [`Images`], borrowed (see [`Images::columns`]).
-#[doc(hidden)]
-#[derive(Clone, Copy, Debug)]
-pub struct ColumnRefs<'a> {
-    pub references: &'a str,
-    pub reference_starts: &'a [u32],
-    pub present: &'a [u8],
-    pub size_known: &'a [u8],
-    pub size_bytes: &'a [u64],
-    pub layer_starts: &'a [u32],
-    pub layer_ids: &'a [u32],
-    pub layer_sizes: &'a [u64],
-    pub set_starts: &'a [u32],
-    pub set_ids: &'a [u32],
-    pub set_names: &'a [String],
-}
-
-/// An owned copy of borrowed columns (the round-trip test of `from_columns`).
-#[cfg(test)]
-impl From<ColumnRefs<'_>> for Columns {
-    fn from(c: ColumnRefs<'_>) -> Self {
-        Columns {
-            references: c.references.to_string(),
-            reference_starts: c.reference_starts.to_vec(),
-            present: c.present.to_vec(),
-            size_known: c.size_known.to_vec(),
-            size_bytes: c.size_bytes.to_vec(),
-            layer_starts: c.layer_starts.to_vec(),
-            layer_ids: c.layer_ids.to_vec(),
-            layer_sizes: c.layer_sizes.to_vec(),
-            set_starts: c.set_starts.to_vec(),
-            set_ids: c.set_ids.to_vec(),
-            set_names: c.set_names.to_vec(),
+#[macro_export]
+macro_rules! image_columns {
+    ($callback:ident $(, $arg:tt)*) => {
+        $callback! { [$($arg),*]
+            references: String => str, "references";
+            reference_starts: Vec<u32> => [u32], "reference-starts";
+            present: Vec<u8> => [u8], "present";
+            size_known: Vec<u8> => [u8], "size-known";
+            size_bytes: Vec<u64> => [u64], "size-bytes";
+            layer_starts: Vec<u32> => [u32], "layer-starts";
+            layer_ids: Vec<u32> => [u32], "layer-ids";
+            layer_sizes: Vec<u64> => [u64], "layer-sizes";
+            set_starts: Vec<u32> => [u32], "set-starts";
+            set_ids: Vec<u32> => [u32], "set-ids";
+            set_names: Vec<String> => [String], "set-names";
         }
-    }
+    };
 }
+
+/// [`Images`] and the SDK's views of its columns, from [`image_columns!`].
+macro_rules! column_views {
+    ([] $($name:ident: $owned:ty => $borrowed:ty, $wit:literal;)*) => {
+        /// The images wanted on the node, stored as columns exactly as they cross the sandbox
+        /// boundary (`record images` in `wit/policy.wit`). Build with [`Images::push`]; read
+        /// with [`Images::get`] and [`Images::iter`], which borrow in place.
+        #[derive(Clone, Debug, PartialEq, Eq)]
+        pub struct Images {
+            $(pub(crate) $name: $owned,)*
+        }
+
+        /// The columns of [`Images`], owned, as the contract defines them (the Wasm glue).
+        #[doc(hidden)]
+        pub struct Columns {
+            $(pub $name: $owned,)*
+        }
+
+        /// The columns of [`Images`], borrowed (see [`Images::columns`]).
+        #[doc(hidden)]
+        #[derive(Clone, Copy, Debug)]
+        pub struct ColumnRefs<'a> {
+            $(pub $name: &'a $borrowed,)*
+        }
+
+        /// An owned copy of borrowed columns (the round-trip test of `from_columns`).
+        #[cfg(test)]
+        impl From<ColumnRefs<'_>> for Columns {
+            fn from(c: ColumnRefs<'_>) -> Self {
+                Columns {
+                    $($name: alloc::borrow::ToOwned::to_owned(c.$name),)*
+                }
+            }
+        }
+
+        impl Images {
+            /// Every column empty (row-start columns included: see `Default`).
+            fn empty_columns() -> Self {
+                Images {
+                    $($name: Default::default(),)*
+                }
+            }
+
+            #[doc(hidden)]
+            pub fn from_columns(c: Columns) -> Self {
+                Images {
+                    $($name: c.$name,)*
+                }
+            }
+
+            /// The columns, borrowed: what the host lowers into a policy's memory without
+            /// copying them first.
+            #[doc(hidden)]
+            pub fn columns(&self) -> ColumnRefs<'_> {
+                ColumnRefs {
+                    $($name: &self.$name,)*
+                }
+            }
+        }
+    };
+}
+
+image_columns!(column_views);
 
 impl Images {
     pub fn new() -> Self {
@@ -244,42 +257,6 @@ impl Images {
             );
         }
         out
-    }
-
-    #[doc(hidden)]
-    pub fn from_columns(c: Columns) -> Self {
-        Images {
-            references: c.references,
-            reference_starts: c.reference_starts,
-            present: c.present,
-            size_known: c.size_known,
-            size_bytes: c.size_bytes,
-            layer_starts: c.layer_starts,
-            layer_ids: c.layer_ids,
-            layer_sizes: c.layer_sizes,
-            set_starts: c.set_starts,
-            set_ids: c.set_ids,
-            set_names: c.set_names,
-        }
-    }
-
-    /// The columns, borrowed: what the host lowers into a policy's memory without copying them
-    /// first.
-    #[doc(hidden)]
-    pub fn columns(&self) -> ColumnRefs<'_> {
-        ColumnRefs {
-            references: &self.references,
-            reference_starts: &self.reference_starts,
-            present: &self.present,
-            size_known: &self.size_known,
-            size_bytes: &self.size_bytes,
-            layer_starts: &self.layer_starts,
-            layer_ids: &self.layer_ids,
-            layer_sizes: &self.layer_sizes,
-            set_starts: &self.set_starts,
-            set_ids: &self.set_ids,
-            set_names: &self.set_names,
-        }
     }
 }
 

@@ -14,50 +14,29 @@ use pinset_policy_sdk as sdk;
 use wasmtime::Store;
 use wasmtime::component::{Component, ComponentExportIndex, ComponentType, Instance, Lower};
 
-/// `record images` of the contract, over borrowed columns.
-#[derive(ComponentType, Lower, Clone, Copy)]
-#[component(record)]
-struct ImagesArg<'a> {
-    references: &'a str,
-    #[component(name = "reference-starts")]
-    reference_starts: &'a [u32],
-    present: &'a [u8],
-    #[component(name = "size-known")]
-    size_known: &'a [u8],
-    #[component(name = "size-bytes")]
-    size_bytes: &'a [u64],
-    #[component(name = "layer-starts")]
-    layer_starts: &'a [u32],
-    #[component(name = "layer-ids")]
-    layer_ids: &'a [u32],
-    #[component(name = "layer-sizes")]
-    layer_sizes: &'a [u64],
-    #[component(name = "set-starts")]
-    set_starts: &'a [u32],
-    #[component(name = "set-ids")]
-    set_ids: &'a [u32],
-    #[component(name = "set-names")]
-    set_names: &'a [String],
+/// `record images` of the contract over the caller's borrowed columns, generated from the SDK's
+/// one list of them ([`pinset_policy_sdk::image_columns!`]): a column added there is lowered
+/// here with nothing written on the host.
+macro_rules! images_arg {
+    ([] $($name:ident: $owned:ty => $borrowed:ty, $wit:literal;)*) => {
+        #[derive(ComponentType, Lower, Clone, Copy)]
+        #[component(record)]
+        struct ImagesArg<'a> {
+            $(#[component(name = $wit)] $name: &'a $borrowed,)*
+        }
+
+        impl<'a> ImagesArg<'a> {
+            fn of(images: &'a sdk::Images) -> Self {
+                let c = images.columns();
+                ImagesArg {
+                    $($name: c.$name,)*
+                }
+            }
+        }
+    };
 }
 
-impl<'a> ImagesArg<'a> {
-    fn of(images: &'a sdk::Images) -> Self {
-        let c = images.columns();
-        ImagesArg {
-            references: c.references,
-            reference_starts: c.reference_starts,
-            present: c.present,
-            size_known: c.size_known,
-            size_bytes: c.size_bytes,
-            layer_starts: c.layer_starts,
-            layer_ids: c.layer_ids,
-            layer_sizes: c.layer_sizes,
-            set_starts: c.set_starts,
-            set_ids: c.set_ids,
-            set_names: c.set_names,
-        }
-    }
-}
+pinset_policy_sdk::image_columns!(images_arg);
 
 /// `record node-facts` of the contract, borrowed.
 #[derive(ComponentType, Lower, Clone, Copy)]
