@@ -77,8 +77,8 @@ fn demo_runs_both_nodes_and_pins_everything() {
 fn plan_works_without_a_runtime() {
     let demo = workspace().join("examples/demo");
     let (sets, nodes) = (demo.join("sets.yaml"), demo.join("nodes.yaml"));
-    // The demo's control-plane node, offline, with `extra` flags.
-    let plan = |extra: &[&str]| {
+    // One of the demo's nodes, offline, with `extra` flags.
+    let plan_of = |node: &str, extra: &[&str]| {
         let mut args = vec![
             "plan",
             "--sets",
@@ -86,12 +86,13 @@ fn plan_works_without_a_runtime() {
             "--node",
             nodes.to_str().unwrap(),
             "--node-name",
-            "master-0",
+            node,
             "--no-sizing",
         ];
         args.extend_from_slice(extra);
         pinset(&args)
     };
+    let plan = |extra: &[&str]| plan_of("master-0", extra);
     let (code, out, err) = plan(&[]);
     assert_eq!(code, 0, "{err}");
     assert!(
@@ -159,20 +160,7 @@ fn plan_works_without_a_runtime() {
 
     // The worker's policy asks five pulls at once; a rollout grant's cap of 2 is what the node
     // does, and the plan says so (text and document).
-    let worker = |extra: &[&str]| {
-        let mut args = vec![
-            "plan",
-            "--sets",
-            sets.to_str().unwrap(),
-            "--node",
-            nodes.to_str().unwrap(),
-            "--node-name",
-            "worker-0",
-            "--no-sizing",
-        ];
-        args.extend_from_slice(extra);
-        pinset(&args)
-    };
+    let worker = |extra: &[&str]| plan_of("worker-0", extra);
     let (code, out, err) = worker(&["--max-pulls", "2"]);
     assert_eq!(code, 0, "{err}");
     assert!(out.contains(", 2 at once"), "{out}");

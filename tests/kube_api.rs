@@ -929,6 +929,23 @@ async fn stop_controller(
         .expect("the controller's task ends without a panic");
 }
 
+/// Pool `worker` with `annotations`, set `apps` of one image for it, and a MachineConfigNode in
+/// the pool for each of `names` (as starting agents report them): a rollout about to start.
+async fn worker_rollout(c: &Cluster, annotations: &[(&str, &str)], names: &[&str]) {
+    let pp = PostParams::default();
+    let mut worker = pool("worker", &["worker"]);
+    worker.metadata.annotations = Some(
+        annotations
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+    );
+    c.pools.create(&pp, &worker).await.unwrap();
+    let apps = serde_json::from_value(set("apps", &[image(1)])).unwrap();
+    c.sets.create(&pp, &apps).await.unwrap();
+    worker_nodes(&c.nodes, names).await;
+}
+
 /// The generation of `apps` node `name` is granted, if any.
 async fn granted(nodes: &Api<MachineConfigNode>, name: &str) -> Option<i64> {
     let n = nodes.get(name).await.ok()?;
@@ -1193,33 +1210,16 @@ async fn next_granted(nodes: &Api<MachineConfigNode>, names: &[&str], not: &[&st
 /// once (the deletion triggers the pool; the periodic resync would come minutes later).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_that_disappears_mid_rollout_frees_its_slot() {
-    let Some(Cluster {
-        server: _server,
-        client,
-        pools,
-        sets,
-        nodes,
-    }) = cluster().await
-    else {
+    let Some(c) = cluster().await else {
         return;
     };
-    let pp = PostParams::default();
-    pools
-        .create(&pp, &pool("worker", &["worker"]))
-        .await
-        .unwrap();
-    sets.create(
-        &pp,
-        &serde_json::from_value(set("apps", &[image(1)])).unwrap(),
-    )
-    .await
-    .unwrap();
     let names = ["n0", "n1", "n2"];
-    worker_nodes(&nodes, &names).await;
-    let (stop, controller) = spawn_controller(&client);
-    let canary = next_granted(&nodes, &names, &[]).await;
-    agent_reports(&nodes, &canary, 1, Some(1), None).await;
-    let second = next_granted(&nodes, &names, &[&canary]).await;
+    worker_rollout(&c, &[], &names).await;
+    let nodes = &c.nodes;
+    let (stop, controller) = spawn_controller(&c.client);
+    let canary = next_granted(nodes, &names, &[]).await;
+    agent_reports(nodes, &canary, 1, Some(1), None).await;
+    let second = next_granted(nodes, &names, &[&canary]).await;
     // The slot is taken: the third node waits while the second pulls.
     tokio::time::sleep(Duration::from_secs(1)).await;
     let third = names
@@ -1227,12 +1227,12 @@ async fn a_node_that_disappears_mid_rollout_frees_its_slot() {
         .find(|n| ![&canary, &second].contains(&&n.to_string()))
         .unwrap();
     assert_eq!(
-        granted(&nodes, third).await,
+        granted(nodes, third).await,
         None,
         "two nodes pulling at once"
     );
     nodes.delete(&second, &Default::default()).await.unwrap();
-    let replaced = next_granted(&nodes, &[third], &[]).await;
+    let replaced = next_granted(nodes, &[third], &[]).await;
     assert_eq!(&replaced, third);
     stop_controller(stop, controller).await;
 }
@@ -1277,36 +1277,17 @@ async fn pool_until(
 /// be written), the default answers with its canary, and the pool's fallback names the ceiling.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_controller_refuses_a_grant_over_the_ceiling_whatever_the_nodes_state() {
-    let Some(Cluster {
-        server: _server,
-        client,
-        pools,
-        sets,
-        nodes,
-    }) = cluster().await
-    else {
+    let Some(c) = cluster().await else {
         return;
     };
-    let pp = PostParams::default();
-    let mut worker = pool("worker", &["worker"]);
-    worker.metadata.annotations = Some(
-        [
-            ("pinset.io/rollout-max-pulling".to_string(), "2".to_string()),
-            ("pinset.test/hostile-fleet".to_string(), "all".to_string()),
-        ]
-        .into(),
-    );
-    pools.create(&pp, &worker).await.unwrap();
-    sets.create(
-        &pp,
-        &serde_json::from_value(set("apps", &[image(1)])).unwrap(),
-    )
-    .await
-    .unwrap();
-    let names = ["n0", "n1", "n2"];
-    worker_nodes(&nodes, &names).await;
-    agent_reports_ready(&nodes, "n0", false, 1, None, None).await;
-    agent_reports(&nodes, "n1", 1, None, Some(1)).await;
+    let ceiling = [
+        ("pinset.io/rollout-max-pulling", "2"),
+        ("pinset.test/hostile-fleet", "all"),
+    ];
+    worker_rollout(&c, &ceiling, &["n0", "n1", "n2"]).await;
+    let (pools, nodes) = (&c.pools, &c.nodes);
+    agent_reports_ready(nodes, "n0", false, 1, None, None).await;
+    agent_reports(nodes, "n1", 1, None, Some(1)).await;
     let runtime = pinset_policy::WasmRuntime::new().unwrap();
     let mut fleet = default_fleet();
     let hostile = support::policy_path("pinset_test_policy_hostile");
@@ -1316,17 +1297,17 @@ async fn the_controller_refuses_a_grant_over_the_ceiling_whatever_the_nodes_stat
             .load_file_as::<pinset_policy::Fleet>(&hostile, None, pinset_policy::Limits::default())
             .unwrap(),
     );
-    let (stop, controller) = spawn_controller_with_fleet(&client, fleet);
-    let (_, fallback) = pool_until(&pools, "the fallback is reported", |_, f| f.is_some()).await;
+    let (stop, controller) = spawn_controller_with_fleet(&c.client, fleet);
+    let (_, fallback) = pool_until(pools, "the fallback is reported", |_, f| f.is_some()).await;
     let fallback = fallback.unwrap();
     assert!(
         fallback.contains("3 nodes pulling at once, over the pool's ceiling of 2"),
         "{fallback}"
     );
-    assert_eq!(granted(&nodes, "n2").await, Some(1), "the default's canary");
+    assert_eq!(granted(nodes, "n2").await, Some(1), "the default's canary");
     tokio::time::sleep(Duration::from_secs(1)).await;
     for name in ["n0", "n1"] {
-        assert_eq!(granted(&nodes, name).await, None, "{name} granted");
+        assert_eq!(granted(nodes, name).await, None, "{name} granted");
     }
     stop_controller(stop, controller).await;
 }
@@ -1335,35 +1316,18 @@ async fn the_controller_refuses_a_grant_over_the_ceiling_whatever_the_nodes_stat
 /// its nodes are done, and that answer is no policy failure (no fallback, no condition).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_ceiling_lowered_mid_rollout_is_waited_out_without_a_fallback() {
-    let Some(Cluster {
-        server: _server,
-        client,
-        pools,
-        sets,
-        nodes,
-    }) = cluster().await
-    else {
+    let Some(c) = cluster().await else {
         return;
     };
-    let pp = PostParams::default();
-    let mut worker = pool("worker", &["worker"]);
-    worker.metadata.annotations =
-        Some([("pinset.io/rollout-max-pulling".to_string(), "3".to_string())].into());
-    pools.create(&pp, &worker).await.unwrap();
-    sets.create(
-        &pp,
-        &serde_json::from_value(set("apps", &[image(1)])).unwrap(),
-    )
-    .await
-    .unwrap();
     let names = ["n0", "n1", "n2", "n3"];
-    worker_nodes(&nodes, &names).await;
-    let (stop, controller) = spawn_controller(&client);
-    let canary = next_granted(&nodes, &names, &[]).await;
-    agent_reports(&nodes, &canary, 1, Some(1), None).await;
+    worker_rollout(&c, &[("pinset.io/rollout-max-pulling", "3")], &names).await;
+    let (pools, nodes) = (&c.pools, &c.nodes);
+    let (stop, controller) = spawn_controller(&c.client);
+    let canary = next_granted(nodes, &names, &[]).await;
+    agent_reports(nodes, &canary, 1, Some(1), None).await;
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
     for name in names {
-        while granted(&nodes, name).await.is_none() {
+        while granted(nodes, name).await.is_none() {
             assert!(std::time::Instant::now() < deadline, "{name} never granted");
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
@@ -1378,7 +1342,7 @@ async fn a_ceiling_lowered_mid_rollout_is_waited_out_without_a_fallback() {
         )
         .await
         .unwrap();
-    let (reason, fallback) = pool_until(&pools, "the lowered ceiling is seen", |r, _| {
+    let (reason, fallback) = pool_until(pools, "the lowered ceiling is seen", |r, _| {
         r.contains("wave of 1: 3 node(s) in flight")
     })
     .await;

@@ -1,6 +1,7 @@
 //! Per-hook latency of a Wasm policy against the native reference policy on the same inputs.
 
 use super::{NativePolicy, PolicyError, PolicyInstance, PolicyModule, synth};
+use pinset_policy_sdk::{AdmissionRequest, Pressure, PullOutcome};
 use std::time::{Duration, Instant};
 
 /// Median and 99th percentile of a set of samples.
@@ -50,6 +51,21 @@ pub const ROWS: [&str; 6] = [
     "reconcile (new instance + admit + order + concurrency + 1 throttle)",
 ];
 
+/// What a reconcile asks a policy before its pulls: `admit`, `order`, `concurrency` and one
+/// `throttle` (the *reconcile* row, with a new instance).
+fn reconcile(
+    p: &mut dyn PolicyInstance,
+    request: &AdmissionRequest,
+    outcome: &PullOutcome,
+    pressure: &Pressure,
+) -> Result<(), PolicyError> {
+    p.admit(request)?;
+    p.order(&request.node, &request.images)?;
+    p.concurrency(&request.node)?;
+    p.throttle(&request.node, outcome, pressure)?;
+    Ok(())
+}
+
 /// Measure every row `iterations` times (after a short warm-up). `tick` is called after each row.
 pub fn run(
     module: &PolicyModule,
@@ -66,13 +82,7 @@ pub fn run(
 
     // One closure per row, applied to either implementation. `fresh` makes a new instance.
     type Step<'a> = Box<dyn Fn(&mut dyn PolicyInstance) -> Result<(), PolicyError> + 'a>;
-    let reconcile = |p: &mut dyn PolicyInstance| -> Result<(), PolicyError> {
-        p.admit(&request)?;
-        p.order(node, &request.images)?;
-        p.concurrency(node)?;
-        p.throttle(node, &outcome, &pressure)?;
-        Ok(())
-    };
+    let reconcile = |p: &mut dyn PolicyInstance| reconcile(p, &request, &outcome, &pressure);
     let steps: [(Step, bool); 6] = [
         (Box::new(|p| p.admit(&request).map(drop)), false),
         (
@@ -169,13 +179,7 @@ pub fn against_floor(
     let request = synth::request(images, 42);
     let (outcome, pressure) = synth::outcome(&request);
     let node = &request.node;
-    let reconcile = |p: &mut dyn PolicyInstance| -> Result<(), PolicyError> {
-        p.admit(&request)?;
-        p.order(node, &request.images)?;
-        p.concurrency(node)?;
-        p.throttle(node, &outcome, &pressure)?;
-        Ok(())
-    };
+    let reconcile = |p: &mut dyn PolicyInstance| reconcile(p, &request, &outcome, &pressure);
     let instance = |p: &mut dyn PolicyInstance| p.concurrency(node).map(drop);
     let warmup = (iterations / 10).max(3);
     let mut rows = Vec::new();

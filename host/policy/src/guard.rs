@@ -3,9 +3,7 @@
 //! (node decisions) and [`crate::GuardedFleet`] (fleet decisions) apply it to their contract,
 //! answering with the native reference when the policy's answer is not used.
 
-use super::{
-    Described, Hook, MAX_CONCURRENCY, NativePolicy, PolicyError, PolicyInstance, validate,
-};
+use super::{Described, Hook, NativePolicy, PolicyError, PolicyInstance, validate};
 use pinset_core::decisions::{Decisions, Fallback, Observer};
 use pinset_policy_sdk::{
     Admission, AdmissionRequest, Images, NodeFacts, PolicyInfo, Pressure, PullOutcome,
@@ -161,15 +159,15 @@ impl Decisions for Guarded {
         )
     }
 
+    /// Pulls at once, within `1..=MAX_CONCURRENCY` ([`validate::concurrency`], the one bound of
+    /// the policy's answer; a rollout grant's cap applies in `plan::make`).
     fn concurrency(&mut self, node: &NodeFacts) -> u32 {
-        let n = self.decide(
+        self.decide(
             Hook::Concurrency,
             |p| p.concurrency(node),
             |&n| validate::concurrency(n),
             |r| r.concurrency(node),
-        );
-        debug_assert!((1..=MAX_CONCURRENCY).contains(&n));
-        n
+        )
     }
 
     fn throttle(
