@@ -124,17 +124,22 @@ impl fleet_bindings::pinset::fleet::host::Host for State {
 
 impl State {
     fn write_log(&mut self, level: wit::Level, message: String) {
-        // Control characters are escaped: a policy's line cannot forge lines of pinset's own.
-        let message = bounded(&message, MAX_LOG_LINE_BYTES);
         // A panic handler's line is kept for the error of the trap that follows it, which
         // quotes it: logged there, once.
         if matches!(level, wit::Level::Error) && message.starts_with("panicked at") {
-            self.logged_panic.get_or_insert(message);
+            self.logged_panic
+                .get_or_insert_with(|| bounded(&message, MAX_LOG_LINE_BYTES));
             return;
         }
-        if !self.log.take(&self.policy, message.len()) {
+        // The budget first: a line past it costs nothing more (a flood is dropped unread).
+        if !self
+            .log
+            .take(&self.policy, message.len().min(MAX_LOG_LINE_BYTES))
+        {
             return;
         }
+        // Escaped: a policy's line cannot forge or disguise lines of pinset's own.
+        let message = bounded(&message, MAX_LOG_LINE_BYTES);
         let policy = &*self.policy;
         match level {
             wit::Level::Debug => tracing::debug!(policy, "{message}"),
