@@ -431,6 +431,30 @@ fn exit_codes_completions_and_clear_words() {
         err.contains("not WebAssembly at all") && err.lines().count() == 1,
         "{err}"
     );
+    // A module built for each contract's next version is told about its own contract: the
+    // node contract's error for a node module, the fleet contract's for a fleet module.
+    for (stem, theirs, ours, not) in [
+        (
+            "pinset_test_policy_future_fleet",
+            "pinset:fleet/rollout@0.3.0",
+            "pinset:fleet/rollout@0.2.1",
+            "pinset:policy/decisions",
+        ),
+        (
+            "pinset_test_policy_future_contract",
+            "pinset:policy/decisions@0.2.0",
+            "pinset:policy/decisions@0.1.0",
+            "pinset:fleet/rollout",
+        ),
+    ] {
+        let module = support::policy_path(stem);
+        let (code, _, err) = pinset(&["policy", "info", module.to_str().unwrap()]);
+        assert_eq!(code, 1, "{err}");
+        assert!(
+            err.contains(theirs) && err.contains(ours) && !err.contains(not),
+            "{stem}: {err}"
+        );
+    }
 }
 
 /// kubectl's habits for input files: `FILE:LINE:COL: field.path: message`, said once; unknown

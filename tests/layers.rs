@@ -87,6 +87,7 @@ fn nothing_test_only_is_built_into_the_binary() {
             "pinset-test-policy-floor",
             "pinset-test-policy-fleet-0-2-0",
             "pinset-test-policy-mismatch",
+            "pinset-test-policy-future-fleet",
         ],
     );
     forbid("pinset-k8s", &["pinset-testkit", "pinset-cri-sim"]);

@@ -6,7 +6,7 @@
 mod wasm_build;
 
 /// (package, file stem) of every policy built here.
-const POLICIES: [(&str, &str); 11] = [
+const POLICIES: [(&str, &str); 12] = [
     ("pinset-policy-default", "pinset_policy_default"),
     (
         "pinset-policy-smallest-first",
@@ -33,6 +33,10 @@ const POLICIES: [(&str, &str); 11] = [
         "pinset_test_policy_fleet_0_2_0",
     ),
     ("pinset-test-policy-mismatch", "pinset_test_policy_mismatch"),
+    (
+        "pinset-test-policy-future-fleet",
+        "pinset_test_policy_future_fleet",
+    ),
 ];
 
 fn main() {
