@@ -28,7 +28,12 @@ fn run_dir(dir: &Path, mut make: impl FnMut() -> Box<dyn PolicyInstance>) -> (us
                 "{}: {}\n{}",
                 file.display(),
                 outcome.name,
-                outcome.diffs.join("\n")
+                outcome
+                    .diffs
+                    .iter()
+                    .map(ToString::to_string)
+                    .collect::<Vec<_>>()
+                    .join("\n")
             ));
         }
     }
@@ -183,11 +188,10 @@ fn cli_policy_test_passes_and_fails_with_a_diff() {
         .filter(|s| s["passed"] == false)
         .collect();
     assert_eq!(failed[0]["name"], "expects the wrong concurrency");
-    assert!(
-        failed[0]["diffs"][0]
-            .as_str()
-            .unwrap()
-            .contains("+ actual   1")
+    assert_eq!(
+        failed[0]["diffs"][0],
+        serde_json::json!({"what": "concurrency", "expected": 5, "actual": 1}),
+        "both values, for scripts"
     );
     let xml = std::fs::read_to_string(&junit).unwrap();
     let doc = roxmltree::Document::parse(&xml).unwrap();
@@ -204,6 +208,40 @@ fn cli_policy_test_passes_and_fails_with_a_diff() {
     assert_eq!(
         failures[0].parent().unwrap().attribute("name"),
         Some("expects the wrong concurrency")
+    );
+    assert_eq!(
+        failures[0].attribute("message"),
+        Some("concurrency: expected 5, actual 1")
+    );
+
+    // An order that differs is marked where it first does; an image the expectation names that
+    // the scenario does not list is said to be one.
+    let order = dir.path().join("order.yaml");
+    std::fs::write(
+        &order,
+        "name: expects another order
+node: {name: w, allocatable: 50Gi}
+images:
+  - {name: \"r/a@sha256:aa\", size: 1Gi}
+  - {name: \"r/b@sha256:bb\", size: 2Gi}
+  - {name: \"r/c@sha256:cc\", size: 3Gi}
+expect:
+  order: [\"r/a@sha256:aa\", \"r/c@sha256:cc\", \"r/b@sha256:bb\"]
+  admission: {verdict: admit-some, images: [\"r/x@sha256:00\"]}
+",
+    )
+    .unwrap();
+    let (code, stdout, _) = pinset(&["policy", "test", order.to_str().unwrap()]);
+    assert_eq!(code, 1, "{stdout}");
+    assert!(
+        stdout.contains(
+            "first difference at position 1: expected r/c@sha256:cc, actual r/b@sha256:bb"
+        ),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("expect.admission.images: names image(s) the scenario's images do not list: [\"r/x@sha256:00\"]"),
+        "{stdout}"
     );
 }
 

@@ -15,6 +15,7 @@
 //!   reasonContains: canary
 //! ```
 
+use crate::diff::Diff;
 use crate::scenario::{Outcome, ScenarioError};
 use pinset_policy_sdk::{
     FleetNode, FleetPool, Grant, NodeProgress, Phase, RolloutRequest, SetState,
@@ -212,27 +213,23 @@ pub fn run(loaded: &LoadedFleet, grant: impl FnOnce(&RolloutRequest) -> (Grant, 
         got.sort();
         want.sort();
         if got != want {
-            diffs.push(format!(
-                "grant:\n-{want:?}\n+{got:?}  (reason: {})",
-                answer.reason
-            ));
+            diffs.push(
+                Diff::new("grant", want, got).with_note(format!("reason: {}", answer.reason)),
+            );
         }
     }
     if e.max_pulls.is_some() && e.max_pulls != answer.max_pulls {
-        diffs.push(format!(
-            "maxPulls:\n-{:?}\n+{:?}",
-            e.max_pulls, answer.max_pulls
-        ));
+        diffs.push(Diff::new("maxPulls", e.max_pulls, answer.max_pulls));
     }
     if let Some(part) = &e.reason_contains
         && !answer.reason.contains(part.as_str())
     {
-        diffs.push(format!("reason:\n-…{part}…\n+{}", answer.reason));
+        diffs.push(Diff::new("reason contains", part, &answer.reason));
     }
     if let Some(want) = e.fallback
         && want != fell_back
     {
-        diffs.push(format!("fallback:\n-{want}\n+{fell_back}"));
+        diffs.push(Diff::new("fallback", want, fell_back));
     }
     Outcome {
         name: loaded.name.clone(),

@@ -9,7 +9,8 @@
 //! - [`plan`]: from decisions to a pull plan; [`settle`]: from presence and pull outcomes to
 //!   per-set verdicts; [`drift`]: pins lost behind pinset's back;
 //! - [`status`]: the per-set status model; [`scenario`], [`fleet_scenario`]: the offline
-//!   scenario formats (node decisions, fleet decisions);
+//!   scenario formats (node decisions, fleet decisions); [`diff`]: what a scenario expected and
+//!   what the policy answered, where they differ;
 //! - [`rollout`]: a pool's rollout against its target (phases, the request a fleet policy gets,
 //!   which nodes a grant adds, the pool's ceiling, where a rollout stands); [`rollout_sim`]: a
 //!   whole rollout played offline against a fleet policy;
@@ -23,6 +24,7 @@
 
 pub mod decisions;
 pub mod desired;
+pub mod diff;
 pub mod drift;
 pub mod fleet_scenario;
 pub mod plan;

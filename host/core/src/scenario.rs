@@ -22,14 +22,14 @@
 //! ```
 
 use crate::decisions::{Decisions, Hook};
+use crate::diff::Diff;
 use crate::plan;
 use crate::quantity::Bytes;
 use pinset_policy_sdk::{
     self as sdk, AdmissionRequest, DiskFacts, Images, NodeFacts, Pressure, PullOutcome, Verdict,
 };
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, HashMap};
-use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
 #[derive(Debug, thiserror::Error)]
@@ -159,7 +159,7 @@ pub struct ExpectAdmission {
     pub reason_contains: Option<String>,
 }
 
-#[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Deserialize, Serialize, PartialEq, Eq)]
 #[serde(rename_all = "kebab-case")]
 pub enum VerdictName {
     AdmitAll,
@@ -336,8 +336,8 @@ fn request_of(s: &Scenario) -> Result<AdmissionRequest, String> {
 pub struct Outcome {
     pub name: String,
     pub path: PathBuf,
-    /// Empty when the scenario passed; otherwise one `-expected / +actual` block per mismatch.
-    pub diffs: Vec<String>,
+    /// Empty when the scenario passed; otherwise one [`Diff`] per mismatch.
+    pub diffs: Vec<Diff>,
 }
 
 impl Outcome {
@@ -354,40 +354,58 @@ fn verdict_name(v: &Verdict) -> VerdictName {
     }
 }
 
-fn diff(what: &str, expected: impl std::fmt::Debug, actual: impl std::fmt::Debug) -> String {
-    format!("{what}:\n  - expected {expected:?}\n  + actual   {actual:?}")
-}
-
 /// What differs between the expected admission and the plan's.
 fn admission_diffs(
     want: &ExpectAdmission,
     plan: &plan::Plan,
     refs: &dyn Fn(&[u32]) -> Vec<String>,
-    diffs: &mut Vec<String>,
+    diffs: &mut Vec<Diff>,
 ) {
     let got = verdict_name(&plan.admission.verdict);
     if got != want.verdict {
-        diffs.push(diff(
-            "admission.verdict",
-            want.verdict,
-            format_args!("{got:?} (reason: {})", plan.admission.reason),
-        ));
+        diffs.push(
+            Diff::new("admission.verdict", want.verdict, got)
+                .with_note(format!("reason: {}", plan.admission.reason)),
+        );
     }
     if let (Some(want_images), Verdict::AdmitSome(subset)) = (&want.images, &plan.admission.verdict)
     {
         let got_images = refs(subset);
         if &got_images != want_images {
-            diffs.push(diff("admission.images", want_images, got_images));
+            diffs.push(Diff::lists("admission.images", want_images, &got_images));
         }
     }
     if let Some(needle) = &want.reason_contains
         && !plan.admission.reason.contains(needle.as_str())
     {
-        diffs.push(diff(
+        diffs.push(Diff::new(
             "admission.reason contains",
             needle,
             &plan.admission.reason,
         ));
+    }
+}
+
+/// Images an expectation names that the scenario's images do not list: a typo in the scenario,
+/// said as such rather than as a wrong answer of the policy.
+fn unknown_images(loaded: &Loaded, diffs: &mut Vec<Diff>) {
+    let expect = &loaded.scenario.expect;
+    let known = |r: &String| loaded.request.images.iter().any(|i| i.reference == r);
+    let lists = [
+        ("expect.order", expect.order.as_ref()),
+        (
+            "expect.admission.images",
+            expect.admission.as_ref().and_then(|a| a.images.as_ref()),
+        ),
+    ];
+    for (what, list) in lists {
+        let unknown: Vec<&String> = list.into_iter().flatten().filter(|r| !known(r)).collect();
+        if !unknown.is_empty() {
+            diffs.push(Diff::problem(
+                what,
+                format!("names image(s) the scenario's images do not list: {unknown:?}"),
+            ));
+        }
     }
 }
 
@@ -403,6 +421,7 @@ pub fn run(loaded: &Loaded, policy: &mut dyn Decisions) -> Outcome {
             .collect()
     };
     let mut diffs = Vec::new();
+    unknown_images(loaded, &mut diffs);
     let plan = plan::make(policy, request, None);
 
     if let Some(want) = &s.expect.admission {
@@ -411,13 +430,13 @@ pub fn run(loaded: &Loaded, policy: &mut dyn Decisions) -> Outcome {
     if let Some(want) = &s.expect.order {
         let got = refs(&plan.pulls);
         if &got != want {
-            diffs.push(diff("order", want, got));
+            diffs.push(Diff::lists("order", want, &got));
         }
     }
     if let Some(want) = s.expect.concurrency
         && want != plan.concurrency
     {
-        diffs.push(diff("concurrency", want, plan.concurrency));
+        diffs.push(Diff::new("concurrency", want, plan.concurrency));
     }
     for (n, (outcome, pressure, want)) in loaded.outcomes.iter().enumerate() {
         let got = policy
@@ -426,11 +445,8 @@ pub fn run(loaded: &Loaded, policy: &mut dyn Decisions) -> Outcome {
         if let Some(want) = want
             && *want != got
         {
-            diffs.push(diff(
-                &format!("pulls[{n}] throttle ms ({})", outcome.reference),
-                want,
-                got,
-            ));
+            let what = format!("pulls[{n}] throttle ms ({})", outcome.reference);
+            diffs.push(Diff::new(what, want, got));
         }
     }
     let fallbacks: Vec<String> = policy
@@ -439,14 +455,12 @@ pub fn run(loaded: &Loaded, policy: &mut dyn Decisions) -> Outcome {
         .map(|f| f.hook.as_str().to_string())
         .collect();
     if fallbacks != s.expect.fallbacks {
-        let mut detail = String::new();
-        for f in policy.fallbacks() {
-            let _ = write!(detail, "\n    {f}");
-        }
-        diffs.push(format!(
-            "fallbacks:\n  - expected {:?}\n  + actual   {fallbacks:?}{detail}",
-            s.expect.fallbacks
-        ));
+        let causes: Vec<String> = policy.fallbacks().iter().map(|f| f.to_string()).collect();
+        let diff = Diff::new("fallbacks", &s.expect.fallbacks, &fallbacks);
+        diffs.push(match causes.is_empty() {
+            true => diff,
+            false => diff.with_note(causes.join("\n")),
+        });
     }
     Outcome {
         name: s.name.clone(),
@@ -508,8 +522,36 @@ images:
         let out = run(&loaded, &mut g);
         assert!(!out.passed());
         assert_eq!(out.diffs.len(), 2, "{:#?}", out.diffs);
-        assert!(out.diffs[0].starts_with("order:"), "{}", out.diffs[0]);
-        assert!(out.diffs[1].contains("- expected 3") && out.diffs[1].contains("+ actual   5"));
+        let order = out.diffs[0].to_string();
+        assert!(order.starts_with("order:"), "{order}");
+        assert!(
+            order.contains(
+                "first difference at position 0: expected r/b@sha256:bb, actual r/a@sha256:aa"
+            ),
+            "{order}"
+        );
+        let concurrency = out.diffs[1].to_string();
+        assert!(concurrency.contains("- expected 3") && concurrency.contains("+ actual   5"));
+        assert_eq!(
+            (out.diffs[1].expected.clone(), out.diffs[1].actual.clone()),
+            (3.into(), 5.into())
+        );
+    }
+
+    #[test]
+    fn an_expectation_naming_an_unknown_image_is_flagged() {
+        let dir = tempfile::tempdir().unwrap();
+        let text = format!(
+            "{BASE}expect:\n  order: [\"r/a@sha256:aa\", \"r/typo@sha256:00\", \"r/b@sha256:bb\"]\n"
+        );
+        let loaded = load(&write(dir.path(), "s.yaml", &text)).unwrap();
+        let out = run(&loaded, &mut Native(DefaultPolicy, Vec::new()));
+        let first = out.diffs[0].to_string();
+        assert!(
+            first.starts_with("expect.order: names image(s) the scenario's images do not list")
+                && first.contains("r/typo@sha256:00"),
+            "{first}"
+        );
     }
 
     #[test]

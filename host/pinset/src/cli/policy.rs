@@ -382,7 +382,7 @@ fn unreadable(file: &std::path::Path, e: scenario::ScenarioError) -> scenario::O
     scenario::Outcome {
         name: "(unreadable)".into(),
         path: file.to_path_buf(),
-        diffs: vec![e.to_string()],
+        diffs: vec![pinset_core::diff::Diff::problem("scenario", e.to_string())],
     }
 }
 
@@ -393,7 +393,7 @@ fn print_outcomes(outcomes: &[(scenario::Outcome, Duration)]) {
         } else {
             println!("FAIL  {}  ({})", outcome.name, outcome.path.display());
             for d in &outcome.diffs {
-                for line in d.lines() {
+                for line in d.to_string().lines() {
                     println!("      {line}");
                 }
             }

@@ -57,15 +57,12 @@ pub fn junit(policy: &str, outcomes: &[(Outcome, Duration)]) -> String {
         if o.passed() {
             out.push_str("/>\n");
         } else {
-            let first = o
-                .diffs
-                .first()
-                .and_then(|d| d.lines().next())
-                .unwrap_or("failed");
+            let first = o.diffs.first().map_or("failed".into(), |d| d.summary());
+            let all: Vec<String> = o.diffs.iter().map(ToString::to_string).collect();
             out.push_str(&format!(
                 ">\n    <failure message=\"{}\">{}</failure>\n  </testcase>\n",
-                xml(first),
-                xml(&o.diffs.join("\n"))
+                xml(&first),
+                xml(&all.join("\n"))
             ));
         }
     }
@@ -117,7 +114,7 @@ mod tests {
                 Outcome {
                     name: "bad <one>".into(),
                     path: PathBuf::from("b.yaml"),
-                    diffs: vec!["-expected: 1\n+actual: \"2\"".into()],
+                    diffs: vec![pinset_core::diff::Diff::new("concurrency <x>", 1, "2")],
                 },
                 Duration::from_millis(5),
             ),
@@ -135,15 +132,21 @@ mod tests {
         );
         assert!(
             x.contains("name=\"bad &lt;one&gt;\"")
-                && x.contains("<failure message=\"-expected: 1\">"),
-            "{x}"
+                && x.contains(
+                    "<failure message=\"concurrency &lt;x&gt;: expected 1, actual &quot;2&quot;\">"
+                ),
+            "the message carries both values: {x}"
         );
-        assert!(x.contains("+actual: &quot;2&quot;"), "{x}");
+        assert!(x.contains("+ actual   &quot;2&quot;"), "{x}");
         let j = test_json(&json!({"name": "default"}), &outcomes);
         assert_eq!(
             (j["passed"].as_u64(), j["failed"].as_u64()),
             (Some(1), Some(1))
         );
         assert_eq!(j["scenarios"][1]["passed"], false);
+        assert_eq!(
+            j["scenarios"][1]["diffs"][0],
+            json!({"what": "concurrency <x>", "expected": 1, "actual": "2"})
+        );
     }
 }
