@@ -363,6 +363,57 @@ fn cli_bench_reports_every_hook() {
         "{stdout}"
     );
     assert!(stdout.starts_with("fleet policy "), "{stdout}");
+    // Another module than the default: the native column is the default's code, said so, and
+    // no ratio is drawn from it.
+    let (_, stdout, stderr) = bench(&["--policy", zones.to_str().unwrap(), "-o", "json"]);
+    let report: serde_json::Value = serde_json::from_str(&stdout).expect(&stderr);
+    assert!(
+        report["rows"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|r| r["baseline"] == "native default" && r["ratio"].is_null()),
+        "{stdout}"
+    );
+
+    // A saved run as the baseline: a row slower than allowed fails the run (exit 1), naming it.
+    let dir = tempfile::tempdir().unwrap();
+    let saved = dir.path().join("bench.json");
+    let (code, _, stderr) = bench(&["--save", saved.to_str().unwrap()]);
+    assert_eq!(code, 0, "{stderr}");
+    let mut doc: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&saved).unwrap()).unwrap();
+    assert_eq!(doc["rows"].as_array().unwrap().len(), 8, "{doc}");
+    // The same run, then a baseline made 1000 times faster than this machine can be.
+    let (code, stdout, stderr) = bench(&[
+        "--baseline",
+        saved.to_str().unwrap(),
+        "--max-regression",
+        "100000%",
+    ]);
+    assert_eq!(code, 0, "{stdout}{stderr}");
+    assert!(
+        stdout.contains("against the saved run (at most 100000% slower):"),
+        "{stdout}"
+    );
+    for row in doc["rows"].as_array_mut().unwrap() {
+        let fast = row["wasm"]["medianUs"].as_f64().unwrap() / 1000.0;
+        row["wasm"]["medianUs"] = fast.into();
+    }
+    std::fs::write(&saved, doc.to_string()).unwrap();
+    let (code, stdout, _) = bench(&["--baseline", saved.to_str().unwrap(), "-o", "json"]);
+    assert_eq!(code, 1, "{stdout}");
+    let report: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    let compared = report["baseline"]["rows"].as_array().unwrap();
+    assert_eq!(compared.len(), 8);
+    assert!(compared.iter().all(|c| c["regressed"] == true), "{stdout}");
+    assert_eq!(report["baseline"]["maxRegressionPercent"], 20.0);
+    let (code, _, stderr) = bench(&["--baseline", "/nonexistent.json"]);
+    assert_eq!(code, 1);
+    assert!(
+        stderr.contains("--baseline /nonexistent.json: cannot read"),
+        "{stderr}"
+    );
 }
 
 /// Every fleet scenario of `dir` through `pinset policy test` with `module` (none: the embedded

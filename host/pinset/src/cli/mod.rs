@@ -7,6 +7,7 @@ pub mod logging;
 pub mod node;
 pub mod plan;
 pub mod policy;
+pub mod policy_bench;
 pub mod report;
 pub mod rollout;
 pub mod simulate;

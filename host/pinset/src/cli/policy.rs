@@ -3,9 +3,8 @@
 use super::PolicyOpts;
 use anyhow::Result;
 use clap::Subcommand;
-use indicatif::{ProgressBar, ProgressStyle};
 use pinset_core::{fleet_scenario, scenario};
-use pinset_policy::{Decisions, Guarded, GuardedFleet, PolicyModule, bench};
+use pinset_policy::{Decisions, Guarded, GuardedFleet, PolicyModule};
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
@@ -33,23 +32,13 @@ pub enum PolicyCommand {
         #[arg(long, value_name = "FILE")]
         junit: Option<PathBuf>,
     },
-    /// Per-hook latency of the policy against the native reference policy on the same inputs.
+    /// Per-hook latency of the policy: against the native reference (the embedded default),
+    /// the floor module (`--floor`), or a saved run of its own (`--baseline`).
     Bench {
         #[command(flatten)]
         policy: PolicyOpts,
-        /// Images per reconcile.
-        #[arg(long, default_value_t = 500)]
-        images: usize,
-        /// Measured calls per hook (after a warm-up of a tenth of that).
-        #[arg(long, default_value_t = 200)]
-        iterations: usize,
-        /// Also measure a fresh instance and a reconcile against this module that decides
-        /// nothing (`tests/policies/floor`): what the sandbox costs by itself, in the same run.
-        #[arg(long, value_name = "FILE.wasm")]
-        floor: Option<PathBuf>,
-        /// text for people, json for scripts.
-        #[arg(long, short = 'o', value_enum, default_value = "text")]
-        output: Format,
+        #[command(flatten)]
+        args: super::policy_bench::BenchArgs,
     },
     /// Play a pool's whole rollout through a fleet policy, offline: when each node pulls, the
     /// decisions that granted nodes, how long it took. Exit 0 when every node reached the
@@ -100,13 +89,11 @@ pub fn run(cmd: PolicyCommand) -> Result<ExitCode> {
             output,
             junit,
         } => test(&policy, &scenarios, output, junit.as_deref()),
-        PolicyCommand::Bench {
-            policy,
-            images,
-            iterations,
-            floor,
-            output,
-        } => bench_cmd(&policy, images, iterations.max(1), floor.as_deref(), output),
+        PolicyCommand::Bench { policy, mut args } => {
+            args.iterations = args.iterations.max(1);
+            let native_means_something = policy.policy.is_none();
+            super::policy_bench::run(&mut Modules::new(&policy)?, native_means_something, &args)
+        }
         PolicyCommand::Simulate(args) => super::simulate::run(&args),
         PolicyCommand::Info {
             mut policy,
@@ -241,17 +228,17 @@ fn test(
 
 /// The module under test, loaded for the contracts the scenarios need: the node decisions for
 /// node scenarios, the fleet policy for fleet scenarios (a module may export either or both).
-struct Modules<'a> {
-    opts: &'a PolicyOpts,
-    runtime: pinset_policy::WasmRuntime,
+pub(super) struct Modules<'a> {
+    pub(super) opts: &'a PolicyOpts,
+    pub(super) runtime: pinset_policy::WasmRuntime,
     /// Compiled once, for whichever contracts the scenarios ask for.
-    compiled: Option<pinset_policy::CompiledModule>,
-    node: Option<PolicyModule>,
-    fleet: Option<pinset_policy::FleetModule>,
+    pub(super) compiled: Option<pinset_policy::CompiledModule>,
+    pub(super) node: Option<PolicyModule>,
+    pub(super) fleet: Option<pinset_policy::FleetModule>,
 }
 
 impl<'a> Modules<'a> {
-    fn new(opts: &'a PolicyOpts) -> Result<Self> {
+    pub(super) fn new(opts: &'a PolicyOpts) -> Result<Self> {
         Ok(Self {
             opts,
             runtime: pinset_policy::WasmRuntime::new()?,
@@ -287,7 +274,7 @@ impl<'a> Modules<'a> {
 
     /// Both contracts, each when the module implements it; when it implements neither, the
     /// error of the contract it was built for (`WasmRuntime::bind_all`).
-    fn load_all(&mut self) -> Result<()> {
+    pub(super) fn load_all(&mut self) -> Result<()> {
         let compiled = self.compiled()?;
         let (node, fleet) = self.runtime.bind_all(&compiled)?;
         (self.node, self.fleet) = (node, fleet);
@@ -329,7 +316,7 @@ impl<'a> Modules<'a> {
         }
     }
 
-    fn describe(&self) -> String {
+    pub(super) fn describe(&self) -> String {
         let mut out = Vec::new();
         if let Some(m) = &self.node {
             out.push(describe(m));
@@ -342,7 +329,7 @@ impl<'a> Modules<'a> {
 
     /// The policy as the JSON reports name it: the node contract's info when it implements
     /// that, else the fleet contract's.
-    fn json(&self) -> serde_json::Value {
+    pub(super) fn json(&self) -> serde_json::Value {
         let (info, sha256) = match (&self.node, &self.fleet) {
             (Some(m), _) => (node_info(m), m.sha256()),
             (None, Some(f)) => (fleet_info(f), f.sha256()),
@@ -401,82 +388,4 @@ fn print_outcomes(outcomes: &[(scenario::Outcome, Duration)]) {
     }
     let passed = outcomes.iter().filter(|(o, _)| o.passed()).count();
     println!("{passed} passed, {} failed", outcomes.len() - passed);
-}
-
-fn bench_cmd(
-    opts: &PolicyOpts,
-    images: usize,
-    iterations: usize,
-    floor: Option<&std::path::Path>,
-    format: Format,
-) -> Result<ExitCode> {
-    let mut modules = Modules::new(opts)?;
-    modules.load_all()?;
-    if cfg!(debug_assertions) {
-        tracing::warn!("this is a debug build; measure with `cargo run --release`");
-    }
-    // The node hooks when the module exports them, the fleet hook when it exports that.
-    let node_rows = modules.node.as_ref().map_or(0, |_| bench::ROWS.len());
-    let fleet_rows = modules
-        .fleet
-        .as_ref()
-        .map_or(0, |_| bench::FLEET_NODES.len());
-    let bar = super::logging::bars()
-        .add(ProgressBar::new((node_rows + fleet_rows) as u64))
-        .with_style(
-            ProgressStyle::with_template("{spinner} [{bar:30}] {pos}/{len} {msg}")
-                .expect("valid template")
-                .progress_chars("=> "),
-        );
-    bar.enable_steady_tick(Duration::from_millis(100));
-    let mut rows = Vec::new();
-    if let Some(module) = &modules.node {
-        rows = bench::run(module, images, iterations, |what| {
-            bar.inc(1);
-            bar.set_message(what);
-        })?;
-    }
-    if let (Some(module), Some(floor)) = (&modules.node, floor) {
-        bar.set_message("against the floor module");
-        let floor = modules.runtime.load_file(floor, None, module.limits())?;
-        rows.extend(bench::against_floor(module, &floor, images, iterations)?);
-    }
-    if let Some(fleet) = &modules.fleet {
-        for nodes in bench::FLEET_NODES {
-            bar.set_message(format!("fleet grant, {nodes} nodes"));
-            rows.push(bench::fleet(fleet, nodes, iterations)?);
-            bar.inc(1);
-        }
-    }
-    bar.finish_and_clear();
-    if format == Format::Json {
-        let report = super::report::bench_json(&modules.json(), images, iterations, &rows);
-        println!("{}", serde_json::to_string_pretty(&report)?);
-        return Ok(ExitCode::SUCCESS);
-    }
-    println!("{}", modules.describe());
-    if node_rows > 0 {
-        println!("{images} images, {iterations} calls per row (median / p99)");
-    } else {
-        println!("{iterations} calls per row (median / p99)");
-    }
-    println!("instances: {}", pinset_policy::instance_strategy());
-    println!(
-        "{:<70} {:>22} {:>22} {:>8}",
-        "hook", "wasm", "native / floor", "ratio"
-    );
-    for row in &rows {
-        println!(
-            "{:<70} {:>22} {:>22} {:>7.2}x",
-            row.what,
-            format!("{} / {}", us(row.wasm.median), us(row.wasm.p99)),
-            format!("{} / {}", us(row.native.median), us(row.native.p99)),
-            row.ratio()
-        );
-    }
-    Ok(ExitCode::SUCCESS)
-}
-
-fn us(d: Duration) -> String {
-    format!("{:.1} µs", d.as_secs_f64() * 1e6)
 }
