@@ -22,14 +22,30 @@ pub fn info<F: Fleet + Default>() -> wit::PolicyInfo {
     }
 }
 
-/// The columns as they arrived: moved, not copied (the phases mapped to the SDK's enum).
-fn nodes(c: wit::Nodes) -> crate::Nodes {
-    crate::move_node_columns!(c, crate::Nodes, |p| match p {
+/// The contract's columns moved into a [`crate::Nodes`] (from [`crate::node_columns!`]), the
+/// phases mapped to the SDK's enum.
+macro_rules! move_nodes {
+    ([$c:ident] { $($a:ident: $ao:ty => $ab:ty, $aw:literal;)* } { $($b:ident: $bo:ty => $bb:ty, $bw:literal;)* }) => {
+        crate::Nodes {
+            $($a: $c.$a,)*
+            phase: $c.phase.into_iter().map(phase).collect(),
+            $($b: $c.$b,)*
+        }
+    };
+}
+
+fn phase(p: wit::Phase) -> types::Phase {
+    match p {
         wit::Phase::Waiting => types::Phase::Waiting,
         wit::Phase::Pulling => types::Phase::Pulling,
         wit::Phase::Done => types::Phase::Done,
         wit::Phase::Failed => types::Phase::Failed,
-    })
+    }
+}
+
+/// The columns as they arrived: moved, not copied.
+fn nodes(c: wit::Nodes) -> crate::Nodes {
+    crate::node_columns!(move_nodes, c)
 }
 
 pub fn grant<F: Fleet + Default>(r: wit::RolloutRequest) -> wit::RolloutGrant {

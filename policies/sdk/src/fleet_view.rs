@@ -50,126 +50,86 @@ impl From<&RolloutRequest> for Rollout {
     }
 }
 
-/// The pool's nodes as columns: entry `i` of each per-node column describes node `i`; strings
-/// are indices into one table; labels and sets are compressed-sparse-row (see the contract).
-/// Read them through [`Nodes::get`] and [`Nodes::iter`]; the columns themselves are the
-/// contract's wire form, public for the host's and the guest glue's sake only.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Nodes {
-    #[doc(hidden)]
-    pub strings: String,
-    #[doc(hidden)]
-    pub string_starts: Vec<u32>,
-    #[doc(hidden)]
-    pub names: Vec<u32>,
-    #[doc(hidden)]
-    pub label_starts: Vec<u32>,
-    #[doc(hidden)]
-    pub label_keys: Vec<u32>,
-    #[doc(hidden)]
-    pub label_values: Vec<u32>,
-    #[doc(hidden)]
-    pub ready: Vec<u8>,
-    #[doc(hidden)]
-    pub granted: Vec<u8>,
-    #[doc(hidden)]
-    pub phase: Vec<Phase>,
-    #[doc(hidden)]
-    pub images_done: Vec<u64>,
-    #[doc(hidden)]
-    pub images_total: Vec<u64>,
-    #[doc(hidden)]
-    pub bytes_done: Vec<u64>,
-    #[doc(hidden)]
-    pub bytes_total: Vec<u64>,
-    #[doc(hidden)]
-    pub pulling: Vec<u8>,
-    #[doc(hidden)]
-    pub pulling_for_ms: Vec<u64>,
-    #[doc(hidden)]
-    pub set_starts: Vec<u32>,
-    #[doc(hidden)]
-    pub set_names: Vec<u32>,
-    #[doc(hidden)]
-    pub desired_generations: Vec<i64>,
-    #[doc(hidden)]
-    pub current_known: Vec<u8>,
-    #[doc(hidden)]
-    pub current_generations: Vec<i64>,
-    #[doc(hidden)]
-    pub failed_known: Vec<u8>,
-    #[doc(hidden)]
-    pub failed_generations: Vec<i64>,
-    #[doc(hidden)]
-    pub error_known: Vec<u8>,
-    #[doc(hidden)]
-    pub errors: Vec<u32>,
-}
-
-/// `$to { .. }` built from the node columns of `$from` (a [`Nodes`] or the contract's generated
-/// `nodes` record, host or guest side), moved field by field, each phase mapped by `$phase`: the
-/// one list of the columns both sides of the sandbox convert with.
+/// The columns of `record nodes` (`wit/fleet/fleet.wit`), listed once in the contract's order
+/// as `rust_name: OwnedType => BorrowedType, "wit-name";`, in two groups around the `phase`
+/// column (the one whose type differs between the SDK, [`Phase`], and the contract's generated
+/// enum): `$callback! { [ARGS] { before… } { after… } }`. The SDK's [`Nodes`], the guest glue
+/// that moves the contract's record into it and the host's lowering are generated from it.
 #[doc(hidden)]
 #[macro_export]
-macro_rules! move_node_columns {
-    ($from:expr, $to:path, $phase:expr) => {{
-        let c = $from;
-        $to {
-            strings: c.strings,
-            string_starts: c.string_starts,
-            names: c.names,
-            label_starts: c.label_starts,
-            label_keys: c.label_keys,
-            label_values: c.label_values,
-            ready: c.ready,
-            granted: c.granted,
-            phase: c.phase.into_iter().map($phase).collect(),
-            images_done: c.images_done,
-            images_total: c.images_total,
-            bytes_done: c.bytes_done,
-            bytes_total: c.bytes_total,
-            pulling: c.pulling,
-            pulling_for_ms: c.pulling_for_ms,
-            set_starts: c.set_starts,
-            set_names: c.set_names,
-            desired_generations: c.desired_generations,
-            current_known: c.current_known,
-            current_generations: c.current_generations,
-            failed_known: c.failed_known,
-            failed_generations: c.failed_generations,
-            error_known: c.error_known,
-            errors: c.errors,
+macro_rules! node_columns {
+    ($callback:ident $(, $arg:tt)*) => {
+        $callback! { [$($arg),*]
+            {
+                strings: String => str, "strings";
+                string_starts: Vec<u32> => [u32], "string-starts";
+                names: Vec<u32> => [u32], "names";
+                label_starts: Vec<u32> => [u32], "label-starts";
+                label_keys: Vec<u32> => [u32], "label-keys";
+                label_values: Vec<u32> => [u32], "label-values";
+                ready: Vec<u8> => [u8], "ready";
+                granted: Vec<u8> => [u8], "granted";
+            }
+            {
+                images_done: Vec<u64> => [u64], "images-done";
+                images_total: Vec<u64> => [u64], "images-total";
+                bytes_done: Vec<u64> => [u64], "bytes-done";
+                bytes_total: Vec<u64> => [u64], "bytes-total";
+                pulling: Vec<u8> => [u8], "pulling";
+                pulling_for_ms: Vec<u64> => [u64], "pulling-for-ms";
+                set_starts: Vec<u32> => [u32], "set-starts";
+                set_names: Vec<u32> => [u32], "set-names";
+                desired_generations: Vec<i64> => [i64], "desired-generations";
+                current_known: Vec<u8> => [u8], "current-known";
+                current_generations: Vec<i64> => [i64], "current-generations";
+                failed_known: Vec<u8> => [u8], "failed-known";
+                failed_generations: Vec<i64> => [i64], "failed-generations";
+                error_known: Vec<u8> => [u8], "error-known";
+                errors: Vec<u32> => [u32], "errors";
+            }
         }
-    }};
+    };
 }
 
+/// [`Nodes`] from [`node_columns!`].
+macro_rules! nodes_struct {
+    ([] { $($a:ident: $ao:ty => $ab:ty, $aw:literal;)* } { $($b:ident: $bo:ty => $bb:ty, $bw:literal;)* }) => {
+        /// The pool's nodes as columns: entry `i` of each per-node column describes node `i`;
+        /// strings are indices into one table; labels and sets are compressed-sparse-row (see
+        /// the contract). Read them through [`Nodes::get`] and [`Nodes::iter`]; the columns
+        /// themselves are the contract's wire form, public for the host's and the guest glue's
+        /// sake only.
+        #[derive(Clone, Debug, PartialEq, Eq)]
+        pub struct Nodes {
+            $(#[doc(hidden)] pub $a: $ao,)*
+            #[doc(hidden)]
+            pub phase: Vec<Phase>,
+            $(#[doc(hidden)] pub $b: $bo,)*
+        }
+
+        impl Nodes {
+            /// Every column empty (row-start columns included: see `Default`).
+            fn empty_columns() -> Self {
+                Nodes {
+                    $($a: Default::default(),)*
+                    phase: Vec::new(),
+                    $($b: Default::default(),)*
+                }
+            }
+        }
+    };
+}
+
+node_columns!(nodes_struct);
+
 impl Default for Nodes {
+    /// No node: every column empty, the row-start columns at their first offset.
     fn default() -> Self {
         Self {
-            strings: String::new(),
             string_starts: vec![0],
-            names: Vec::new(),
             label_starts: vec![0],
-            label_keys: Vec::new(),
-            label_values: Vec::new(),
-            ready: Vec::new(),
-            granted: Vec::new(),
-            phase: Vec::new(),
-            images_done: Vec::new(),
-            images_total: Vec::new(),
-            bytes_done: Vec::new(),
-            bytes_total: Vec::new(),
-            pulling: Vec::new(),
-            pulling_for_ms: Vec::new(),
             set_starts: vec![0],
-            set_names: Vec::new(),
-            desired_generations: Vec::new(),
-            current_known: Vec::new(),
-            current_generations: Vec::new(),
-            failed_known: Vec::new(),
-            failed_generations: Vec::new(),
-            error_known: Vec::new(),
-            errors: Vec::new(),
+            ..Self::empty_columns()
         }
     }
 }

@@ -36,52 +36,29 @@ pub(super) struct TargetArg<'a> {
     bytes: u64,
 }
 
-/// `record nodes` of the contract: the SDK's columns, borrowed (the phases converted).
-#[derive(ComponentType, Lower, Clone, Copy)]
-#[component(record)]
-pub(super) struct NodesArg<'a> {
-    strings: &'a str,
-    #[component(name = "string-starts")]
-    string_starts: &'a [u32],
-    names: &'a [u32],
-    #[component(name = "label-starts")]
-    label_starts: &'a [u32],
-    #[component(name = "label-keys")]
-    label_keys: &'a [u32],
-    #[component(name = "label-values")]
-    label_values: &'a [u32],
-    ready: &'a [u8],
-    granted: &'a [u8],
-    phase: &'a [fw::Phase],
-    #[component(name = "images-done")]
-    images_done: &'a [u64],
-    #[component(name = "images-total")]
-    images_total: &'a [u64],
-    #[component(name = "bytes-done")]
-    bytes_done: &'a [u64],
-    #[component(name = "bytes-total")]
-    bytes_total: &'a [u64],
-    pulling: &'a [u8],
-    #[component(name = "pulling-for-ms")]
-    pulling_for_ms: &'a [u64],
-    #[component(name = "set-starts")]
-    set_starts: &'a [u32],
-    #[component(name = "set-names")]
-    set_names: &'a [u32],
-    #[component(name = "desired-generations")]
-    desired_generations: &'a [i64],
-    #[component(name = "current-known")]
-    current_known: &'a [u8],
-    #[component(name = "current-generations")]
-    current_generations: &'a [i64],
-    #[component(name = "failed-known")]
-    failed_known: &'a [u8],
-    #[component(name = "failed-generations")]
-    failed_generations: &'a [i64],
-    #[component(name = "error-known")]
-    error_known: &'a [u8],
-    errors: &'a [u32],
+/// `record nodes` of the contract over the SDK's columns, borrowed (the phases converted),
+/// generated from the SDK's one list of them ([`pinset_policy_sdk::node_columns!`]).
+macro_rules! nodes_arg {
+    ([] { $($a:ident: $ao:ty => $ab:ty, $aw:literal;)* } { $($b:ident: $bo:ty => $bb:ty, $bw:literal;)* }) => {
+        #[derive(ComponentType, Lower, Clone, Copy)]
+        #[component(record)]
+        pub(super) struct NodesArg<'a> {
+            $(#[component(name = $aw)] $a: &'a $ab,)*
+            phase: &'a [fw::Phase],
+            $(#[component(name = $bw)] $b: &'a $bb,)*
+        }
+
+        fn nodes<'a>(c: &'a sdk::Nodes, phase: &'a [fw::Phase]) -> NodesArg<'a> {
+            NodesArg {
+                $($a: &c.$a,)*
+                phase,
+                $($b: &c.$b,)*
+            }
+        }
+    };
 }
+
+pinset_policy_sdk::node_columns!(nodes_arg);
 
 /// `record rollout-request` of the contract, borrowed.
 #[derive(ComponentType, Lower, Clone, Copy)]
@@ -141,34 +118,5 @@ fn phase(p: sdk::Phase) -> fw::Phase {
         sdk::Phase::Pulling => fw::Phase::Pulling,
         sdk::Phase::Done => fw::Phase::Done,
         sdk::Phase::Failed => fw::Phase::Failed,
-    }
-}
-
-fn nodes<'a>(c: &'a sdk::Nodes, phase: &'a [fw::Phase]) -> NodesArg<'a> {
-    NodesArg {
-        strings: &c.strings,
-        string_starts: &c.string_starts,
-        names: &c.names,
-        label_starts: &c.label_starts,
-        label_keys: &c.label_keys,
-        label_values: &c.label_values,
-        ready: &c.ready,
-        granted: &c.granted,
-        phase,
-        images_done: &c.images_done,
-        images_total: &c.images_total,
-        bytes_done: &c.bytes_done,
-        bytes_total: &c.bytes_total,
-        pulling: &c.pulling,
-        pulling_for_ms: &c.pulling_for_ms,
-        set_starts: &c.set_starts,
-        set_names: &c.set_names,
-        desired_generations: &c.desired_generations,
-        current_known: &c.current_known,
-        current_generations: &c.current_generations,
-        failed_known: &c.failed_known,
-        failed_generations: &c.failed_generations,
-        error_known: &c.error_known,
-        errors: &c.errors,
     }
 }
