@@ -57,9 +57,12 @@ impl Guard {
             Err(e) => e,
         };
         if !self.quiet {
-            let (hook, pool) = (hook.as_str(), pool.unwrap_or_default());
-            tracing::warn!(policy, pool, hook, error = %error,
-                "policy decision failed; using the built-in reference policy for it");
+            let hook = hook.as_str();
+            let why = "policy decision failed; using the built-in reference policy for it";
+            match pool {
+                Some(pool) => tracing::warn!(policy, pool, hook, error = %error, "{why}"),
+                None => tracing::warn!(policy, hook, error = %error, "{why}"),
+            }
         }
         if let Some(o) = &self.observer {
             o.policy_fallback(hook, error.kind());
@@ -85,6 +88,8 @@ impl Guard {
 /// reference policy's. Failures are logged, reported to the observer and kept for status.
 pub struct Guarded {
     primary: Box<dyn PolicyInstance>,
+    /// The primary's name, kept: every hook's failure names it.
+    name: String,
     reference: NativePolicy,
     guard: Guard,
 }
@@ -92,6 +97,7 @@ pub struct Guarded {
 impl Guarded {
     pub fn new(primary: Box<dyn PolicyInstance>) -> Self {
         Self {
+            name: primary.name().to_string(),
             primary,
             reference: NativePolicy::reference(),
             guard: Guard::default(),
@@ -113,8 +119,10 @@ impl Guarded {
         reference: impl FnOnce(&mut NativePolicy) -> Result<T, PolicyError>,
     ) -> T {
         let primary = self.primary.as_mut();
-        let name = primary.name().to_string();
-        match self.guard.ask(&name, hook, None, || ask(primary), check) {
+        match self
+            .guard
+            .ask(&self.name, hook, None, || ask(primary), check)
+        {
             Some(answer) => answer,
             None => {
                 reference(&mut self.reference).expect("the native reference policy cannot fail")
@@ -129,7 +137,7 @@ impl Guarded {
 
 impl Decisions for Guarded {
     fn name(&self) -> &str {
-        self.primary.name()
+        &self.name
     }
 
     fn fallbacks(&self) -> &[Fallback] {
