@@ -23,21 +23,45 @@ impl Stats {
     }
 }
 
+/// What a row's second column measured.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Baseline {
+    /// The native reference: the default policy's own source compiled into pinset, a baseline
+    /// for the embedded default module.
+    Native,
+    /// The same native reference beside another module: the default's code, no baseline for
+    /// that module (no ratio is drawn from it).
+    NativeDefault,
+    /// The floor module, which decides nothing (`--floor`).
+    Floor,
+}
+
+impl Baseline {
+    /// The word `policy bench` prints and writes (`baseline` in its JSON).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Baseline::Native => "native",
+            Baseline::NativeDefault => "native default",
+            Baseline::Floor => "floor",
+        }
+    }
+}
+
 #[derive(Clone, Debug)]
 pub struct Row {
     pub what: String,
     pub wasm: Stats,
     /// The baseline's figures: the native reference's, or the floor module's.
     pub native: Stats,
-    /// What `native` measured: `native` (the reference compiled into pinset) or `floor` (the
-    /// module that decides nothing, `--floor`).
-    pub baseline: &'static str,
+    /// What `native` measured.
+    pub baseline: Baseline,
 }
 
 impl Row {
-    /// Wasm median over the baseline's median.
-    pub fn ratio(&self) -> f64 {
-        self.wasm.median.as_secs_f64() / self.native.median.as_secs_f64().max(1e-9)
+    /// Wasm median over the baseline's median, when the baseline is one for the module measured.
+    pub fn ratio(&self) -> Option<f64> {
+        (self.baseline != Baseline::NativeDefault)
+            .then(|| self.wasm.median.as_secs_f64() / self.native.median.as_secs_f64().max(1e-9))
     }
 }
 
@@ -128,7 +152,7 @@ pub fn run(
             what: what.to_string(),
             wasm: Stats::of(wasm_samples),
             native: Stats::of(native_samples),
-            baseline: "native",
+            baseline: Baseline::Native,
         });
         tick(what);
     }
@@ -162,7 +186,7 @@ pub fn fleet(
         what: format!("fleet grant, {nodes}-node pool (new instance + grant)"),
         wasm: Stats::of(wasm),
         native: Stats::of(native),
-        baseline: "native",
+        baseline: Baseline::Native,
     })
 }
 
@@ -204,7 +228,7 @@ pub fn against_floor(
             what: format!("{what}, against the floor module"),
             wasm: Stats::of(ours),
             native: Stats::of(theirs),
-            baseline: "floor",
+            baseline: Baseline::Floor,
         });
     }
     Ok(rows)

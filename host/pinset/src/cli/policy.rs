@@ -229,10 +229,10 @@ fn test(
 /// The module under test, loaded for the contracts the scenarios need: the node decisions for
 /// node scenarios, the fleet policy for fleet scenarios (a module may export either or both).
 pub(super) struct Modules<'a> {
-    pub(super) opts: &'a PolicyOpts,
+    opts: &'a PolicyOpts,
     pub(super) runtime: pinset_policy::WasmRuntime,
     /// Compiled once, for whichever contracts the scenarios ask for.
-    pub(super) compiled: Option<pinset_policy::CompiledModule>,
+    compiled: Option<pinset_policy::CompiledModule>,
     pub(super) node: Option<PolicyModule>,
     pub(super) fleet: Option<pinset_policy::FleetModule>,
 }

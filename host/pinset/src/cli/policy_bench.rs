@@ -7,7 +7,7 @@ use super::policy::{Format, Modules};
 use super::report;
 use anyhow::{Context, Result, bail};
 use indicatif::{ProgressBar, ProgressStyle};
-use pinset_policy::bench::{self, Row};
+use pinset_policy::bench::{self, Baseline, Row};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
@@ -47,9 +47,6 @@ fn percent(text: &str) -> Result<f64, String> {
     }
 }
 
-/// The native column's label when the module measured is not the embedded default.
-const OTHER: &str = "native default";
-
 /// One row against the saved run's: its Wasm medians, in µs, and the change.
 #[derive(Debug, serde::Serialize)]
 #[serde(rename_all = "camelCase")]
@@ -75,8 +72,8 @@ pub(super) fn run(
     if !native_means_something {
         // Another module's work against the default's native code says nothing about it: the
         // column is labelled so and no ratio is drawn (`--floor`, `--baseline` are its baselines).
-        for r in rows.iter_mut().filter(|r| r.baseline == "native") {
-            r.baseline = OTHER;
+        for r in rows.iter_mut().filter(|r| r.baseline == Baseline::Native) {
+            r.baseline = Baseline::NativeDefault;
         }
     }
     let compared = match &a.baseline {
@@ -201,15 +198,12 @@ fn print_text(modules: &Modules, a: &BenchArgs, rows: &[Row], compared: Option<&
         "hook", "wasm", "baseline", "ratio"
     );
     for row in rows {
-        let ratio = match row.baseline {
-            OTHER => "—".to_string(),
-            _ => format!("{:.2}x", row.ratio()),
-        };
+        let ratio = row.ratio().map_or("—".to_string(), |r| format!("{r:.2}x"));
         println!(
             "{:<70} {:>22} {:>22} {:>8}",
             row.what,
             format!("{} / {}", us(row.wasm.median), us(row.wasm.p99)),
-            format!("{}: {}", row.baseline, us(row.native.median)),
+            format!("{}: {}", row.baseline.as_str(), us(row.native.median)),
             ratio
         );
     }
@@ -247,7 +241,7 @@ mod tests {
             what: what.into(),
             wasm: s,
             native: s,
-            baseline: "native",
+            baseline: Baseline::Native,
         }
     }
 

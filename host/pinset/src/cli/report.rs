@@ -88,9 +88,8 @@ pub fn bench_json(
             "hook": r.what,
             "wasm": {"medianUs": us(r.wasm.median), "p99Us": us(r.wasm.p99)},
             "native": {"medianUs": us(r.native.median), "p99Us": us(r.native.p99)},
-            "baseline": r.baseline,
-            // Only where the baseline is the same policy's native code or the floor module.
-            "ratio": (r.baseline != "native default").then(|| r.ratio()),
+            "baseline": r.baseline.as_str(),
+            "ratio": r.ratio(),
         })).collect::<Vec<_>>(),
     })
 }
