@@ -138,12 +138,17 @@ fn info(opts: &PolicyOpts, output: super::plan::Output) -> Result<ExitCode> {
         (None, None) => anyhow::bail!("policy module {}: loaded for no contract", opts.name()),
     };
     // (kind, contract, what the policy says of itself) for each contract it implements.
+    use pinset_policy::Contract;
     let mut contracts = Vec::new();
     if let Some(m) = node {
-        contracts.push(("node", m.interface(), node_info(m)));
+        contracts.push((pinset_policy::Node::ROLE.kind, m.interface(), node_info(m)));
     }
     if let Some(f) = fleet {
-        contracts.push(("fleet", f.interface(), fleet_info(f)));
+        contracts.push((
+            pinset_policy::Fleet::ROLE.kind,
+            f.interface(),
+            fleet_info(f),
+        ));
     }
     let report = || {
         let mut report = serde_json::json!({
