@@ -19,6 +19,11 @@ if ! command -v kubectl >/dev/null; then
 fi
 bash tests/bed/fetch-containerd.sh /opt/pinset-bed/containerd
 
+echo "==> test bed: wasm-pkg-tools' wkg (policy artifacts interoperate with it; tests/policy_artifacts.rs)"
+if [ ! -x /opt/pinset-bed/wkg/bin/wkg ]; then
+  cargo install wkg --locked --version 0.16.1 --root /opt/pinset-bed/wkg
+fi
+
 echo "==> test bed: etcd and the real apiextensions-apiserver (built from Debian sources)"
 bash tests/bed/fetch-apiserver.sh /opt/pinset-bed/apiserver
 

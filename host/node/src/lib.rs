@@ -3,6 +3,7 @@
 //! - [`cri`]: the container runtime over CRI (client; generated protos, containerd's images API);
 //! - [`registry`]: credentials (kubelet `config.json`) and image sizing from manifests;
 //! - [`pin`]: pin back ends (CRI-O drop-in + reload, containerd's pin label);
+//! - [`policy_source`]: policy modules from files or OCI artifacts (signatures, the node cache);
 //! - [`os`]: disk space and pressure (PSI) of the node;
 //! - [`executor`]: runs a plan's pulls in slots, with the policy's throttle, retries, ENOSPC
 //!   drain and cancellation;
@@ -20,6 +21,7 @@ pub mod executor;
 pub mod facts;
 pub mod os;
 pub mod pin;
+pub mod policy_source;
 pub mod pull;
 pub mod reconcile;
 pub mod registry;

@@ -42,6 +42,20 @@ pub fn skip_or_fail(what: &str) {
     );
 }
 
+/// wasm-pkg-tools' `wkg` (scripts/test.sh installs it under /opt/pinset-bed/wkg): the real tool
+/// policy artifacts interoperate with. `$PINSET_WKG` names another.
+pub fn wkg() -> Option<PathBuf> {
+    let found = std::env::var_os("PINSET_WKG")
+        .map(PathBuf::from)
+        .into_iter()
+        .chain([PathBuf::from("/opt/pinset-bed/wkg/bin/wkg")])
+        .find(|p| p.exists());
+    if found.is_none() {
+        skip_or_fail("wkg is not installed");
+    }
+    found
+}
+
 pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
         .unwrap()
@@ -128,7 +142,15 @@ impl Registry {
         self.child.id()
     }
 
+    /// The registry's storage (its filesystem driver's root): what a test tampers with to play
+    /// a registry serving damaged blobs.
+    pub fn storage(&self) -> PathBuf {
+        self._dir.path().join("data")
+    }
+
     pub fn client(&self) -> Client {
+        // The distribution client's TLS stack needs the process's crypto provider.
+        let _ = rustls::crypto::ring::default_provider().install_default();
         Client::new(ClientConfig {
             protocol: ClientProtocol::HttpsExcept(vec![self.host.clone()]),
             ..Default::default()

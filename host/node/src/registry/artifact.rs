@@ -282,12 +282,13 @@ impl Artifacts {
     }
 
     /// Push `module` with `config` as `reference` (a tag or a digest); the reference at the
-    /// manifest's digest.
+    /// manifest's digest. `title` (the module's file name) annotates the layer, as wkg does.
     pub async fn push(
         &self,
         reference: &ArtifactRef,
         module: &[u8],
         mut config: WasmConfig,
+        title: Option<&str>,
     ) -> Result<ArtifactRef, ArtifactError> {
         let target = reference.client_ref();
         let auth = self.auth(reference);
@@ -296,22 +297,22 @@ impl Artifacts {
             .auth(&target, &auth, oci_client::RegistryOperation::Push)
             .await
             .map_err(fail("authenticating to push"))?;
-        let layer_digest = sha256_digest(module);
-        config.layer_digests = vec![layer_digest.clone()];
+        let mut layer = Descriptor::of(LAYER_MEDIA_TYPE, module);
+        if let Some(title) = title {
+            layer = layer.annotated("org.opencontainers.image.title", title);
+        }
+        config.layer_digests = vec![layer.digest.clone()];
         let config_json = serde_json::to_vec(&config).expect("a config serialises");
-        let config_digest = sha256_digest(&config_json);
+        let config = Descriptor::of(CONFIG_MEDIA_TYPE, &config_json);
         self.client
-            .push_blob(&target, module.to_vec(), &layer_digest)
+            .push_blob(&target, module.to_vec(), &layer.digest)
             .await
             .map_err(fail("pushing the module"))?;
         self.client
-            .push_blob(&target, config_json.clone(), &config_digest)
+            .push_blob(&target, config_json, &config.digest)
             .await
             .map_err(fail("pushing the config"))?;
-        let manifest = manifest_json(
-            (CONFIG_MEDIA_TYPE, &config_digest, config_json.len()),
-            &[(LAYER_MEDIA_TYPE, &layer_digest, module.len(), None)],
-        );
+        let manifest = manifest_json(&config, &[layer]);
         self.push_manifest(reference, manifest).await
     }
 
@@ -542,33 +543,32 @@ fn wasm_layer<'m>(
     }
 }
 
-/// An OCI image manifest's bytes: `config` and `layers` as (media type, digest, size,
-/// annotations). Serialised once here so that its digest is the digest of what is pushed.
-pub(crate) fn manifest_json(
-    config: (&str, &str, usize),
-    layers: &[(
-        &str,
-        &str,
-        usize,
-        Option<std::collections::BTreeMap<String, String>>,
-    )],
-) -> Vec<u8> {
-    let descriptor = |(media_type, digest, size): (&str, &str, usize), annotations| Descriptor {
-        media_type: media_type.to_string(),
-        digest: digest.to_string(),
-        size: size as u64,
-        annotations,
-    };
+/// An OCI image manifest's bytes. Serialised once here so that its digest is the digest of
+/// what is pushed.
+pub(crate) fn manifest_json(config: &Descriptor, layers: &[Descriptor]) -> Vec<u8> {
     let manifest = serde_json::json!({
         "schemaVersion": 2,
         "mediaType": MANIFEST_MEDIA_TYPE,
-        "config": descriptor(config, None),
-        "layers": layers
-            .iter()
-            .map(|(t, d, s, a)| descriptor((t, d, *s), a.clone()))
-            .collect::<Vec<_>>(),
+        "config": config,
+        "layers": layers,
     });
     serde_json::to_vec(&manifest).expect("a manifest serialises")
+}
+
+impl Descriptor {
+    pub(crate) fn of(media_type: &str, bytes: &[u8]) -> Self {
+        Self {
+            media_type: media_type.to_string(),
+            digest: sha256_digest(bytes),
+            size: bytes.len() as u64,
+            annotations: None,
+        }
+    }
+
+    pub(crate) fn annotated(mut self, key: &str, value: &str) -> Self {
+        self.annotations = Some([(key.to_string(), value.to_string())].into());
+        self
+    }
 }
 
 fn not_found(e: &oci_client::errors::OciDistributionError) -> bool {
@@ -677,8 +677,8 @@ mod tests {
     }
 
     fn manifest(config: &str, layers: &[&str]) -> Manifest {
-        let layers: Vec<_> = layers.iter().map(|t| (*t, "sha256:1", 1, None)).collect();
-        serde_json::from_slice(&manifest_json((config, "sha256:0", 2), &layers)).unwrap()
+        let layers: Vec<_> = layers.iter().map(|t| Descriptor::of(t, b"1")).collect();
+        serde_json::from_slice(&manifest_json(&Descriptor::of(config, b"{}"), &layers)).unwrap()
     }
 
     #[test]

@@ -8,7 +8,9 @@
 //! `COSIGN_PASSWORD`). Verification needs the registry only: no transparency log, so it works
 //! on a disconnected site.
 
-use super::artifact::{ArtifactError, ArtifactRef, Artifacts, manifest_json, sha256_digest};
+use super::artifact::{
+    ArtifactError, ArtifactRef, Artifacts, Descriptor, manifest_json, sha256_digest,
+};
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD as B64;
 use ring::signature::{self as sig, KeyPair};
@@ -166,31 +168,18 @@ impl Artifacts {
         let tag = at.tagged(&signature_tag(&digest));
         let payload = payload(&at, &digest);
         let signature = B64.encode(key.sign(&payload)?);
-        let payload_digest = self.push_blob(&tag, payload.clone()).await?;
+        self.push_blob(&tag, payload.clone()).await?;
         let mut layers = match self.manifest(&tag).await? {
             Some((manifest, _)) => manifest.layers,
             None => Vec::new(),
         };
-        layers.push(super::artifact::Descriptor {
-            media_type: PAYLOAD_MEDIA_TYPE.into(),
-            digest: payload_digest,
-            size: payload.len() as u64,
-            annotations: Some([(SIGNATURE_ANNOTATION.to_string(), signature)].into()),
-        });
+        layers.push(
+            Descriptor::of(PAYLOAD_MEDIA_TYPE, &payload)
+                .annotated(SIGNATURE_ANNOTATION, &signature),
+        );
         let config = signature_config(&layers);
-        let config_digest = self.push_blob(&tag, config.clone()).await?;
-        let layers: Vec<_> = layers
-            .iter()
-            .map(|l| {
-                (
-                    l.media_type.as_str(),
-                    l.digest.as_str(),
-                    l.size as usize,
-                    l.annotations.clone(),
-                )
-            })
-            .collect();
-        let manifest = manifest_json((CONFIG_MEDIA_TYPE, &config_digest, config.len()), &layers);
+        self.push_blob(&tag, config.clone()).await?;
+        let manifest = manifest_json(&Descriptor::of(CONFIG_MEDIA_TYPE, &config), &layers);
         self.push_manifest(&tag, manifest).await?;
         Ok(tag)
     }
@@ -233,7 +222,7 @@ impl Artifacts {
 /// One signature layer against the digest it must sign and the trusted keys.
 fn check(
     payload: &[u8],
-    layer: &super::artifact::Descriptor,
+    layer: &Descriptor,
     digest: &str,
     keys: &[VerifyingKey],
 ) -> Result<Verified, String> {
@@ -281,7 +270,7 @@ fn signed_digest(payload: &[u8]) -> Result<String, String> {
 }
 
 /// The config of a signature image, as cosign writes it: the payloads as the rootfs.
-fn signature_config(layers: &[super::artifact::Descriptor]) -> Vec<u8> {
+fn signature_config(layers: &[Descriptor]) -> Vec<u8> {
     let epoch = "0001-01-01T00:00:00Z";
     serde_json::to_vec(&serde_json::json!({
         "architecture": "",
@@ -435,8 +424,8 @@ fn pem(label: &str, der: &[u8]) -> String {
 mod tests {
     use super::*;
 
-    fn layer(signature: &str) -> super::super::artifact::Descriptor {
-        super::super::artifact::Descriptor {
+    fn layer(signature: &str) -> Descriptor {
+        Descriptor {
             media_type: PAYLOAD_MEDIA_TYPE.into(),
             digest: "sha256:0".into(),
             size: 0,
@@ -465,7 +454,7 @@ mod tests {
         let digest = at.digest().unwrap();
         let payload = payload(&at, digest);
         let signature = B64.encode(key.sign(&payload).unwrap());
-        let ok = check(&payload, &layer(&signature), digest, &[public.clone()]).unwrap();
+        let ok = check(&payload, &layer(&signature), digest, std::slice::from_ref(&public)).unwrap();
         assert_eq!(ok.key, public.fingerprint());
 
         let other = SigningKey::generate(b"").unwrap().1.public();
@@ -475,7 +464,7 @@ mod tests {
             &payload,
             &layer(&signature),
             &format!("sha256:{}", "b".repeat(64)),
-            &[public.clone()],
+            std::slice::from_ref(&public),
         )
         .unwrap_err();
         assert!(e.contains("not this digest"), "{e}");

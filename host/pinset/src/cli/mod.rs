@@ -8,6 +8,7 @@ pub mod node;
 pub mod plan;
 pub mod policy;
 pub mod policy_bench;
+pub mod policy_oci;
 pub mod report;
 pub mod rollout;
 pub mod simulate;
@@ -20,9 +21,10 @@ use std::time::Duration;
 /// Which policy module to use, shared by every subcommand that takes decisions.
 #[derive(clap::Args, Clone, Debug)]
 pub struct PolicyOpts {
-    /// A policy module (WebAssembly component); default: the embedded default policy.
-    #[arg(long, value_name = "FILE.wasm")]
-    pub policy: Option<PathBuf>,
+    /// A policy module (WebAssembly component): a file, or an OCI artifact pinned by digest
+    /// (`oci://REGISTRY/REPOSITORY@sha256:HEX`). Default: the embedded default policy.
+    #[arg(long, value_name = "FILE.wasm|oci://REF")]
+    pub policy: Option<String>,
     /// Refuse the module unless its sha256 is this (64 hex digits).
     #[arg(long, value_name = "HEX", requires = "policy")]
     pub policy_sha256: Option<String>,
@@ -34,10 +36,56 @@ pub struct PolicyOpts {
     #[arg(long, default_value_t = 32, value_name = "MIB",
           value_parser = clap::value_parser!(u64).range(1..=4096))]
     pub policy_memory_mib: u64,
+    /// Require the module's cosign signature by this public key (`cosign.pub`); repeatable, one
+    /// key verifying is enough. Only an `oci://` module can carry a signature.
+    #[arg(long, value_name = "FILE.pub")]
+    pub policy_verify_key: Vec<PathBuf>,
+    /// Keep fetched `oci://` modules here, by digest, and start from them when the registry
+    /// cannot be reached.
+    #[arg(long, value_name = "DIR")]
+    pub policy_cache: Option<PathBuf>,
+    #[command(flatten)]
+    pub policy_registry: RegistryOpts,
     /// Largest policy module accepted, in MiB.
     #[arg(long, default_value_t = 16, value_name = "MIB",
           value_parser = clap::value_parser!(u64).range(1..=1024))]
     pub policy_max_module_mib: u64,
+}
+
+/// How pinset reaches a registry for policy artifacts.
+#[derive(clap::Args, Clone, Debug, Default)]
+pub struct RegistryOpts {
+    /// Registry credentials for policy artifacts (a `config.json`, as for images).
+    #[arg(long = "policy-auth", value_name = "FILE")]
+    pub auth: Option<PathBuf>,
+    /// A registry (`host[:port]`) to speak plain HTTP to for policy artifacts; repeatable.
+    #[arg(long = "policy-insecure-registry", value_name = "HOST")]
+    pub insecure_registry: Vec<String>,
+}
+
+impl RegistryOpts {
+    pub fn artifacts(&self) -> anyhow::Result<pinset_node::registry::artifact::Artifacts> {
+        let credentials = pinset_node::config::credentials(self.auth.as_deref())?;
+        Ok(pinset_node::registry::artifact::Artifacts::new(
+            self.insecure_registry.clone(),
+            credentials,
+        ))
+    }
+}
+
+/// The public keys of `paths` (`cosign.pub`), each error naming its file.
+pub fn verifying_keys(
+    paths: &[PathBuf],
+) -> anyhow::Result<Vec<pinset_node::registry::signature::VerifyingKey>> {
+    paths
+        .iter()
+        .map(|path| {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("reading {}", path.display()))?;
+            pinset_node::registry::signature::VerifyingKey::from_pem(&text)
+                .with_context(|| format!("public key {}", path.display()))
+        })
+        .collect()
 }
 
 impl PolicyOpts {
@@ -58,8 +106,14 @@ impl PolicyOpts {
     /// whichever contracts it is then loaded as.
     pub fn compile(&self, runtime: &WasmRuntime) -> anyhow::Result<CompiledModule> {
         let compiled = match &self.policy {
-            Some(path) => {
-                runtime.compile_file(path, self.policy_sha256.as_deref(), self.limits())?
+            Some(source) => {
+                let fetched = self.fetch(source)?;
+                runtime.compile_module(
+                    &fetched.name,
+                    &fetched.bytes,
+                    self.policy_sha256.as_deref(),
+                    self.limits(),
+                )?
             }
             None => runtime.compile_module(
                 pinset_policy::EMBEDDED_DEFAULT_NAME,
@@ -71,12 +125,36 @@ impl PolicyOpts {
         Ok(compiled)
     }
 
+    /// The module's bytes: a file, or an artifact through the registry and the cache, its
+    /// signature checked when keys are given. A file over the size limit is not read.
+    pub fn fetch(&self, source: &str) -> anyhow::Result<pinset_node::policy_source::Fetched> {
+        use pinset_node::policy_source::{Fetcher, Source, fetch_blocking};
+        let source = Source::parse(source).with_context(|| format!("--policy {source}"))?;
+        if let Source::File(path) = &source {
+            let size = std::fs::metadata(path)
+                .with_context(|| format!("reading {}", path.display()))?
+                .len();
+            anyhow::ensure!(
+                size <= self.limits().max_module_bytes as u64,
+                "policy module {}: {size} bytes, over the limit of {} bytes (--policy-max-module-mib)",
+                path.display(),
+                self.limits().max_module_bytes
+            );
+        }
+        let fetcher = Fetcher {
+            artifacts: self.policy_registry.artifacts()?,
+            cache: self.policy_cache.clone(),
+            max_bytes: self.limits().max_module_bytes as u64,
+        };
+        let keys = verifying_keys(&self.policy_verify_key)?;
+        Ok(fetch_blocking(&fetcher, &source, &keys)?)
+    }
+
     /// The module as reports name it before it is loaded.
     pub fn name(&self) -> String {
-        self.policy.as_ref().map_or_else(
-            || pinset_policy::EMBEDDED_DEFAULT_NAME.to_string(),
-            |p| p.display().to_string(),
-        )
+        self.policy
+            .clone()
+            .unwrap_or_else(|| pinset_policy::EMBEDDED_DEFAULT_NAME.to_string())
     }
 }
 

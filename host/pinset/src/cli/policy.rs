@@ -50,12 +50,25 @@ pub enum PolicyCommand {
         #[command(flatten)]
         policy: PolicyOpts,
         /// The module to inspect (the same as --policy).
-        #[arg(value_name = "FILE.wasm", conflicts_with = "policy")]
-        module: Option<PathBuf>,
+        #[arg(value_name = "FILE.wasm|oci://REF", conflicts_with = "policy")]
+        module: Option<String>,
         /// text for people; json or yaml for scripts.
         #[arg(long, short = 'o', value_enum, default_value = "text")]
         output: super::plan::Output,
     },
+    /// Push a module to a registry as a Wasm OCI artifact (the layout `wkg oci push` writes);
+    /// print the pushed reference by digest.
+    Push(super::policy_oci::PushArgs),
+    /// Pull a module (a Wasm OCI artifact, from pinset or `wkg oci push`) into a file.
+    Pull(super::policy_oci::PullArgs),
+    /// Sign a pushed module with a cosign key; the signature is pushed beside it, in cosign's
+    /// format (`sha256-HEX.sig`).
+    Sign(super::policy_oci::SignArgs),
+    /// Verify a pushed module's cosign signature with a public key; exit 1 when none verifies.
+    Verify(super::policy_oci::VerifyArgs),
+    /// Generate a key pair in cosign's formats (`cosign.key`, encrypted with $COSIGN_PASSWORD,
+    /// and `cosign.pub`), as `cosign generate-key-pair` does.
+    Keygen(super::policy_oci::KeygenArgs),
 }
 
 /// `pinset compile-policy`, the child of [`pinset_policy::Compiler::Subprocess`].
@@ -95,6 +108,11 @@ pub fn run(cmd: PolicyCommand) -> Result<ExitCode> {
             super::policy_bench::run(&mut Modules::new(&policy)?, native_means_something, &args)
         }
         PolicyCommand::Simulate(args) => super::simulate::run(&args),
+        PolicyCommand::Push(args) => super::policy_oci::push(&args),
+        PolicyCommand::Pull(args) => super::policy_oci::pull(&args),
+        PolicyCommand::Sign(args) => super::policy_oci::sign(&args),
+        PolicyCommand::Verify(args) => super::policy_oci::verify(&args),
+        PolicyCommand::Keygen(args) => super::policy_oci::keygen(&args),
         PolicyCommand::Info {
             mut policy,
             module,

@@ -121,6 +121,14 @@ impl WasmRuntime {
         }
     }
 
+    /// What `compiled` exports and imports (interface names, sorted): the world an artifact's
+    /// config records.
+    pub fn world(&self, compiled: &CompiledModule) -> (Vec<String>, Vec<String>) {
+        let mut exports = exports(&self.engine, &compiled.component);
+        exports.sort();
+        (exports, imports(&self.engine, &compiled.component))
+    }
+
     /// A module file checked and compiled. `sha256`, when given, must match the file.
     pub fn compile_file(
         &self,

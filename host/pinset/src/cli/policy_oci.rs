@@ -1,0 +1,258 @@
+//! `pinset policy push | pull | sign | verify | keygen`: policy modules shipped as OCI artifacts
+//! (the layout `wkg oci push` writes) and signed in cosign's format.
+
+use anyhow::{Context, Result};
+use pinset_node::registry::artifact::{ArtifactRef, Artifacts, ComponentWorld, WasmConfig};
+use pinset_node::registry::signature::SigningKey;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+/// How these commands reach a registry: credentials and insecure registries as for images.
+#[derive(clap::Args, Clone, Debug)]
+pub struct OciOpts {
+    /// Registry credentials (a `config.json`: `auths.<registry>.auth`).
+    #[arg(long, value_name = "FILE")]
+    pub auth: Option<PathBuf>,
+    /// A registry (`host[:port]`) to speak plain HTTP to; repeatable.
+    #[arg(long, value_name = "HOST")]
+    pub insecure_registry: Vec<String>,
+}
+
+impl OciOpts {
+    fn artifacts(&self) -> Result<Artifacts> {
+        let credentials = pinset_node::config::credentials(self.auth.as_deref())?;
+        Ok(Artifacts::new(self.insecure_registry.clone(), credentials))
+    }
+}
+
+#[derive(clap::Args, Debug)]
+pub struct PushArgs {
+    /// The module (a WebAssembly component implementing a pinset contract).
+    #[arg(value_name = "FILE.wasm")]
+    pub module: PathBuf,
+    /// Where to push it: REGISTRY/REPOSITORY:TAG (or @sha256:HEX).
+    #[arg(value_name = "REF")]
+    pub reference: String,
+    /// Recorded as the artifact's author.
+    #[arg(long)]
+    pub author: Option<String>,
+    #[command(flatten)]
+    pub oci: OciOpts,
+    /// Largest module accepted, in MiB.
+    #[arg(long, default_value_t = 16, value_name = "MIB")]
+    pub max_module_mib: u64,
+}
+
+#[derive(clap::Args, Debug)]
+pub struct PullArgs {
+    /// REGISTRY/REPOSITORY:TAG or @sha256:HEX (`oci://` optional).
+    #[arg(value_name = "REF")]
+    pub reference: String,
+    /// The file to write (replaced whole, or left untouched on error).
+    #[arg(long, short = 'o', value_name = "FILE.wasm")]
+    pub output: PathBuf,
+    #[command(flatten)]
+    pub oci: OciOpts,
+    /// Largest module accepted, in MiB.
+    #[arg(long, default_value_t = 16, value_name = "MIB")]
+    pub max_module_mib: u64,
+}
+
+#[derive(clap::Args, Debug)]
+pub struct SignArgs {
+    /// The pushed module: REGISTRY/REPOSITORY@sha256:HEX (a tag is resolved to its digest).
+    #[arg(value_name = "REF")]
+    pub reference: String,
+    /// cosign's private key (`cosign.key`; its password in $COSIGN_PASSWORD).
+    #[arg(long, value_name = "FILE")]
+    pub key: PathBuf,
+    #[command(flatten)]
+    pub oci: OciOpts,
+}
+
+#[derive(clap::Args, Debug)]
+pub struct VerifyArgs {
+    /// The pushed module: REGISTRY/REPOSITORY@sha256:HEX (a tag is resolved to its digest).
+    #[arg(value_name = "REF")]
+    pub reference: String,
+    /// A trusted public key (`cosign.pub`); repeatable, one verifying is enough.
+    #[arg(long, value_name = "FILE", required = true)]
+    pub key: Vec<PathBuf>,
+    #[command(flatten)]
+    pub oci: OciOpts,
+}
+
+#[derive(clap::Args, Debug)]
+pub struct KeygenArgs {
+    /// Write PREFIX.key and PREFIX.pub.
+    #[arg(long, default_value = "cosign", value_name = "PREFIX")]
+    pub output_key_prefix: PathBuf,
+}
+
+fn rt() -> Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")
+}
+
+/// The artifact's config for `bytes`: the module must load as at least one pinset contract.
+fn config_for(name: &str, bytes: &[u8], author: Option<String>, max: u64) -> Result<WasmConfig> {
+    let runtime = pinset_policy::WasmRuntime::new().context("starting the Wasm runtime")?;
+    let limits = pinset_policy::Limits {
+        max_module_bytes: usize::try_from(max).unwrap_or(usize::MAX),
+        ..Default::default()
+    };
+    let compiled = runtime.compile_module(name, bytes, None, limits)?;
+    runtime.bind_all(&compiled)?;
+    let (exports, imports) = runtime.world(&compiled);
+    Ok(WasmConfig {
+        created: pinset_node::registry::artifact::created(),
+        author,
+        architecture: "wasm".into(),
+        os: "wasip2".into(),
+        layer_digests: vec![],
+        component: Some(ComponentWorld {
+            exports,
+            imports,
+            target: None,
+        }),
+    })
+}
+
+/// `policy push`
+pub fn push(args: &PushArgs) -> Result<ExitCode> {
+    let reference = ArtifactRef::parse(&args.reference)?;
+    let max = args.max_module_mib << 20;
+    let size = std::fs::metadata(&args.module)
+        .with_context(|| format!("reading {}", args.module.display()))?
+        .len();
+    anyhow::ensure!(
+        size <= max,
+        "{}: {size} bytes, over the limit of {max} bytes (--max-module-mib)",
+        args.module.display()
+    );
+    let bytes = std::fs::read(&args.module)
+        .with_context(|| format!("reading {}", args.module.display()))?;
+    let name = args.module.display().to_string();
+    let config = config_for(&name, &bytes, args.author.clone(), max)?;
+    let artifacts = args.oci.artifacts()?;
+    let title = args.module.file_name().and_then(|n| n.to_str());
+    let pushed = rt()?.block_on(artifacts.push(&reference, &bytes, config, title))?;
+    eprintln!(
+        "pushed {name} ({} bytes, module {}) as {reference}",
+        bytes.len(),
+        pinset_node::registry::artifact::sha256_digest(&bytes)
+    );
+    println!("{pushed}");
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `policy pull`
+pub fn pull(args: &PullArgs) -> Result<ExitCode> {
+    let reference = ArtifactRef::parse(&args.reference)?;
+    let artifacts = args.oci.artifacts()?;
+    let pulled = rt()?.block_on(artifacts.pull(&reference, args.max_module_mib << 20))?;
+    write_whole(&args.output, &pulled.module)?;
+    eprintln!(
+        "pulled {} ({} bytes, module {}) into {}",
+        pulled.reference,
+        pulled.module.len(),
+        pulled.layer_digest,
+        args.output.display()
+    );
+    println!("{}", pulled.reference);
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Write `bytes` to `path` through a temporary file beside it: on any error `path` is as it was.
+fn write_whole(path: &Path, bytes: &[u8]) -> Result<()> {
+    use std::io::Write;
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    let mut tmp = tempfile::NamedTempFile::new_in(dir)
+        .with_context(|| format!("writing into {}", dir.display()))?;
+    tmp.write_all(bytes)
+        .with_context(|| format!("writing {}", path.display()))?;
+    // Readable by all, as any file written without a temporary one would be.
+    std::fs::set_permissions(
+        tmp.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o644),
+    )
+    .with_context(|| format!("writing {}", path.display()))?;
+    tmp.persist(path)
+        .with_context(|| format!("writing {}", path.display()))?;
+    Ok(())
+}
+
+fn password() -> Vec<u8> {
+    std::env::var("COSIGN_PASSWORD")
+        .unwrap_or_default()
+        .into_bytes()
+}
+
+/// `policy sign`
+pub fn sign(args: &SignArgs) -> Result<ExitCode> {
+    let reference = ArtifactRef::parse(&args.reference)?;
+    let text = std::fs::read_to_string(&args.key)
+        .with_context(|| format!("reading {}", args.key.display()))?;
+    let key = SigningKey::from_pem(&text, &password())
+        .with_context(|| format!("private key {}", args.key.display()))?;
+    let artifacts = args.oci.artifacts()?;
+    let signature = rt()?.block_on(artifacts.sign(&reference, &key))?;
+    eprintln!("signed {reference} with {}", key.public().fingerprint());
+    println!("{signature}");
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `policy verify`
+pub fn verify(args: &VerifyArgs) -> Result<ExitCode> {
+    let reference = ArtifactRef::parse(&args.reference)?;
+    let keys = super::verifying_keys(&args.key)?;
+    let artifacts = args.oci.artifacts()?;
+    let verified = rt()?.block_on(async {
+        let at = artifacts.resolve(&reference).await?;
+        let verified = artifacts.verify(&at, &keys).await?;
+        anyhow::Ok((at, verified))
+    })?;
+    println!("verified {} (signed by {})", verified.0, verified.1.key);
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `policy keygen`
+pub fn keygen(args: &KeygenArgs) -> Result<ExitCode> {
+    let prefix = args.output_key_prefix.display().to_string();
+    let (private, public) = (
+        PathBuf::from(format!("{prefix}.key")),
+        PathBuf::from(format!("{prefix}.pub")),
+    );
+    for path in [&private, &public] {
+        anyhow::ensure!(!path.exists(), "{} exists: not overwritten", path.display());
+    }
+    let (pem, key) = SigningKey::generate(&password())?;
+    write_private(&private, pem.as_bytes())?;
+    write_whole(&public, key.public().to_pem().as_bytes())?;
+    eprintln!(
+        "private key written to {}, public key to {} ({})",
+        private.display(),
+        public.display(),
+        key.public().fingerprint()
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+/// A private key's file: readable by its owner only.
+fn write_private(path: &Path, bytes: &[u8]) -> Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)
+        .with_context(|| format!("writing {}", path.display()))?;
+    file.write_all(bytes)
+        .with_context(|| format!("writing {}", path.display()))
+}

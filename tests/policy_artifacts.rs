@@ -1,0 +1,488 @@
+//! Policy modules shipped as OCI artifacts, against the bed's real registry (`docker-registry`)
+//! and wasm-pkg-tools' real `wkg`: push and pull, signatures in cosign's format, `oci://`
+//! references with verification and the node cache, and every bad input refused by name.
+
+mod support;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+fn module() -> PathBuf {
+    support::policy_path("pinset_policy_smallest_first")
+}
+
+/// `pinset` with `args` and `COSIGN_PASSWORD`: (exit code, stdout, stderr).
+fn pinset(args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(support::PINSET)
+        .args(args)
+        .env("PINSET_LOG", "warn")
+        .env("COSIGN_PASSWORD", "pinset-test")
+        .output()
+        .expect("run pinset");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// Push `file` as `repo:tag` with pinset; the reference by digest it prints.
+fn push(registry: &support::Registry, file: &Path, repo_tag: &str) -> String {
+    let target = format!("{}/{repo_tag}", registry.host);
+    let (code, out, err) = pinset(&[
+        "policy",
+        "push",
+        file.to_str().unwrap(),
+        &target,
+        "--insecure-registry",
+        &registry.host,
+    ]);
+    assert_eq!(code, 0, "{err}");
+    out.trim().to_string()
+}
+
+fn pull(host: &str, reference: &str, out: &Path, extra: &[&str]) -> (i32, String) {
+    let mut args = vec![
+        "policy",
+        "pull",
+        reference,
+        "-o",
+        out.to_str().unwrap(),
+        "--insecure-registry",
+        host,
+    ];
+    args.extend_from_slice(extra);
+    let (code, _, err) = pinset(&args);
+    (code, err)
+}
+
+#[test]
+fn a_pushed_module_pulls_back_equal_and_one_module_has_one_digest() {
+    let Some(registry) = support::Registry::start() else {
+        return;
+    };
+    let reference = push(&registry, &module(), "policies/smallest:v1");
+    let prefix = format!("{}/policies/smallest@sha256:", registry.host);
+    assert!(reference.starts_with(&prefix), "{reference}");
+    assert_eq!(
+        push(&registry, &module(), "policies/smallest:v1"),
+        reference,
+        "pushing one module twice gives one manifest digest"
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("pulled.wasm");
+    for by in [
+        reference.clone(),
+        format!("{}/policies/smallest:v1", registry.host),
+    ] {
+        let (code, err) = pull(&registry.host, &by, &out, &[]);
+        assert_eq!(code, 0, "{err}");
+        assert_eq!(
+            std::fs::read(&out).unwrap(),
+            std::fs::read(module()).unwrap()
+        );
+    }
+}
+
+#[test]
+fn wkg_and_pinset_pull_what_the_other_pushed() {
+    let (Some(registry), Some(wkg)) = (support::Registry::start(), support::wkg()) else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let original = std::fs::read(module()).unwrap();
+    push(&registry, &module(), "policies/by-pinset:v1");
+    let by_wkg = dir.path().join("by-wkg.wasm");
+    let status = Command::new(&wkg)
+        .args([
+            "oci",
+            "pull",
+            &format!("{}/policies/by-pinset:v1", registry.host),
+        ])
+        .args(["--insecure", &registry.host, "-o", by_wkg.to_str().unwrap()])
+        .status()
+        .unwrap();
+    assert!(status.success(), "wkg pulls pinset's artifact");
+    assert_eq!(std::fs::read(&by_wkg).unwrap(), original);
+
+    let status = Command::new(&wkg)
+        .args([
+            "oci",
+            "push",
+            &format!("{}/policies/by-wkg:v1", registry.host),
+        ])
+        .arg(module())
+        .args(["--insecure", &registry.host])
+        .status()
+        .unwrap();
+    assert!(status.success(), "wkg pushes");
+    let out = dir.path().join("by-pinset.wasm");
+    let (code, err) = pull(
+        &registry.host,
+        &format!("{}/policies/by-wkg:v1", registry.host),
+        &out,
+        &[],
+    );
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(std::fs::read(&out).unwrap(), original);
+}
+
+/// Push a hand-made artifact: `layer` under a Wasm config (no compile: the registry is what is
+/// tested, not the module).
+async fn push_raw(registry: &support::Registry, repo: &str, layer: Vec<u8>) -> String {
+    use oci_client::client::{Config, ImageLayer};
+    let reference: oci_client::Reference = format!("{}/{repo}:v1", registry.host).parse().unwrap();
+    let config = Config::new(
+        b"{}".to_vec(),
+        "application/vnd.wasm.config.v0+json".into(),
+        None,
+    );
+    let layers = [ImageLayer::new(layer, "application/wasm".into(), None)];
+    let pushed = registry
+        .client()
+        .push(
+            &reference,
+            &layers,
+            config,
+            &oci_client::secrets::RegistryAuth::Anonymous,
+            None,
+        )
+        .await
+        .unwrap();
+    pushed.manifest_url
+}
+
+#[tokio::test]
+async fn bad_artifacts_and_registries_are_refused_by_name_and_nothing_is_half_written() {
+    let Some(mut registry) = support::Registry::start() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("kept.wasm");
+    std::fs::write(&out, b"the previous module").unwrap();
+    let host = registry.host.clone();
+    let refused = |reference: &str, extra: &[&str], expect: &[&str]| {
+        let (code, err) = pull(&host, reference, &out, extra);
+        assert_eq!(code, 1, "{reference}: {err}");
+        for e in expect {
+            assert!(err.contains(e), "{reference}: expected {e:?} in: {err}");
+        }
+        assert_eq!(
+            std::fs::read(&out).unwrap(),
+            b"the previous module",
+            "{reference}"
+        );
+    };
+
+    // A container image is not a module.
+    let images = support::push_images(&registry, "apps/web", 1, 20_000, 7).await;
+    refused(
+        &images[0],
+        &[],
+        &[&images[0], "not a Wasm artifact", "container image"],
+    );
+
+    // Over the size limit: refused from the manifest, before the layer is read.
+    push_raw(&registry, "policies/big", vec![0u8; 3 << 20]).await;
+    let big = format!("{}/policies/big:v1", registry.host);
+    refused(
+        &big,
+        &["--max-module-mib", "2"],
+        &["policies/big@sha256:", "over the limit"],
+    );
+
+    // A registry serving other bytes than the manifest's digest.
+    let reference = push(&registry, &module(), "policies/tampered:v1");
+    let layer = support::sha256(&std::fs::read(module()).unwrap());
+    let hex = layer.strip_prefix("sha256:").unwrap();
+    let blob = registry.storage().join(format!(
+        "docker/registry/v2/blobs/sha256/{}/{hex}/data",
+        &hex[..2]
+    ));
+    let mut bytes = std::fs::read(&blob).unwrap();
+    bytes[100] ^= 0xff;
+    std::fs::write(&blob, bytes).unwrap();
+    refused(
+        &reference,
+        &[],
+        &[&reference, &format!("layer {layer}"), "Invalid digest"],
+    );
+
+    // Unknown artifact, then the registry down.
+    refused(
+        &format!("{}/policies/none:v1", registry.host),
+        &[],
+        &["policies/none:v1"],
+    );
+    registry.stop();
+    refused(&reference, &[], &[&reference, "Connection refused"]);
+}
+
+#[tokio::test]
+async fn a_registry_refusing_the_credentials_is_named() {
+    // Bearer challenges from a token service that refuses everyone.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let realm = listener.local_addr().unwrap();
+    std::thread::spawn(move || {
+        use std::io::{Read, Write};
+        for stream in listener.incoming() {
+            let Ok(mut stream) = stream else { continue };
+            let _ = stream.read(&mut [0u8; 4096]);
+            let body = r#"{"errors":[{"code":"UNAUTHORIZED","message":"bad credentials"}]}"#;
+            let _ = write!(
+                stream,
+                "HTTP/1.1 401 Unauthorized\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                body.len()
+            );
+        }
+    });
+    let auth =
+        format!("auth:\n  silly:\n    realm: http://{realm}/token\n    service: pinset-test\n");
+    let Some(registry) = support::Registry::start_with(&auth) else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("config.json");
+    std::fs::write(
+        &config,
+        format!(
+            r#"{{"auths":{{"{}":{{"auth":"dXNlcjp3cm9uZw=="}}}}}}"#,
+            registry.host
+        ),
+    )
+    .unwrap();
+    let target = format!("{}/policies/private:v1", registry.host);
+    let (code, _, err) = pinset(&[
+        "policy",
+        "push",
+        module().to_str().unwrap(),
+        &target,
+        "--insecure-registry",
+        &registry.host,
+        "--auth",
+        config.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 1, "{err}");
+    assert!(
+        err.contains(&target) && err.contains("authenticating"),
+        "{err}"
+    );
+}
+
+/// `policy keygen` into `dir/name`; (private key, public key).
+fn keygen(dir: &Path, name: &str) -> (String, String) {
+    let prefix = dir.join(name);
+    let (code, _, err) = pinset(&[
+        "policy",
+        "keygen",
+        "--output-key-prefix",
+        prefix.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let file = |ext: &str| prefix.with_extension(ext).to_str().unwrap().to_string();
+    (file("key"), file("pub"))
+}
+
+fn sign_or_verify(
+    registry: &support::Registry,
+    verb: &str,
+    reference: &str,
+    key: &str,
+) -> (i32, String) {
+    let (code, out, err) = pinset(&[
+        "policy",
+        verb,
+        reference,
+        "--key",
+        key,
+        "--insecure-registry",
+        &registry.host,
+    ]);
+    (code, format!("{out}{err}"))
+}
+
+/// Rewrite the signature manifest of `from` as the one of `to`, through `edit`.
+async fn forge(
+    registry: &support::Registry,
+    from: &str,
+    to: &str,
+    edit: impl Fn(&mut serde_json::Value),
+) {
+    let tag = |r: &str| {
+        let (name, digest) = r.split_once('@').unwrap();
+        format!("{name}:{}.sig", digest.replace(':', "-"))
+    };
+    let client = registry.client();
+    let anonymous = oci_client::secrets::RegistryAuth::Anonymous;
+    let source: oci_client::Reference = tag(from).parse().unwrap();
+    let (bytes, _) = client
+        .pull_manifest_raw(
+            &source,
+            &anonymous,
+            &["application/vnd.oci.image.manifest.v1+json"],
+        )
+        .await
+        .unwrap();
+    let mut manifest: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
+    edit(&mut manifest);
+    let target: oci_client::Reference = tag(to).parse().unwrap();
+    client
+        .push_manifest_raw(
+            &target,
+            serde_json::to_vec(&manifest).unwrap(),
+            http::HeaderValue::from_static("application/vnd.oci.image.manifest.v1+json"),
+        )
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn a_signature_verifies_only_with_its_key_and_for_the_digest_it_signed() {
+    let Some(registry) = support::Registry::start() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let (k1, p1) = keygen(dir.path(), "one");
+    let (_, p2) = keygen(dir.path(), "two");
+    let signed = push(&registry, &module(), "policies/signed:v1");
+    let other = push(
+        &registry,
+        &support::policy_path("pinset_policy_admit_what_fits"),
+        "policies/signed:v2",
+    );
+    let third = push(
+        &registry,
+        &support::policy_path("pinset_policy_io_adaptive"),
+        "policies/signed:v3",
+    );
+
+    let (code, out) = sign_or_verify(&registry, "sign", &signed, &k1);
+    assert_eq!(code, 0, "{out}");
+    assert!(
+        out.contains(".sig"),
+        "prints the signature's reference: {out}"
+    );
+    let (code, out) = sign_or_verify(
+        &registry,
+        "verify",
+        &format!("{}/policies/signed:v1", registry.host),
+        &p1,
+    );
+    assert_eq!(code, 0, "a tag resolves to the signed digest: {out}");
+    let (code, out) = sign_or_verify(&registry, "verify", &signed, &p2);
+    assert_eq!(code, 1, "{out}");
+    assert!(
+        out.contains(&signed) && out.contains("another key"),
+        "{out}"
+    );
+    let (code, out) = sign_or_verify(&registry, "verify", &other, &p1);
+    assert_eq!(code, 1, "{out}");
+    assert!(out.contains("no cosign signature"), "{out}");
+
+    // The signature of one digest placed as another's.
+    forge(&registry, &signed, &other, |_| {}).await;
+    let (code, out) = sign_or_verify(&registry, "verify", &other, &p1);
+    assert_eq!(code, 1, "{out}");
+    let digest = signed.split_once('@').unwrap().1;
+    assert!(
+        out.contains(&format!("it signs {digest}, not this digest")),
+        "{out}"
+    );
+
+    // A corrupted signature of the right digest.
+    let (code, out) = sign_or_verify(&registry, "sign", &third, &k1);
+    assert_eq!(code, 0, "{out}");
+    forge(&registry, &third, &third, |m| {
+        let s = m["layers"][0]["annotations"]["dev.cosignproject.cosign/signature"]
+            .as_str()
+            .unwrap();
+        let flipped = format!(
+            "{}{}",
+            &s[..10],
+            s[10..].replacen('A', "B", 1).replacen('Q', "R", 1)
+        );
+        m["layers"][0]["annotations"]["dev.cosignproject.cosign/signature"] = flipped.into();
+    })
+    .await;
+    let (code, out) = sign_or_verify(&registry, "verify", &third, &p1);
+    assert_eq!(code, 1, "{out}");
+    assert!(
+        out.contains("corrupted") || out.contains("not base64"),
+        "{out}"
+    );
+}
+
+/// `pinset policy info` with the module named by `oci://`: the path every command and the agent
+/// load a module through.
+fn info(registry: &support::Registry, reference: &str, extra: &[&str]) -> (i32, String, String) {
+    let mut args = vec![
+        "policy",
+        "info",
+        "--policy",
+        reference,
+        "--policy-insecure-registry",
+        &registry.host,
+        "-o",
+        "json",
+    ];
+    args.extend_from_slice(extra);
+    pinset(&args)
+}
+
+#[test]
+fn an_oci_module_loads_verified_and_from_the_cache_when_the_registry_is_away() {
+    let Some(mut registry) = support::Registry::start() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let (key, public) = keygen(dir.path(), "cosign");
+    let cache = dir.path().join("cache");
+    let signed = push(&registry, &module(), "policies/node:v1");
+    let (code, out) = sign_or_verify(&registry, "sign", &signed, &key);
+    assert_eq!(code, 0, "{out}");
+    let unsigned = push(
+        &registry,
+        &support::policy_path("pinset_policy_admit_what_fits"),
+        "policies/node:v2",
+    );
+    let verified = [
+        "--policy-verify-key",
+        public.as_str(),
+        "--policy-cache",
+        cache.to_str().unwrap(),
+    ];
+    let sha = support::sha256(&std::fs::read(module()).unwrap());
+
+    let (code, out, err) = info(&registry, &format!("oci://{signed}"), &verified);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains(sha.strip_prefix("sha256:").unwrap()), "{out}");
+    let (code, _, err) = info(&registry, &format!("oci://{unsigned}"), &verified);
+    assert_eq!(code, 1, "{err}");
+    assert!(
+        err.contains(&unsigned) && err.contains("no cosign signature"),
+        "{err}"
+    );
+    let (code, _, err) = info(
+        &registry,
+        &format!("oci://{}/policies/node:v1", registry.host),
+        &[],
+    );
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("by digest"), "{err}");
+
+    // The registry away: the cache serves the verified module; a damaged cache file does not.
+    registry.stop();
+    let (code, _, err) = info(&registry, &format!("oci://{signed}"), &verified);
+    assert_eq!(code, 0, "from the cache: {err}");
+    let hex = signed.split_once("@sha256:").unwrap().1;
+    let cached = cache.join(format!("{hex}.wasm"));
+    let full = std::fs::read(&cached).unwrap();
+    std::fs::write(&cached, &full[..full.len() / 2]).unwrap();
+    let (code, _, err) = info(&registry, &format!("oci://{signed}"), &verified);
+    assert_eq!(code, 1, "a truncated cache file is not used: {err}");
+    assert!(err.contains(&signed), "{err}");
+    registry.restart();
+    let (code, _, err) = info(&registry, &format!("oci://{signed}"), &verified);
+    assert_eq!(code, 0, "fetched again: {err}");
+    assert_eq!(std::fs::read(&cached).unwrap(), full);
+}
