@@ -1,6 +1,11 @@
 //! Which policy a node uses: its primary pool's, from the agent's policy configuration (a
-//! ConfigMap) and `--pool-policy` flags, else the default.
+//! ConfigMap) and `--pool-policy` flags, else the default. A pool's module is a file or an
+//! `oci://…@sha256:…` artifact, its cosign signature required when the configuration names
+//! keys. A module that cannot be fetched, verified or loaded affects only the pools that name
+//! it: their nodes decide with the default and say why (their PolicyFallback condition).
 
+use pinset_node::policy_source::{Fetcher, Source, fetch_blocking};
+use pinset_node::registry::signature::VerifyingKey;
 use pinset_policy::{Limits, LoadError, PolicyModule, WasmRuntime};
 use serde::Deserialize;
 use std::collections::BTreeMap;
@@ -16,8 +21,12 @@ pub enum PolicyTableError {
         path: PathBuf,
         error: pinset_core::yaml::YamlError,
     },
-    #[error("--pool-policy {arg:?}: expected POOL=FILE.wasm or POOL=FILE.wasm@sha256:HEX")]
+    #[error(
+        "--pool-policy {arg:?}: expected POOL=FILE.wasm, POOL=FILE.wasm@sha256:HEX or POOL=oci://REGISTRY/REPOSITORY@sha256:HEX"
+    )]
     Flag { arg: String },
+    #[error("policy configuration: {what}: {why}")]
+    Key { what: String, why: String },
     #[error("policy of pool {pool}: {source}")]
     Load { pool: String, source: LoadError },
 }
@@ -25,24 +34,39 @@ pub enum PolicyTableError {
 /// The policy configuration file (a ConfigMap mounted into the agent):
 ///
 /// ```yaml
+/// verify:            # optional: every pool's module must carry a cosign signature by one of these
+///   keys: ["-----BEGIN PUBLIC KEY-----\n…"]
 /// pools:
 ///   master:
-///     module: /etc/pinset/policies/io-adaptive.wasm
-///     sha256: 5f0c…   # optional: refuse any other module
+///     module: oci://quay.io/org/io-adaptive@sha256:5f0c…   # or a file
+///     sha256: 9a1b…   # optional: refuse any other module bytes
+///     verify: {keys: […]}   # optional: this pool's keys instead
 /// ```
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct PolicyConfig {
     #[serde(default)]
+    pub verify: Option<Verify>,
+    #[serde(default)]
     pub pools: BTreeMap<String, ModuleRef>,
+}
+
+/// The public keys (PEM, as `cosign.pub` holds them) a module's signature must verify with.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Verify {
+    pub keys: Vec<String>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ModuleRef {
-    pub module: PathBuf,
+    /// A file, or `oci://REGISTRY/REPOSITORY@sha256:HEX`.
+    pub module: String,
     #[serde(default)]
     pub sha256: Option<String>,
+    #[serde(default)]
+    pub verify: Option<Verify>,
 }
 
 impl PolicyConfig {
@@ -67,39 +91,100 @@ impl PolicyConfig {
         if pool.is_empty() || rest.is_empty() {
             return Err(bad());
         }
+        // An artifact's digest is its name; a file's is a pin on its bytes.
         let (module, sha256) = match rest.rsplit_once("@sha256:") {
-            Some((m, h)) => (m, Some(h.to_string())),
-            None => (rest, None),
+            Some((m, h)) if !rest.starts_with(pinset_node::registry::artifact::SCHEME) => {
+                (m, Some(h.to_string()))
+            }
+            _ => (rest, None),
         };
+        let verify = self.pools.get(pool).and_then(|m| m.verify.clone());
         self.pools.insert(
             pool.into(),
             ModuleRef {
                 module: module.into(),
                 sha256,
+                verify,
             },
         );
         Ok(())
     }
 
-    /// Compile every module (each checked against its sha256 when given).
+    /// The keys a pool's module must be signed by (its own, else the configuration's); a key
+    /// that does not parse is an error of the configuration.
+    fn keys(&self, pool: &str, m: &ModuleRef) -> Result<Vec<VerifyingKey>, PolicyTableError> {
+        let verify = m.verify.as_ref().or(self.verify.as_ref());
+        let keys = verify.map(|v| v.keys.as_slice()).unwrap_or_default();
+        keys.iter()
+            .enumerate()
+            .map(|(n, pem)| {
+                VerifyingKey::from_pem(pem).map_err(|e| PolicyTableError::Key {
+                    what: format!("pool {pool}: key {}", n + 1),
+                    why: e.to_string(),
+                })
+            })
+            .collect()
+    }
+
+    /// Fetch, verify and compile every pool's module. A pool whose module fails any step is
+    /// recorded as refused (its nodes use the default); only a configuration that cannot be
+    /// read (a key that does not parse) is an error.
     pub fn load(
         &self,
         runtime: &WasmRuntime,
         default: PolicyModule,
         limits: Limits,
+        fetcher: &Fetcher,
     ) -> Result<PolicyTable, PolicyTableError> {
-        let mut by_pool = BTreeMap::new();
+        let mut table = PolicyTable {
+            default,
+            by_pool: BTreeMap::new(),
+            refused: BTreeMap::new(),
+        };
         for (pool, m) in &self.pools {
-            let module = runtime
-                .load_file(&m.module, m.sha256.as_deref(), limits)
-                .map_err(|source| PolicyTableError::Load {
-                    pool: pool.clone(),
-                    source,
-                })?;
-            by_pool.insert(pool.clone(), module);
+            let keys = self.keys(pool, m)?;
+            match load_one(runtime, limits, fetcher, m, &keys) {
+                Ok(module) => {
+                    table.by_pool.insert(pool.clone(), module);
+                }
+                Err(why) => {
+                    let error = PolicyTableError::Load {
+                        pool: pool.clone(),
+                        source: why,
+                    };
+                    tracing::error!(pool = %pool, error = %error, "policy refused: the pool's nodes decide with the default");
+                    table.refused.insert(pool.clone(), error.to_string());
+                }
+            }
         }
-        Ok(PolicyTable { default, by_pool })
+        Ok(table)
     }
+}
+
+/// One pool's module: fetched (file or artifact, signature checked), then compiled and bound.
+fn load_one(
+    runtime: &WasmRuntime,
+    limits: Limits,
+    fetcher: &Fetcher,
+    m: &ModuleRef,
+    keys: &[VerifyingKey],
+) -> Result<PolicyModule, LoadError> {
+    let fetch_error = |cause: String| LoadError::Fetch {
+        module: m.module.clone(),
+        cause,
+    };
+    let source = Source::parse(&m.module).map_err(|e| fetch_error(e.to_string()))?;
+    if let Source::File(path) = &source {
+        // A file's size is checked before it is read.
+        return match keys.is_empty() {
+            true => runtime.load_file(path, m.sha256.as_deref(), limits),
+            false => Err(fetch_error(
+                "a signature is required and a file carries none: reference a signed oci:// artifact".into(),
+            )),
+        };
+    }
+    let fetched = fetch_blocking(fetcher, &source, keys).map_err(|e| fetch_error(e.to_string()))?;
+    runtime.load(&fetched.name, &fetched.bytes, m.sha256.as_deref(), limits)
 }
 
 /// The policy of each pool; a node uses its primary pool's.
@@ -107,6 +192,8 @@ impl PolicyConfig {
 pub struct PolicyTable {
     pub default: PolicyModule,
     pub by_pool: BTreeMap<String, PolicyModule>,
+    /// Pools whose module was refused, and why: their nodes use the default.
+    pub refused: BTreeMap<String, String>,
 }
 
 impl PolicyTable {
@@ -115,6 +202,13 @@ impl PolicyTable {
             .first()
             .and_then(|p| self.by_pool.get(p))
             .unwrap_or(&self.default)
+    }
+
+    /// Why the primary pool's module was refused, when it was: the node says so on its status.
+    pub fn refused_for(&self, pools: &[String]) -> Option<String> {
+        let pool = pools.first()?;
+        let why = self.refused.get(pool)?;
+        Some(format!("{why}; deciding with the default policy ({})", self.default.name()))
     }
 }
 
@@ -129,7 +223,7 @@ mod tests {
         c.add_flag("infra=/p/b.wasm@sha256:0123").unwrap();
         c.add_flag("worker=/p/c.wasm").unwrap();
         assert_eq!(c.pools["master"].sha256.as_deref(), Some("abc"));
-        assert_eq!(c.pools["infra"].module, PathBuf::from("/p/b.wasm"));
+        assert_eq!(c.pools["infra"].module, "/p/b.wasm");
         assert_eq!(c.pools["infra"].sha256.as_deref(), Some("0123"));
         assert_eq!(c.pools["worker"].sha256, None);
         for bad in ["nopool", "=x.wasm", "worker="] {
@@ -144,28 +238,72 @@ mod tests {
         );
     }
 
+    fn fetcher() -> Fetcher {
+        Fetcher {
+            artifacts: pinset_node::registry::artifact::Artifacts::new(vec![], Default::default()),
+            cache: None,
+            max_bytes: 1 << 20,
+        }
+    }
+
+    fn default_module(runtime: &WasmRuntime) -> PolicyModule {
+        runtime
+            .load("d", pinset_policy::EMBEDDED_DEFAULT, None, Limits::default())
+            .unwrap()
+    }
+
     #[test]
-    fn a_missing_module_names_the_pool_and_the_file() {
+    fn a_module_that_cannot_load_is_refused_for_its_pool_only() {
         let runtime = WasmRuntime::new().unwrap();
-        let default = runtime
-            .load(
-                "d",
-                pinset_policy::EMBEDDED_DEFAULT,
-                None,
-                Limits::default(),
-            )
-            .unwrap();
         let mut c = PolicyConfig::default();
         c.add_flag("infra=/nonexistent/p.wasm").unwrap();
+        let table = c
+            .load(&runtime, default_module(&runtime), Limits::default(), &fetcher())
+            .unwrap();
+        let why = table.refused_for(&["infra".into()]).unwrap();
+        assert!(
+            why.contains("pool infra") && why.contains("/nonexistent/p.wasm") && why.contains("default"),
+            "{why}"
+        );
+        assert_eq!(table.for_pools(&["infra".into()]).name(), "d");
+        assert!(table.refused_for(&["worker".into()]).is_none());
+    }
+
+    #[test]
+    fn a_required_signature_refuses_a_file_and_a_bad_key_is_a_configuration_error() {
+        let runtime = WasmRuntime::new().unwrap();
+        let key = pinset_node::registry::signature::SigningKey::generate(b"")
+            .unwrap()
+            .1
+            .public()
+            .to_pem();
+        let yaml = format!("verify: {{keys: [{key:?}]}}\npools:\n  infra: {{module: /p/a.wasm}}\n");
+        let c: PolicyConfig = serde_yaml::from_str(&yaml).unwrap();
+        let table = c
+            .load(&runtime, default_module(&runtime), Limits::default(), &fetcher())
+            .unwrap();
+        let why = table.refused_for(&["infra".into()]).unwrap();
+        assert!(why.contains("signature is required") && why.contains("/p/a.wasm"), "{why}");
+
+        let c: PolicyConfig = serde_yaml::from_str(
+            "pools:\n  infra: {module: /p/a.wasm, verify: {keys: [nonsense]}}\n",
+        )
+        .unwrap();
         let e = c
-            .load(&runtime, default, Limits::default())
+            .load(&runtime, default_module(&runtime), Limits::default(), &fetcher())
             .err()
             .unwrap()
             .to_string();
-        assert!(
-            e.contains("pool infra") && e.contains("/nonexistent/p.wasm"),
-            "{e}"
-        );
+        assert!(e.contains("pool infra: key 1") && e.contains("PUBLIC KEY"), "{e}");
+    }
+
+    #[test]
+    fn an_artifact_reference_keeps_its_digest() {
+        let mut c = PolicyConfig::default();
+        let oci = format!("oci://r.io/p/x@sha256:{}", "a".repeat(64));
+        c.add_flag(&format!("infra={oci}")).unwrap();
+        assert_eq!(c.pools["infra"].module, oci);
+        assert_eq!(c.pools["infra"].sha256, None);
     }
 
     #[test]
@@ -179,6 +317,7 @@ mod tests {
         let table = PolicyTable {
             default: load("default"),
             by_pool: [("infra".to_string(), load("infra"))].into(),
+            refused: Default::default(),
         };
         assert_eq!(
             table.for_pools(&["infra".into(), "worker".into()]).name(),

@@ -32,8 +32,11 @@ pub struct ControllerOpts {
     /// `POOL=FILE.wasm[@sha256:HEX]` for one (wins); repeatable. A module exporting
     /// `pinset:fleet/rollout` (it may export the node decisions too). Default: the embedded
     /// default policy's (a canary, then waves of 10 %).
-    #[arg(long, value_name = "[POOL=]FILE")]
+    #[arg(long, value_name = "[POOL=]FILE|oci://REF")]
     pub fleet_policy: Vec<String>,
+    /// How `oci://` fleet policies are fetched and verified.
+    #[command(flatten)]
+    pub fetch: super::FetchOpts,
 }
 
 /// When the agent pulls a changed set.
@@ -57,7 +60,8 @@ pub struct AgentOpts {
     /// Policy per pool, from a YAML file (`pools: {POOL: {module: FILE, sha256: HEX}}`).
     #[arg(long, value_name = "FILE")]
     pub policy_config: Option<PathBuf>,
-    /// Policy of one pool: POOL=FILE.wasm[@sha256:HEX]; repeatable; wins over --policy-config.
+    /// Policy of one pool: POOL=FILE.wasm[@sha256:HEX] or POOL=oci://REGISTRY/REPO@sha256:HEX;
+    /// repeatable; wins over --policy-config.
     #[arg(long, value_name = "POOL=FILE")]
     pub pool_policy: Vec<String>,
     /// Reconcile again this often even when nothing changed.
@@ -142,12 +146,22 @@ fn metrics() -> Metrics {
     metrics
 }
 
-/// The fleet policies of `--fleet-policy`, compiled in a child process.
-fn fleet_table(flags: &[String]) -> Result<controller::FleetTable> {
+/// The fleet policies of `--fleet-policy`, compiled in a child process: files (their sha256
+/// pinned with `@sha256:`) or `oci://` artifacts, fetched and verified as `policy` says.
+fn fleet_table(flags: &[String], fetch: &super::FetchOpts) -> Result<controller::FleetTable> {
     let runtime = pinset_policy::WasmRuntime::with_compiler(super::child_compiler()?)
         .context("starting the Wasm runtime")?;
     let limits = pinset_policy::Limits::default();
     let load = |arg: &str| -> Result<pinset_policy::FleetModule> {
+        if arg.starts_with(pinset_node::registry::artifact::SCHEME) {
+            let fetched = fetch.fetch(arg, limits.max_module_bytes as u64)?;
+            return Ok(runtime.load_as::<pinset_policy::Fleet>(
+                &fetched.name,
+                &fetched.bytes,
+                None,
+                limits,
+            )?);
+        }
         let (file, sha256) = match arg.rsplit_once("@sha256:") {
             Some((f, h)) => (f, Some(h)),
             None => (arg, None),
@@ -183,7 +197,7 @@ fn fleet_table(flags: &[String]) -> Result<controller::FleetTable> {
 /// `pinset controller`
 pub async fn controller(opts: &ClusterOpts, controller_opts: &ControllerOpts) -> Result<ExitCode> {
     let shutdown = shutdown_on_signals();
-    let fleet = fleet_table(&controller_opts.fleet_policy)?;
+    let fleet = fleet_table(&controller_opts.fleet_policy, &controller_opts.fetch)?;
     pinset_node::os::release_free_memory();
     let client = pinset_k8s::client(opts.kubeconfig.as_deref()).await?;
     if !ownership::check(client.clone(), OWNERSHIP_RETRY, &shutdown).await? {
@@ -212,7 +226,7 @@ pub async fn agent(
     for flag in &agent_opts.pool_policy {
         config.add_flag(flag)?;
     }
-    let policies = config.load(&wasm, default.clone(), policy.limits())?;
+    let policies = config.load(&wasm, default.clone(), policy.limits(), &policy.fetch.fetcher(policy.max_module_bytes())?)?;
     pinset_node::os::release_free_memory();
     let client = pinset_k8s::client(opts.kubeconfig.as_deref()).await?;
     if !ownership::check(client.clone(), OWNERSHIP_RETRY, &shutdown).await? {

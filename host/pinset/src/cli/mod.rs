@@ -36,6 +36,17 @@ pub struct PolicyOpts {
     #[arg(long, default_value_t = 32, value_name = "MIB",
           value_parser = clap::value_parser!(u64).range(1..=4096))]
     pub policy_memory_mib: u64,
+    #[command(flatten)]
+    pub fetch: FetchOpts,
+    /// Largest policy module accepted, in MiB.
+    #[arg(long, default_value_t = 16, value_name = "MIB",
+          value_parser = clap::value_parser!(u64).range(1..=1024))]
+    pub policy_max_module_mib: u64,
+}
+
+/// How `oci://` policy modules are fetched and verified.
+#[derive(clap::Args, Clone, Debug, Default)]
+pub struct FetchOpts {
     /// Require the module's cosign signature by this public key (`cosign.pub`); repeatable, one
     /// key verifying is enough. Only an `oci://` module can carry a signature.
     #[arg(long, value_name = "FILE.pub")]
@@ -46,28 +57,58 @@ pub struct PolicyOpts {
     pub policy_cache: Option<PathBuf>,
     #[command(flatten)]
     pub policy_registry: RegistryOpts,
-    /// Largest policy module accepted, in MiB.
-    #[arg(long, default_value_t = 16, value_name = "MIB",
-          value_parser = clap::value_parser!(u64).range(1..=1024))]
-    pub policy_max_module_mib: u64,
+}
+
+impl FetchOpts {
+    /// How modules named by `oci://` are fetched: from this registry, through this cache, no
+    /// larger than `max_bytes`.
+    pub fn fetcher(&self, max_bytes: u64) -> anyhow::Result<pinset_node::policy_source::Fetcher> {
+        Ok(pinset_node::policy_source::Fetcher {
+            artifacts: self.policy_registry.artifacts()?,
+            cache: self.policy_cache.clone(),
+            max_bytes,
+        })
+    }
+
+    /// The bytes of `source` (a file or `oci://`), its signature checked when keys are given.
+    pub fn fetch(
+        &self,
+        source: &str,
+        max_bytes: u64,
+    ) -> anyhow::Result<pinset_node::policy_source::Fetched> {
+        use pinset_node::policy_source::{Source, fetch_blocking};
+        let parsed = Source::parse(source).with_context(|| format!("policy module {source}"))?;
+        if let Source::File(path) = &parsed {
+            let size = std::fs::metadata(path)
+                .with_context(|| format!("reading {}", path.display()))?
+                .len();
+            anyhow::ensure!(
+                size <= max_bytes,
+                "policy module {}: {size} bytes, over the limit of {max_bytes} bytes (--policy-max-module-mib)",
+                path.display(),
+            );
+        }
+        let keys = verifying_keys(&self.policy_verify_key)?;
+        Ok(fetch_blocking(&self.fetcher(max_bytes)?, &parsed, &keys)?)
+    }
 }
 
 /// How pinset reaches a registry for policy artifacts.
 #[derive(clap::Args, Clone, Debug, Default)]
 pub struct RegistryOpts {
     /// Registry credentials for policy artifacts (a `config.json`, as for images).
-    #[arg(long = "policy-auth", value_name = "FILE")]
-    pub auth: Option<PathBuf>,
+    #[arg(long, value_name = "FILE")]
+    pub policy_auth: Option<PathBuf>,
     /// A registry (`host[:port]`) to speak plain HTTP to for policy artifacts; repeatable.
-    #[arg(long = "policy-insecure-registry", value_name = "HOST")]
-    pub insecure_registry: Vec<String>,
+    #[arg(long, value_name = "HOST")]
+    pub policy_insecure_registry: Vec<String>,
 }
 
 impl RegistryOpts {
     pub fn artifacts(&self) -> anyhow::Result<pinset_node::registry::artifact::Artifacts> {
-        let credentials = pinset_node::config::credentials(self.auth.as_deref())?;
+        let credentials = pinset_node::config::credentials(self.policy_auth.as_deref())?;
         Ok(pinset_node::registry::artifact::Artifacts::new(
-            self.insecure_registry.clone(),
+            self.policy_insecure_registry.clone(),
             credentials,
         ))
     }
@@ -128,26 +169,11 @@ impl PolicyOpts {
     /// The module's bytes: a file, or an artifact through the registry and the cache, its
     /// signature checked when keys are given. A file over the size limit is not read.
     pub fn fetch(&self, source: &str) -> anyhow::Result<pinset_node::policy_source::Fetched> {
-        use pinset_node::policy_source::{Fetcher, Source, fetch_blocking};
-        let source = Source::parse(source).with_context(|| format!("--policy {source}"))?;
-        if let Source::File(path) = &source {
-            let size = std::fs::metadata(path)
-                .with_context(|| format!("reading {}", path.display()))?
-                .len();
-            anyhow::ensure!(
-                size <= self.limits().max_module_bytes as u64,
-                "policy module {}: {size} bytes, over the limit of {} bytes (--policy-max-module-mib)",
-                path.display(),
-                self.limits().max_module_bytes
-            );
-        }
-        let fetcher = Fetcher {
-            artifacts: self.policy_registry.artifacts()?,
-            cache: self.policy_cache.clone(),
-            max_bytes: self.limits().max_module_bytes as u64,
-        };
-        let keys = verifying_keys(&self.policy_verify_key)?;
-        Ok(fetch_blocking(&fetcher, &source, &keys)?)
+        self.fetch.fetch(source, self.max_module_bytes())
+    }
+
+    pub fn max_module_bytes(&self) -> u64 {
+        self.limits().max_module_bytes as u64
     }
 
     /// The module as reports name it before it is loaded.
