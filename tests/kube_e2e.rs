@@ -280,6 +280,85 @@ impl Cluster {
     }
 }
 
+/// Policy modules pushed to the cluster's registry: the hostile test module signed, the default
+/// unsigned; the public key agents require.
+struct ShippedPolicies {
+    signed: String,
+    unsigned: String,
+    public_key: String,
+    registry: String,
+    dir: std::path::PathBuf,
+}
+
+impl ShippedPolicies {
+    fn push(cluster: &Cluster, dir: &std::path::Path) -> ShippedPolicies {
+        let host = cluster.registry.host.clone();
+        let run = |args: &[&str]| {
+            let (code, out, err) = support::pinset(args);
+            assert_eq!(code, 0, "pinset {args:?}: {err}");
+            out.trim().to_string()
+        };
+        let push = |stem: &str, tag: &str| {
+            let file = support::policy_dir().join(format!("{stem}.wasm"));
+            let target = format!("{host}/policies/{tag}");
+            run(&[
+                "policy",
+                "push",
+                file.to_str().unwrap(),
+                &target,
+                "--insecure-registry",
+                &host,
+            ])
+        };
+        let signed = push("pinset_test_policy_hostile", "hostile:e2e");
+        let unsigned = push("pinset_policy_default", "default:e2e");
+        let prefix = dir.join("cosign");
+        run(&[
+            "policy",
+            "keygen",
+            "--output-key-prefix",
+            prefix.to_str().unwrap(),
+        ]);
+        let key = prefix.with_extension("key");
+        run(&[
+            "policy",
+            "sign",
+            &signed,
+            "--key",
+            key.to_str().unwrap(),
+            "--insecure-registry",
+            &host,
+        ]);
+        let public_key = std::fs::read_to_string(prefix.with_extension("pub")).unwrap();
+        ShippedPolicies {
+            signed,
+            unsigned,
+            public_key,
+            registry: host,
+            dir: dir.to_path_buf(),
+        }
+    }
+
+    /// An agent's flags: a policy configuration naming `module` for `pool`, signatures
+    /// required, and a cache of its own.
+    fn agent_args(&self, pool: &str, module: &str, node: &str) -> Vec<String> {
+        let config = self.dir.join(format!("{node}-policies.yaml"));
+        let yaml = format!(
+            "verify:\n  keys: [{:?}]\npools:\n  {pool}:\n    module: oci://{module}\n",
+            self.public_key
+        );
+        std::fs::write(&config, yaml).unwrap();
+        vec![
+            format!("--policy-config={}", config.display()),
+            format!("--policy-insecure-registry={}", self.registry),
+            format!(
+                "--policy-cache={}",
+                self.dir.join(format!("{node}-cache")).display()
+            ),
+        ]
+    }
+}
+
 fn cri(runtime: &support::Containerd) -> pinset_node::cri::client::CriClient {
     pinset_node::cri::client::CriClient::new(pinset_node::cri::client::CriConfig {
         endpoint: runtime.endpoint(),
@@ -355,6 +434,10 @@ async fn controller_and_agents_pin_sets_and_report_through_a_real_api_server() {
         ],
         dir.path().join("controller.log"),
     );
+    // Policies shipped as the configuration ships them: OCI artifacts by digest, a signature
+    // required. infra's module is signed and runs; master's is not and is refused for master
+    // only: cp-0 decides with the default and says why.
+    let policies = ShippedPolicies::push(&cluster, dir.path());
     let cp_port = support::free_port();
     let mut cp = cluster.agent(
         "cp-0",
@@ -362,21 +445,21 @@ async fn controller_and_agents_pin_sets_and_report_through_a_real_api_server() {
         &cp_runtime,
         cp_port,
         "cp-0.log",
-        &[],
+        &policies.agent_args("master", &policies.unsigned, "cp-0"),
     );
-    // The infra pool runs a policy that panics in every hook, its message on stderr (which
-    // crashed the agent's async path while WASI streams entered a runtime of their own): each
-    // call is answered by the reference policy, and the node still pulls and pins.
+    // The infra pool runs (from its signed artifact) a policy that panics in every hook, its
+    // message on stderr (which crashed the agent's async path while WASI streams entered a
+    // runtime of their own): each call is answered by the reference policy, and the node still
+    // pulls and pins.
     let mut infra_labels = roles(&["worker", "infra"]);
     infra_labels.push(("pinset.test/hostile".into(), "trap".into()));
-    let hostile = support::policy_dir().join("pinset_test_policy_hostile.wasm");
     let infra = cluster.agent(
         "infra-0",
         &infra_labels,
         &infra_runtime,
         support::free_port(),
         "infra-0.log",
-        &[format!("--pool-policy=infra={}", hostile.display())],
+        &policies.agent_args("infra", &policies.signed, "infra-0"),
     );
     let logs = || {
         format!(
@@ -437,11 +520,22 @@ async fn controller_and_agents_pin_sets_and_report_through_a_real_api_server() {
         "{fallback:?}"
     );
     let cp_fallback = nodes.get("cp-0").await.unwrap().status.unwrap().conditions;
+    let refused = cp_fallback
+        .iter()
+        .find(|c| c.type_ == pinset_k8s::api::CONDITION_POLICY_FALLBACK)
+        .unwrap();
+    assert_eq!(refused.status, "True", "{refused:?}");
+    for said in [
+        "pool master",
+        policies.unsigned.as_str(),
+        "no cosign signature",
+        "deciding with the default policy",
+    ] {
+        assert!(refused.message.contains(said), "{said:?} in {refused:?}");
+    }
     assert!(
-        cp_fallback
-            .iter()
-            .any(|c| c.type_ == pinset_k8s::api::CONDITION_POLICY_FALLBACK && c.status == "False"),
-        "the default policy never falls back: {cp_fallback:?}"
+        !refused.message.contains("trapped"),
+        "the default it decides with never falls back: {refused:?}"
     );
     let progress = infra_mcn.status.unwrap().pinned_image_progress.unwrap();
     assert_eq!((progress.images_done, progress.images_total), (4, 4));

@@ -208,7 +208,10 @@ impl PolicyTable {
     pub fn refused_for(&self, pools: &[String]) -> Option<String> {
         let pool = pools.first()?;
         let why = self.refused.get(pool)?;
-        Some(format!("{why}; deciding with the default policy ({})", self.default.name()))
+        Some(format!(
+            "{why}; deciding with the default policy ({})",
+            self.default.name()
+        ))
     }
 }
 
@@ -248,7 +251,12 @@ mod tests {
 
     fn default_module(runtime: &WasmRuntime) -> PolicyModule {
         runtime
-            .load("d", pinset_policy::EMBEDDED_DEFAULT, None, Limits::default())
+            .load(
+                "d",
+                pinset_policy::EMBEDDED_DEFAULT,
+                None,
+                Limits::default(),
+            )
             .unwrap()
     }
 
@@ -258,11 +266,18 @@ mod tests {
         let mut c = PolicyConfig::default();
         c.add_flag("infra=/nonexistent/p.wasm").unwrap();
         let table = c
-            .load(&runtime, default_module(&runtime), Limits::default(), &fetcher())
+            .load(
+                &runtime,
+                default_module(&runtime),
+                Limits::default(),
+                &fetcher(),
+            )
             .unwrap();
         let why = table.refused_for(&["infra".into()]).unwrap();
         assert!(
-            why.contains("pool infra") && why.contains("/nonexistent/p.wasm") && why.contains("default"),
+            why.contains("pool infra")
+                && why.contains("/nonexistent/p.wasm")
+                && why.contains("default"),
             "{why}"
         );
         assert_eq!(table.for_pools(&["infra".into()]).name(), "d");
@@ -280,21 +295,37 @@ mod tests {
         let yaml = format!("verify: {{keys: [{key:?}]}}\npools:\n  infra: {{module: /p/a.wasm}}\n");
         let c: PolicyConfig = serde_yaml::from_str(&yaml).unwrap();
         let table = c
-            .load(&runtime, default_module(&runtime), Limits::default(), &fetcher())
+            .load(
+                &runtime,
+                default_module(&runtime),
+                Limits::default(),
+                &fetcher(),
+            )
             .unwrap();
         let why = table.refused_for(&["infra".into()]).unwrap();
-        assert!(why.contains("signature is required") && why.contains("/p/a.wasm"), "{why}");
+        assert!(
+            why.contains("signature is required") && why.contains("/p/a.wasm"),
+            "{why}"
+        );
 
         let c: PolicyConfig = serde_yaml::from_str(
             "pools:\n  infra: {module: /p/a.wasm, verify: {keys: [nonsense]}}\n",
         )
         .unwrap();
         let e = c
-            .load(&runtime, default_module(&runtime), Limits::default(), &fetcher())
+            .load(
+                &runtime,
+                default_module(&runtime),
+                Limits::default(),
+                &fetcher(),
+            )
             .err()
             .unwrap()
             .to_string();
-        assert!(e.contains("pool infra: key 1") && e.contains("PUBLIC KEY"), "{e}");
+        assert!(
+            e.contains("pool infra: key 1") && e.contains("PUBLIC KEY"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -454,7 +454,13 @@ mod tests {
         let digest = at.digest().unwrap();
         let payload = payload(&at, digest);
         let signature = B64.encode(key.sign(&payload).unwrap());
-        let ok = check(&payload, &layer(&signature), digest, std::slice::from_ref(&public)).unwrap();
+        let ok = check(
+            &payload,
+            &layer(&signature),
+            digest,
+            std::slice::from_ref(&public),
+        )
+        .unwrap();
         assert_eq!(ok.key, public.fingerprint());
 
         let other = SigningKey::generate(b"").unwrap().1.public();

@@ -226,7 +226,12 @@ pub async fn agent(
     for flag in &agent_opts.pool_policy {
         config.add_flag(flag)?;
     }
-    let policies = config.load(&wasm, default.clone(), policy.limits(), &policy.fetch.fetcher(policy.max_module_bytes())?)?;
+    let policies = config.load(
+        &wasm,
+        default.clone(),
+        policy.limits(),
+        &policy.fetch.fetcher(policy.max_module_bytes())?,
+    )?;
     pinset_node::os::release_free_memory();
     let client = pinset_k8s::client(opts.kubeconfig.as_deref()).await?;
     if !ownership::check(client.clone(), OWNERSHIP_RETRY, &shutdown).await? {
