@@ -15,8 +15,10 @@
 //! library (natively it is linked with pinset's): the module imports the contract's interfaces
 //! and nothing else (no WASI).
 
-// Without its export (a dependency of another policy) it is linked with that policy's library.
-#![cfg_attr(all(target_arch = "wasm32", feature = "export"), no_std)]
+// Without its `no-std` feature (a dependency of a policy with the standard library) it is linked
+// with that policy's library; with it (exported, or reused by a policy without one), the SDK's
+// `no-std` brings the panic handler, which a `std` here would define a second time.
+#![cfg_attr(all(target_arch = "wasm32", feature = "no-std"), no_std)]
 
 extern crate alloc;
 

@@ -11,6 +11,7 @@ pub mod policy_bench;
 pub mod policy_oci;
 pub mod report;
 pub mod rollout;
+pub mod scaffold;
 pub mod simulate;
 
 use anyhow::Context;

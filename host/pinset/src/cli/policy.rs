@@ -56,6 +56,9 @@ pub enum PolicyCommand {
         #[arg(long, short = 'o', value_enum, default_value = "text")]
         output: super::plan::Output,
     },
+    /// Start a policy: a crate of its own with the default's rules, unit tests, scenarios and a
+    /// reproducible build (`build.sh`).
+    New(super::scaffold::NewArgs),
     /// Push a module to a registry as a Wasm OCI artifact (the layout `wkg oci push` writes);
     /// print the pushed reference by digest.
     Push(super::policy_oci::PushArgs),
@@ -108,6 +111,7 @@ pub fn run(cmd: PolicyCommand) -> Result<ExitCode> {
             super::policy_bench::run(&mut Modules::new(&policy)?, native_means_something, &args)
         }
         PolicyCommand::Simulate(args) => super::simulate::run(&args),
+        PolicyCommand::New(args) => super::scaffold::new(&args),
         PolicyCommand::Push(args) => super::policy_oci::push(&args),
         PolicyCommand::Pull(args) => super::policy_oci::pull(&args),
         PolicyCommand::Sign(args) => super::policy_oci::sign(&args),
