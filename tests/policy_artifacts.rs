@@ -456,6 +456,16 @@ fn an_oci_module_loads_verified_and_from_the_cache_when_the_registry_is_away() {
     let (code, out, err) = info(&registry, &format!("oci://{signed}"), &verified);
     assert_eq!(code, 0, "{err}");
     assert!(out.contains(sha.strip_prefix("sha256:").unwrap()), "{out}");
+    let compiled: Vec<_> = std::fs::read_dir(cache.join("compiled"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert!(
+        compiled
+            .iter()
+            .any(|f| f.starts_with(sha.strip_prefix("sha256:").unwrap()) && f.ends_with(".cwasm")),
+        "the compiled module is kept by the module's digest: {compiled:?}"
+    );
     let (code, _, err) = info(&registry, &format!("oci://{unsigned}"), &verified);
     assert_eq!(code, 1, "{err}");
     assert!(

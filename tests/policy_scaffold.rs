@@ -120,6 +120,20 @@ fn a_new_policy_tests_builds_reproducibly_and_passes_its_scenarios_outside_the_w
         );
     }
 
+    // The repository's own modules embed no machine's paths either.
+    for entry in std::fs::read_dir(support::policy_dir()).unwrap() {
+        let path = entry.unwrap().path();
+        let bytes = std::fs::read(&path).unwrap();
+        let text = String::from_utf8_lossy(&bytes);
+        for machine_path in [support::workspace().to_str().unwrap(), &home] {
+            assert!(
+                !text.contains(machine_path),
+                "{} embeds {machine_path}",
+                path.display()
+            );
+        }
+    }
+
     let (code, out, err) = support::pinset(&[
         "policy",
         "test",

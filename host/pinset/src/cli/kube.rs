@@ -149,8 +149,7 @@ fn metrics() -> Metrics {
 /// The fleet policies of `--fleet-policy`, compiled in a child process: files (their sha256
 /// pinned with `@sha256:`) or `oci://` artifacts, fetched and verified as `policy` says.
 fn fleet_table(flags: &[String], fetch: &super::FetchOpts) -> Result<controller::FleetTable> {
-    let runtime = pinset_policy::WasmRuntime::with_compiler(super::child_compiler()?)
-        .context("starting the Wasm runtime")?;
+    let runtime = fetch.runtime(super::child_compiler()?)?;
     let limits = pinset_policy::Limits::default();
     let load = |arg: &str| -> Result<pinset_policy::FleetModule> {
         if arg.starts_with(pinset_node::registry::artifact::SCHEME) {

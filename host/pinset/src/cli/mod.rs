@@ -53,7 +53,7 @@ pub struct FetchOpts {
     #[arg(long, value_name = "FILE.pub")]
     pub policy_verify_key: Vec<PathBuf>,
     /// Keep fetched `oci://` modules here, by digest, and start from them when the registry
-    /// cannot be reached.
+    /// cannot be reached; compiled modules too (`compiled/`, by module digest and engine).
     #[arg(long, value_name = "DIR")]
     pub policy_cache: Option<PathBuf>,
     #[command(flatten)]
@@ -61,6 +61,16 @@ pub struct FetchOpts {
 }
 
 impl FetchOpts {
+    /// A Wasm runtime compiling with `compiler`, its compiled modules kept in the policy cache
+    /// (`compiled/`) when there is one.
+    pub fn runtime(&self, compiler: Compiler) -> anyhow::Result<WasmRuntime> {
+        let runtime = WasmRuntime::with_compiler(compiler).context("starting the Wasm runtime")?;
+        Ok(match &self.policy_cache {
+            Some(dir) => runtime.with_compiled_cache(dir.join("compiled")),
+            None => runtime,
+        })
+    }
+
     /// How modules named by `oci://` are fetched: from this registry, through this cache, no
     /// larger than `max_bytes`.
     pub fn fetcher(&self, max_bytes: u64) -> anyhow::Result<pinset_node::policy_source::Fetcher> {
@@ -194,7 +204,7 @@ pub fn load_policy_with(
     opts: &PolicyOpts,
     compiler: Compiler,
 ) -> anyhow::Result<(WasmRuntime, PolicyModule)> {
-    let runtime = WasmRuntime::with_compiler(compiler).context("starting the Wasm runtime")?;
+    let runtime = opts.fetch.runtime(compiler)?;
     let module = opts.load(&runtime)?;
     Ok((runtime, module))
 }

@@ -268,7 +268,7 @@ impl<'a> Modules<'a> {
     pub(super) fn new(opts: &'a PolicyOpts) -> Result<Self> {
         Ok(Self {
             opts,
-            runtime: pinset_policy::WasmRuntime::new()?,
+            runtime: opts.fetch.runtime(pinset_policy::Compiler::InProcess)?,
             compiled: None,
             node: None,
             fleet: None,

@@ -39,6 +39,24 @@ pub fn precompile(bytes: &[u8]) -> Result<Vec<u8>, String> {
         .map_err(|e| format!("{e:#}"))
 }
 
+/// Write `component`'s artifact and its sha256 beside it, each through a temporary file.
+fn store_compiled(path: &Path, component: &Component) -> std::io::Result<()> {
+    use sha2::Digest;
+    let dir = path.parent().expect("a cache file has a directory");
+    std::fs::create_dir_all(dir)?;
+    let artifact = component.serialize().map_err(std::io::Error::other)?;
+    let sum = super::module::hex(&sha2::Sha256::digest(&artifact));
+    for (file, bytes) in [
+        (path.with_extension("sha256"), sum.as_bytes()),
+        (path.to_path_buf(), &artifact[..]),
+    ] {
+        let mut tmp = tempfile::NamedTempFile::new_in(dir)?;
+        tmp.write_all(bytes)?;
+        tmp.persist(&file).map_err(|e| e.error)?;
+    }
+    Ok(())
+}
+
 /// Run `exe compile-policy` on `bytes`. `Ok(Err(message))`: the module is not a valid component
 /// (the child exits with [`COMPILE_INVALID_MODULE`] and says why on stderr); `Err`: the child
 /// could not do its job.
@@ -75,7 +93,62 @@ fn compile_in_child(exe: &Path, bytes: &[u8]) -> Result<Result<Vec<u8>, String>,
 }
 
 impl WasmRuntime {
+    /// `bytes` compiled: from the compiled cache when it holds them for this engine, else by
+    /// the compiler (and then kept in the cache).
     pub(super) fn compile(&self, name: &str, bytes: &[u8]) -> Result<Component, LoadError> {
+        let Some(cached) = self
+            .compiled_cache
+            .as_ref()
+            .map(|dir| self.cache_path(dir, bytes))
+        else {
+            return self.compile_now(name, bytes);
+        };
+        if let Some(component) = self.load_compiled(&cached) {
+            return Ok(component);
+        }
+        let component = self.compile_now(name, bytes)?;
+        if let Err(e) = store_compiled(&cached, &component) {
+            tracing::warn!(module = name, path = %cached.display(), error = %e, "cannot keep the compiled module");
+        }
+        Ok(component)
+    }
+
+    /// `<dir>/<module sha256>-<engine hash>.cwasm`.
+    fn cache_path(&self, dir: &Path, bytes: &[u8]) -> PathBuf {
+        use sha2::Digest;
+        use std::hash::{Hash, Hasher};
+        let mut engine = std::hash::DefaultHasher::new();
+        self.engine
+            .precompile_compatibility_hash()
+            .hash(&mut engine);
+        let module = super::module::hex(&sha2::Sha256::digest(bytes));
+        dir.join(format!("{module}-{:016x}.cwasm", engine.finish()))
+    }
+
+    /// A compiled module from the cache, when its bytes are whole (their sha256 beside them)
+    /// and this engine takes them; anything else is removed.
+    fn load_compiled(&self, path: &Path) -> Option<Component> {
+        use sha2::Digest;
+        let artifact = std::fs::read(path).ok()?;
+        let sum = std::fs::read_to_string(path.with_extension("sha256")).ok();
+        let whole = sum.as_deref().map(str::trim)
+            == Some(&super::module::hex(&sha2::Sha256::digest(&artifact)));
+        // SAFETY: `deserialize` trusts its input to be an artifact wasmtime produced. This one
+        // was, by this runtime's compiler, written by it to a directory only it writes (the
+        // node's policy cache), and its sha256 shows it is the same bytes; wasmtime still
+        // refuses an artifact of another version or configuration.
+        let loaded = whole.then(|| unsafe { Component::deserialize(&self.engine, &artifact) });
+        match loaded {
+            Some(Ok(component)) => Some(component),
+            _ => {
+                tracing::warn!(path = %path.display(), "compiled module damaged or foreign: compiling again");
+                let _ = std::fs::remove_file(path);
+                None
+            }
+        }
+    }
+
+    fn compile_now(&self, name: &str, bytes: &[u8]) -> Result<Component, LoadError> {
         let invalid = |cause: String| LoadError::Compile {
             module: name.into(),
             cause,
@@ -100,5 +173,50 @@ impl WasmRuntime {
         // configuration match ours and refuses it otherwise.
         unsafe { Component::deserialize(&self.engine, &artifact) }
             .map_err(|e| failed(format!("its artifact does not load: {e:#}")))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{EMBEDDED_DEFAULT, Limits};
+
+    /// A runtime whose compiler cannot run: only the cache can give it a compiled module.
+    fn cache_only(dir: &Path) -> WasmRuntime {
+        WasmRuntime::with_compiler(Compiler::Subprocess("/nonexistent/pinset".into()))
+            .unwrap()
+            .with_compiled_cache(dir.to_path_buf())
+    }
+
+    #[test]
+    fn a_compiled_module_is_kept_and_a_damaged_one_compiled_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let compile = |runtime: &WasmRuntime| {
+            runtime.compile_module("default", EMBEDDED_DEFAULT, None, Limits::default())
+        };
+        let first = WasmRuntime::new()
+            .unwrap()
+            .with_compiled_cache(dir.path().to_path_buf());
+        compile(&first).unwrap();
+        let kept: Vec<PathBuf> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .filter(|p| p.extension().is_some_and(|e| e == "cwasm"))
+            .collect();
+        assert_eq!(kept.len(), 1, "{kept:?}");
+        // Another process's runtime (same engine configuration) loads it without compiling.
+        compile(&cache_only(dir.path())).unwrap();
+
+        let mut artifact = std::fs::read(&kept[0]).unwrap();
+        let at = artifact.len() / 2;
+        artifact[at] ^= 0xff;
+        std::fs::write(&kept[0], &artifact).unwrap();
+        let e = compile(&cache_only(dir.path())).err().unwrap().to_string();
+        assert!(
+            e.contains("/nonexistent/pinset"),
+            "a damaged artifact is not loaded: {e}"
+        );
+        compile(&first).unwrap();
+        compile(&cache_only(dir.path())).unwrap();
     }
 }

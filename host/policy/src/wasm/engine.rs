@@ -107,6 +107,8 @@ pub struct WasmRuntime {
     pub(super) linker: Arc<Linker<State>>,
     pub(super) ticker: Arc<Ticker>,
     pub(super) compiler: Compiler,
+    /// Where compiled modules are kept ([`WasmRuntime::with_compiled_cache`]).
+    pub(super) compiled_cache: Option<std::path::PathBuf>,
 }
 
 pub(super) struct Ticker {
@@ -155,7 +157,16 @@ impl WasmRuntime {
             linker: Arc::new(linker),
             ticker: Arc::new(Ticker { stop }),
             compiler,
+            compiled_cache: None,
         })
+    }
+
+    /// Keep compiled modules in `dir`, by the module's sha256 and this engine's version and
+    /// configuration (a compiled module only loads into an engine of both): a restarted
+    /// process loads them instead of compiling again.
+    pub fn with_compiled_cache(mut self, dir: std::path::PathBuf) -> Self {
+        self.compiled_cache = Some(dir);
+        self
     }
 
     pub fn compiler(&self) -> &Compiler {

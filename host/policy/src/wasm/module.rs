@@ -284,7 +284,7 @@ pub(super) fn imports(engine: &Engine, component: &Component) -> Vec<String> {
     names
 }
 
-fn hex(bytes: &[u8]) -> String {
+pub(super) fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
