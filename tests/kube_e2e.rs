@@ -537,6 +537,24 @@ async fn controller_and_agents_pin_sets_and_report_through_a_real_api_server() {
         !refused.message.contains("trapped"),
         "the default it decides with never falls back: {refused:?}"
     );
+    // The pool says it too, naming the node.
+    eventually("pool master names the refusal", &logs, || async {
+        let p = pools.get("master").await.map_err(|e| e.to_string())?;
+        let c = p
+            .status
+            .unwrap_or_default()
+            .conditions
+            .into_iter()
+            .find(|c| c.type_ == pinset_k8s::api::CONDITION_POLICY_FALLBACK)
+            .ok_or("no PolicyFallback condition")?;
+        (c.status == "True"
+            && c.reason == "PolicyRefused"
+            && c.message.contains("node cp-0")
+            && c.message.contains(&policies.unsigned))
+        .then_some(())
+        .ok_or(format!("{c:?}"))
+    })
+    .await;
     let progress = infra_mcn.status.unwrap().pinned_image_progress.unwrap();
     assert_eq!((progress.images_done, progress.images_total), (4, 4));
     let (cp_cri, infra_cri) = (cri(&cp_runtime), cri(&infra_runtime));

@@ -60,6 +60,20 @@ pub struct NodeReport {
     pub sets: BTreeMap<String, SetStatus>,
     /// The message of its PinnedImageSetsDegraded condition when True.
     pub degraded: Option<String>,
+    /// Why its pool's policy module was refused, when it was (it decides with the default).
+    pub policy_refused: Option<String>,
+}
+
+/// The nodes of `pool` that refused the pool's policy module, one line each; `None` when none
+/// did.
+pub fn policy_refusals(pool: &str, nodes: &[NodeReport]) -> Option<String> {
+    let mut lines: Vec<String> = nodes
+        .iter()
+        .filter(|n| n.pool == pool)
+        .filter_map(|n| Some(format!("node {}: {}", n.name, n.policy_refused.as_ref()?)))
+        .collect();
+    lines.sort();
+    (!lines.is_empty()).then(|| crate::status::cap(&lines.join(" | "), MAX_MESSAGE))
 }
 
 /// The pool's PinnedImageSets synchronizer: node counts and, when nodes failed, a message naming
@@ -236,7 +250,24 @@ mod tests {
                 .iter()
                 .any(|s| s.3.is_some_and(|(g, _)| Some(g) >= s.2))
                 .then(|| "failed".to_string()),
+            policy_refused: None,
         }
+    }
+
+    #[test]
+    fn refusals_name_the_nodes_of_the_pool_only() {
+        let mut a = node("w-2", "worker", &[]);
+        a.policy_refused = Some("policy of pool worker: no cosign signature".into());
+        let mut b = node("w-1", "worker", &[]);
+        b.policy_refused = Some("policy of pool worker: no cosign signature".into());
+        let mut other = node("i-1", "infra", &[]);
+        other.policy_refused = Some("elsewhere".into());
+        let nodes = [a, b, other, node("w-3", "worker", &[])];
+        assert_eq!(
+            policy_refusals("worker", &nodes).unwrap(),
+            "node w-1: policy of pool worker: no cosign signature | node w-2: policy of pool worker: no cosign signature"
+        );
+        assert_eq!(policy_refusals("master", &nodes), None);
     }
 
     #[test]

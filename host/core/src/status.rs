@@ -52,6 +52,10 @@ pub struct NodeStatus {
     /// Decisions the policy failed to make in the last reconcile (answered by the reference).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub policy_fallbacks: Vec<String>,
+    /// Why the module of the node's pool was refused (not fetched, verified or loaded), when it
+    /// was: the node decides with the default policy.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub policy_refused: Option<String>,
     /// The node's Ready condition and labels as last read (reported for the fleet policy).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub node_ready: Option<bool>,

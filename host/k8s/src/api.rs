@@ -23,6 +23,9 @@ pub const CONDITION_PROGRESSING: &str = "PinnedImageSetsProgressing";
 pub const CONDITION_DEGRADED: &str = "PinnedImageSetsDegraded";
 /// pinset's addition: a policy decision was answered by the built-in reference policy.
 pub const CONDITION_POLICY_FALLBACK: &str = "PinnedImageSetsPolicyFallback";
+/// The reason of a node's PolicyFallback condition when its pool's module was refused (not
+/// fetched, verified or loaded); the controller gathers these into the pool's condition.
+pub const REASON_POLICY_REFUSED: &str = "PolicyRefused";
 
 /// Images that must be present and pinned on the nodes of every pool whose
 /// `machineConfigSelector` matches the set's labels.

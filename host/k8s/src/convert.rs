@@ -145,6 +145,15 @@ pub fn node_report(n: &MachineConfigNode) -> NodeReport {
             .iter()
             .find(|c| c.type_ == CONDITION_DEGRADED && c.status == "True")
             .map(|c| c.message.clone()),
+        policy_refused: status
+            .conditions
+            .iter()
+            .find(|c| {
+                c.type_ == crate::api::CONDITION_POLICY_FALLBACK
+                    && c.status == "True"
+                    && c.reason == crate::api::REASON_POLICY_REFUSED
+            })
+            .map(|c| c.message.clone()),
     }
 }
 

@@ -272,9 +272,7 @@ impl<S: Sizer + 'static, B: PinBackend> Agent<S, B> {
         rounds.status.node_labels = node.labels.clone();
         let started = Instant::now();
         let result = self.reconcile(rounds, node, desired, shutdown).await;
-        if let Some(refused) = self.policies.refused_for(&desired.pools) {
-            rounds.status.policy_fallbacks.insert(0, refused);
-        }
+        rounds.status.policy_refused = self.policies.refused_for(&desired.pools);
         let ok = matches!(&result, Ok(r) if !r.cancelled) && rounds.status.degraded.is_none();
         self.metrics
             .observe_reconcile("node", started.elapsed(), ok);

@@ -20,13 +20,16 @@ use tokio::sync::mpsc::UnboundedReceiver;
 /// Each set's (current, last failed) generation as the Events last told them, so a set is
 /// announced pinned or failed once per generation, not at every resync.
 #[derive(Debug, Default)]
-pub struct Seen(std::collections::BTreeMap<String, (Option<i64>, Option<i64>)>);
+pub struct Seen {
+    sets: std::collections::BTreeMap<String, (Option<i64>, Option<i64>)>,
+    refused: Option<String>,
+}
 
 impl Seen {
     /// What a status already says (the agent starts from its MachineConfigNode's).
     pub fn of(status: &NodeStatus) -> Seen {
-        Seen(
-            status
+        Seen {
+            sets: status
                 .sets
                 .iter()
                 .map(|(name, s)| {
@@ -36,7 +39,8 @@ impl Seen {
                     )
                 })
                 .collect(),
-        )
+            refused: status.policy_refused.clone(),
+        }
     }
 }
 
@@ -53,7 +57,7 @@ pub fn events(status: &NodeStatus, seen: &mut Seen) -> Vec<kube::runtime::events
     };
     let mut out = Vec::new();
     for (name, set) in &status.sets {
-        let (current, failed) = seen.0.get(name).copied().unwrap_or_default();
+        let (current, failed) = seen.sets.get(name).copied().unwrap_or_default();
         let g = Some(set.desired_generation);
         if set.current_generation == g && current != g {
             let note = format!("set {name} pinned at generation {}", set.desired_generation);
@@ -67,6 +71,18 @@ pub fn events(status: &NodeStatus, seen: &mut Seen) -> Vec<kube::runtime::events
             let note = format!("set {name} generation {}: {why}", set.desired_generation);
             out.push(event(EventType::Warning, "SetFailed", "Pull", note));
         }
+    }
+    if let Some(why) = status
+        .policy_refused
+        .as_ref()
+        .filter(|w| seen.refused.as_ref() != Some(*w))
+    {
+        out.push(event(
+            EventType::Warning,
+            "PolicyRefused",
+            "Load",
+            why.clone(),
+        ));
     }
     *seen = Seen::of(status);
     if let Some(drift) = &status.pin_drift {
@@ -191,19 +207,32 @@ fn conditions(status: &NodeStatus, previous: &[Condition]) -> Vec<Condition> {
             &cap(status.degraded.as_deref().unwrap_or(""), MAX_MESSAGE_CHARS),
             None,
         ),
-        condition::make(
-            previous,
-            CONDITION_POLICY_FALLBACK,
-            !status.policy_fallbacks.is_empty(),
-            if status.policy_fallbacks.is_empty() {
-                "AsExpected"
-            } else {
-                "PolicyFailed"
-            },
-            &cap(&status.policy_fallbacks.join("; "), MAX_MESSAGE_CHARS),
-            None,
-        ),
+        policy_condition(status, previous),
     ]
+}
+
+/// PolicyFallback: True when a decision was answered by the reference, or the pool's module was
+/// refused (reason `PolicyRefused`, said first: every decision of the node is then the default's).
+fn policy_condition(status: &NodeStatus, previous: &[Condition]) -> Condition {
+    let said: Vec<&str> = status
+        .policy_refused
+        .iter()
+        .chain(&status.policy_fallbacks)
+        .map(String::as_str)
+        .collect();
+    let reason = match (&status.policy_refused, said.is_empty()) {
+        (Some(_), _) => crate::api::REASON_POLICY_REFUSED,
+        (None, false) => "PolicyFailed",
+        (None, true) => "AsExpected",
+    };
+    condition::make(
+        previous,
+        CONDITION_POLICY_FALLBACK,
+        !said.is_empty(),
+        reason,
+        &cap(&said.join("; "), MAX_MESSAGE_CHARS),
+        None,
+    )
 }
 
 /// The MachineConfigNode status for `status`; conditions keep their transition times.
@@ -387,6 +416,41 @@ mod tests {
         );
         // Unchanged status compares equal even with fresh transition times.
         assert!(same_status(&s, &node_status(&st, &s.conditions)));
+    }
+
+    #[test]
+    fn a_refused_module_is_said_first_with_its_reason_and_announced_once() {
+        let mut st = NodeStatus::default();
+        st.policy_refused =
+            Some("policy of pool infra: oci://r/p@sha256:1: no cosign signature".into());
+        st.policy_fallbacks = vec!["order: trap".into()];
+        let s = node_status(&st, &[]);
+        let c = s
+            .conditions
+            .iter()
+            .find(|c| c.type_ == CONDITION_POLICY_FALLBACK)
+            .unwrap();
+        assert_eq!(
+            (c.status.as_str(), c.reason.as_str()),
+            ("True", "PolicyRefused")
+        );
+        assert!(
+            c.message.starts_with("policy of pool infra") && c.message.ends_with("order: trap"),
+            "{c:?}"
+        );
+        let mut seen = Seen::default();
+        let reasons = |e: Vec<kube::runtime::events::Event>| -> Vec<String> {
+            e.into_iter().map(|e| e.reason).collect()
+        };
+        assert_eq!(
+            reasons(events(&st, &mut seen)),
+            ["PolicyRefused", "PolicyFallback"]
+        );
+        assert_eq!(
+            reasons(events(&st, &mut seen)),
+            ["PolicyFallback"],
+            "the refusal is said once"
+        );
     }
 
     #[test]

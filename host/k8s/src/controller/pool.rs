@@ -78,6 +78,7 @@ async fn reconcile_pool(
         sync: Some(&sync),
         degraded,
         rollout,
+        refused: pool::policy_refusals(&name, &reports),
     };
     submit_status(ctx, mcp, report);
     Ok(Action::requeue(RESYNC))
@@ -89,6 +90,8 @@ pub(super) struct Report<'a> {
     sync: Option<&'a pool::PoolSync>,
     degraded: Option<String>,
     rollout: Option<super::rollout::Outcome>,
+    /// Nodes that refused the pool's policy module (`None` also when not looked at).
+    refused: Option<String>,
 }
 
 impl Report<'_> {
@@ -97,6 +100,7 @@ impl Report<'_> {
             sync: None,
             degraded: Some(degraded),
             rollout: None,
+            refused: None,
         }
     }
 }
@@ -187,8 +191,8 @@ fn submit_status(ctx: &Arc<Context>, mcp: &MachineConfigPool, report: Report<'_>
         Some(s) => Some(entry(s, mcp)),
         None => old_entry.cloned(),
     };
+    let conditions = conditions(&status, &report.degraded, &report, mcp);
     let degraded = report.degraded;
-    let conditions = conditions(&status, &degraded, &report.rollout, mcp);
     let rollout = match &report.rollout {
         Some(r) => Some(r.rollout.clone()),
         None if report.sync.is_some() => None,
@@ -229,12 +233,13 @@ fn entry(s: &pool::PoolSync, mcp: &MachineConfigPool) -> PoolSynchronizerStatus 
     }
 }
 
-/// Degraded, and PolicyFallback (the fleet policy failed; kept as it is when the rollout was not
-/// looked at).
+/// Degraded, and PolicyFallback: the fleet policy failed, or nodes refused the pool's policy
+/// module (kept as it is when neither was looked at; a pool without target sets asks no fleet
+/// policy, which then has not failed).
 fn conditions(
     status: &crate::api::MachineConfigPoolStatus,
     degraded: &Option<String>,
-    rollout: &Option<super::rollout::Outcome>,
+    report: &Report<'_>,
     mcp: &MachineConfigPool,
 ) -> Vec<k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition> {
     let mut out = vec![condition::make(
@@ -249,26 +254,30 @@ fn conditions(
         degraded.as_deref().unwrap_or(""),
         mcp.metadata.generation,
     )];
-    let fallback = rollout.as_ref().map(|r| r.fallback.clone());
+    let fleet = report.rollout.as_ref().map(|r| r.fallback.clone());
     let previous = status
         .conditions
         .iter()
         .find(|c| c.type_ == CONDITION_POLICY_FALLBACK);
-    match (fallback, previous) {
-        (Some(f), _) => out.push(condition::make(
+    let (reason, message) = match (fleet.flatten(), &report.refused) {
+        (Some(f), Some(r)) => ("FleetPolicyFailed", Some(format!("{f}; {r}"))),
+        (Some(f), None) => ("FleetPolicyFailed", Some(f)),
+        (None, Some(r)) => (crate::api::REASON_POLICY_REFUSED, Some(r.clone())),
+        (None, None) => ("AsExpected", None),
+    };
+    // The nodes' reports were read (the counts were computed), or the fleet policy asked.
+    let looked = report.sync.is_some() || report.rollout.is_some();
+    match (looked, previous) {
+        (true, _) => out.push(condition::make(
             &status.conditions,
             CONDITION_POLICY_FALLBACK,
-            f.is_some(),
-            if f.is_some() {
-                "FleetPolicyFailed"
-            } else {
-                "AsExpected"
-            },
-            &pinset_core::status::cap(f.as_deref().unwrap_or(""), 8192),
+            message.is_some(),
+            reason,
+            &pinset_core::status::cap(message.as_deref().unwrap_or(""), 8192),
             mcp.metadata.generation,
         )),
-        (None, Some(c)) => out.push(c.clone()),
-        (None, None) => {}
+        (false, Some(c)) => out.push(c.clone()),
+        (false, None) => {}
     }
     out
 }
