@@ -420,10 +420,13 @@ mod tests {
 
     #[test]
     fn a_refused_module_is_said_first_with_its_reason_and_announced_once() {
-        let mut st = NodeStatus::default();
-        st.policy_refused =
-            Some("policy of pool infra: oci://r/p@sha256:1: no cosign signature".into());
-        st.policy_fallbacks = vec!["order: trap".into()];
+        let st = NodeStatus {
+            policy_refused: Some(
+                "policy of pool infra: oci://r/p@sha256:1: no cosign signature".into(),
+            ),
+            policy_fallbacks: vec!["order: trap".into()],
+            ..Default::default()
+        };
         let s = node_status(&st, &[]);
         let c = s
             .conditions
