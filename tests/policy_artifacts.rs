@@ -218,9 +218,8 @@ async fn bad_artifacts_and_registries_are_refused_by_name_and_nothing_is_half_wr
     refused(&reference, &[], &[&reference, "Connection refused"]);
 }
 
-#[tokio::test]
-async fn a_registry_refusing_the_credentials_is_named() {
-    // Bearer challenges from a token service that refuses everyone.
+/// A token service on loopback answering every request with `status` and `body`.
+fn token_service(status: &'static str, body: &'static str) -> std::net::SocketAddr {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let realm = listener.local_addr().unwrap();
     std::thread::spawn(move || {
@@ -228,29 +227,85 @@ async fn a_registry_refusing_the_credentials_is_named() {
         for stream in listener.incoming() {
             let Ok(mut stream) = stream else { continue };
             let _ = stream.read(&mut [0u8; 4096]);
-            let body = r#"{"errors":[{"code":"UNAUTHORIZED","message":"bad credentials"}]}"#;
             let _ = write!(
                 stream,
-                "HTTP/1.1 401 Unauthorized\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                "HTTP/1.1 {status}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
                 body.len()
             );
         }
     });
+    realm
+}
+
+/// A registry that wants a bearer token from `realm`, and a `config.json` with credentials for it.
+fn token_registry(
+    realm: std::net::SocketAddr,
+    dir: &Path,
+) -> Option<(support::Registry, std::path::PathBuf)> {
     let auth =
         format!("auth:\n  silly:\n    realm: http://{realm}/token\n    service: pinset-test\n");
-    let Some(registry) = support::Registry::start_with(&auth) else {
-        return;
-    };
-    let dir = tempfile::tempdir().unwrap();
-    let config = dir.path().join("config.json");
+    let registry = support::Registry::start_with(&auth)?;
+    let config = dir.join("config.json");
     std::fs::write(
         &config,
         format!(
-            r#"{{"auths":{{"{}":{{"auth":"dXNlcjp3cm9uZw=="}}}}}}"#,
+            r#"{{"auths":{{"{}":{{"auth":"dXNlcjpwdw=="}}}}}}"#,
             registry.host
         ),
     )
     .unwrap();
+    Some((registry, config))
+}
+
+#[test]
+fn push_and_pull_go_through_the_token_flow_with_the_credentials_file() {
+    let realm = token_service(
+        "200 OK",
+        r#"{"token":"pinset-test","access_token":"pinset-test","expires_in":300}"#,
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let Some((registry, config)) = token_registry(realm, dir.path()) else {
+        return;
+    };
+    let target = format!("{}/policies/private:v1", registry.host);
+    let with_auth = [
+        "--insecure-registry",
+        &registry.host,
+        "--auth",
+        config.to_str().unwrap(),
+    ];
+    let file = module();
+    let mut args = vec!["policy", "push", file.to_str().unwrap(), &target];
+    args.extend_from_slice(&with_auth);
+    let (code, out, err) = pinset(&args);
+    assert_eq!(code, 0, "{err}");
+    let out_file = dir.path().join("pulled.wasm");
+    let mut args = vec![
+        "policy",
+        "pull",
+        out.trim(),
+        "-o",
+        out_file.to_str().unwrap(),
+    ];
+    args.extend_from_slice(&with_auth);
+    let (code, _, err) = pinset(&args);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(
+        std::fs::read(&out_file).unwrap(),
+        std::fs::read(module()).unwrap()
+    );
+}
+
+#[test]
+fn a_registry_refusing_the_credentials_is_named() {
+    let realm = token_service(
+        "401 Unauthorized",
+        r#"{"errors":[{"code":"UNAUTHORIZED","message":"bad credentials"}]}"#,
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let Some((registry, config)) = token_registry(realm, dir.path()) else {
+        return;
+    };
     let target = format!("{}/policies/private:v1", registry.host);
     let (code, _, err) = pinset(&[
         "policy",
@@ -265,6 +320,47 @@ async fn a_registry_refusing_the_credentials_is_named() {
     assert_eq!(code, 1, "{err}");
     assert!(
         err.contains(&target) && err.contains("authenticating"),
+        "{err}"
+    );
+}
+
+/// The controller's `--fleet-policy oci://…` is fetched and verified before it connects: an
+/// unsigned module stops it naming the reference, a signed one gets it as far as its kubeconfig.
+#[test]
+fn the_controller_verifies_an_oci_fleet_policy_before_it_starts() {
+    let Some(registry) = support::Registry::start() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let (key, public) = keygen(dir.path(), "cosign");
+    let fleet = support::policy_path("pinset_policy_zone_by_zone");
+    let signed = push(&registry, &fleet, "policies/fleet:signed");
+    let unsigned = push(&registry, &fleet, "policies/fleet-unsigned:v1");
+    let (code, out) = sign_or_verify(&registry, "sign", &signed, &key);
+    assert_eq!(code, 0, "{out}");
+    let controller = |reference: &str| {
+        pinset(&[
+            "controller",
+            "--kubeconfig",
+            "/nonexistent/kubeconfig",
+            "--fleet-policy",
+            &format!("oci://{reference}"),
+            "--policy-verify-key",
+            &public,
+            "--policy-insecure-registry",
+            &registry.host,
+        ])
+    };
+    let (code, _, err) = controller(&unsigned);
+    assert_eq!(code, 1, "{err}");
+    assert!(
+        err.contains(&unsigned) && err.contains("no cosign signature"),
+        "{err}"
+    );
+    let (code, _, err) = controller(&signed);
+    assert_eq!(code, 1, "{err}");
+    assert!(
+        err.contains("/nonexistent/kubeconfig") && !err.contains("signature"),
         "{err}"
     );
 }
