@@ -21,7 +21,8 @@ bash tests/bed/fetch-containerd.sh /opt/pinset-bed/containerd
 
 echo "==> test bed: wasm-pkg-tools' wkg (policy artifacts interoperate with it; tests/policy_artifacts.rs)"
 if [ ! -x /opt/pinset-bed/wkg/bin/wkg ]; then
-  cargo install wkg --locked --version 0.16.1 --root /opt/pinset-bed/wkg
+  # A debug build: 3 min instead of 7 for a tool the tests run a few times.
+  cargo install wkg --locked --version 0.16.1 --debug --root /opt/pinset-bed/wkg
 fi
 
 echo "==> test bed: etcd and the real apiextensions-apiserver (built from Debian sources)"
