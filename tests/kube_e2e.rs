@@ -537,6 +537,18 @@ async fn controller_and_agents_pin_sets_and_report_through_a_real_api_server() {
         !refused.message.contains("trapped"),
         "the default it decides with never falls back: {refused:?}"
     );
+    // Each node says which module it decides with: infra-0 the signed artifact, cp-0 the default.
+    let running = |mcn: &MachineConfigNode| mcn.status.as_ref().unwrap().policy.clone().unwrap();
+    let infra_policy = running(&infra_mcn);
+    assert_eq!(
+        (infra_policy.name.as_str(), infra_policy.module.as_str()),
+        ("hostile", format!("oci://{}", policies.signed).as_str())
+    );
+    let hostile_bytes = std::fs::read(support::policy_path("pinset_test_policy_hostile")).unwrap();
+    assert_eq!(infra_policy.digest, support::sha256(&hostile_bytes));
+    let cp_policy = running(&nodes.get("cp-0").await.unwrap());
+    assert_eq!(cp_policy.name, "default");
+    assert_eq!(cp_policy.module, pinset_policy::EMBEDDED_DEFAULT_NAME);
     // The pool says it too, naming the node.
     eventually("pool master names the refusal", &logs, || async {
         let p = pools.get("master").await.map_err(|e| e.to_string())?;

@@ -32,6 +32,21 @@ pub struct Progress {
     pub bytes_total: u64,
 }
 
+/// The policy module a node decides with, as its status reports it.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RunningPolicy {
+    /// What the module says it is (its `info`).
+    pub name: String,
+    pub version: String,
+    /// `sha256:<hex>` of the module's bytes.
+    pub digest: String,
+    /// Where it comes from: a file, `oci://REGISTRY/REPO@sha256:…`, or the embedded default.
+    pub module: String,
+    /// When the agent started deciding with it (RFC 3339).
+    pub since: String,
+}
+
 /// Where the node stands. Progressing while it works, whatever the time it takes; Degraded only
 /// for a real failure, which names the failing images.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
@@ -56,6 +71,9 @@ pub struct NodeStatus {
     /// was: the node decides with the default policy.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub policy_refused: Option<String>,
+    /// The node policy module the node decides with.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub policy: Option<RunningPolicy>,
     /// The node's Ready condition and labels as last read (reported for the fleet policy).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub node_ready: Option<bool>,

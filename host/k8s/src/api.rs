@@ -11,7 +11,7 @@
 #![allow(clippy::duplicated_attributes)]
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, LabelSelector};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, LabelSelector, Time};
 use kube::{CustomResource, CustomResourceExt};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -336,6 +336,28 @@ pub struct MachineConfigNodeStatus {
     /// pinset's addition: the node as its agent sees it (for the fleet policy).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub node_state: Option<NodeState>,
+    /// pinset's addition: the node policy module the node decides with.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub policy: Option<NodePolicy>,
+}
+
+/// The node policy a node decides with: what the module says it is, its digest and source, and
+/// since when.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct NodePolicy {
+    #[schemars(length(max = 256))]
+    pub name: String,
+    #[schemars(length(max = 256))]
+    pub version: String,
+    /// `sha256:<64 hex digits>` of the module.
+    #[schemars(length(max = 71))]
+    pub digest: String,
+    /// A file, `oci://REGISTRY/REPO@sha256:…`, or the embedded default.
+    #[schemars(length(max = 1024))]
+    pub module: String,
+    /// When the agent started deciding with it.
+    pub since: Time,
 }
 
 /// The node's readiness and labels, as the agent last read them.

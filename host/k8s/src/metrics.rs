@@ -53,8 +53,18 @@ struct BuildLabels {
     fleet_contract: String,
 }
 
+/// The node policy a node decides with.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PolicyInfoLabels {
+    pool: String,
+    digest: String,
+    name: String,
+    version: String,
+}
+
 struct Inner {
     registry: Registry,
+    policy_info: Family<PolicyInfoLabels, Gauge>,
     policy_call_seconds: Family<HookLabels, Histogram>,
     policy_fallbacks: Family<FallbackLabels, Counter>,
     images_pulled: Counter,
@@ -82,6 +92,12 @@ struct RolloutMetrics {
 }
 
 /// The node's sets by state, the last success, the build.
+type PolicyMetrics = (
+    Family<HookLabels, Histogram>,
+    Family<FallbackLabels, Counter>,
+    Family<PolicyInfoLabels, Gauge>,
+);
+
 type Gauges = (
     Family<StateLabels, Gauge>,
     Gauge<f64, AtomicU64>,
@@ -119,19 +135,8 @@ impl Default for Metrics {
 impl Metrics {
     pub fn new() -> Self {
         let mut registry = Registry::with_prefix("pinset");
-        // 1 µs .. ~1 s.
-        let policy_call_seconds = Family::<HookLabels, Histogram>::new_with_constructor(|| {
-            Histogram::new(exponential_buckets(1e-6, 4.0, 11))
-        });
-        let policy_fallbacks = Family::<FallbackLabels, Counter>::default();
-        registry.register(
-            "policy_call_seconds",
-            "Latency of policy hook calls, validation excluded",
-            policy_call_seconds.clone(),
-        );
-        let help =
-            "Policy decisions answered by the built-in reference policy because the policy failed";
-        registry.register("policy_fallbacks", help, policy_fallbacks.clone());
+        let (policy_call_seconds, policy_fallbacks, policy_info) =
+            Self::register_policy(&mut registry);
         let (images_pulled, image_pull_failures, bytes_pulled, pull_seconds) =
             Self::register_pulls(&mut registry);
         let r = &mut registry;
@@ -174,6 +179,7 @@ impl Metrics {
         Self {
             inner: Arc::new(Inner {
                 registry,
+                policy_info,
                 policy_call_seconds,
                 policy_fallbacks,
                 images_pulled,
@@ -192,6 +198,31 @@ impl Metrics {
                 rollout,
             }),
         }
+    }
+
+    fn register_policy(r: &mut Registry) -> PolicyMetrics {
+        // 1 µs .. ~1 s.
+        let call_seconds = registered(
+            r,
+            "policy_call_seconds",
+            "Latency of policy hook calls, validation excluded",
+            Family::<HookLabels, Histogram>::new_with_constructor(|| {
+                Histogram::new(exponential_buckets(1e-6, 4.0, 11))
+            }),
+        );
+        let fallbacks = registered(
+            r,
+            "policy_fallbacks",
+            "Policy decisions answered by the built-in reference policy because the policy failed",
+            Family::<FallbackLabels, Counter>::default(),
+        );
+        let info = registered(
+            r,
+            "policy_info",
+            "The node policy this node decides with: its pool, module digest, name and version (always 1)",
+            Family::<PolicyInfoLabels, Gauge>::default(),
+        );
+        (call_seconds, fallbacks, info)
     }
 
     fn register_rollout(r: &mut Registry) -> RolloutMetrics {
@@ -294,6 +325,21 @@ impl Metrics {
                 fleet_contract: fleet.into(),
             })
             .set(1);
+    }
+
+    /// `pinset_policy_info{pool, digest, name, version} 1` for the module the node decides with
+    /// (one series: the previous one is dropped when it changes).
+    pub fn set_policy_info(&self, pool: &str, policy: &pinset_core::status::RunningPolicy) {
+        let labels = PolicyInfoLabels {
+            pool: pool.into(),
+            digest: policy.digest.clone(),
+            name: policy.name.clone(),
+            version: policy.version.clone(),
+        };
+        if self.inner.policy_info.get(&labels).is_none() {
+            self.inner.policy_info.clear();
+            self.inner.policy_info.get_or_create(&labels).set(1);
+        }
     }
 
     /// The node's sets by state after a reconcile; a reconcile that pinned every set is the
@@ -481,5 +527,38 @@ impl Observer for Metrics {
             .pin_drift
             .get_or_create(&KindLabels { kind })
             .inc();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_policy_a_node_decides_with_is_one_series_replaced_when_it_changes() {
+        let metrics = Metrics::new();
+        let policy = |name: &str, digest: &str| pinset_core::status::RunningPolicy {
+            name: name.into(),
+            version: "1.0.0".into(),
+            digest: digest.into(),
+            ..Default::default()
+        };
+        metrics.set_policy_info("worker", &policy("default", "sha256:aa"));
+        metrics.set_policy_info("worker", &policy("edge-sites", "sha256:bb"));
+        let text = metrics.encode();
+        let series: Vec<&str> = text
+            .lines()
+            .filter(|l| l.starts_with("pinset_policy_info{"))
+            .collect();
+        assert_eq!(series.len(), 1, "{text}");
+        for label in [
+            r#"pool="worker""#,
+            r#"digest="sha256:bb""#,
+            r#"name="edge-sites""#,
+            r#"version="1.0.0""#,
+        ] {
+            assert!(series[0].contains(label), "{label} in {}", series[0]);
+        }
+        assert!(series[0].ends_with(" 1"), "{}", series[0]);
     }
 }

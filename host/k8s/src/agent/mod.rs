@@ -273,6 +273,10 @@ impl<S: Sizer + 'static, B: PinBackend> Agent<S, B> {
         let started = Instant::now();
         let result = self.reconcile(rounds, node, desired, shutdown).await;
         rounds.status.policy_refused = self.policies.refused_for(&desired.pools);
+        let running = self.policies.running_for(&desired.pools);
+        self.metrics
+            .set_policy_info(desired.pools.first().map_or("", String::as_str), running);
+        rounds.status.policy = Some(running.clone());
         let ok = matches!(&result, Ok(r) if !r.cancelled) && rounds.status.degraded.is_none();
         self.metrics
             .observe_reconcile("node", started.elapsed(), ok);

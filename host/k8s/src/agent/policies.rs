@@ -4,6 +4,7 @@
 //! keys. A module that cannot be fetched, verified or loaded affects only the pools that name
 //! it: their nodes decide with the default and say why (their PolicyFallback condition).
 
+use pinset_core::status::RunningPolicy;
 use pinset_node::policy_source::{Fetcher, Source, fetch_blocking};
 use pinset_node::registry::signature::VerifyingKey;
 use pinset_policy::{Limits, LoadError, PolicyModule, WasmRuntime};
@@ -136,15 +137,19 @@ impl PolicyConfig {
         limits: Limits,
         fetcher: &Fetcher,
     ) -> Result<PolicyTable, PolicyTableError> {
+        let since = k8s_openapi::jiff::Timestamp::now().to_string();
         let mut table = PolicyTable {
+            running_default: running(&default, &since),
             default,
             by_pool: BTreeMap::new(),
+            running: BTreeMap::new(),
             refused: BTreeMap::new(),
         };
         for (pool, m) in &self.pools {
             let keys = self.keys(pool, m)?;
             match load_one(runtime, limits, fetcher, m, &keys) {
                 Ok(module) => {
+                    table.running.insert(pool.clone(), running(&module, &since));
                     table.by_pool.insert(pool.clone(), module);
                 }
                 Err(why) => {
@@ -158,6 +163,22 @@ impl PolicyConfig {
             }
         }
         Ok(table)
+    }
+}
+
+/// What the node status says of `module`: its own `info` (or why it gave none), digest, source.
+fn running(module: &PolicyModule, since: &str) -> RunningPolicy {
+    use pinset_policy::Described as _;
+    let (name, version) = match module.instance().info() {
+        Ok(info) => (info.name, info.version),
+        Err(e) => (format!("(no info: {e})"), String::new()),
+    };
+    RunningPolicy {
+        name,
+        version,
+        digest: format!("sha256:{}", module.sha256()),
+        module: module.name().to_string(),
+        since: since.to_string(),
     }
 }
 
@@ -192,6 +213,9 @@ fn load_one(
 pub struct PolicyTable {
     pub default: PolicyModule,
     pub by_pool: BTreeMap<String, PolicyModule>,
+    /// What each module is, as node statuses report it (the default's, and each pool's).
+    pub running_default: RunningPolicy,
+    pub running: BTreeMap<String, RunningPolicy>,
     /// Pools whose module was refused, and why: their nodes use the default.
     pub refused: BTreeMap<String, String>,
 }
@@ -202,6 +226,14 @@ impl PolicyTable {
             .first()
             .and_then(|p| self.by_pool.get(p))
             .unwrap_or(&self.default)
+    }
+
+    /// The module a node of `pools` decides with, as its status reports it.
+    pub fn running_for(&self, pools: &[String]) -> &RunningPolicy {
+        pools
+            .first()
+            .and_then(|p| self.running.get(p))
+            .unwrap_or(&self.running_default)
     }
 
     /// Why the primary pool's module was refused, when it was: the node says so on its status.
@@ -346,6 +378,8 @@ mod tests {
                 .unwrap()
         };
         let table = PolicyTable {
+            running_default: running(&load("default"), "t"),
+            running: [("infra".to_string(), running(&load("infra"), "t"))].into(),
             default: load("default"),
             by_pool: [("infra".to_string(), load("infra"))].into(),
             refused: Default::default(),
@@ -356,5 +390,12 @@ mod tests {
         );
         assert_eq!(table.for_pools(&["worker".into()]).name(), "default");
         assert_eq!(table.for_pools(&[]).name(), "default");
+        let infra = table.running_for(&["infra".into()]);
+        assert_eq!(
+            (infra.name.as_str(), infra.module.as_str()),
+            ("default", "infra")
+        );
+        assert_eq!(infra.digest, format!("sha256:{}", table.default.sha256()));
+        assert_eq!(table.running_for(&["worker".into()]).module, "default");
     }
 }

@@ -246,6 +246,17 @@ pub fn node_status(status: &NodeStatus, previous: &[Condition]) -> MachineConfig
             labels: status.node_labels.clone(),
         }),
         conditions,
+        policy: status.policy.as_ref().map(|p| crate::api::NodePolicy {
+            name: cap(&p.name, 256),
+            version: cap(&p.version, 256),
+            digest: p.digest.clone(),
+            module: cap(&p.module, 1024),
+            since: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                p.since
+                    .parse()
+                    .unwrap_or_else(|_| k8s_openapi::jiff::Timestamp::now()),
+            ),
+        }),
         pinned_image_sets: status
             .sets
             .values()
