@@ -25,6 +25,8 @@ const P256_SPKI_PREFIX: [u8; 26] = [
     0x30, 0x59, 0x30, 0x13, 0x06, 0x07, 0x2a, 0x86, 0x48, 0xce, 0x3d, 0x02, 0x01, 0x06, 0x08, 0x2a,
     0x86, 0x48, 0xce, 0x3d, 0x03, 0x01, 0x07, 0x03, 0x42, 0x00,
 ];
+/// Signatures of one artifact read before giving up (each is a request to the registry).
+const MAX_SIGNATURES: usize = 32;
 /// cosign's scrypt cost for new keys.
 const SCRYPT_LOG_N: u8 = 15;
 const PRIVATE_PEM: &str = "ENCRYPTED SIGSTORE PRIVATE KEY";
@@ -199,7 +201,8 @@ impl Artifacts {
             });
         };
         let mut reasons = Vec::new();
-        for (n, layer) in manifest.layers.iter().enumerate() {
+        // A registry names how many signatures there are: only so many are read.
+        for (n, layer) in manifest.layers.iter().take(MAX_SIGNATURES).enumerate() {
             if layer.media_type != PAYLOAD_MEDIA_TYPE {
                 continue;
             }
@@ -315,8 +318,13 @@ struct Cipher {
 fn secretbox_key(password: &[u8], salt: &[u8], p: &KdfParams) -> Result<[u8; 32], SignatureError> {
     let bad =
         |why: String| SignatureError::Key(format!("the private key's scrypt parameters: {why}"));
-    if !p.n.is_power_of_two() || p.n < 2 || p.n > 1 << 20 {
-        return Err(bad(format!("N = {} (a power of two up to 2^20)", p.n)));
+    // Bounded: a key file names the memory (128 × r × N bytes) and time its reading costs;
+    // cosign writes N = 2^15, r = 8, p = 1 (32 MiB).
+    if !p.n.is_power_of_two() || p.n < 2 || p.n > 1 << 16 || p.r > 16 || p.p > 4 {
+        return Err(bad(format!(
+            "N = {}, r = {}, p = {} (at most N = 2^16, r = 16, p = 4)",
+            p.n, p.r, p.p
+        )));
     }
     let params = scrypt::Params::new(p.n.trailing_zeros() as u8, p.r, p.p, 32)
         .map_err(|e| bad(e.to_string()))?;
@@ -485,6 +493,20 @@ mod tests {
         let ed25519 = "-----BEGIN PUBLIC KEY-----\nMCowBQYDK2VwAyEAGb9ECWmEzf6FQbrBZ9w7lshQhqowtrbLDFw4rXAxZuE=\n-----END PUBLIC KEY-----\n";
         let e = VerifyingKey::from_pem(ed25519).unwrap_err().to_string();
         assert!(e.contains("P-256"), "{e}");
+    }
+
+    #[test]
+    fn a_key_asking_for_unbounded_work_is_refused_before_any() {
+        let (pem_text, _) = SigningKey::generate(b"pw").unwrap();
+        let der = pem_block(&pem_text, &[PRIVATE_PEM]).unwrap().1;
+        let mut envelope: Envelope = serde_json::from_slice(&der).unwrap();
+        envelope.kdf.params.n = 1 << 30;
+        let hostile = pem(PRIVATE_PEM, &serde_json::to_vec(&envelope).unwrap());
+        let e = SigningKey::from_pem(&hostile, b"pw")
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(e.contains("at most N = 2^16"), "{e}");
     }
 
     #[test]
