@@ -219,29 +219,12 @@ async fn bad_artifacts_and_registries_are_refused_by_name_and_nothing_is_half_wr
 }
 
 /// A token service on loopback answering every request with `status` and `body`.
-fn token_service(status: &'static str, body: &'static str) -> std::net::SocketAddr {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let realm = listener.local_addr().unwrap();
-    std::thread::spawn(move || {
-        use std::io::{Read, Write};
-        for stream in listener.incoming() {
-            let Ok(mut stream) = stream else { continue };
-            let _ = stream.read(&mut [0u8; 4096]);
-            let _ = write!(
-                stream,
-                "HTTP/1.1 {status}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-                body.len()
-            );
-        }
-    });
-    realm
+fn token_service(status: &'static str, body: &'static str) -> String {
+    support::answering(status, "application/json", body)
 }
 
 /// A registry that wants a bearer token from `realm`, and a `config.json` with credentials for it.
-fn token_registry(
-    realm: std::net::SocketAddr,
-    dir: &Path,
-) -> Option<(support::Registry, std::path::PathBuf)> {
+fn token_registry(realm: String, dir: &Path) -> Option<(support::Registry, std::path::PathBuf)> {
     let auth =
         format!("auth:\n  silly:\n    realm: http://{realm}/token\n    service: pinset-test\n");
     let registry = support::Registry::start_with(&auth)?;

@@ -7,11 +7,8 @@ mod support;
 use std::path::Path;
 use std::process::Command;
 
-/// cargo (the one running these tests), with nothing of this workspace's build in its
-/// environment.
-fn cargo_in(dir: &Path) -> Command {
-    let mut command = Command::new(std::env::var_os("CARGO").unwrap_or("cargo".into()));
-    command.current_dir(dir);
+/// `command` with nothing of this workspace's build in its environment.
+fn outside_the_workspace(mut command: Command) -> Command {
     for var in [
         "CARGO_TARGET_DIR",
         "RUSTFLAGS",
@@ -22,6 +19,13 @@ fn cargo_in(dir: &Path) -> Command {
         command.env_remove(var);
     }
     command
+}
+
+/// cargo (the one running these tests) in `dir`, outside the workspace.
+fn cargo_in(dir: &Path) -> Command {
+    let mut command = Command::new(std::env::var_os("CARGO").unwrap_or("cargo".into()));
+    command.current_dir(dir);
+    outside_the_workspace(command)
 }
 
 fn run(command: &mut Command) -> String {
@@ -55,15 +59,7 @@ fn scaffold(dir: &Path) {
 
 /// `build.sh` in `dir` (its own target directory); the module's path and sha256.
 fn build(dir: &Path) -> (std::path::PathBuf, String) {
-    let mut build = Command::new(dir.join("build.sh"));
-    for var in [
-        "CARGO_TARGET_DIR",
-        "RUSTFLAGS",
-        "CARGO_ENCODED_RUSTFLAGS",
-        "CARGO_BUILD_TARGET",
-    ] {
-        build.env_remove(var);
-    }
+    let mut build = outside_the_workspace(Command::new(dir.join("build.sh")));
     let out = run(build.arg("--offline"));
     let sha = out
         .lines()

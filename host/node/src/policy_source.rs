@@ -8,6 +8,7 @@
 //! match the record's digest (a truncated or altered file) is discarded and fetched again; a
 //! module verified by none of the keys now required is verified again against the registry.
 
+use crate::os::write_atomic;
 use crate::registry::artifact::{ArtifactError, ArtifactRef, Artifacts, SCHEME, sha256_digest};
 use crate::registry::signature::{SignatureError, VerifyingKey};
 use std::path::{Path, PathBuf};
@@ -218,18 +219,6 @@ fn read_file(path: &Path, keys: &[VerifyingKey]) -> Result<Fetched, SourceError>
         verified_by: None,
         cached: false,
     })
-}
-
-/// Write through a temporary file in the same directory, renamed over `path`: a reader sees the
-/// old bytes or the new ones, never half.
-fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    use std::io::Write;
-    let dir = path.parent().unwrap_or(Path::new("."));
-    let mut tmp = tempfile::NamedTempFile::new_in(dir)?;
-    tmp.write_all(bytes)?;
-    tmp.as_file().sync_all()?;
-    tmp.persist(path).map_err(|e| e.error)?;
-    Ok(())
 }
 
 /// Run `fetch` to completion on a runtime of its own, on another thread: for the synchronous

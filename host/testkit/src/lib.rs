@@ -56,6 +56,27 @@ pub fn wkg() -> Option<PathBuf> {
     found
 }
 
+/// A loopback HTTP server that answers every request with `status`, `content_type` and `body`
+/// (a registry or token service that misbehaves in ways a real one cannot be made to); its
+/// address. It lives as long as the test process; each answer closes its connection.
+pub fn answering(status: &'static str, content_type: &'static str, body: &'static str) -> String {
+    use std::io::{Read, Write};
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(mut stream) = stream else { continue };
+            let _ = stream.read(&mut [0u8; 4096]);
+            let _ = write!(
+                stream,
+                "HTTP/1.1 {status}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                body.len()
+            );
+        }
+    });
+    addr
+}
+
 pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
         .unwrap()

@@ -292,19 +292,22 @@ mod tests {
             .unwrap()
     }
 
+    /// `c` loaded with the embedded default and no registry or cache.
+    fn load(c: &PolicyConfig, runtime: &WasmRuntime) -> Result<PolicyTable, PolicyTableError> {
+        c.load(
+            runtime,
+            default_module(runtime),
+            Limits::default(),
+            &fetcher(),
+        )
+    }
+
     #[test]
     fn a_module_that_cannot_load_is_refused_for_its_pool_only() {
         let runtime = WasmRuntime::new().unwrap();
         let mut c = PolicyConfig::default();
         c.add_flag("infra=/nonexistent/p.wasm").unwrap();
-        let table = c
-            .load(
-                &runtime,
-                default_module(&runtime),
-                Limits::default(),
-                &fetcher(),
-            )
-            .unwrap();
+        let table = load(&c, &runtime).unwrap();
         let why = table.refused_for(&["infra".into()]).unwrap();
         assert!(
             why.contains("pool infra")
@@ -326,14 +329,7 @@ mod tests {
             .to_pem();
         let yaml = format!("verify: {{keys: [{key:?}]}}\npools:\n  infra: {{module: /p/a.wasm}}\n");
         let c: PolicyConfig = serde_yaml::from_str(&yaml).unwrap();
-        let table = c
-            .load(
-                &runtime,
-                default_module(&runtime),
-                Limits::default(),
-                &fetcher(),
-            )
-            .unwrap();
+        let table = load(&c, &runtime).unwrap();
         let why = table.refused_for(&["infra".into()]).unwrap();
         assert!(
             why.contains("signature is required") && why.contains("/p/a.wasm"),
@@ -344,16 +340,7 @@ mod tests {
             "pools:\n  infra: {module: /p/a.wasm, verify: {keys: [nonsense]}}\n",
         )
         .unwrap();
-        let e = c
-            .load(
-                &runtime,
-                default_module(&runtime),
-                Limits::default(),
-                &fetcher(),
-            )
-            .err()
-            .unwrap()
-            .to_string();
+        let e = load(&c, &runtime).err().unwrap().to_string();
         assert!(
             e.contains("pool infra: key 1") && e.contains("PUBLIC KEY"),
             "{e}"

@@ -8,10 +8,10 @@
 
 pub use super::reload::Reload;
 use super::{PinBackend, PinChange, PinError};
+use crate::os::write_atomic;
 use pinset_core::drift::{Drift, DriftKind};
 use std::collections::{BTreeSet, HashSet};
-use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::PoisonError;
 
 pub const DEFAULT_DIR: &str = "/etc/crio/crio.conf.d";
@@ -118,24 +118,6 @@ pub fn pattern_matches(pattern: &str, image: &str) -> bool {
     }
 }
 
-/// Write `content` to `path` so that readers see the old or the new file, never a mix.
-pub fn write_atomic(path: &Path, content: &[u8]) -> std::io::Result<()> {
-    let dir = path.parent().unwrap_or(Path::new("."));
-    let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("file");
-    let tmp = dir.join(format!(".{name}.tmp-{}", std::process::id()));
-    let result = (|| {
-        let mut f = std::fs::File::create(&tmp)?;
-        f.write_all(content)?;
-        f.sync_all()?;
-        std::fs::rename(&tmp, path)?;
-        std::fs::File::open(dir)?.sync_all()
-    })();
-    if result.is_err() {
-        let _ = std::fs::remove_file(&tmp);
-    }
-    result
-}
-
 impl PinBackend for CrioPins {
     fn name(&self) -> &'static str {
         "crio"
@@ -199,6 +181,7 @@ impl PinBackend for CrioPins {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::path::Path;
 
     fn set(items: &[&str]) -> BTreeSet<String> {
         items.iter().map(|s| s.to_string()).collect()

@@ -230,16 +230,8 @@ pub struct Artifacts {
 
 impl Artifacts {
     pub fn new(insecure_registries: Vec<String>, credentials: Arc<Credentials>) -> Self {
-        // The TLS stack needs a process-wide crypto provider; a second install is a no-op.
-        let _ = rustls::crypto::ring::default_provider().install_default();
-        let config = oci_client::client::ClientConfig {
-            protocol: oci_client::client::ClientProtocol::HttpsExcept(insecure_registries),
-            connect_timeout: Some(std::time::Duration::from_secs(5)),
-            read_timeout: Some(std::time::Duration::from_secs(30)),
-            ..Default::default()
-        };
         Self {
-            client: oci_client::Client::new(config),
+            client: super::client(insecure_registries),
             credentials,
         }
     }
@@ -264,7 +256,7 @@ impl Artifacts {
         move |e| ArtifactError::Registry {
             reference,
             operation,
-            cause: causes(&e),
+            cause: super::causes(&e),
         }
     }
 
@@ -585,21 +577,6 @@ fn not_found(e: &oci_client::errors::OciDistributionError) -> bool {
         E::ServerError { code: 404, .. } => true,
         _ => false,
     }
-}
-
-/// An error and its causes, outermost first.
-fn causes(e: &dyn std::error::Error) -> String {
-    let mut out = e.to_string();
-    let mut source = e.source();
-    while let Some(cause) = source {
-        let text = cause.to_string();
-        if !out.contains(&text) {
-            out.push_str(": ");
-            out.push_str(&text);
-        }
-        source = cause.source();
-    }
-    out
 }
 
 /// `created` for a pushed config: `SOURCE_DATE_EPOCH` when set (reproducible builds' convention),

@@ -125,19 +125,6 @@ struct Anonymous {
     refused: Mutex<std::collections::HashSet<String>>,
 }
 
-/// An error and its causes, outermost first: HTTP client errors say little on their own
-/// ("error sending request") and name the cause (refused, TLS, timeout) only in their sources.
-fn causes(e: &dyn std::error::Error) -> String {
-    let mut out = e.to_string();
-    let mut source = e.source();
-    while let Some(cause) = source {
-        out.push_str(": ");
-        out.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    out
-}
-
 /// The largest manifest accepted (the distribution spec's limit for a manifest).
 const MAX_MANIFEST_BYTES: usize = 4 << 20;
 
@@ -195,7 +182,7 @@ impl Anonymous {
                 .header(reqwest::header::ACCEPT, MANIFEST_TYPES.join(", "))
                 .send()
                 .await
-                .map_err(|e| format!("GET {url}: {}", causes(&e)))?;
+                .map_err(|e| format!("GET {url}: {}", super::causes(&e)))?;
             let status = response.status();
             if status == reqwest::StatusCode::UNAUTHORIZED
                 || status == reqwest::StatusCode::FORBIDDEN
@@ -220,7 +207,7 @@ impl Anonymous {
             let body = response
                 .bytes()
                 .await
-                .map_err(|e| format!("GET {url}: {}", causes(&e)))?;
+                .map_err(|e| format!("GET {url}: {}", super::causes(&e)))?;
             if body.len() > MAX_MANIFEST_BYTES {
                 return Err(format!(
                     "GET {url}: a manifest over {MAX_MANIFEST_BYTES} bytes"
@@ -257,14 +244,8 @@ impl RegistrySizer {
     ) -> Self {
         // First: it installs the TLS crypto provider that the distribution client needs too.
         let anonymous = Anonymous::new(insecure_registries.clone());
-        let config = oci_client::client::ClientConfig {
-            protocol: oci_client::client::ClientProtocol::HttpsExcept(insecure_registries),
-            connect_timeout: Some(std::time::Duration::from_secs(5)),
-            read_timeout: Some(std::time::Duration::from_secs(30)),
-            ..Default::default()
-        };
         Self {
-            client: oci_client::Client::new(config),
+            client: super::client(insecure_registries),
             anonymous,
             credentials,
         }
@@ -317,24 +298,9 @@ impl Sizer for RegistrySizer {
 mod tests {
     use super::*;
 
-    /// A loopback HTTP server that answers every request with `status` and `body`: a registry
-    /// that misbehaves in ways a real one cannot be made to.
+    /// A loopback registry that answers every request with `status` and `body`.
     fn serve(status: &'static str, body: &'static str) -> String {
-        use std::io::{Read, Write};
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let addr = listener.local_addr().unwrap().to_string();
-        std::thread::spawn(move || {
-            for stream in listener.incoming() {
-                let Ok(mut stream) = stream else { continue };
-                let _ = stream.read(&mut [0u8; 4096]);
-                let _ = write!(
-                    stream,
-                    "HTTP/1.1 {status}\r\nContent-Type: application/vnd.oci.image.manifest.v1+json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-                    body.len()
-                );
-            }
-        });
-        addr
+        pinset_testkit::answering(status, "application/vnd.oci.image.manifest.v1+json", body)
     }
 
     /// Ask `anonymous` for the manifest of `a/b@sha256:D` on `registry`.

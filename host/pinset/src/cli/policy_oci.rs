@@ -165,26 +165,10 @@ pub fn pull(args: &PullArgs) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// Write `bytes` to `path` through a temporary file beside it: on any error `path` is as it was.
+/// Write `bytes` to `path` whole: on any error `path` is as it was.
 fn write_whole(path: &Path, bytes: &[u8]) -> Result<()> {
-    use std::io::Write;
-    let dir = match path.parent() {
-        Some(d) if !d.as_os_str().is_empty() => d,
-        _ => Path::new("."),
-    };
-    let mut tmp = tempfile::NamedTempFile::new_in(dir)
-        .with_context(|| format!("writing into {}", dir.display()))?;
-    tmp.write_all(bytes)
-        .with_context(|| format!("writing {}", path.display()))?;
-    // Readable by all, as any file written without a temporary one would be.
-    std::fs::set_permissions(
-        tmp.path(),
-        std::os::unix::fs::PermissionsExt::from_mode(0o644),
-    )
-    .with_context(|| format!("writing {}", path.display()))?;
-    tmp.persist(path)
-        .with_context(|| format!("writing {}", path.display()))?;
-    Ok(())
+    pinset_node::os::write_atomic(path, bytes)
+        .with_context(|| format!("writing {}", path.display()))
 }
 
 fn password() -> Vec<u8> {
