@@ -250,6 +250,7 @@ async fn run_controller_with<F, Fut>(
         client,
         metrics.clone(),
         default_fleet(),
+        None,
         ready.clone(),
         stop.clone(),
     ));
@@ -602,6 +603,7 @@ async fn the_controller_rides_out_an_api_server_restart_without_rewriting() {
         client.clone(),
         metrics.clone(),
         default_fleet(),
+        None,
         ready,
         stop.clone(),
     ));
@@ -910,6 +912,7 @@ fn spawn_controller_as(
         client.clone(),
         metrics,
         fleet,
+        None,
         std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false)),
         stop.clone(),
     ));

@@ -568,3 +568,36 @@ fn a_policy_that_waits_through_wasi_is_stopped_at_once() {
     assert_eq!(f.len(), 1);
     assert!(f[0].message.contains(pinset_policy::NO_WAITING), "{}", f[0]);
 }
+
+/// The smoke test a module passes before a node swaps to it: every hostile mode that costs a
+/// fallback fails it, naming the module and the hook; the module's good behaviour passes.
+#[test]
+fn the_smoke_test_refuses_every_misbehaviour_naming_the_hook() {
+    let with_mode = |mode: &str| {
+        let mut request = synth::request(20, 3);
+        request.node = node(mode);
+        request
+    };
+    let pressure = Pressure::default();
+    let info = pinset_policy::smoke_test(hostile(), &with_mode("none"), &pressure).unwrap();
+    assert_eq!(info.name, "hostile");
+    for (mode, hook) in [
+        ("trap-order", Hook::Order),
+        ("trap", Hook::Info),
+        ("loop", Hook::Info),
+        ("non-permutation", Hook::Order),
+        ("concurrency-zero", Hook::Concurrency),
+        ("throttle-year", Hook::Throttle),
+        ("bad-subset", Hook::Admit),
+    ] {
+        let started = Instant::now();
+        let fallback = pinset_policy::smoke_test(hostile(), &with_mode(mode), &pressure)
+            .expect_err(mode);
+        assert_eq!(fallback.hook, hook, "{mode}: {fallback}");
+        assert!(
+            fallback.message.contains("hostile") && fallback.message.contains(hook.as_str()),
+            "{mode}: {fallback}"
+        );
+        assert!(started.elapsed() < Duration::from_secs(10), "{mode} stalled");
+    }
+}

@@ -62,6 +62,47 @@ pub struct NodeReport {
     pub degraded: Option<String>,
     /// Why its pool's policy module was refused, when it was (it decides with the default).
     pub policy_refused: Option<String>,
+    /// The node policy module it decides with, and the one it last refused to swap to.
+    pub policy: Option<crate::status::RunningPolicy>,
+    pub policy_rejected: Option<crate::status::RejectedPolicy>,
+}
+
+/// How many nodes of a pool run one node policy module.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PolicyCount {
+    /// `sha256:<hex>` of the module's bytes.
+    pub digest: String,
+    /// The module as the nodes name it (a file, `oci://…`, or the embedded default).
+    pub module: String,
+    /// What the module says it is.
+    pub name: String,
+    pub version: String,
+    pub nodes: u32,
+}
+
+/// The node policy modules the nodes of `pool` run, most nodes first (then by digest); nodes
+/// that have not said are not counted.
+pub fn policy_counts(pool: &str, nodes: &[NodeReport]) -> Vec<PolicyCount> {
+    let mut counts: BTreeMap<&str, PolicyCount> = BTreeMap::new();
+    for p in nodes
+        .iter()
+        .filter(|n| n.pool == pool)
+        .filter_map(|n| n.policy.as_ref())
+    {
+        counts
+            .entry(p.digest.as_str())
+            .or_insert_with(|| PolicyCount {
+                digest: p.digest.clone(),
+                module: p.module.clone(),
+                name: p.name.clone(),
+                version: p.version.clone(),
+                nodes: 0,
+            })
+            .nodes += 1;
+    }
+    let mut out: Vec<PolicyCount> = counts.into_values().collect();
+    out.sort_by(|a, b| b.nodes.cmp(&a.nodes).then_with(|| a.digest.cmp(&b.digest)));
+    out
 }
 
 /// The nodes of `pool` that refused the pool's policy module, one line each; `None` when none
@@ -251,7 +292,34 @@ mod tests {
                 .any(|s| s.3.is_some_and(|(g, _)| Some(g) >= s.2))
                 .then(|| "failed".to_string()),
             policy_refused: None,
+            policy: None,
+            policy_rejected: None,
         }
+    }
+
+    #[test]
+    fn policy_counts_group_the_pools_nodes_by_digest() {
+        let running = |digest: &str| crate::status::RunningPolicy {
+            digest: digest.into(),
+            module: format!("oci://r/p@{digest}"),
+            ..Default::default()
+        };
+        let mut nodes: Vec<NodeReport> = ["w-1", "w-2", "w-3", "w-4"]
+            .iter()
+            .map(|n| node(n, "worker", &[]))
+            .collect();
+        nodes[0].policy = Some(running("sha256:b"));
+        nodes[1].policy = Some(running("sha256:a"));
+        nodes[2].policy = Some(running("sha256:b"));
+        let mut other = node("i-1", "infra", &[]);
+        other.policy = Some(running("sha256:a"));
+        nodes.push(other);
+        let counts: Vec<(String, u32)> = policy_counts("worker", &nodes)
+            .into_iter()
+            .map(|c| (c.digest, c.nodes))
+            .collect();
+        assert_eq!(counts, [("sha256:b".into(), 2), ("sha256:a".into(), 1)]);
+        assert!(policy_counts("master", &nodes).is_empty());
     }
 
     #[test]

@@ -366,6 +366,76 @@ pub fn target_label(target: &Target) -> String {
     sets.join(",")
 }
 
+/// A change of a pool's node policy rolls out as one more entry of the pool's target, named
+/// by the module: granted canary first and in waves like a set, `Done` on a node that decides
+/// with it, `Failed` on a node that refused it (the cause is the entry's error).
+pub const POLICY_SET_PREFIX: &str = "policy@";
+
+/// The target entry of the node policy `reference` (a file, `FILE@sha256:…` or
+/// `oci://…@sha256:…`): `policy@sha256:HEX` when the reference names a digest, else
+/// `policy@REFERENCE` (at most 253 characters, a set name's limit).
+pub fn policy_set(reference: &str) -> String {
+    let name = match reference.rsplit_once("@sha256:") {
+        Some((_, hex)) => format!("{POLICY_SET_PREFIX}sha256:{hex}"),
+        None => format!("{POLICY_SET_PREFIX}{reference}"),
+    };
+    name.chars().take(253).collect()
+}
+
+/// Whether `name` is a target entry of a node policy rather than a set.
+pub fn is_policy_set(name: &str) -> bool {
+    name.starts_with(POLICY_SET_PREFIX)
+}
+
+/// Add to a node's sets the policy entries its status implies: the module it runs (at the
+/// target), the one it refused (failed, with the cause). The generation of a policy entry is 1:
+/// its name is its version.
+pub fn add_policy_states(
+    sets: &mut BTreeMap<String, SetStatus>,
+    running: Option<&str>,
+    rejected: Option<(&str, &str)>,
+) {
+    if let Some((module, cause)) = rejected {
+        let name = policy_set(module);
+        sets.insert(
+            name.clone(),
+            SetStatus {
+                name,
+                desired_generation: 1,
+                last_failed_generation: Some(1),
+                last_failed_generation_error: Some(format!("node policy {module}: {cause}")),
+                ..Default::default()
+            },
+        );
+    }
+    if let Some(module) = running {
+        let name = policy_set(module);
+        sets.insert(
+            name.clone(),
+            SetStatus {
+                name,
+                desired_generation: 1,
+                current_generation: Some(1),
+                ..Default::default()
+            },
+        );
+    }
+}
+
+/// The grant without its policy entries: what the node may pull (a policy grant changes no
+/// pull, and must not restart a reconcile).
+pub fn sets_only(grant: &RolloutGrant) -> RolloutGrant {
+    RolloutGrant {
+        sets: grant
+            .sets
+            .iter()
+            .filter(|(name, _)| !is_policy_set(name))
+            .map(|(n, g)| (n.clone(), *g))
+            .collect(),
+        max_pulls: grant.max_pulls,
+    }
+}
+
 /// Where a pool's rollout stands against its target, as `pinset rollout status` reports it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Standing {
@@ -543,6 +613,45 @@ pub fn waiting_message(waiting: &[(String, i64)]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_policy_change_is_a_target_entry_done_where_it_runs_and_failed_where_refused() {
+        let v2 = format!("oci://r.io/p@sha256:{}", "2".repeat(64));
+        let v3 = format!("oci://r.io/p@sha256:{}", "3".repeat(64));
+        assert_eq!(policy_set(&v2), format!("policy@sha256:{}", "2".repeat(64)));
+        assert_eq!(policy_set("/p/a.wasm"), "policy@/p/a.wasm");
+        assert_eq!(policy_set(&"x".repeat(400)).len(), 253);
+        let target = target(&[("apps".into(), 1, 2), (policy_set(&v3), 1, 0)]);
+        let at_v2 = |rejected: Option<(&str, &str)>| {
+            let mut sets = BTreeMap::new();
+            sets.insert(
+                "apps".to_string(),
+                SetStatus {
+                    name: "apps".into(),
+                    desired_generation: 1,
+                    current_generation: Some(1),
+                    ..Default::default()
+                },
+            );
+            add_policy_states(&mut sets, Some(&v2), rejected);
+            Member {
+                name: "n".into(),
+                sets,
+                grant: Some(RolloutGrant::for_target(&target, None)),
+                ..Default::default()
+            }
+        };
+        assert_eq!(phase(&at_v2(None), &target), Phase::Pulling, "granted, not swapped");
+        let refused = at_v2(Some((&v3, "order: trap")));
+        assert_eq!(phase(&refused, &target), Phase::Failed);
+        let error = &refused.sets[&policy_set(&v3)].last_failed_generation_error;
+        assert!(error.as_deref().unwrap().contains("sha256:333"), "{error:?}");
+        let mut swapped = at_v2(None);
+        add_policy_states(&mut swapped.sets, Some(&v3), None);
+        assert_eq!(phase(&swapped, &target), Phase::Done);
+        let grant = RolloutGrant::for_target(&target, Some(2));
+        assert_eq!(sets_only(&grant).sets.keys().collect::<Vec<_>>(), ["apps"]);
+    }
     use crate::reference::ImageRef;
     use crate::timeline::MarkKind;
 

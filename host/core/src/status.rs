@@ -47,6 +47,18 @@ pub struct RunningPolicy {
     pub since: String,
 }
 
+/// A module the node was asked to decide with and did not: it kept its running module.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RejectedPolicy {
+    /// The module as the configuration names it (a file or `oci://…@sha256:…`).
+    pub module: String,
+    /// Which step refused it (fetch, signature, load, smoke test, first reconcile) and why.
+    pub cause: String,
+    /// When (RFC 3339).
+    pub since: String,
+}
+
 /// Where the node stands. Progressing while it works, whatever the time it takes; Degraded only
 /// for a real failure, which names the failing images.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
@@ -74,6 +86,9 @@ pub struct NodeStatus {
     /// The node policy module the node decides with.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub policy: Option<RunningPolicy>,
+    /// The module the node was last asked to swap to and refused (it kept `policy`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub policy_rejected: Option<RejectedPolicy>,
     /// The node's Ready condition and labels as last read (reported for the fleet policy).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub node_ready: Option<bool>,

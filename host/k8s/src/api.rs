@@ -193,6 +193,26 @@ pub struct MachineConfigPoolStatus {
     /// pinset's addition: the fleet rollout of the pool's target.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rollout: Option<PoolRollout>,
+    /// pinset's addition: how many nodes run each node policy module, most first.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 64))]
+    pub policies: Vec<PoolPolicy>,
+}
+
+/// One node policy module of a pool and the number of its nodes deciding with it.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PoolPolicy {
+    /// `sha256:<64 hex digits>` of the module.
+    #[schemars(length(max = 71))]
+    pub digest: String,
+    #[schemars(length(max = 1024))]
+    pub module: String,
+    #[schemars(length(max = 256))]
+    pub name: String,
+    #[schemars(length(max = 256))]
+    pub version: String,
+    pub nodes: u32,
 }
 
 /// Where the pool's rollout stands: node counts against the target, and the fleet policy's
@@ -339,6 +359,23 @@ pub struct MachineConfigNodeStatus {
     /// pinset's addition: the node policy module the node decides with.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub policy: Option<NodePolicy>,
+    /// pinset's addition: the module the node last refused to swap to, and why (it kept
+    /// `policy`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub policy_rejected: Option<RejectedNodePolicy>,
+}
+
+/// A node policy module a node refused: which, why, since when.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RejectedNodePolicy {
+    /// As the policy configuration names it.
+    #[schemars(length(max = 1024))]
+    pub module: String,
+    /// The step that refused it (fetch, signature, load, smoke test, first reconcile) and why.
+    #[schemars(length(max = 4096))]
+    pub cause: String,
+    pub since: Time,
 }
 
 /// The node policy a node decides with: what the module says it is, its digest and source, and

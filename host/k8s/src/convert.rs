@@ -8,7 +8,7 @@ use pinset_core::desired::{self, NodeInfo, Pool};
 use pinset_core::pool::NodeReport;
 use pinset_core::quantity::parse_bytes;
 use pinset_core::selector::{LabelSelector, Operator, Requirement};
-use pinset_core::status::{Progress, SetStatus};
+use pinset_core::status::{Progress, RejectedPolicy, RunningPolicy, SetStatus};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConvertError {
@@ -154,6 +154,18 @@ pub fn node_report(n: &MachineConfigNode) -> NodeReport {
                     && c.reason == crate::api::REASON_POLICY_REFUSED
             })
             .map(|c| c.message.clone()),
+        policy: status.policy.as_ref().map(|p| RunningPolicy {
+            name: p.name.clone(),
+            version: p.version.clone(),
+            digest: p.digest.clone(),
+            module: p.module.clone(),
+            since: p.since.0.to_string(),
+        }),
+        policy_rejected: status.policy_rejected.as_ref().map(|r| RejectedPolicy {
+            module: r.module.clone(),
+            cause: r.cause.clone(),
+            since: r.since.0.to_string(),
+        }),
     }
 }
 
@@ -184,7 +196,18 @@ pub fn member(n: &MachineConfigNode, report: &NodeReport) -> pinset_core::rollou
         labels: node_state.map(|s| s.labels.clone()).unwrap_or_default(),
         ready: node_state.is_some_and(|s| s.ready),
         grant: n.spec.rollout_grant.as_ref().map(grant),
-        sets: report.sets.clone(),
+        sets: {
+            let mut sets = report.sets.clone();
+            pinset_core::rollout::add_policy_states(
+                &mut sets,
+                report.policy.as_ref().map(|p| p.module.as_str()),
+                report
+                    .policy_rejected
+                    .as_ref()
+                    .map(|r| (r.module.as_str(), r.cause.as_str())),
+            );
+            sets
+        },
         progress: status
             .and_then(|s| s.pinned_image_progress.as_ref())
             .map(|p| Progress {

@@ -25,6 +25,7 @@ pub mod http;
 pub mod metrics;
 pub mod objects;
 pub mod ownership;
+pub mod policy_config;
 pub mod rollout_status;
 
 use std::path::{Path, PathBuf};

@@ -23,6 +23,11 @@ struct FallbackLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ResultLabels {
+    result: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct KindLabels {
     kind: &'static str,
 }
@@ -65,6 +70,7 @@ struct PolicyInfoLabels {
 struct Inner {
     registry: Registry,
     policy_info: Family<PolicyInfoLabels, Gauge>,
+    policy_swaps: Family<ResultLabels, Counter>,
     policy_call_seconds: Family<HookLabels, Histogram>,
     policy_fallbacks: Family<FallbackLabels, Counter>,
     images_pulled: Counter,
@@ -96,6 +102,7 @@ type PolicyMetrics = (
     Family<HookLabels, Histogram>,
     Family<FallbackLabels, Counter>,
     Family<PolicyInfoLabels, Gauge>,
+    Family<ResultLabels, Counter>,
 );
 
 type Gauges = (
@@ -135,7 +142,7 @@ impl Default for Metrics {
 impl Metrics {
     pub fn new() -> Self {
         let mut registry = Registry::with_prefix("pinset");
-        let (policy_call_seconds, policy_fallbacks, policy_info) =
+        let (policy_call_seconds, policy_fallbacks, policy_info, policy_swaps) =
             Self::register_policy(&mut registry);
         let (images_pulled, image_pull_failures, bytes_pulled, pull_seconds) =
             Self::register_pulls(&mut registry);
@@ -180,6 +187,7 @@ impl Metrics {
             inner: Arc::new(Inner {
                 registry,
                 policy_info,
+                policy_swaps,
                 policy_call_seconds,
                 policy_fallbacks,
                 images_pulled,
@@ -222,7 +230,13 @@ impl Metrics {
             "The node policy this node decides with: its pool, module digest, name and version (always 1)",
             Family::<PolicyInfoLabels, Gauge>::default(),
         );
-        (call_seconds, fallbacks, info)
+        let swaps = registered(
+            r,
+            "policy_swaps",
+            "Node policy swaps by result: swapped (a candidate passed its checks), rejected (a step refused it; the running module stays), reverted (it fell back in its first reconcile; the previous module is back)",
+            Family::<ResultLabels, Counter>::default(),
+        );
+        (call_seconds, fallbacks, info, swaps)
     }
 
     fn register_rollout(r: &mut Registry) -> RolloutMetrics {
@@ -325,6 +339,16 @@ impl Metrics {
                 fleet_contract: fleet.into(),
             })
             .set(1);
+    }
+
+    /// A node policy swap ended with `result` (`swapped`, `rejected`, `reverted`).
+    pub fn count_policy_swap(&self, result: &str) {
+        self.inner
+            .policy_swaps
+            .get_or_create(&ResultLabels {
+                result: result.into(),
+            })
+            .inc();
     }
 
     /// `pinset_policy_info{pool, digest, name, version} 1` for the module the node decides with

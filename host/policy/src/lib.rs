@@ -19,6 +19,7 @@ mod error;
 pub mod fleet;
 mod guard;
 mod native;
+mod smoke;
 pub mod synth;
 pub mod validate;
 mod wasm;
@@ -27,6 +28,7 @@ pub use error::{LoadError, PolicyError};
 pub use fleet::{Decided, FleetInstance, GuardedFleet, NativeFleet};
 pub use guard::Guarded;
 pub use native::NativePolicy;
+pub use smoke::smoke_test;
 pub use pinset_core::decisions::{Decisions, Fallback, Observer};
 pub use pinset_policy_sdk::{
     Admission, AdmissionRequest, DiskFacts, Image, Images, Level, NodeFacts, PolicyInfo, Pressure,

@@ -5,18 +5,20 @@
 //! - this file: the loop (one round: desired state → spec → reconcile → publish → idle);
 //! - [`watch`]: reflector caches, node facts, change detection;
 //! - [`status`]: the status model as a MachineConfigNode and its writes;
-//! - [`policies`]: which policy module a node uses.
+//! - [`policies`]: which policy module a node decides with, and its swaps.
 
 pub mod policies;
 mod status;
+mod swap;
 mod watch;
 
-pub use policies::{ModuleRef, PolicyConfig, PolicyTable, PolicyTableError};
+pub use policies::{Loader, NodePolicy, Wanted};
 pub use status::node_status;
 pub use watch::desired_of;
 
 use crate::api::{MachineConfigNode, MachineConfigPool, PinnedImageSet};
 use crate::metrics::Metrics;
+use crate::policy_config::{ConfigMapRef, ConfigSource, PolicyConfig};
 use kube::Client;
 use kube::api::Api;
 use kube::runtime::reflector::Store;
@@ -95,11 +97,22 @@ impl AgentConfig {
     }
 }
 
+/// Where the agent's policy configuration comes from.
+#[derive(Clone, Debug)]
+pub enum PolicySettings {
+    /// Read once (a file, flags): the node's own, taken without a rollout grant.
+    Fixed(PolicyConfig),
+    /// Followed in a ConfigMap, `--pool-policy` flags over it; a module is taken under a grant.
+    ConfigMap { at: ConfigMapRef, flags: Vec<String> },
+}
+
 pub struct Agent<S, B> {
     pub client: Client,
     pub config: AgentConfig,
     pub reconciler: Reconciler<S, B>,
-    pub policies: PolicyTable,
+    /// Fetches, verifies and compiles policy modules (shared with blocking tasks).
+    pub loader: Arc<Loader>,
+    pub policy_settings: PolicySettings,
     pub metrics: Metrics,
     pub ready: Arc<AtomicBool>,
 }
@@ -122,6 +135,10 @@ struct Rounds {
     failures: u32,
     /// Each set's state as the last Events told it.
     seen: status::Seen,
+    /// The policy configuration, and the last one that could be read.
+    policy_source: ConfigSource,
+    last_config: PolicyConfig,
+    policy: NodePolicy,
 }
 
 /// What follows a round.
@@ -175,41 +192,24 @@ impl<S: Sizer + 'static, B: PinBackend> Agent<S, B> {
         }
     }
 
-    /// Start the caches, wait until they are filled, and read the last published status.
+    /// Start the caches, wait until they are filled, read the last published status, and
+    /// start with the policy module it says the node ran.
     async fn start(&self, shutdown: &CancellationToken) -> Option<Rounds> {
         let (changes, changed) = signal::channel(0u64);
-        let pools = watch::spawn_reflector::<MachineConfigPool>(
-            self.client.clone(),
-            crate::watcher_config(),
-            changes.clone(),
-            self.metrics.clone(),
-            shutdown.clone(),
-        );
-        let sets = watch::spawn_reflector::<PinnedImageSet>(
-            self.client.clone(),
-            crate::watcher_config(),
-            changes.clone(),
-            self.metrics.clone(),
-            shutdown.clone(),
-        );
-        let own = watch::spawn_reflector::<MachineConfigNode>(
-            self.client.clone(),
-            crate::watcher_config().fields(&format!("metadata.name={}", self.config.node_name)),
-            changes,
-            self.metrics.clone(),
-            shutdown.clone(),
-        );
+        let caches = self.spawn_caches(&changes, changed, shutdown);
+        let policy_source = self.policy_source(changes, shutdown).await;
         tokio::select! {
             _ = shutdown.cancelled() => return None,
             _ = async {
-                let _ = pools.wait_until_ready().await;
-                let _ = sets.wait_until_ready().await;
-                let _ = own.wait_until_ready().await;
+                let _ = caches.pools.wait_until_ready().await;
+                let _ = caches.sets.wait_until_ready().await;
+                let _ = caches.own.wait_until_ready().await;
             } => {}
         }
         let node_api: Api<MachineConfigNode> = Api::all(self.client.clone());
         let mut published = Published::default();
         let mut status = NodeStatus::default();
+        let mut ran = None;
         match node_api.get_opt(&self.config.node_name).await {
             Ok(Some(mcn)) => {
                 let st = mcn.status.unwrap_or_default();
@@ -219,26 +219,123 @@ impl<S: Sizer + 'static, B: PinBackend> Agent<S, B> {
                     .map(|s| (s.name.clone(), status::set_status(s)))
                     .collect();
                 published.conditions = st.conditions;
+                ran = st.policy.map(|p| (p.module, p.since.0.to_string()));
+                ran = ran.filter(|(module, _)| module != pinset_policy::EMBEDDED_DEFAULT_NAME);
             }
             Ok(None) => {}
             Err(e) => {
                 tracing::warn!(node = %self.config.node_name, error = %e, "cannot read the MachineConfigNode; starting from an empty status")
             }
         }
+        let last_config = policy_source.current().unwrap_or_default();
+        let pool = self.pool_of_own(&caches);
+        let policy = self.restore_policy(&last_config, pool, ran).await;
         self.ready.store(true, Ordering::Relaxed);
         Some(Rounds {
-            caches: Caches {
-                pools,
-                sets,
-                own,
-                changed,
-            },
+            caches,
             node_api,
             published,
             seen: status::Seen::of(&status),
             status,
             failures: 0,
+            policy_source,
+            last_config,
+            policy,
         })
+    }
+
+    fn spawn_caches(
+        &self,
+        changes: &signal::Sender<u64>,
+        changed: signal::Receiver<u64>,
+        shutdown: &CancellationToken,
+    ) -> Caches {
+        let own_only =
+            crate::watcher_config().fields(&format!("metadata.name={}", self.config.node_name));
+        Caches {
+            pools: self.reflector(crate::watcher_config(), changes, shutdown),
+            sets: self.reflector(crate::watcher_config(), changes, shutdown),
+            own: self.reflector(own_only, changes, shutdown),
+            changed,
+        }
+    }
+
+    fn reflector<K: crate::Watched>(
+        &self,
+        config: kube::runtime::watcher::Config,
+        changes: &signal::Sender<u64>,
+        shutdown: &CancellationToken,
+    ) -> Store<K> {
+        watch::spawn_reflector::<K>(
+            self.client.clone(),
+            config,
+            changes.clone(),
+            self.metrics.clone(),
+            shutdown.clone(),
+        )
+    }
+
+    /// The policy configuration: fixed, or a ConfigMap followed through a watch whose changes
+    /// wake the loop like the other caches'.
+    async fn policy_source(
+        &self,
+        changes: signal::Sender<u64>,
+        shutdown: &CancellationToken,
+    ) -> ConfigSource {
+        match &self.policy_settings {
+            PolicySettings::Fixed(config) => ConfigSource::Fixed(config.clone()),
+            PolicySettings::ConfigMap { at, flags } => {
+                let on_change = move || changes.send_modify(|n| *n += 1);
+                ConfigSource::watch(
+                    self.client.clone(),
+                    at.clone(),
+                    flags.clone(),
+                    self.metrics.clone(),
+                    on_change,
+                    shutdown.clone(),
+                )
+                .await
+            }
+        }
+    }
+
+    /// The primary pool its MachineConfigNode names (as last written by this agent).
+    fn pool_of_own(&self, caches: &Caches) -> Option<String> {
+        let own = caches
+            .own
+            .get(&kube::runtime::reflector::ObjectRef::new(&self.config.node_name))?;
+        Some(own.spec.pool.name.clone()).filter(|p| !p.is_empty())
+    }
+
+    /// The module the node's status says it ran (`ran`: reference and since when), loaded
+    /// again — from the node's cache for an artifact, even with the registry away; the
+    /// embedded default when there is none or it cannot be loaded (said on the status).
+    async fn restore_policy(
+        &self,
+        config: &PolicyConfig,
+        pool: Option<String>,
+        ran: Option<(String, String)>,
+    ) -> NodePolicy {
+        let Some((reference, since)) = ran else {
+            return NodePolicy::new(self.loader.default_loaded());
+        };
+        let (loader, config, at) = (self.loader.clone(), config.clone(), reference.clone());
+        let restored = tokio::task::spawn_blocking(move || {
+            policies::restore(&loader, &config, pool.as_deref(), &at, &since)
+        })
+        .await
+        .unwrap_or_else(|e| Err(format!("restoring task failed: {e}")));
+        match restored {
+            Ok(loaded) => {
+                tracing::info!(module = %reference, "deciding with the module the node ran before the restart");
+                NodePolicy::new(loaded)
+            }
+            Err(cause) => {
+                let mut policy = NodePolicy::new(self.loader.default_loaded());
+                policy.reject(reference, format!("after a restart: {cause}"));
+                policy
+            }
+        }
     }
 
     /// The node's facts cannot be read: say so on the status, retry later.
@@ -270,13 +367,18 @@ impl<S: Sizer + 'static, B: PinBackend> Agent<S, B> {
         self.sync_spec(rounds, desired).await;
         rounds.status.node_ready = Some(node.ready);
         rounds.status.node_labels = node.labels.clone();
+        self.swap_policy(rounds, node, desired).await;
         let started = Instant::now();
         let result = self.reconcile(rounds, node, desired, shutdown).await;
-        rounds.status.policy_refused = self.policies.refused_for(&desired.pools);
-        let running = self.policies.running_for(&desired.pools);
+        if matches!(&result, Ok(r) if !r.cancelled)
+            && let Some(r) = rounds.policy.after_reconcile(&rounds.status.policy_fallbacks)
+        {
+            self.metrics.count_policy_swap(r.as_str());
+        }
+        let pool = desired.pools.first().map(String::as_str);
+        rounds.policy.report(pool, &mut rounds.status);
         self.metrics
-            .set_policy_info(desired.pools.first().map_or("", String::as_str), running);
-        rounds.status.policy = Some(running.clone());
+            .set_policy_info(pool.unwrap_or(""), &rounds.policy.running().running);
         let ok = matches!(&result, Ok(r) if !r.cancelled) && rounds.status.degraded.is_none();
         self.metrics
             .observe_reconcile("node", started.elapsed(), ok);
@@ -352,10 +454,11 @@ impl<S: Sizer + 'static, B: PinBackend> Agent<S, B> {
             },
         );
         preview.progressing = Some(format!("working on {} set(s)", desired.sets.len()));
+        let decisions = self.decisions(&rounds.policy.running().module);
         let reconcile = self.reconciler.reconcile(
             desired,
             node,
-            self.decisions(&desired.pools),
+            decisions,
             &mut rounds.status,
             cancel.clone(),
             Some(tx),
@@ -387,10 +490,9 @@ impl<S: Sizer + 'static, B: PinBackend> Agent<S, B> {
         result
     }
 
-    /// The decisions of one reconcile: a fresh instance of the primary pool's policy, guarded,
+    /// The decisions of one reconcile: a fresh instance of the running module, guarded,
     /// reporting to the agent's metrics.
-    fn decisions(&self, pools: &[String]) -> Box<dyn Decisions> {
-        let module = self.policies.for_pools(pools);
+    fn decisions(&self, module: &pinset_policy::PolicyModule) -> Box<dyn Decisions> {
         Box::new(
             Guarded::new(Box::new(module.instance())).with_observer(Arc::new(self.metrics.clone())),
         )
@@ -416,10 +518,19 @@ impl<S: Sizer + 'static, B: PinBackend> Agent<S, B> {
         shutdown: &CancellationToken,
     ) {
         let wait_change = self.changed(&rounds.caches, desired, node);
+        let policy_due = async {
+            let mut changed = rounds.caches.changed.clone();
+            while !self.policy_due(rounds, desired) {
+                if changed.changed().await.is_err() {
+                    std::future::pending::<()>().await;
+                }
+            }
+        };
         tokio::select! {
             _ = shutdown.cancelled() => {}
             _ = tokio::time::sleep(wait) => {}
             () = wait_change => {}
+            () = policy_due => {}
         }
     }
 

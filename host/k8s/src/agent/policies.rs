@@ -1,388 +1,402 @@
-//! Which policy a node uses: its primary pool's, from the agent's policy configuration (a
-//! ConfigMap) and `--pool-policy` flags, else the default. A pool's module is a file or an
-//! `oci://…@sha256:…` artifact, its cosign signature required when the configuration names
-//! keys. A module that cannot be fetched, verified or loaded affects only the pools that name
-//! it: their nodes decide with the default and say why (their PolicyFallback condition).
+//! Which node policy module a node decides with, and how that changes while the agent runs.
+//!
+//! The policy configuration ([`crate::policy_config`]) names a module for the node's primary
+//! pool; a rollout grant covering the module's target entry
+//! ([`pinset_core::rollout::policy_set`]) lets the node take it. A candidate is fetched (file or
+//! `oci://…@sha256:…`, its signature checked where keys are configured), compiled, and
+//! smoke-tested on the node's current facts ([`pinset_policy::smoke_test`]) before it replaces
+//! the running module, between two reconciles. Its first reconcile is its probation: a fallback
+//! there puts the previous module back. A module refused at any step never replaces the running
+//! one; the node says which and why on its status, and keeps the module it ran last.
 
-use pinset_core::status::RunningPolicy;
+use crate::policy_config::{ModuleRef, PolicyConfig};
+use pinset_core::rollout::{RolloutGrant, policy_set};
+use pinset_core::status::{NodeStatus, RejectedPolicy, RunningPolicy};
 use pinset_node::policy_source::{Fetcher, Source, fetch_blocking};
 use pinset_node::registry::signature::VerifyingKey;
 use pinset_policy::{Limits, LoadError, PolicyModule, WasmRuntime};
-use serde::Deserialize;
-use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use pinset_policy_sdk::{AdmissionRequest, Pressure};
 
-#[derive(Debug, thiserror::Error)]
-pub enum PolicyTableError {
-    #[error("policy configuration {path}: {why}")]
-    Config { path: PathBuf, why: String },
-    /// `FILE:LINE:COL: field.path: message`.
-    #[error("{path}:{error}")]
-    Parse {
-        path: PathBuf,
-        error: pinset_core::yaml::YamlError,
-    },
-    #[error(
-        "--pool-policy {arg:?}: expected POOL=FILE.wasm, POOL=FILE.wasm@sha256:HEX or POOL=oci://REGISTRY/REPOSITORY@sha256:HEX"
-    )]
-    Flag { arg: String },
-    #[error("policy configuration: {what}: {why}")]
-    Key { what: String, why: String },
-    #[error("policy of pool {pool}: {source}")]
-    Load { pool: String, source: LoadError },
-}
-
-/// The policy configuration file (a ConfigMap mounted into the agent):
-///
-/// ```yaml
-/// verify:            # optional: every pool's module must carry a cosign signature by one of these
-///   keys: ["-----BEGIN PUBLIC KEY-----\n…"]
-/// pools:
-///   master:
-///     module: oci://quay.io/org/io-adaptive@sha256:5f0c…   # or a file
-///     sha256: 9a1b…   # optional: refuse any other module bytes
-///     verify: {keys: […]}   # optional: this pool's keys instead
-/// ```
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct PolicyConfig {
-    #[serde(default)]
-    pub verify: Option<Verify>,
-    #[serde(default)]
-    pub pools: BTreeMap<String, ModuleRef>,
-}
-
-/// The public keys (PEM, as `cosign.pub` holds them) a module's signature must verify with.
-#[derive(Debug, Clone, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Verify {
-    pub keys: Vec<String>,
-}
-
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ModuleRef {
-    /// A file, or `oci://REGISTRY/REPOSITORY@sha256:HEX`.
-    pub module: String,
-    #[serde(default)]
-    pub sha256: Option<String>,
-    #[serde(default)]
-    pub verify: Option<Verify>,
-}
-
-impl PolicyConfig {
-    pub fn read(path: &Path) -> Result<Self, PolicyTableError> {
-        let err = |why: String| PolicyTableError::Config {
-            path: path.into(),
-            why,
-        };
-        let text = std::fs::read_to_string(path).map_err(|e| err(e.to_string()))?;
-        pinset_core::yaml::from_str(&text, pinset_core::yaml::Fields::Strict)
-            .map(|(config, _)| config)
-            .map_err(|error| PolicyTableError::Parse {
-                path: path.into(),
-                error,
-            })
-    }
-
-    /// Add `POOL=FILE[@sha256:HEX]` (flags win over the file).
-    pub fn add_flag(&mut self, arg: &str) -> Result<(), PolicyTableError> {
-        let bad = || PolicyTableError::Flag { arg: arg.into() };
-        let (pool, rest) = arg.split_once('=').ok_or_else(bad)?;
-        if pool.is_empty() || rest.is_empty() {
-            return Err(bad());
-        }
-        // An artifact's digest is its name; a file's is a pin on its bytes.
-        let (module, sha256) = match rest.rsplit_once("@sha256:") {
-            Some((m, h)) if !rest.starts_with(pinset_node::registry::artifact::SCHEME) => {
-                (m, Some(h.to_string()))
-            }
-            _ => (rest, None),
-        };
-        let verify = self.pools.get(pool).and_then(|m| m.verify.clone());
-        self.pools.insert(
-            pool.into(),
-            ModuleRef {
-                module: module.into(),
-                sha256,
-                verify,
-            },
-        );
-        Ok(())
-    }
-
-    /// The keys a pool's module must be signed by (its own, else the configuration's); a key
-    /// that does not parse is an error of the configuration.
-    fn keys(&self, pool: &str, m: &ModuleRef) -> Result<Vec<VerifyingKey>, PolicyTableError> {
-        let verify = m.verify.as_ref().or(self.verify.as_ref());
-        let keys = verify.map(|v| v.keys.as_slice()).unwrap_or_default();
-        keys.iter()
-            .enumerate()
-            .map(|(n, pem)| {
-                VerifyingKey::from_pem(pem).map_err(|e| PolicyTableError::Key {
-                    what: format!("pool {pool}: key {}", n + 1),
-                    why: e.to_string(),
-                })
-            })
-            .collect()
-    }
-
-    /// Fetch, verify and compile every pool's module. A pool whose module fails any step is
-    /// recorded as refused (its nodes use the default); only a configuration that cannot be
-    /// read (a key that does not parse) is an error.
-    pub fn load(
-        &self,
-        runtime: &WasmRuntime,
-        default: PolicyModule,
-        limits: Limits,
-        fetcher: &Fetcher,
-    ) -> Result<PolicyTable, PolicyTableError> {
-        let since = k8s_openapi::jiff::Timestamp::now().to_string();
-        let mut table = PolicyTable {
-            running_default: running(&default, &since),
-            default,
-            by_pool: BTreeMap::new(),
-            running: BTreeMap::new(),
-            refused: BTreeMap::new(),
-        };
-        for (pool, m) in &self.pools {
-            let keys = self.keys(pool, m)?;
-            match load_one(runtime, limits, fetcher, m, &keys) {
-                Ok(module) => {
-                    table.running.insert(pool.clone(), running(&module, &since));
-                    table.by_pool.insert(pool.clone(), module);
-                }
-                Err(why) => {
-                    let error = PolicyTableError::Load {
-                        pool: pool.clone(),
-                        source: why,
-                    };
-                    tracing::error!(pool = %pool, error = %error, "policy refused: the pool's nodes decide with the default");
-                    table.refused.insert(pool.clone(), error.to_string());
-                }
-            }
-        }
-        Ok(table)
-    }
-}
-
-/// What the node status says of `module`: its own `info` (or why it gave none), digest, source.
-fn running(module: &PolicyModule, since: &str) -> RunningPolicy {
-    use pinset_policy::Described as _;
-    let (name, version) = match module.instance().info() {
-        Ok(info) => (info.name, info.version),
-        Err(e) => (format!("(no info: {e})"), String::new()),
-    };
-    RunningPolicy {
-        name,
-        version,
-        digest: format!("sha256:{}", module.sha256()),
-        module: module.name().to_string(),
-        since: since.to_string(),
-    }
-}
-
-/// One pool's module: fetched (file or artifact, signature checked), then compiled and bound.
-fn load_one(
-    runtime: &WasmRuntime,
-    limits: Limits,
-    fetcher: &Fetcher,
-    m: &ModuleRef,
-    keys: &[VerifyingKey],
-) -> Result<PolicyModule, LoadError> {
-    let fetch_error = |cause: String| LoadError::Fetch {
-        module: m.module.clone(),
-        cause,
-    };
-    let source = Source::parse(&m.module).map_err(|e| fetch_error(e.to_string()))?;
-    if let Source::File(path) = &source {
-        // A file's size is checked before it is read.
-        return match keys.is_empty() {
-            true => runtime.load_file(path, m.sha256.as_deref(), limits),
-            false => Err(fetch_error(
-                "a signature is required and a file carries none: reference a signed oci:// artifact".into(),
-            )),
-        };
-    }
-    let fetched = fetch_blocking(fetcher, &source, keys).map_err(|e| fetch_error(e.to_string()))?;
-    runtime.load(&fetched.name, &fetched.bytes, m.sha256.as_deref(), limits)
-}
-
-/// The policy of each pool; a node uses its primary pool's.
-#[derive(Clone)]
-pub struct PolicyTable {
+/// Fetches, verifies and compiles node policy modules; holds the embedded default.
+pub struct Loader {
+    pub runtime: WasmRuntime,
     pub default: PolicyModule,
-    pub by_pool: BTreeMap<String, PolicyModule>,
-    /// What each module is, as node statuses report it (the default's, and each pool's).
-    pub running_default: RunningPolicy,
-    pub running: BTreeMap<String, RunningPolicy>,
-    /// Pools whose module was refused, and why: their nodes use the default.
-    pub refused: BTreeMap<String, String>,
+    pub limits: Limits,
+    pub fetcher: Fetcher,
 }
 
-impl PolicyTable {
-    pub fn for_pools(&self, pools: &[String]) -> &PolicyModule {
-        pools
-            .first()
-            .and_then(|p| self.by_pool.get(p))
-            .unwrap_or(&self.default)
+impl Loader {
+    /// One module: fetched (file or artifact, signature checked against `keys`), compiled and
+    /// bound. Blocking: the agent calls it off the async runtime.
+    pub fn load(&self, m: &ModuleRef, keys: &[VerifyingKey]) -> Result<PolicyModule, LoadError> {
+        let fetch_error = |cause: String| LoadError::Fetch {
+            module: m.module.clone(),
+            cause,
+        };
+        let source = Source::parse(&m.module).map_err(|e| fetch_error(e.to_string()))?;
+        if let Source::File(path) = &source {
+            // A file's size is checked before it is read.
+            return match keys.is_empty() {
+                true => self.runtime.load_file(path, m.sha256.as_deref(), self.limits),
+                false => Err(fetch_error(
+                    "a signature is required and a file carries none: reference a signed oci:// artifact".into(),
+                )),
+            };
+        }
+        let fetched =
+            fetch_blocking(&self.fetcher, &source, keys).map_err(|e| fetch_error(e.to_string()))?;
+        self.runtime
+            .load(&fetched.name, &fetched.bytes, m.sha256.as_deref(), self.limits)
     }
 
-    /// The module a node of `pools` decides with, as its status reports it.
-    pub fn running_for(&self, pools: &[String]) -> &RunningPolicy {
-        pools
-            .first()
-            .and_then(|p| self.running.get(p))
-            .unwrap_or(&self.running_default)
+    /// The embedded default, as a node status reports it.
+    pub fn default_loaded(&self) -> Loaded {
+        Loaded::new(self.default.clone(), None, &now())
+    }
+}
+
+/// A module a node can decide with, and what its status says of it.
+#[derive(Clone)]
+pub struct Loaded {
+    pub module: PolicyModule,
+    /// As the configuration names it; `None` for the embedded default.
+    pub reference: Option<String>,
+    pub running: RunningPolicy,
+}
+
+impl Loaded {
+    fn new(module: PolicyModule, reference: Option<String>, since: &str) -> Self {
+        use pinset_policy::Described as _;
+        let (name, version) = match module.instance().info() {
+            Ok(info) => (info.name, info.version),
+            Err(e) => (format!("(no info: {e})"), String::new()),
+        };
+        let running = RunningPolicy {
+            name,
+            version,
+            digest: format!("sha256:{}", module.sha256()),
+            module: reference
+                .clone()
+                .unwrap_or_else(|| pinset_policy::EMBEDDED_DEFAULT_NAME.to_string()),
+            since: since.to_string(),
+        };
+        Self {
+            module,
+            reference,
+            running,
+        }
+    }
+}
+
+fn now() -> String {
+    k8s_openapi::jiff::Timestamp::now().to_string()
+}
+
+/// What the configuration and the node's grant ask of it.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Wanted {
+    pub pool: Option<String>,
+    /// `None`: the embedded default.
+    pub module: Option<ModuleRef>,
+    /// The keys its signature must verify with (PEM).
+    pub keys: Vec<String>,
+    /// The node may take it now: granted by the controller, or no grant is needed (the
+    /// default, a configuration of the node's own, `--rollout=free`).
+    pub granted: bool,
+}
+
+impl Wanted {
+    /// For a node of `pools` (the first is its primary), under `grant` (`None`: no grant needed).
+    pub fn of(config: &PolicyConfig, pools: &[String], grant: Option<&RolloutGrant>) -> Self {
+        let pool = pools.first().cloned();
+        let module = pool.as_ref().and_then(|p| config.pools.get(p)).cloned();
+        let keys = module
+            .as_ref()
+            .and_then(|m| m.verify.as_ref().or(config.verify.as_ref()))
+            .map(|v| v.keys.clone())
+            .unwrap_or_default();
+        let granted = match (&module, grant) {
+            (None, _) | (_, None) => true,
+            (Some(m), Some(g)) => g.covers(&policy_set(&m.reference()), 1),
+        };
+        Self {
+            pool,
+            module,
+            keys,
+            granted,
+        }
     }
 
-    /// Why the primary pool's module was refused, when it was: the node says so on its status.
-    pub fn refused_for(&self, pools: &[String]) -> Option<String> {
-        let pool = pools.first()?;
-        let why = self.refused.get(pool)?;
-        Some(format!(
-            "{why}; deciding with the default policy ({})",
-            self.default.name()
-        ))
+    pub fn reference(&self) -> Option<String> {
+        self.module.as_ref().map(ModuleRef::reference)
     }
+}
+
+/// How a swap ended, for `pinset_policy_swaps_total{result}` and the node's Events.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SwapResult {
+    /// The candidate passed every check and decides from now on (on probation).
+    Swapped,
+    /// A step refused it; the running module stays.
+    Rejected,
+    /// It fell back in its first reconcile: the previous module is back.
+    Reverted,
+}
+
+impl SwapResult {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SwapResult::Swapped => "swapped",
+            SwapResult::Rejected => "rejected",
+            SwapResult::Reverted => "reverted",
+        }
+    }
+}
+
+/// The node's policy: the module it runs, the one before, the last it refused.
+pub struct NodePolicy {
+    running: Loaded,
+    previous: Option<Loaded>,
+    rejected: Option<RejectedPolicy>,
+    /// The running module was swapped in and has not finished a reconcile yet.
+    probation: bool,
+    /// The configuration could not be read: why (the node keeps what it runs).
+    config_error: Option<String>,
+}
+
+impl NodePolicy {
+    pub fn new(running: Loaded) -> Self {
+        Self {
+            running,
+            previous: None,
+            rejected: None,
+            probation: false,
+            config_error: None,
+        }
+    }
+
+    pub fn running(&self) -> &Loaded {
+        &self.running
+    }
+
+    /// The node should try `wanted` now.
+    pub fn should_try(&self, wanted: &Wanted) -> bool {
+        wanted.granted && wanted.reference() != self.running.reference
+    }
+
+    /// A try of `wanted` is due that was not tried and refused already: what wakes an idle
+    /// agent (a refused module is tried again at the next round).
+    pub fn pending(&self, wanted: &Wanted) -> bool {
+        let refused = self.rejected.as_ref().map(|r| Some(&r.module));
+        self.should_try(wanted) && refused != Some(wanted.reference().as_ref())
+    }
+
+    pub fn set_config_error(&mut self, error: Option<String>) {
+        self.config_error = error;
+    }
+
+    /// `candidate` decides from now on; its first reconcile is its probation.
+    pub fn accept(&mut self, candidate: Loaded) -> SwapResult {
+        tracing::info!(module = %candidate.running.module, digest = %candidate.running.digest, "node policy swapped");
+        self.previous = Some(std::mem::replace(&mut self.running, candidate));
+        self.rejected = None;
+        self.probation = true;
+        SwapResult::Swapped
+    }
+
+    /// `module` was refused: the running module stays.
+    pub fn reject(&mut self, module: String, cause: String) -> SwapResult {
+        tracing::warn!(%module, %cause, running = %self.running.running.module, "node policy refused; keeping the running module");
+        self.rejected = Some(RejectedPolicy {
+            module,
+            cause,
+            since: now(),
+        });
+        SwapResult::Rejected
+    }
+
+    /// A reconcile finished with `fallbacks`: a module on probation that fell back is replaced
+    /// by the one before it.
+    pub fn after_reconcile(&mut self, fallbacks: &[String]) -> Option<SwapResult> {
+        if !std::mem::take(&mut self.probation) {
+            return None;
+        }
+        let first = fallbacks.first()?;
+        let failed = self.running.running.module.clone();
+        let back = self.previous.take()?;
+        self.running = back;
+        let cause = format!("fell back in its first reconcile: {first}");
+        self.reject(failed, cause);
+        Some(SwapResult::Reverted)
+    }
+
+    /// What the node's status says of its policy.
+    pub fn report(&self, pool: Option<&str>, status: &mut NodeStatus) {
+        status.policy = Some(self.running.running.clone());
+        status.policy_rejected = self.rejected.clone();
+        let pool = pool.unwrap_or("(none)");
+        let running = &self.running.running.module;
+        status.policy_refused = match (&self.rejected, &self.config_error) {
+            (Some(r), _) => Some(format!(
+                "policy of pool {pool}: {} refused: {}; deciding with {running}",
+                r.module, r.cause
+            )),
+            (None, Some(e)) => Some(format!("{e}; deciding with {running}")),
+            (None, None) => None,
+        };
+    }
+}
+
+/// Check `wanted`'s module for a node whose facts are `request`: fetched, verified, compiled,
+/// smoke-tested. Blocking. The error says which step refused it.
+pub fn candidate(
+    loader: &Loader,
+    wanted: &Wanted,
+    request: &AdmissionRequest,
+    pressure: &Pressure,
+) -> Result<Loaded, String> {
+    let Some(m) = &wanted.module else {
+        return Ok(loader.default_loaded());
+    };
+    let keys = wanted
+        .keys
+        .iter()
+        .enumerate()
+        .map(|(n, pem)| {
+            VerifyingKey::from_pem(pem).map_err(|e| format!("key {}: {e}", n + 1))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let module = loader.load(m, &keys).map_err(|e| e.to_string())?;
+    pinset_policy::smoke_test(&module, request, pressure)
+        .map_err(|f| format!("smoke test on the node's facts: {f}"))?;
+    Ok(Loaded::new(module, Some(m.reference()), &now()))
+}
+
+/// The module a restarted node ran, as its status says (`reference`), loaded again (from the
+/// node's cache when it is an artifact) without a smoke test: it passed one before.
+pub fn restore(
+    loader: &Loader,
+    config: &PolicyConfig,
+    pool: Option<&str>,
+    reference: &str,
+    since: &str,
+) -> Result<Loaded, String> {
+    let m = ModuleRef::from_reference(reference).ok_or("no module named")?;
+    let configured = pool.and_then(|p| config.pools.get(p));
+    let keys = match configured {
+        Some(c) => config.keys(pool.unwrap_or_default(), c),
+        None => config.keys("", &m),
+    }
+    .map_err(|e| e.to_string())?;
+    let module = loader.load(&m, &keys).map_err(|e| e.to_string())?;
+    Ok(Loaded::new(module, Some(reference.to_string()), since))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    #[test]
-    fn policy_flags_and_file() {
-        let mut c: PolicyConfig =
-            serde_yaml::from_str("pools:\n  master: {module: /p/a.wasm, sha256: abc}\n").unwrap();
-        c.add_flag("infra=/p/b.wasm@sha256:0123").unwrap();
-        c.add_flag("worker=/p/c.wasm").unwrap();
-        assert_eq!(c.pools["master"].sha256.as_deref(), Some("abc"));
-        assert_eq!(c.pools["infra"].module, "/p/b.wasm");
-        assert_eq!(c.pools["infra"].sha256.as_deref(), Some("0123"));
-        assert_eq!(c.pools["worker"].sha256, None);
-        for bad in ["nopool", "=x.wasm", "worker="] {
-            assert!(
-                c.add_flag(bad).unwrap_err().to_string().contains(bad),
-                "{bad}"
-            );
-        }
-        assert!(
-            serde_yaml::from_str::<PolicyConfig>("pool: {}\n").is_err(),
-            "typos are refused"
-        );
-    }
-
-    fn fetcher() -> Fetcher {
-        Fetcher {
-            artifacts: pinset_node::registry::artifact::Artifacts::new(vec![], Default::default()),
-            cache: None,
-            max_bytes: 1 << 20,
-        }
-    }
-
-    fn default_module(runtime: &WasmRuntime) -> PolicyModule {
-        runtime
-            .load(
-                "d",
-                pinset_policy::EMBEDDED_DEFAULT,
-                None,
-                Limits::default(),
-            )
-            .unwrap()
-    }
-
-    /// `c` loaded with the embedded default and no registry or cache.
-    fn load(c: &PolicyConfig, runtime: &WasmRuntime) -> Result<PolicyTable, PolicyTableError> {
-        c.load(
+    fn loader() -> Loader {
+        let runtime = WasmRuntime::new().unwrap();
+        let default = runtime
+            .load("d", pinset_policy::EMBEDDED_DEFAULT, None, Limits::default())
+            .unwrap();
+        Loader {
             runtime,
-            default_module(runtime),
-            Limits::default(),
-            &fetcher(),
-        )
+            default,
+            limits: Limits::default(),
+            fetcher: Fetcher {
+                artifacts: pinset_node::registry::artifact::Artifacts::new(
+                    vec![],
+                    Default::default(),
+                ),
+                cache: None,
+                max_bytes: 1 << 20,
+            },
+        }
+    }
+
+    fn config(yaml: &str) -> PolicyConfig {
+        PolicyConfig::parse(yaml, "test").unwrap()
+    }
+
+    fn request() -> AdmissionRequest {
+        pinset_policy::synth::request(5, 1)
     }
 
     #[test]
-    fn a_module_that_cannot_load_is_refused_for_its_pool_only() {
-        let runtime = WasmRuntime::new().unwrap();
-        let mut c = PolicyConfig::default();
-        c.add_flag("infra=/nonexistent/p.wasm").unwrap();
-        let table = load(&c, &runtime).unwrap();
-        let why = table.refused_for(&["infra".into()]).unwrap();
+    fn a_module_is_taken_only_under_a_grant_covering_it() {
+        let oci = format!("oci://r.io/p@sha256:{}", "a".repeat(64));
+        let c = config(&format!("pools:\n  infra: {{module: {oci:?}}}\n"));
+        let infra = ["infra".to_string()];
+        let mut grant = RolloutGrant::default();
+        assert!(!Wanted::of(&c, &infra, Some(&grant)).granted);
+        assert!(Wanted::of(&c, &infra, None).granted, "no grant needed");
+        grant.sets.insert(policy_set(&oci), 1);
+        assert!(Wanted::of(&c, &infra, Some(&grant)).granted);
+        let worker = Wanted::of(&c, &["worker".to_string()], Some(&RolloutGrant::default()));
+        assert!(worker.granted && worker.module.is_none(), "the default needs no grant");
+    }
+
+    #[test]
+    fn a_refused_candidate_leaves_the_running_module_and_says_why() {
+        let loader = loader();
+        let mut node = NodePolicy::new(loader.default_loaded());
+        let c = config("pools:\n  infra: {module: /nonexistent/p.wasm}\n");
+        let wanted = Wanted::of(&c, &["infra".to_string()], None);
+        assert!(node.pending(&wanted));
+        let why = candidate(&loader, &wanted, &request(), &Pressure::default())
+            .err()
+            .unwrap();
+        node.reject(wanted.reference().unwrap(), why);
+        assert!(!node.pending(&wanted), "not woken again for the same module");
+        assert!(node.should_try(&wanted), "but tried again at the next round");
+        let mut status = NodeStatus::default();
+        node.report(Some("infra"), &mut status);
+        assert_eq!(status.policy.unwrap().module, pinset_policy::EMBEDDED_DEFAULT_NAME);
+        let refused = status.policy_refused.unwrap();
         assert!(
-            why.contains("pool infra")
-                && why.contains("/nonexistent/p.wasm")
-                && why.contains("default"),
-            "{why}"
+            refused.contains("pool infra") && refused.contains("/nonexistent/p.wasm"),
+            "{refused}"
         );
-        assert_eq!(table.for_pools(&["infra".into()]).name(), "d");
-        assert!(table.refused_for(&["worker".into()]).is_none());
+        assert_eq!(status.policy_rejected.unwrap().module, "/nonexistent/p.wasm");
     }
 
     #[test]
-    fn a_required_signature_refuses_a_file_and_a_bad_key_is_a_configuration_error() {
-        let runtime = WasmRuntime::new().unwrap();
+    fn a_signature_requirement_refuses_a_file() {
+        let loader = loader();
         let key = pinset_node::registry::signature::SigningKey::generate(b"")
             .unwrap()
             .1
             .public()
             .to_pem();
-        let yaml = format!("verify: {{keys: [{key:?}]}}\npools:\n  infra: {{module: /p/a.wasm}}\n");
-        let c: PolicyConfig = serde_yaml::from_str(&yaml).unwrap();
-        let table = load(&c, &runtime).unwrap();
-        let why = table.refused_for(&["infra".into()]).unwrap();
-        assert!(
-            why.contains("signature is required") && why.contains("/p/a.wasm"),
-            "{why}"
-        );
-
-        let c: PolicyConfig = serde_yaml::from_str(
-            "pools:\n  infra: {module: /p/a.wasm, verify: {keys: [nonsense]}}\n",
-        )
-        .unwrap();
-        let e = load(&c, &runtime).err().unwrap().to_string();
-        assert!(
-            e.contains("pool infra: key 1") && e.contains("PUBLIC KEY"),
-            "{e}"
-        );
+        let c = config(&format!(
+            "verify: {{keys: [{key:?}]}}\npools:\n  infra: {{module: /p/a.wasm}}\n"
+        ));
+        let wanted = Wanted::of(&c, &["infra".to_string()], None);
+        let why = candidate(&loader, &wanted, &request(), &Pressure::default())
+            .err()
+            .unwrap();
+        assert!(why.contains("signature is required") && why.contains("/p/a.wasm"), "{why}");
     }
 
     #[test]
-    fn an_artifact_reference_keeps_its_digest() {
-        let mut c = PolicyConfig::default();
-        let oci = format!("oci://r.io/p/x@sha256:{}", "a".repeat(64));
-        c.add_flag(&format!("infra={oci}")).unwrap();
-        assert_eq!(c.pools["infra"].module, oci);
-        assert_eq!(c.pools["infra"].sha256, None);
-    }
-
-    #[test]
-    fn a_node_uses_its_primary_pools_policy() {
-        let runtime = WasmRuntime::new().unwrap();
-        let load = |n: &str| {
-            runtime
-                .load(n, pinset_policy::EMBEDDED_DEFAULT, None, Default::default())
-                .unwrap()
-        };
-        let table = PolicyTable {
-            running_default: running(&load("default"), "t"),
-            running: [("infra".to_string(), running(&load("infra"), "t"))].into(),
-            default: load("default"),
-            by_pool: [("infra".to_string(), load("infra"))].into(),
-            refused: Default::default(),
-        };
-        assert_eq!(
-            table.for_pools(&["infra".into(), "worker".into()]).name(),
-            "infra"
-        );
-        assert_eq!(table.for_pools(&["worker".into()]).name(), "default");
-        assert_eq!(table.for_pools(&[]).name(), "default");
-        let infra = table.running_for(&["infra".into()]);
-        assert_eq!(
-            (infra.name.as_str(), infra.module.as_str()),
-            ("default", "infra")
-        );
-        assert_eq!(infra.digest, format!("sha256:{}", table.default.sha256()));
-        assert_eq!(table.running_for(&["worker".into()]).module, "default");
+    fn a_module_that_falls_back_in_its_first_reconcile_is_replaced_by_the_previous() {
+        let loader = loader();
+        let mut node = NodePolicy::new(loader.default_loaded());
+        let v2 = Loaded::new(loader.default.clone(), Some("/p/v2.wasm".into()), "t");
+        assert_eq!(node.accept(v2.clone()), SwapResult::Swapped);
+        assert_eq!(node.after_reconcile(&["order: trap".into()]), Some(SwapResult::Reverted));
+        assert_eq!(node.running().reference, None, "the default is back");
+        let mut status = NodeStatus::default();
+        node.report(Some("infra"), &mut status);
+        let rejected = status.policy_rejected.unwrap();
+        assert_eq!(rejected.module, "/p/v2.wasm");
+        assert!(rejected.cause.contains("first reconcile: order: trap"), "{rejected:?}");
+        // Past its probation, a fallback is the module's to answer for, not a swap's.
+        node.accept(v2);
+        assert_eq!(node.after_reconcile(&[]), None);
+        assert_eq!(node.after_reconcile(&["order: trap".into()]), None);
+        assert_eq!(node.running().reference.as_deref(), Some("/p/v2.wasm"));
     }
 }

@@ -23,6 +23,8 @@ use tokio::sync::mpsc::UnboundedReceiver;
 pub struct Seen {
     sets: std::collections::BTreeMap<String, (Option<i64>, Option<i64>)>,
     refused: Option<String>,
+    /// The running module's digest.
+    policy: Option<String>,
 }
 
 impl Seen {
@@ -40,6 +42,7 @@ impl Seen {
                 })
                 .collect(),
             refused: status.policy_refused.clone(),
+            policy: status.policy.as_ref().map(|p| p.digest.clone()),
         }
     }
 }
@@ -72,18 +75,7 @@ pub fn events(status: &NodeStatus, seen: &mut Seen) -> Vec<kube::runtime::events
             out.push(event(EventType::Warning, "SetFailed", "Pull", note));
         }
     }
-    if let Some(why) = status
-        .policy_refused
-        .as_ref()
-        .filter(|w| seen.refused.as_ref() != Some(*w))
-    {
-        out.push(event(
-            EventType::Warning,
-            "PolicyRefused",
-            "Load",
-            why.clone(),
-        ));
-    }
+    out.extend(policy_events(status, seen));
     *seen = Seen::of(status);
     if let Some(drift) = &status.pin_drift {
         out.push(event(
@@ -96,6 +88,40 @@ pub fn events(status: &NodeStatus, seen: &mut Seen) -> Vec<kube::runtime::events
     if !status.policy_fallbacks.is_empty() {
         let note = status.policy_fallbacks.join("; ");
         out.push(event(EventType::Warning, "PolicyFallback", "Decide", note));
+    }
+    out
+}
+
+/// A node policy refused (`PolicyRejected`, once per refusal) or swapped in (`PolicySwapped`).
+fn policy_events(status: &NodeStatus, seen: &Seen) -> Vec<kube::runtime::events::Event> {
+    use kube::runtime::events::{Event, EventType};
+    let mut out = Vec::new();
+    // Once per cause: a module refused again for the same reason is not announced again.
+    let refused = status
+        .policy_refused
+        .as_ref()
+        .filter(|w| seen.refused.as_ref() != Some(*w));
+    if let Some(why) = refused {
+        out.push(Event {
+            type_: EventType::Warning,
+            reason: "PolicyRejected".into(),
+            note: Some(cap(why, 1024)),
+            action: "Swap".into(),
+            secondary: None,
+        });
+    }
+    let running = status.policy.as_ref();
+    if let Some(p) = running.filter(|p| seen.policy.as_ref().is_some_and(|d| *d != p.digest)) {
+        out.push(Event {
+            type_: EventType::Normal,
+            reason: "PolicySwapped".into(),
+            note: Some(cap(
+                &format!("deciding with {} ({} {}, {})", p.module, p.name, p.version, p.digest),
+                1024,
+            )),
+            action: "Swap".into(),
+            secondary: None,
+        });
     }
     out
 }
@@ -213,6 +239,15 @@ fn conditions(status: &NodeStatus, previous: &[Condition]) -> Vec<Condition> {
 
 /// PolicyFallback: True when a decision was answered by the reference, or the pool's module was
 /// refused (reason `PolicyRefused`, said first: every decision of the node is then the default's).
+/// An RFC 3339 time of the status model; now when it does not parse.
+fn time(rfc3339: &str) -> k8s_openapi::apimachinery::pkg::apis::meta::v1::Time {
+    k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+        rfc3339
+            .parse()
+            .unwrap_or_else(|_| k8s_openapi::jiff::Timestamp::now()),
+    )
+}
+
 fn policy_condition(status: &NodeStatus, previous: &[Condition]) -> Condition {
     let said: Vec<&str> = status
         .policy_refused
@@ -251,12 +286,16 @@ pub fn node_status(status: &NodeStatus, previous: &[Condition]) -> MachineConfig
             version: cap(&p.version, 256),
             digest: p.digest.clone(),
             module: cap(&p.module, 1024),
-            since: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
-                p.since
-                    .parse()
-                    .unwrap_or_else(|_| k8s_openapi::jiff::Timestamp::now()),
-            ),
+            since: time(&p.since),
         }),
+        policy_rejected: status
+            .policy_rejected
+            .as_ref()
+            .map(|r| crate::api::RejectedNodePolicy {
+                module: cap(&r.module, 1024),
+                cause: cap(&r.cause, 4096),
+                since: time(&r.since),
+            }),
         pinned_image_sets: status
             .sets
             .values()
@@ -431,7 +470,7 @@ mod tests {
 
     #[test]
     fn a_refused_module_is_said_first_with_its_reason_and_announced_once() {
-        let st = NodeStatus {
+        let mut st = NodeStatus {
             policy_refused: Some(
                 "policy of pool infra: oci://r/p@sha256:1: no cosign signature".into(),
             ),
@@ -458,13 +497,23 @@ mod tests {
         };
         assert_eq!(
             reasons(events(&st, &mut seen)),
-            ["PolicyRefused", "PolicyFallback"]
+            ["PolicyRejected", "PolicyFallback"]
         );
         assert_eq!(
             reasons(events(&st, &mut seen)),
             ["PolicyFallback"],
             "the refusal is said once"
         );
+        // A swap is announced once, not at the first status the agent reads.
+        st.policy_fallbacks.clear();
+        st.policy = Some(pinset_core::status::RunningPolicy {
+            digest: "sha256:1".into(),
+            ..Default::default()
+        });
+        assert!(reasons(events(&st, &mut seen)).is_empty());
+        st.policy.as_mut().unwrap().digest = "sha256:2".into();
+        assert_eq!(reasons(events(&st, &mut seen)), ["PolicySwapped"]);
+        assert!(reasons(events(&st, &mut seen)).is_empty());
     }
 
     #[test]

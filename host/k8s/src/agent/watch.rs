@@ -99,7 +99,9 @@ pub(super) fn desired_now(
     caches: &super::Caches,
 ) -> Desired {
     let mut desired = desired_of(node, &caches.pools, &caches.sets);
-    desired.grant = grant_of(config, &caches.own);
+    // A policy's grant changes no pull: it is not part of the desired state (it does not
+    // restart a reconcile in progress; the swap waits for the round to end).
+    desired.grant = grant_of(config, &caches.own).map(|g| pinset_core::rollout::sets_only(&g));
     desired
 }
 

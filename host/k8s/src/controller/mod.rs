@@ -103,6 +103,10 @@ pub struct Context {
     pub metrics: Metrics,
     /// The fleet policy of each pool.
     pub fleet: FleetTable,
+    /// The node policy configuration the agents follow (`None`: the agents' own, not rolled
+    /// out), and the last one read.
+    node_policies: Option<crate::policy_config::ConfigSource>,
+    last_node_policies: Mutex<crate::policy_config::PolicyConfig>,
     /// Each pool's last fleet decision, and the state it was made for.
     decisions: rollout::Decisions,
     /// Each pool's selection as last computed (to trigger the sets that join or leave a pool).
@@ -145,6 +149,20 @@ impl Context {
             tracing::warn!(error = %error, retry_in = ?wait, "{what}");
         }
         wait
+    }
+
+    /// The node policy module the configuration names for `pool` (its reference), when it
+    /// names one; the last configuration read when the current one cannot be read.
+    fn node_policy(&self, pool: &str) -> Option<String> {
+        let source = self.node_policies.as_ref()?;
+        let mut last = self.last_node_policies.lock().expect("policy config lock");
+        match source.current() {
+            Ok(config) => *last = config,
+            Err(e) => {
+                tracing::warn!(error = %e, "node policy configuration unreadable; rolling out the last one read")
+            }
+        }
+        last.pools.get(pool).map(|m| m.reference())
     }
 
     fn succeeded(&self, key: &str) {
@@ -191,6 +209,7 @@ pub async fn run(
     client: Client,
     metrics: Metrics,
     fleet: FleetTable,
+    node_policies: Option<crate::policy_config::ConfigMapRef>,
     ready: Arc<AtomicBool>,
     shutdown: CancellationToken,
 ) {
@@ -214,7 +233,16 @@ pub async fn run(
     let (set_triggers, set_trigger_rx) = mpsc::unbounded_channel();
     let (pool_triggers, pool_trigger_rx) = mpsc::unbounded_channel();
     let (synced_tx, synced) = tokio::sync::watch::channel(false);
+    let node_policies = match node_policies {
+        Some(at) => Some(
+            follow_node_policies(&client, at, &pools_reader, &pool_triggers, &metrics, &shutdown)
+                .await,
+        ),
+        None => None,
+    };
     let ctx = Arc::new(Context {
+        node_policies,
+        last_node_policies: Mutex::new(Default::default()),
         client,
         pools: pools_reader.clone(),
         sets: sets_reader,
@@ -244,6 +272,32 @@ pub async fn run(
         .for_each(watch::log_outcome);
     let sets = run_sets(sets_api, set_trigger_rx, ctx.clone(), shutdown);
     tokio::join!(pools, sets, announce_ready(ctx, synced_tx, ready));
+}
+
+/// Follow the node policy configuration: a change reconciles every pool (its target changes).
+async fn follow_node_policies(
+    client: &Client,
+    at: crate::policy_config::ConfigMapRef,
+    pools: &Store<MachineConfigPool>,
+    triggers: &mpsc::UnboundedSender<ObjectRef<MachineConfigPool>>,
+    metrics: &Metrics,
+    shutdown: &CancellationToken,
+) -> crate::policy_config::ConfigSource {
+    let (pools, triggers) = (pools.clone(), triggers.clone());
+    let on_change = move || {
+        for pool in pools.state() {
+            let _ = triggers.send(ObjectRef::from_obj(pool.as_ref()));
+        }
+    };
+    crate::policy_config::ConfigSource::watch(
+        client.clone(),
+        at,
+        vec![],
+        metrics.clone(),
+        on_change,
+        shutdown.clone(),
+    )
+    .await
 }
 
 /// Bounded concurrency: each reconcile in flight may hold an HTTP connection (a TLS session),

@@ -59,6 +59,11 @@ async fn reconcile_pool(
         ctx.sets.get(&ObjectRef::new(n))
     });
     let wanted: Vec<(String, i64)> = target.iter().map(|(n, g, _)| (n.clone(), *g)).collect();
+    // A change of the pool's node policy rolls out as one more entry of its target.
+    let mut target = target;
+    if let Some(reference) = ctx.node_policy(&name) {
+        target.push((pinset_core::rollout::policy_set(&reference), 1, 0));
+    }
     let members: Vec<_> = ctx
         .nodes
         .state()
@@ -79,6 +84,7 @@ async fn reconcile_pool(
         degraded,
         rollout,
         refused: pool::policy_refusals(&name, &reports),
+        policies: Some(policy_counts(&name, &reports)),
     };
     submit_status(ctx, mcp, report);
     Ok(Action::requeue(RESYNC))
@@ -92,6 +98,8 @@ pub(super) struct Report<'a> {
     rollout: Option<super::rollout::Outcome>,
     /// Nodes that refused the pool's policy module (`None` also when not looked at).
     refused: Option<String>,
+    /// Nodes per node policy module (`None` when not looked at: kept as it is).
+    policies: Option<Vec<crate::api::PoolPolicy>>,
 }
 
 impl Report<'_> {
@@ -101,6 +109,7 @@ impl Report<'_> {
             degraded: Some(degraded),
             rollout: None,
             refused: None,
+            policies: None,
         }
     }
 }
@@ -201,7 +210,15 @@ fn submit_status(ctx: &Arc<Context>, mcp: &MachineConfigPool, report: Report<'_>
     let same_conds = conditions
         .iter()
         .all(|cond| status.conditions.iter().any(|c| condition::same(c, cond)));
-    if entry.as_ref() == old_entry && same_conds && rollout == status.rollout {
+    let policies = report
+        .policies
+        .clone()
+        .unwrap_or_else(|| status.policies.clone());
+    if entry.as_ref() == old_entry
+        && same_conds
+        && rollout == status.rollout
+        && policies == status.policies
+    {
         return;
     }
     let was_degraded = status
@@ -215,10 +232,26 @@ fn submit_status(ctx: &Arc<Context>, mcp: &MachineConfigPool, report: Report<'_>
             pool_synchronizers_status: entry.into_iter().collect(),
             conditions,
             rollout,
+            policies,
         },
         newly_degraded: degraded.filter(|_| !was_degraded),
     };
     StatusLane::submit(ctx, next);
+}
+
+/// The pool's nodes per node policy module, as its status lists them.
+fn policy_counts(pool: &str, reports: &[pinset_core::pool::NodeReport]) -> Vec<crate::api::PoolPolicy> {
+    pool::policy_counts(pool, reports)
+        .into_iter()
+        .take(64)
+        .map(|c| crate::api::PoolPolicy {
+            digest: c.digest,
+            module: pinset_core::status::cap(&c.module, 1024),
+            name: pinset_core::status::cap(&c.name, 256),
+            version: pinset_core::status::cap(&c.version, 256),
+            nodes: c.nodes,
+        })
+        .collect()
 }
 
 fn entry(s: &pool::PoolSync, mcp: &MachineConfigPool) -> PoolSynchronizerStatus {

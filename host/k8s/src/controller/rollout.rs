@@ -61,6 +61,8 @@ struct PoolMemory {
     written: BTreeMap<String, rollout::Written>,
     /// The pool was paused at its last step.
     paused: bool,
+    /// The node policy entry last announced as rolled out to every node.
+    rolled_out: Option<String>,
 }
 
 impl Decisions {
@@ -176,6 +178,7 @@ pub(super) async fn step(
     let counts = rollout::counts(&request);
     ctx.metrics.observe_pool_rollout(&pool, &counts);
     ctx.metrics.observe_pool_paused(&pool, paused);
+    announce_policy(ctx, &pool, &request, &counts);
     let held = rollout::held(&decided.grant);
     if fresh {
         announce(ctx, &pool, &request, &added, &decided, held.as_deref());
@@ -315,6 +318,43 @@ fn announce(
         });
     }
     record(ctx, pool, events);
+}
+
+/// `PolicyRolledOut` on the pool, once, when every node decides with the module its target
+/// names.
+fn announce_policy(ctx: &Context, pool: &str, request: &RolloutRequest, counts: &Counts) {
+    let Some(entry) = request
+        .target
+        .sets
+        .iter()
+        .find(|s| rollout::is_policy_set(&s.name))
+    else {
+        return;
+    };
+    let everywhere = !request.nodes.is_empty() && counts.done as usize == request.nodes.len();
+    let new = ctx.decisions.with(pool, |m| {
+        let new = everywhere && m.rolled_out.as_ref() != Some(&entry.name);
+        if new {
+            m.rolled_out = Some(entry.name.clone());
+        }
+        new
+    });
+    if !new {
+        return;
+    }
+    let note = format!(
+        "every node of pool {pool} ({}) decides with node policy {}",
+        request.nodes.len(),
+        entry.name.trim_start_matches(rollout::POLICY_SET_PREFIX)
+    );
+    let event = Event {
+        type_: EventType::Normal,
+        reason: "PolicyRolledOut".into(),
+        note: Some(pinset_core::status::cap(&note, 1024)),
+        action: "Rollout".into(),
+        secondary: None,
+    };
+    record(ctx, pool, vec![event]);
 }
 
 /// An Event when the pool's rollout is paused or resumed, in the status lane like [`announce`].

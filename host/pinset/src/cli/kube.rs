@@ -3,7 +3,8 @@
 use super::PolicyOpts;
 use super::node::RuntimeOpts;
 use anyhow::{Context, Result};
-use pinset_k8s::agent::{self, PolicyConfig};
+use pinset_k8s::agent;
+use pinset_k8s::policy_config::{self, ConfigMapRef};
 use pinset_k8s::controller;
 use pinset_k8s::metrics::Metrics;
 use pinset_k8s::ownership;
@@ -37,6 +38,14 @@ pub struct ControllerOpts {
     /// How `oci://` fleet policies are fetched and verified.
     #[command(flatten)]
     pub fetch: super::FetchOpts,
+    /// The node policy configuration the agents follow (key `policies.yaml`): a change of a
+    /// pool's module rolls out to its nodes canary-first, like a change of its sets.
+    #[arg(long, value_name = "NAMESPACE/NAME", value_parser = configmap_ref)]
+    pub policy_configmap: Option<ConfigMapRef>,
+}
+
+fn configmap_ref(text: &str) -> Result<ConfigMapRef, String> {
+    ConfigMapRef::parse(text).map_err(|e| e.to_string())
 }
 
 /// When the agent pulls a changed set.
@@ -57,9 +66,15 @@ pub struct AgentOpts {
     /// the core API (environments without one).
     #[arg(long, value_name = "FILE")]
     pub node_file: Option<PathBuf>,
-    /// Policy per pool, from a YAML file (`pools: {POOL: {module: FILE, sha256: HEX}}`).
-    #[arg(long, value_name = "FILE")]
+    /// Policy per pool, from a YAML file (`pools: {POOL: {module: FILE, sha256: HEX}}`), read
+    /// at start: the node's own, taken without a rollout grant.
+    #[arg(long, value_name = "FILE", conflicts_with = "policy_configmap")]
     pub policy_config: Option<PathBuf>,
+    /// Policy per pool, followed in this ConfigMap (key `policies.yaml`, the same format): a
+    /// change is seen within seconds; a pool's new module is taken when the controller grants
+    /// it, checked before it replaces the running one.
+    #[arg(long, value_name = "NAMESPACE/NAME", value_parser = configmap_ref)]
+    pub policy_configmap: Option<ConfigMapRef>,
     /// Policy of one pool: POOL=FILE.wasm[@sha256:HEX] or POOL=oci://REGISTRY/REPO@sha256:HEX;
     /// repeatable; wins over --policy-config.
     #[arg(long, value_name = "POOL=FILE")]
@@ -205,7 +220,8 @@ pub async fn controller(opts: &ClusterOpts, controller_opts: &ControllerOpts) ->
     let metrics = metrics();
     let ready = Arc::new(AtomicBool::new(false));
     serve(opts, &metrics, &ready, &shutdown).await?;
-    controller::run(client, metrics, fleet, ready, shutdown).await;
+    let node_policies = controller_opts.policy_configmap.clone();
+    controller::run(client, metrics, fleet, node_policies, ready, shutdown).await;
     Ok(ExitCode::SUCCESS)
 }
 
@@ -218,19 +234,22 @@ pub async fn agent(
 ) -> Result<ExitCode> {
     let shutdown = shutdown_on_signals();
     let (wasm, default) = super::load_policy_with(policy, super::child_compiler()?)?;
-    let mut config = match &agent_opts.policy_config {
-        Some(path) => PolicyConfig::read(path)?,
-        None => PolicyConfig::default(),
+    let policy_settings = match &agent_opts.policy_configmap {
+        Some(at) => agent::PolicySettings::ConfigMap {
+            at: at.clone(),
+            flags: agent_opts.pool_policy.clone(),
+        },
+        None => agent::PolicySettings::Fixed(policy_config::fixed(
+            agent_opts.policy_config.as_ref(),
+            &agent_opts.pool_policy,
+        )?),
     };
-    for flag in &agent_opts.pool_policy {
-        config.add_flag(flag)?;
-    }
-    let policies = config.load(
-        &wasm,
-        default.clone(),
-        policy.limits(),
-        &policy.fetch.fetcher(policy.max_module_bytes())?,
-    )?;
+    let loader = Arc::new(agent::Loader {
+        runtime: wasm,
+        default,
+        limits: policy.limits(),
+        fetcher: policy.fetch.fetcher(policy.max_module_bytes())?,
+    });
     pinset_node::os::release_free_memory();
     let client = pinset_k8s::client(opts.kubeconfig.as_deref()).await?;
     if !ownership::check(client.clone(), OWNERSHIP_RETRY, &shutdown).await? {
@@ -253,7 +272,8 @@ pub async fn agent(
         client,
         config: cfg,
         reconciler,
-        policies,
+        loader,
+        policy_settings,
         metrics,
         ready,
     }

@@ -95,6 +95,7 @@ impl Policy for Hostile {
     fn order(&self, node: &NodeFacts, images: &Images) -> Vec<u32> {
         match misbehave(node) {
             Some("non-permutation") => vec![0; images.len()],
+            Some("trap-order") => panic!("hostile policy traps in order on purpose"),
             _ => DefaultPolicy.order(node, images),
         }
     }
