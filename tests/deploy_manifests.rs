@@ -75,7 +75,12 @@ fn crds_match_the_binary() {
         .collect();
     assert_eq!(
         kinds,
-        vec!["PinnedImageSet", "MachineConfigPool", "MachineConfigNode"]
+        vec![
+            "PinnedImageSet",
+            "MachineConfigPool",
+            "MachineConfigNode",
+            "PolicyConfiguration"
+        ]
     );
     for d in &docs {
         assert_eq!(
@@ -214,6 +219,7 @@ fn check_base(docs: &[Value], crd_names: &BTreeSet<String>) {
     );
     check_controller(of_kind(docs, "Deployment")[0]);
     check_agent(of_kind(docs, "DaemonSet")[0]);
+    check_policy_configuration(docs);
     for role in of_kind(docs, "ClusterRole") {
         let rule = role["rules"]
             .as_sequence()
@@ -236,23 +242,60 @@ fn check_base(docs: &[Value], crd_names: &BTreeSet<String>) {
     }
 }
 
+/// The controller and the agent follow one PolicyConfiguration, and each ClusterRole lets its
+/// service account get, list and watch that one object, nothing else of pinset.io.
+fn check_policy_configuration(docs: &[Value]) {
+    let flag = |workload: &Value| -> String {
+        let args = workload["spec"]["template"]["spec"]["containers"][0]["args"]
+            .as_sequence()
+            .unwrap();
+        args.iter()
+            .filter_map(|a| a.as_str()?.strip_prefix("--policy-configuration="))
+            .next()
+            .unwrap_or_else(|| {
+                panic!("{:?}: no --policy-configuration", workload["metadata"]["name"])
+            })
+            .to_string()
+    };
+    let name = flag(of_kind(docs, "DaemonSet")[0]);
+    assert_eq!(flag(of_kind(docs, "Deployment")[0]), name, "one configuration");
+    assert_eq!(name, pinset_k8s::api::POLICY_CONFIGURATION);
+    for role in of_kind(docs, "ClusterRole") {
+        let rules: Vec<&Value> = role["rules"]
+            .as_sequence()
+            .unwrap()
+            .iter()
+            .filter(|r| r["apiGroups"][0] == pinset_k8s::api::PINSET_GROUP)
+            .collect();
+        assert_eq!(rules.len(), 1, "{:?}", role["metadata"]["name"]);
+        assert_eq!(rules[0]["resources"], serde_yaml::from_str::<Value>("[policyconfigurations]").unwrap());
+        assert_eq!(rules[0]["resourceNames"], serde_yaml::from_str::<Value>(&format!("[{name}]")).unwrap());
+        assert_eq!(rules[0]["verbs"], serde_yaml::from_str::<Value>("[get, list, watch]").unwrap());
+    }
+}
+
 #[test]
 fn every_variant_renders_with_kubectl_and_matches_the_binary() {
     let (_, crds, _) = support::pinset(&["crds"]);
     let crd_docs = parse_stream(&crds, "pinset crds");
     let crd_names = names(&crd_docs.iter().collect::<Vec<_>>());
+    // The ownership check reads OpenShift's kinds only.
+    let openshift: BTreeSet<String> = pinset_k8s::ownership::CRD_NAMES
+        .iter()
+        .map(|n| n.to_string())
+        .collect();
 
     let Some(full) = render(&deploy()) else {
         return;
     };
-    check_base(&full, &crd_names);
+    check_base(&full, &openshift);
     assert_eq!(
         names(&of_kind(&full, "CustomResourceDefinition")),
         crd_names
     );
 
     let base = render(&deploy().join("base")).unwrap();
-    check_base(&base, &crd_names);
+    check_base(&base, &openshift);
     assert!(
         of_kind(&base, "CustomResourceDefinition").is_empty(),
         "the base leaves the CRDs out"
@@ -307,4 +350,14 @@ fn the_example_set_is_a_pinned_image_set() {
     let text = std::fs::read_to_string(deploy().join("example-set.yaml")).unwrap();
     let example = &parse_stream(&text, "example-set.yaml")[0];
     assert_eq!(example["kind"], "PinnedImageSet");
+}
+
+#[test]
+fn the_example_policy_is_the_configuration_pinset_follows() {
+    let text = std::fs::read_to_string(deploy().join("example-policy.yaml")).unwrap();
+    let example: pinset_k8s::api::PolicyConfiguration = serde_yaml::from_str(&text).unwrap();
+    assert_eq!(
+        example.metadata.name.as_deref(),
+        Some(pinset_k8s::api::POLICY_CONFIGURATION)
+    );
 }

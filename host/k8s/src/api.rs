@@ -3,6 +3,9 @@
 //! are modelled; unknown fields of objects written by other controllers are ignored on read and
 //! never touched on write (writes are patches of pinset's own fields).
 //!
+//! One kind is pinset's own, in `pinset.io`: [`PolicyConfiguration`], the node policy of each
+//! pool (cluster-scoped, one object named `cluster`).
+//!
 //! Validation lives in the CRD schema, so the API server itself refuses bad input: digest-only
 //! image names, 1..500 unique images per set, bounded names, and the generation rules of the
 //! node status (including "generations never decrease" as transition rules).
@@ -464,7 +467,12 @@ pub fn crds() -> Vec<CustomResourceDefinition> {
     alpha.name = "v1alpha1".into();
     alpha.storage = false;
     sets.spec.versions.push(alpha);
-    let mut crds = vec![sets, MachineConfigPool::crd(), MachineConfigNode::crd()];
+    let mut crds = vec![
+        sets,
+        MachineConfigPool::crd(),
+        MachineConfigNode::crd(),
+        PolicyConfiguration::crd(),
+    ];
     for crd in &mut crds {
         let (key, value) = crate::ownership::PART_OF;
         crd.metadata
@@ -473,6 +481,63 @@ pub fn crds() -> Vec<CustomResourceDefinition> {
             .insert(key.into(), value.into());
     }
     crds
+}
+
+/// pinset's own API group.
+pub const PINSET_GROUP: &str = "pinset.io";
+/// The policy configuration the agents and the controller follow, by default.
+pub const POLICY_CONFIGURATION: &str = "cluster";
+
+/// Which node policy module each pool's nodes decide with, and the cosign public keys their
+/// signatures must verify with. A change of a pool's module rolls out to its nodes canary-first
+/// (`pinset rollout status POOL` follows it); each node checks the module before it swaps.
+#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[kube(
+    group = "pinset.io",
+    version = "v1alpha1",
+    kind = "PolicyConfiguration",
+    plural = "policyconfigurations",
+    singular = "policyconfiguration",
+    shortname = "pinsetpolicy",
+    doc = "The node policy module of each pool and the keys its signature must verify with; pinset follows the object named cluster"
+)]
+#[kube(printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#)]
+#[serde(deny_unknown_fields)]
+pub struct PolicyConfig {
+    /// Every pool's module must carry a cosign signature by one of these keys (unless the pool
+    /// names its own).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub verify: Option<Verify>,
+    /// The module of each pool, by pool name; pools not listed decide with the embedded default.
+    #[serde(default)]
+    #[schemars(length(max = 256))]
+    pub pools: std::collections::BTreeMap<String, ModuleRef>,
+}
+
+/// The public keys (PEM, as `cosign.pub` holds them) a module's signature must verify with.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Verify {
+    #[schemars(length(max = 16))]
+    pub keys: Vec<String>,
+}
+
+/// One pool's node policy module.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ModuleRef {
+    /// `oci://REGISTRY/REPOSITORY@sha256:<64 hex>` (pinned by digest: a tag is refused), or an
+    /// absolute path of a file on the node.
+    #[schemars(length(min = 1, max = 1024))]
+    #[schemars(regex(pattern = r"^(oci://[^@\s]+@sha256:[0-9a-f]{64}|/\S+)$"))]
+    pub module: String,
+    /// A file's sha256: any other bytes are refused.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = r"^[0-9a-f]{64}$"))]
+    pub sha256: Option<String>,
+    /// This pool's keys instead of the configuration's (`keys: []`: no signature required).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub verify: Option<Verify>,
 }
 
 /// The CRDs as one multi-document YAML stream (`pinset crds`).

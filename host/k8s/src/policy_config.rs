@@ -1,8 +1,8 @@
 //! The policy configuration: which node policy module each pool's nodes decide with, and the
-//! keys their signatures must verify with. It lives in one ConfigMap (`pinset-policies` in
-//! pinset's namespace, key `policies.yaml`), which the agent and the controller follow through
-//! a watch (`--policy-configmap NAMESPACE/NAME`); a file (`--policy-config`) is read once, for
-//! runs without an API server.
+//! keys their signatures must verify with. It lives in one cluster-scoped object,
+//! [`crate::api::PolicyConfiguration`] `cluster`, which the agent and the controller follow
+//! through a watch (`--policy-configuration NAME`); a file (`--policy-config`, the object's
+//! spec) is read once, for runs without an API server.
 //!
 //! ```yaml
 //! verify:            # optional: every pool's module must carry a cosign signature by one of these
@@ -14,17 +14,17 @@
 //!     verify: {keys: […]}   # optional: this pool's keys instead
 //! ```
 
+use crate::api::PolicyConfiguration;
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::ConfigMap;
 use kube::runtime::reflector::{ObjectRef, Store};
 use pinset_node::registry::signature::VerifyingKey;
-use serde::Deserialize;
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
-/// The ConfigMap's key holding the configuration.
-pub const CONFIG_KEY: &str = "policies.yaml";
+/// How long a start waits for the configuration's first list (an API server without the CRD
+/// never answers one: the configuration is then empty until it does).
+const FIRST_LIST: Duration = Duration::from_secs(10);
 
 #[derive(Debug, thiserror::Error)]
 pub enum PolicyConfigError {
@@ -40,39 +40,11 @@ pub enum PolicyConfigError {
         "--pool-policy {arg:?}: expected POOL=FILE.wasm, POOL=FILE.wasm@sha256:HEX or POOL=oci://REGISTRY/REPOSITORY@sha256:HEX"
     )]
     Flag { arg: String },
-    #[error("--policy-configmap {arg:?}: expected NAMESPACE/NAME")]
-    ConfigMapRef { arg: String },
     #[error("policy configuration: {what}: {why}")]
     Key { what: String, why: String },
 }
 
-/// The policy configuration (see the module's documentation).
-#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct PolicyConfig {
-    #[serde(default)]
-    pub verify: Option<Verify>,
-    #[serde(default)]
-    pub pools: BTreeMap<String, ModuleRef>,
-}
-
-/// The public keys (PEM, as `cosign.pub` holds them) a module's signature must verify with.
-#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Verify {
-    pub keys: Vec<String>,
-}
-
-#[derive(Debug, Clone, PartialEq, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ModuleRef {
-    /// A file, or `oci://REGISTRY/REPOSITORY@sha256:HEX`.
-    pub module: String,
-    #[serde(default)]
-    pub sha256: Option<String>,
-    #[serde(default)]
-    pub verify: Option<Verify>,
-}
+pub use crate::api::{ModuleRef, PolicyConfig, Verify};
 
 impl ModuleRef {
     /// The module as statuses name it: the artifact (its digest is its name), or the file with
@@ -158,80 +130,55 @@ impl PolicyConfig {
     }
 }
 
-/// `NAMESPACE/NAME` of the ConfigMap holding the configuration.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ConfigMapRef {
-    pub namespace: String,
-    pub name: String,
-}
-
-impl ConfigMapRef {
-    pub fn parse(arg: &str) -> Result<Self, PolicyConfigError> {
-        match arg.split_once('/') {
-            Some((ns, name)) if !ns.is_empty() && !name.is_empty() && !name.contains('/') => {
-                Ok(Self {
-                    namespace: ns.into(),
-                    name: name.into(),
-                })
-            }
-            _ => Err(PolicyConfigError::ConfigMapRef { arg: arg.into() }),
-        }
-    }
-}
-
-impl std::fmt::Display for ConfigMapRef {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "configmap {}/{}", self.namespace, self.name)
-    }
-}
-
-/// Where the configuration comes from: read once (a file, flags), or followed in a ConfigMap.
+/// Where the configuration comes from: read once (a file, flags), or followed in the API.
 #[derive(Clone)]
 pub enum ConfigSource {
     Fixed(PolicyConfig),
     Watched {
-        at: ConfigMapRef,
-        store: Store<ConfigMap>,
-        /// `--pool-policy` flags, applied over the ConfigMap's content.
+        /// The PolicyConfiguration's name.
+        name: String,
+        store: Store<PolicyConfiguration>,
+        /// `--pool-policy` flags, applied over the object's spec.
         flags: Vec<String>,
     },
 }
 
 impl ConfigSource {
-    /// The configuration now. A ConfigMap that does not exist (yet) is an empty configuration;
-    /// one that does not parse is an error naming it, line and column.
+    /// The configuration now. An object that does not exist (yet) is an empty configuration;
+    /// one whose keys do not parse is an error naming it.
     pub fn current(&self) -> Result<PolicyConfig, PolicyConfigError> {
-        let (at, store, flags) = match self {
+        let (name, store, flags) = match self {
             ConfigSource::Fixed(c) => return Ok(c.clone()),
-            ConfigSource::Watched { at, store, flags } => (at, store, flags),
+            ConfigSource::Watched { name, store, flags } => (name, store, flags),
         };
-        let cm = store.get(&ObjectRef::new(&at.name).within(&at.namespace));
-        let text = cm
-            .as_ref()
-            .and_then(|cm| cm.data.as_ref())
-            .and_then(|d| d.get(CONFIG_KEY));
-        let mut config = match text {
-            Some(text) => PolicyConfig::parse(text, &format!("{at} key {CONFIG_KEY}"))?,
-            None => PolicyConfig::default(),
-        };
+        let mut config = store
+            .get(&ObjectRef::new(name))
+            .map(|o| o.spec.clone())
+            .unwrap_or_default();
+        for (pool, m) in &config.pools {
+            config.keys(pool, m).map_err(|e| PolicyConfigError::Config {
+                origin: format!("PolicyConfiguration {name}"),
+                why: e.to_string(),
+            })?;
+        }
         for flag in flags {
             config.add_flag(flag)?;
         }
         Ok(config)
     }
 
-    /// Follow the ConfigMap `at`: its cache, filled before this returns (or when `shutdown`
-    /// fires), and `on_change` called on each change of it.
+    /// Follow the PolicyConfiguration `name`: its cache, filled before this returns (or after
+    /// [`FIRST_LIST`], or when `shutdown` fires), and `on_change` called on each change of it.
     pub async fn watch(
         client: kube::Client,
-        at: ConfigMapRef,
+        name: String,
         flags: Vec<String>,
         metrics: crate::metrics::Metrics,
         on_change: impl Fn() + Send + 'static,
         shutdown: CancellationToken,
     ) -> Self {
-        let api: kube::Api<ConfigMap> = kube::Api::namespaced(client, &at.namespace);
-        let config = crate::watcher_config().fields(&format!("metadata.name={}", at.name));
+        let api: kube::Api<PolicyConfiguration> = kube::Api::all(client);
+        let config = crate::watcher_config().fields(&format!("metadata.name={name}"));
         let (store, events) = crate::cached_watch(api, config);
         let stop = shutdown.clone();
         tokio::spawn(async move {
@@ -243,7 +190,7 @@ impl ConfigSource {
                 };
                 match next {
                     None => return,
-                    Some(Err(e)) => crate::watch_interrupted::<ConfigMap>(&metrics, &e),
+                    Some(Err(e)) => crate::watch_interrupted::<PolicyConfiguration>(&metrics, &e),
                     Some(Ok(_)) => on_change(),
                 }
             }
@@ -251,8 +198,11 @@ impl ConfigSource {
         tokio::select! {
             _ = shutdown.cancelled() => {}
             _ = store.wait_until_ready() => {}
+            _ = tokio::time::sleep(FIRST_LIST) => {
+                tracing::warn!(policy_configuration = %name, "no PolicyConfiguration list yet (is its CRD installed?); every pool decides with the default until one arrives");
+            }
         }
-        ConfigSource::Watched { at, store, flags }
+        ConfigSource::Watched { name, store, flags }
     }
 }
 
@@ -320,14 +270,5 @@ mod tests {
             e.contains("pool infra: key 1") && e.contains("PUBLIC KEY"),
             "{e}"
         );
-    }
-
-    #[test]
-    fn a_configmap_is_named_namespace_slash_name() {
-        let at = ConfigMapRef::parse("pinset/pinset-policies").unwrap();
-        assert_eq!(at.to_string(), "configmap pinset/pinset-policies");
-        for bad in ["pinset", "/x", "x/", "a/b/c"] {
-            assert!(ConfigMapRef::parse(bad).is_err(), "{bad}");
-        }
     }
 }

@@ -18,7 +18,7 @@ pub use watch::desired_of;
 
 use crate::api::{MachineConfigNode, MachineConfigPool, PinnedImageSet};
 use crate::metrics::Metrics;
-use crate::policy_config::{ConfigMapRef, ConfigSource, PolicyConfig};
+use crate::policy_config::{ConfigSource, PolicyConfig};
 use kube::Client;
 use kube::api::Api;
 use kube::runtime::reflector::Store;
@@ -102,8 +102,9 @@ impl AgentConfig {
 pub enum PolicySettings {
     /// Read once (a file, flags): the node's own, taken without a rollout grant.
     Fixed(PolicyConfig),
-    /// Followed in a ConfigMap, `--pool-policy` flags over it; a module is taken under a grant.
-    ConfigMap { at: ConfigMapRef, flags: Vec<String> },
+    /// Followed in a PolicyConfiguration (its name), `--pool-policy` flags over it; a module is
+    /// taken under a rollout grant.
+    Followed { name: String, flags: Vec<String> },
 }
 
 pub struct Agent<S, B> {
@@ -275,7 +276,7 @@ impl<S: Sizer + 'static, B: PinBackend> Agent<S, B> {
         )
     }
 
-    /// The policy configuration: fixed, or a ConfigMap followed through a watch whose changes
+    /// The policy configuration: fixed, or a PolicyConfiguration followed through a watch whose changes
     /// wake the loop like the other caches'.
     async fn policy_source(
         &self,
@@ -284,11 +285,11 @@ impl<S: Sizer + 'static, B: PinBackend> Agent<S, B> {
     ) -> ConfigSource {
         match &self.policy_settings {
             PolicySettings::Fixed(config) => ConfigSource::Fixed(config.clone()),
-            PolicySettings::ConfigMap { at, flags } => {
+            PolicySettings::Followed { name, flags } => {
                 let on_change = move || changes.send_modify(|n| *n += 1);
                 ConfigSource::watch(
                     self.client.clone(),
-                    at.clone(),
+                    name.clone(),
                     flags.clone(),
                     self.metrics.clone(),
                     on_change,

@@ -209,7 +209,7 @@ pub async fn run(
     client: Client,
     metrics: Metrics,
     fleet: FleetTable,
-    node_policies: Option<crate::policy_config::ConfigMapRef>,
+    node_policies: Option<String>,
     ready: Arc<AtomicBool>,
     shutdown: CancellationToken,
 ) {
@@ -234,8 +234,8 @@ pub async fn run(
     let (pool_triggers, pool_trigger_rx) = mpsc::unbounded_channel();
     let (synced_tx, synced) = tokio::sync::watch::channel(false);
     let node_policies = match node_policies {
-        Some(at) => Some(
-            follow_node_policies(&client, at, &pools_reader, &pool_triggers, &metrics, &shutdown)
+        Some(name) => Some(
+            follow_node_policies(&client, name, &pools_reader, &pool_triggers, &metrics, &shutdown)
                 .await,
         ),
         None => None,
@@ -277,7 +277,7 @@ pub async fn run(
 /// Follow the node policy configuration: a change reconciles every pool (its target changes).
 async fn follow_node_policies(
     client: &Client,
-    at: crate::policy_config::ConfigMapRef,
+    name: String,
     pools: &Store<MachineConfigPool>,
     triggers: &mpsc::UnboundedSender<ObjectRef<MachineConfigPool>>,
     metrics: &Metrics,
@@ -291,7 +291,7 @@ async fn follow_node_policies(
     };
     crate::policy_config::ConfigSource::watch(
         client.clone(),
-        at,
+        name,
         vec![],
         metrics.clone(),
         on_change,

@@ -4,7 +4,7 @@ use super::PolicyOpts;
 use super::node::RuntimeOpts;
 use anyhow::{Context, Result};
 use pinset_k8s::agent;
-use pinset_k8s::policy_config::{self, ConfigMapRef};
+use pinset_k8s::policy_config;
 use pinset_k8s::controller;
 use pinset_k8s::metrics::Metrics;
 use pinset_k8s::ownership;
@@ -38,14 +38,10 @@ pub struct ControllerOpts {
     /// How `oci://` fleet policies are fetched and verified.
     #[command(flatten)]
     pub fetch: super::FetchOpts,
-    /// The node policy configuration the agents follow (key `policies.yaml`): a change of a
-    /// pool's module rolls out to its nodes canary-first, like a change of its sets.
-    #[arg(long, value_name = "NAMESPACE/NAME", value_parser = configmap_ref)]
-    pub policy_configmap: Option<ConfigMapRef>,
-}
-
-fn configmap_ref(text: &str) -> Result<ConfigMapRef, String> {
-    ConfigMapRef::parse(text).map_err(|e| e.to_string())
+    /// The PolicyConfiguration the agents follow: a change of a pool's node policy module
+    /// rolls out to its nodes canary-first, like a change of its sets.
+    #[arg(long, value_name = "NAME")]
+    pub policy_configuration: Option<String>,
 }
 
 /// When the agent pulls a changed set.
@@ -68,13 +64,13 @@ pub struct AgentOpts {
     pub node_file: Option<PathBuf>,
     /// Policy per pool, from a YAML file (`pools: {POOL: {module: FILE, sha256: HEX}}`), read
     /// at start: the node's own, taken without a rollout grant.
-    #[arg(long, value_name = "FILE", conflicts_with = "policy_configmap")]
+    #[arg(long, value_name = "FILE", conflicts_with = "policy_configuration")]
     pub policy_config: Option<PathBuf>,
-    /// Policy per pool, followed in this ConfigMap (key `policies.yaml`, the same format): a
-    /// change is seen within seconds; a pool's new module is taken when the controller grants
-    /// it, checked before it replaces the running one.
-    #[arg(long, value_name = "NAMESPACE/NAME", value_parser = configmap_ref)]
-    pub policy_configmap: Option<ConfigMapRef>,
+    /// Policy per pool, followed in this PolicyConfiguration (pinset.io; the same fields as
+    /// --policy-config's file): a change is seen within seconds; a pool's new module is taken
+    /// when the controller grants it, and checked before it replaces the running one.
+    #[arg(long, value_name = "NAME")]
+    pub policy_configuration: Option<String>,
     /// Policy of one pool: POOL=FILE.wasm[@sha256:HEX] or POOL=oci://REGISTRY/REPO@sha256:HEX;
     /// repeatable; wins over --policy-config.
     #[arg(long, value_name = "POOL=FILE")]
@@ -220,7 +216,7 @@ pub async fn controller(opts: &ClusterOpts, controller_opts: &ControllerOpts) ->
     let metrics = metrics();
     let ready = Arc::new(AtomicBool::new(false));
     serve(opts, &metrics, &ready, &shutdown).await?;
-    let node_policies = controller_opts.policy_configmap.clone();
+    let node_policies = controller_opts.policy_configuration.clone();
     controller::run(client, metrics, fleet, node_policies, ready, shutdown).await;
     Ok(ExitCode::SUCCESS)
 }
@@ -234,9 +230,9 @@ pub async fn agent(
 ) -> Result<ExitCode> {
     let shutdown = shutdown_on_signals();
     let (wasm, default) = super::load_policy_with(policy, super::child_compiler()?)?;
-    let policy_settings = match &agent_opts.policy_configmap {
-        Some(at) => agent::PolicySettings::ConfigMap {
-            at: at.clone(),
+    let policy_settings = match &agent_opts.policy_configuration {
+        Some(name) => agent::PolicySettings::Followed {
+            name: name.clone(),
             flags: agent_opts.pool_policy.clone(),
         },
         None => agent::PolicySettings::Fixed(policy_config::fixed(
