@@ -253,12 +253,19 @@ fn check_policy_configuration(docs: &[Value]) {
             .filter_map(|a| a.as_str()?.strip_prefix("--policy-configuration="))
             .next()
             .unwrap_or_else(|| {
-                panic!("{:?}: no --policy-configuration", workload["metadata"]["name"])
+                panic!(
+                    "{:?}: no --policy-configuration",
+                    workload["metadata"]["name"]
+                )
             })
             .to_string()
     };
     let name = flag(of_kind(docs, "DaemonSet")[0]);
-    assert_eq!(flag(of_kind(docs, "Deployment")[0]), name, "one configuration");
+    assert_eq!(
+        flag(of_kind(docs, "Deployment")[0]),
+        name,
+        "one configuration"
+    );
     assert_eq!(name, pinset_k8s::api::POLICY_CONFIGURATION);
     for role in of_kind(docs, "ClusterRole") {
         let rules: Vec<&Value> = role["rules"]
@@ -268,9 +275,18 @@ fn check_policy_configuration(docs: &[Value]) {
             .filter(|r| r["apiGroups"][0] == pinset_k8s::api::PINSET_GROUP)
             .collect();
         assert_eq!(rules.len(), 1, "{:?}", role["metadata"]["name"]);
-        assert_eq!(rules[0]["resources"], serde_yaml::from_str::<Value>("[policyconfigurations]").unwrap());
-        assert_eq!(rules[0]["resourceNames"], serde_yaml::from_str::<Value>(&format!("[{name}]")).unwrap());
-        assert_eq!(rules[0]["verbs"], serde_yaml::from_str::<Value>("[get, list, watch]").unwrap());
+        assert_eq!(
+            rules[0]["resources"],
+            serde_yaml::from_str::<Value>("[policyconfigurations]").unwrap()
+        );
+        assert_eq!(
+            rules[0]["resourceNames"],
+            serde_yaml::from_str::<Value>(&format!("[{name}]")).unwrap()
+        );
+        assert_eq!(
+            rules[0]["verbs"],
+            serde_yaml::from_str::<Value>("[get, list, watch]").unwrap()
+        );
     }
 }
 

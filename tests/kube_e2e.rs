@@ -1783,3 +1783,433 @@ async fn a_fleet_policy_paces_three_nodes_holds_on_a_failed_canary_and_survives_
     // The agents' metric: nothing waits any more.
     drop(agents);
 }
+
+/// Node policy modules pushed for a policy rollout (references without `oci://`): v1 the
+/// default, v2 the hostile module (it traps in `order` on nodes labelled so), v3 the
+/// unthrottled one — each signed — and the floor module, unsigned. (A module is trusted by its
+/// digest: v3's bytes pushed unsigned elsewhere would be the signed v3.)
+struct Releases {
+    v1: String,
+    v2: String,
+    v3: String,
+    unsigned: String,
+    public_key: String,
+}
+
+impl Releases {
+    fn push(cluster: &Cluster, dir: &Path) -> Releases {
+        let host = cluster.registry.host.clone();
+        let run = |args: &[&str]| {
+            let (code, out, err) = support::pinset(args);
+            assert_eq!(code, 0, "pinset {args:?}: {err}");
+            out.trim().to_string()
+        };
+        let prefix = dir.join("cosign");
+        run(&[
+            "policy",
+            "keygen",
+            "--output-key-prefix",
+            prefix.to_str().unwrap(),
+        ]);
+        let key = prefix.with_extension("key");
+        let push = |stem: &str, repo: &str, sign: bool| {
+            let file = support::policy_dir().join(format!("{stem}.wasm"));
+            let target = format!("{host}/policies/{repo}:e2e");
+            let pushed = run(&[
+                "policy",
+                "push",
+                file.to_str().unwrap(),
+                &target,
+                "--insecure-registry",
+                &host,
+            ]);
+            if sign {
+                run(&[
+                    "policy",
+                    "sign",
+                    &pushed,
+                    "--key",
+                    key.to_str().unwrap(),
+                    "--insecure-registry",
+                    &host,
+                ]);
+            }
+            pushed
+        };
+        Releases {
+            v1: push("pinset_policy_default", "worker", true),
+            v2: push("pinset_test_policy_hostile", "worker-v2", true),
+            v3: push("pinset_test_policy_unthrottled", "worker-v3", true),
+            unsigned: push("pinset_test_policy_floor", "worker-unsigned", false),
+            public_key: std::fs::read_to_string(prefix.with_extension("pub")).unwrap(),
+        }
+    }
+
+    /// The PolicyConfiguration naming `module` for pool worker, signatures required.
+    async fn configure(&self, client: &kube::Client, module: &str) -> Instant {
+        let api: Api<pinset_k8s::api::PolicyConfiguration> = Api::all(client.clone());
+        let object = json!({
+            "apiVersion": "pinset.io/v1alpha1",
+            "kind": "PolicyConfiguration",
+            "metadata": {"name": "cluster"},
+            "spec": {
+                "verify": {"keys": [self.public_key]},
+                "pools": {"worker": {"module": format!("oci://{module}")}}
+            }
+        });
+        api.patch(
+            "cluster",
+            &PatchParams::apply("e2e").force(),
+            &Patch::Apply(&object),
+        )
+        .await
+        .unwrap();
+        Instant::now()
+    }
+}
+
+/// The module each fleet node says it runs, and the one it last refused.
+async fn node_policies(nodes: &Api<MachineConfigNode>) -> Vec<(Option<String>, Option<String>)> {
+    let mut out = Vec::new();
+    for name in FLEET_NODES {
+        let st = nodes
+            .get(name)
+            .await
+            .ok()
+            .and_then(|n| n.status)
+            .unwrap_or_default();
+        out.push((
+            st.policy.map(|p| p.module),
+            st.policy_rejected
+                .map(|r| format!("{}: {}", r.module, r.cause)),
+        ));
+    }
+    out
+}
+
+/// Which fleet nodes hold a grant for the policy entry of `module`.
+async fn policy_granted(nodes: &Api<MachineConfigNode>, module: &str) -> Vec<bool> {
+    let entry = pinset_core::rollout::policy_set(&format!("oci://{module}"));
+    let mut out = Vec::new();
+    for name in FLEET_NODES {
+        let grant = nodes
+            .get(name)
+            .await
+            .ok()
+            .and_then(|n| n.spec.rollout_grant);
+        out.push(grant.is_some_and(|g| g.sets.iter().any(|s| s.name == entry)));
+    }
+    out
+}
+
+/// Poll until every fleet node runs `module`, checking at each step that no node was granted
+/// it before the first granted one (the canary) ran it. Returns the canary's index, and the
+/// times from `since` to the canary and to the whole pool running it.
+async fn follow_policy_rollout(
+    nodes: &Api<MachineConfigNode>,
+    module: &str,
+    since: Instant,
+    logs: &dyn Fn() -> String,
+) -> (usize, Duration, Duration) {
+    let want = Some(format!("oci://{module}"));
+    let deadline = Instant::now() + Duration::from_secs(90);
+    let mut canary: Option<(usize, Option<Duration>)> = None;
+    loop {
+        let granted = policy_granted(nodes, module).await;
+        let running: Vec<bool> = node_policies(nodes)
+            .await
+            .into_iter()
+            .map(|p| p.0 == want)
+            .collect();
+        for i in 0..FLEET_NODES.len() {
+            assert!(
+                granted[i] || !running[i],
+                "{} swapped without a grant\n{}",
+                FLEET_NODES[i],
+                logs()
+            );
+        }
+        if canary.is_none()
+            && let Some(first) = granted.iter().position(|g| *g)
+        {
+            assert_eq!(
+                granted.iter().filter(|g| **g).count(),
+                1,
+                "one canary: {granted:?}\n{}",
+                logs()
+            );
+            canary = Some((first, None));
+        }
+        if let Some((c, at)) = &mut canary {
+            if at.is_none() && running[*c] {
+                *at = Some(since.elapsed());
+            }
+            let others = (0..FLEET_NODES.len())
+                .filter(|&i| i != *c && granted[i])
+                .count();
+            assert!(
+                others == 0 || at.is_some(),
+                "a wave before the canary ran {module}: {granted:?}\n{}",
+                logs()
+            );
+            if running.iter().all(|r| *r) {
+                return (*c, at.expect("the canary runs it"), since.elapsed());
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{module} not rolled out: {granted:?} {running:?}\n{}",
+            logs()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// A pool's node policy changes while pinset runs: a module that traps is refused by the canary
+/// in its smoke test and holds the pool; a good one rolls out canary-first without restarting
+/// an agent; an unsigned one never decides anywhere; a restarted agent runs its last module from
+/// its cache with the registry gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pool_policy_change_rolls_out_canary_first_and_a_bad_one_is_held() {
+    let Some(mut cluster) = Cluster::start().await else {
+        return;
+    };
+    let mut runtimes = Vec::new();
+    for _ in FLEET_NODES {
+        let Some(r) = support::Containerd::start(&cluster.registry.host) else {
+            return;
+        };
+        runtimes.push(r);
+    }
+    let client = cluster.client.clone();
+    let kubeconfig = cluster.server.kubeconfig.display().to_string();
+    let pools: Api<MachineConfigPool> = Api::all(client.clone());
+    let sets: Api<PinnedImageSet> = Api::all(client.clone());
+    let nodes: Api<MachineConfigNode> = Api::all(client.clone());
+    let releases = Releases::push(&cluster, cluster.dir.path());
+    releases.configure(&client, &releases.v1).await;
+    let images = support::push_images(&cluster.registry, "policy-rollout", 2, 50_000, 900).await;
+    pools
+        .create(&PostParams::default(), &fleet_pool())
+        .await
+        .unwrap();
+    sets.create(&PostParams::default(), &set("apps", "worker", &images))
+        .await
+        .unwrap();
+    let controller = Proc::start(
+        &[
+            "controller".into(),
+            format!("--kubeconfig={kubeconfig}"),
+            format!("--metrics-addr=127.0.0.1:{}", support::free_port()),
+            "--policy-configuration=cluster".into(),
+        ],
+        cluster.dir.path().join("policy-controller.log"),
+    );
+    let (registry_host, dir) = (
+        cluster.registry.host.clone(),
+        cluster.dir.path().to_path_buf(),
+    );
+    let agent_args = |name: &str| {
+        vec![
+            "--policy-configuration=cluster".to_string(),
+            format!("--policy-insecure-registry={registry_host}"),
+            format!(
+                "--policy-cache={}",
+                dir.join(format!("{name}-cache")).display()
+            ),
+        ]
+    };
+    let labels = {
+        let mut l = roles(&["worker"]);
+        l.push(("pinset.test/hostile".into(), "trap-order".into()));
+        l
+    };
+    let ports: Vec<u16> = FLEET_NODES.iter().map(|_| support::free_port()).collect();
+    let agents: Vec<Proc> = FLEET_NODES
+        .iter()
+        .zip(&runtimes)
+        .zip(&ports)
+        .map(|((name, runtime), port)| {
+            cluster.agent(
+                name,
+                &labels,
+                runtime,
+                *port,
+                &format!("policy-{name}.log"),
+                &agent_args(name),
+            )
+        })
+        .collect();
+    let agents = std::cell::RefCell::new(agents);
+    let logs = || {
+        let mut out = format!("--- controller ---\n{}\n", controller.log());
+        for (name, a) in FLEET_NODES.iter().zip(agents.borrow().iter()) {
+            out.push_str(&format!("--- {name} ---\n{}\n", a.log()));
+        }
+        out
+    };
+    let pids: Vec<u32> = agents.borrow().iter().map(|a| a.child.id()).collect();
+
+    // 1. v1 on every node, the set pinned; the pool counts three nodes on v1's digest.
+    let v1 = format!("oci://{}", releases.v1);
+    eventually("every node runs v1 and pins the set", &logs, || async {
+        let p = node_policies(&nodes).await;
+        let l = look(&nodes, &[], "apps", 1, &images).await;
+        (p.iter().all(|(m, _)| m.as_deref() == Some(v1.as_str())) && l.done.iter().all(|d| *d))
+            .then_some(())
+            .ok_or(format!("{p:?} {l:?}"))
+    })
+    .await;
+    let default_digest =
+        support::sha256(&std::fs::read(support::policy_path("pinset_policy_default")).unwrap());
+    eventually(
+        "the pool counts its nodes per policy digest",
+        &logs,
+        || async {
+            let st = pools
+                .get("worker")
+                .await
+                .map_err(|e| e.to_string())?
+                .status
+                .unwrap_or_default();
+            match st.policies.as_slice() {
+                [p] if p.nodes == 3 && p.digest == default_digest && p.module == v1 => Ok(()),
+                other => Err(format!("{other:?}")),
+            }
+        },
+    )
+    .await;
+
+    // 2. v2 traps in `order` on these nodes: the canary refuses it in its smoke test, the pool
+    //    holds Degraded naming the node, the module and the cause; the others never take it.
+    releases.configure(&client, &releases.v2).await;
+    let v2_digest = releases.v2.rsplit_once('@').unwrap().1.to_string();
+    let held = eventually(
+        "the canary refuses v2 and the pool holds",
+        &logs,
+        || async {
+            let (_, degraded, _) =
+                rollout_of(&pools.get("worker").await.map_err(|e| e.to_string())?);
+            (degraded.contains("canary node") && degraded.contains(&v2_digest))
+                .then_some(degraded.clone())
+                .ok_or(degraded)
+        },
+    )
+    .await;
+    for said in ["smoke test", "order", "trap"] {
+        assert!(held.contains(said), "{said:?} in {held}");
+    }
+    let policies = node_policies(&nodes).await;
+    let refused: Vec<usize> = (0..3).filter(|&i| policies[i].1.is_some()).collect();
+    assert_eq!(refused.len(), 1, "{policies:?}");
+    assert!(held.contains(FLEET_NODES[refused[0]]), "{held}");
+    for _ in 0..20 {
+        let granted = policy_granted(&nodes, &releases.v2).await;
+        let p = node_policies(&nodes).await;
+        for i in (0..3).filter(|i| *i != refused[0]) {
+            assert!(
+                !granted[i],
+                "{} granted v2 after the canary refused it",
+                FLEET_NODES[i]
+            );
+        }
+        assert!(
+            p.iter().all(|(m, _)| m.as_deref() == Some(v1.as_str())),
+            "v1 everywhere: {p:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    // 3. v3 is good: the canary first, then waves; every node runs it; no agent restarted.
+    let since = releases.configure(&client, &releases.v3).await;
+    let (canary, to_canary, to_pool) =
+        follow_policy_rollout(&nodes, &releases.v3, since, &logs).await;
+    eprintln!(
+        "policy rollout v3: canary {} after {to_canary:?}, whole pool (3 nodes) after {to_pool:?}",
+        FLEET_NODES[canary]
+    );
+    for (agent, pid) in agents.borrow_mut().iter_mut().zip(&pids) {
+        assert_eq!(agent.child.id(), *pid);
+        assert!(
+            agent.child.try_wait().unwrap().is_none(),
+            "an agent exited\n{}",
+            logs()
+        );
+    }
+    let m = metrics(ports[canary]).await;
+    assert!(
+        metric(&m, "pinset_policy_swaps_total{result=\"swapped\"}") >= 2,
+        "{m}"
+    );
+    assert!(
+        metric(&m, "pinset_policy_swaps_total{result=\"rejected\"}") >= 1,
+        "{m}"
+    );
+    let v3_digest = support::sha256(
+        &std::fs::read(support::policy_path("pinset_test_policy_unthrottled")).unwrap(),
+    );
+    assert!(m.contains(&format!("digest=\"{v3_digest}\"")), "{m}");
+    eventually(
+        "the pool reports the rollout and its Degraded lifts",
+        &logs,
+        || async {
+            let p = pools.get("worker").await.map_err(|e| e.to_string())?;
+            let (_, degraded, _) = rollout_of(&p);
+            let counts = p.status.unwrap_or_default().policies;
+            (degraded.is_empty() && counts.len() == 1 && counts[0].digest == v3_digest)
+                .then_some(())
+                .ok_or(format!("{degraded} {counts:?}"))
+        },
+    )
+    .await;
+
+    // 4. An unsigned module never decides anywhere: the canary refuses it, naming the cause.
+    releases.configure(&client, &releases.unsigned).await;
+    let why = eventually("the canary refuses the unsigned module", &logs, || async {
+        let p = node_policies(&nodes).await;
+        p.iter()
+            .find_map(|(_, r)| r.clone().filter(|r| r.contains("worker-unsigned")))
+            .ok_or(format!("{p:?}"))
+    })
+    .await;
+    assert!(why.contains("no cosign signature"), "{why}");
+    let p = node_policies(&nodes).await;
+    assert!(
+        p.iter()
+            .all(|(m, _)| m.as_deref() == Some(format!("oci://{}", releases.v3).as_str())),
+        "{p:?}"
+    );
+    releases.configure(&client, &releases.v3).await;
+
+    // 5. The registry goes away and an agent restarts: it decides with v3 from its cache.
+    cluster.registry.stop();
+    let restarted = (canary + 1) % 3;
+    agents.borrow_mut()[restarted].terminate();
+    let name = FLEET_NODES[restarted];
+    let again = cluster.agent(
+        name,
+        &labels,
+        &runtimes[restarted],
+        ports[restarted],
+        &format!("policy-{name}-restarted.log"),
+        &agent_args(name),
+    );
+    agents.borrow_mut()[restarted] = again;
+    eventually(
+        "the restarted agent runs v3 from its cache",
+        &logs,
+        || async {
+            let m = try_get(ports[restarted], "/metrics").await?;
+            m.contains(&format!("digest=\"{v3_digest}\""))
+                .then_some(())
+                .ok_or(m)
+        },
+    )
+    .await;
+    let log = agents.borrow()[restarted].log();
+    assert!(
+        log.contains("deciding with the module the node ran before the restart"),
+        "{log}"
+    );
+    assert!(!log.contains("refused"), "{log}");
+}

@@ -591,13 +591,16 @@ fn the_smoke_test_refuses_every_misbehaviour_naming_the_hook() {
         ("bad-subset", Hook::Admit),
     ] {
         let started = Instant::now();
-        let fallback = pinset_policy::smoke_test(hostile(), &with_mode(mode), &pressure)
-            .expect_err(mode);
+        let fallback =
+            pinset_policy::smoke_test(hostile(), &with_mode(mode), &pressure).expect_err(mode);
         assert_eq!(fallback.hook, hook, "{mode}: {fallback}");
         assert!(
             fallback.message.contains("hostile") && fallback.message.contains(hook.as_str()),
             "{mode}: {fallback}"
         );
-        assert!(started.elapsed() < Duration::from_secs(10), "{mode} stalled");
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "{mode} stalled"
+        );
     }
 }

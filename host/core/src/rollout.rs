@@ -641,11 +641,18 @@ mod tests {
                 ..Default::default()
             }
         };
-        assert_eq!(phase(&at_v2(None), &target), Phase::Pulling, "granted, not swapped");
+        assert_eq!(
+            phase(&at_v2(None), &target),
+            Phase::Pulling,
+            "granted, not swapped"
+        );
         let refused = at_v2(Some((&v3, "order: trap")));
         assert_eq!(phase(&refused, &target), Phase::Failed);
         let error = &refused.sets[&policy_set(&v3)].last_failed_generation_error;
-        assert!(error.as_deref().unwrap().contains("sha256:333"), "{error:?}");
+        assert!(
+            error.as_deref().unwrap().contains("sha256:333"),
+            "{error:?}"
+        );
         let mut swapped = at_v2(None);
         add_policy_states(&mut swapped.sets, Some(&v3), None);
         assert_eq!(phase(&swapped, &target), Phase::Done);

@@ -156,10 +156,12 @@ impl ConfigSource {
             .map(|o| o.spec.clone())
             .unwrap_or_default();
         for (pool, m) in &config.pools {
-            config.keys(pool, m).map_err(|e| PolicyConfigError::Config {
-                origin: format!("PolicyConfiguration {name}"),
-                why: e.to_string(),
-            })?;
+            config
+                .keys(pool, m)
+                .map_err(|e| PolicyConfigError::Config {
+                    origin: format!("PolicyConfiguration {name}"),
+                    why: e.to_string(),
+                })?;
         }
         for flag in flags {
             config.add_flag(flag)?;

@@ -28,12 +28,12 @@ pub use error::{LoadError, PolicyError};
 pub use fleet::{Decided, FleetInstance, GuardedFleet, NativeFleet};
 pub use guard::Guarded;
 pub use native::NativePolicy;
-pub use smoke::smoke_test;
 pub use pinset_core::decisions::{Decisions, Fallback, Observer};
 pub use pinset_policy_sdk::{
     Admission, AdmissionRequest, DiskFacts, Image, Images, Level, NodeFacts, PolicyInfo, Pressure,
     PullOutcome, Verdict,
 };
+pub use smoke::smoke_test;
 pub use wasm::{
     COMPILE_INVALID_MODULE, COMPILE_SUBCOMMAND, CONTRACT, CONTRACTS, CompiledModule, Compiler,
     Contract, FLEET_CONTRACT, Fleet, FleetModule, Limits, MAX_LOG_BYTES, MAX_LOG_LINE_BYTES,

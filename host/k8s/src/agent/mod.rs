@@ -302,9 +302,9 @@ impl<S: Sizer + 'static, B: PinBackend> Agent<S, B> {
 
     /// The primary pool its MachineConfigNode names (as last written by this agent).
     fn pool_of_own(&self, caches: &Caches) -> Option<String> {
-        let own = caches
-            .own
-            .get(&kube::runtime::reflector::ObjectRef::new(&self.config.node_name))?;
+        let own = caches.own.get(&kube::runtime::reflector::ObjectRef::new(
+            &self.config.node_name,
+        ))?;
         Some(own.spec.pool.name.clone()).filter(|p| !p.is_empty())
     }
 
@@ -372,7 +372,9 @@ impl<S: Sizer + 'static, B: PinBackend> Agent<S, B> {
         let started = Instant::now();
         let result = self.reconcile(rounds, node, desired, shutdown).await;
         if matches!(&result, Ok(r) if !r.cancelled)
-            && let Some(r) = rounds.policy.after_reconcile(&rounds.status.policy_fallbacks)
+            && let Some(r) = rounds
+                .policy
+                .after_reconcile(&rounds.status.policy_fallbacks)
         {
             self.metrics.count_policy_swap(r.as_str());
         }

@@ -45,8 +45,12 @@ impl Loader {
         }
         let fetched =
             fetch_blocking(&self.fetcher, &source, keys).map_err(|e| fetch_error(e.to_string()))?;
-        self.runtime
-            .load(&fetched.name, &fetched.bytes, m.sha256.as_deref(), self.limits)
+        self.runtime.load(
+            &fetched.name,
+            &fetched.bytes,
+            m.sha256.as_deref(),
+            self.limits,
+        )
     }
 
     /// The embedded default, as a node status reports it.
@@ -262,9 +266,7 @@ pub fn candidate(
         .keys
         .iter()
         .enumerate()
-        .map(|(n, pem)| {
-            VerifyingKey::from_pem(pem).map_err(|e| format!("key {}: {e}", n + 1))
-        })
+        .map(|(n, pem)| VerifyingKey::from_pem(pem).map_err(|e| format!("key {}: {e}", n + 1)))
         .collect::<Result<Vec<_>, _>>()?;
     let module = loader.load(m, &keys).map_err(|e| e.to_string())?;
     pinset_policy::smoke_test(&module, request, pressure)
@@ -299,7 +301,12 @@ mod tests {
     fn loader() -> Loader {
         let runtime = WasmRuntime::new().unwrap();
         let default = runtime
-            .load("d", pinset_policy::EMBEDDED_DEFAULT, None, Limits::default())
+            .load(
+                "d",
+                pinset_policy::EMBEDDED_DEFAULT,
+                None,
+                Limits::default(),
+            )
             .unwrap();
         Loader {
             runtime,
@@ -335,7 +342,10 @@ mod tests {
         grant.sets.insert(policy_set(&oci), 1);
         assert!(Wanted::of(&c, &infra, Some(&grant)).granted);
         let worker = Wanted::of(&c, &["worker".to_string()], Some(&RolloutGrant::default()));
-        assert!(worker.granted && worker.module.is_none(), "the default needs no grant");
+        assert!(
+            worker.granted && worker.module.is_none(),
+            "the default needs no grant"
+        );
     }
 
     #[test]
@@ -349,17 +359,29 @@ mod tests {
             .err()
             .unwrap();
         node.reject(wanted.reference().unwrap(), why);
-        assert!(!node.pending(&wanted), "not woken again for the same module");
-        assert!(node.should_try(&wanted), "but tried again at the next round");
+        assert!(
+            !node.pending(&wanted),
+            "not woken again for the same module"
+        );
+        assert!(
+            node.should_try(&wanted),
+            "but tried again at the next round"
+        );
         let mut status = NodeStatus::default();
         node.report(Some("infra"), &mut status);
-        assert_eq!(status.policy.unwrap().module, pinset_policy::EMBEDDED_DEFAULT_NAME);
+        assert_eq!(
+            status.policy.unwrap().module,
+            pinset_policy::EMBEDDED_DEFAULT_NAME
+        );
         let refused = status.policy_refused.unwrap();
         assert!(
             refused.contains("pool infra") && refused.contains("/nonexistent/p.wasm"),
             "{refused}"
         );
-        assert_eq!(status.policy_rejected.unwrap().module, "/nonexistent/p.wasm");
+        assert_eq!(
+            status.policy_rejected.unwrap().module,
+            "/nonexistent/p.wasm"
+        );
     }
 
     #[test]
@@ -377,7 +399,10 @@ mod tests {
         let why = candidate(&loader, &wanted, &request(), &Pressure::default())
             .err()
             .unwrap();
-        assert!(why.contains("signature is required") && why.contains("/p/a.wasm"), "{why}");
+        assert!(
+            why.contains("signature is required") && why.contains("/p/a.wasm"),
+            "{why}"
+        );
     }
 
     #[test]
@@ -386,13 +411,19 @@ mod tests {
         let mut node = NodePolicy::new(loader.default_loaded());
         let v2 = Loaded::new(loader.default.clone(), Some("/p/v2.wasm".into()), "t");
         assert_eq!(node.accept(v2.clone()), SwapResult::Swapped);
-        assert_eq!(node.after_reconcile(&["order: trap".into()]), Some(SwapResult::Reverted));
+        assert_eq!(
+            node.after_reconcile(&["order: trap".into()]),
+            Some(SwapResult::Reverted)
+        );
         assert_eq!(node.running().reference, None, "the default is back");
         let mut status = NodeStatus::default();
         node.report(Some("infra"), &mut status);
         let rejected = status.policy_rejected.unwrap();
         assert_eq!(rejected.module, "/p/v2.wasm");
-        assert!(rejected.cause.contains("first reconcile: order: trap"), "{rejected:?}");
+        assert!(
+            rejected.cause.contains("first reconcile: order: trap"),
+            "{rejected:?}"
+        );
         // Past its probation, a fallback is the module's to answer for, not a swap's.
         node.accept(v2);
         assert_eq!(node.after_reconcile(&[]), None);

@@ -116,7 +116,10 @@ fn policy_events(status: &NodeStatus, seen: &Seen) -> Vec<kube::runtime::events:
             type_: EventType::Normal,
             reason: "PolicySwapped".into(),
             note: Some(cap(
-                &format!("deciding with {} ({} {}, {})", p.module, p.name, p.version, p.digest),
+                &format!(
+                    "deciding with {} ({} {}, {})",
+                    p.module, p.name, p.version, p.digest
+                ),
                 1024,
             )),
             action: "Swap".into(),

@@ -46,14 +46,21 @@ impl<S: Sizer + 'static, B: PinBackend> Agent<S, B> {
     /// Before a reconcile: when the configuration and the grant ask for another module, check
     /// it (fetch, signature, compile, smoke test on the node's facts) and swap to it, or keep
     /// the running one and say why.
-    pub(super) async fn swap_policy(&self, rounds: &mut Rounds, node: &NodeInfo, desired: &Desired) {
+    pub(super) async fn swap_policy(
+        &self,
+        rounds: &mut Rounds,
+        node: &NodeInfo,
+        desired: &Desired,
+    ) {
         let config = self.policy_config(rounds);
         let wanted = self.wanted(rounds, &config, &desired.pools);
         if !rounds.policy.should_try(&wanted) {
             return;
         }
         let reference = wanted.reference();
-        let module = reference.clone().unwrap_or_else(|| pinset_policy::EMBEDDED_DEFAULT_NAME.into());
+        let module = reference
+            .clone()
+            .unwrap_or_else(|| pinset_policy::EMBEDDED_DEFAULT_NAME.into());
         let request = match self.smoke_facts(desired, node).await {
             Ok(request) => request,
             Err(e) => {
@@ -83,10 +90,8 @@ impl<S: Sizer + 'static, B: PinBackend> Agent<S, B> {
         node: &NodeInfo,
     ) -> Result<AdmissionRequest, pinset_node::cri::client::CriError> {
         use pinset_node::facts;
-        let (listed, disk) = tokio::join!(
-            self.reconciler.cri().list_images(),
-            self.reconciler.disk()
-        );
+        let (listed, disk) =
+            tokio::join!(self.reconciler.cri().list_images(), self.reconciler.disk());
         let present = facts::Snapshot::of(&listed?).presence(desired);
         Ok(facts::request(
             desired,

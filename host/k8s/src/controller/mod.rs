@@ -235,8 +235,15 @@ pub async fn run(
     let (synced_tx, synced) = tokio::sync::watch::channel(false);
     let node_policies = match node_policies {
         Some(name) => Some(
-            follow_node_policies(&client, name, &pools_reader, &pool_triggers, &metrics, &shutdown)
-                .await,
+            follow_node_policies(
+                &client,
+                name,
+                &pools_reader,
+                &pool_triggers,
+                &metrics,
+                &shutdown,
+            )
+            .await,
         ),
         None => None,
     };

@@ -240,7 +240,10 @@ fn submit_status(ctx: &Arc<Context>, mcp: &MachineConfigPool, report: Report<'_>
 }
 
 /// The pool's nodes per node policy module, as its status lists them.
-fn policy_counts(pool: &str, reports: &[pinset_core::pool::NodeReport]) -> Vec<crate::api::PoolPolicy> {
+fn policy_counts(
+    pool: &str,
+    reports: &[pinset_core::pool::NodeReport],
+) -> Vec<crate::api::PoolPolicy> {
     pool::policy_counts(pool, reports)
         .into_iter()
         .take(64)
