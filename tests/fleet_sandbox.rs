@@ -305,3 +305,18 @@ fn a_fleet_module_built_for_0_2_0_keeps_loading_and_a_0_2_1_module_can_hold() {
     assert!(hold.contains("canary node w-0 failed"), "{hold}");
     assert!(d.grant.nodes.is_empty());
 }
+
+/// The check a fleet module passes before a running controller swaps to it: a grant on the
+/// pool's request without a fallback. What traps, loops or answers nonsense fails it, naming
+/// the module and the hook; the hostile module without its annotation passes.
+#[test]
+fn the_fleet_smoke_test_refuses_what_would_fall_back() {
+    let hostile = fleet("pinset_test_policy_hostile");
+    pinset_policy::fleet_smoke_test(&hostile, &pool(3, "none", None)).unwrap();
+    for mode in ["trap", "loop", "alloc", "all"] {
+        let request = pool(3, mode, Some(1));
+        let fallback = pinset_policy::fleet_smoke_test(&hostile, &request).expect_err(mode);
+        assert_eq!(fallback.hook, pinset_policy::Hook::Grant, "{mode}");
+        assert!(fallback.message.contains("hostile"), "{mode}: {fallback}");
+    }
+}

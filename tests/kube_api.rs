@@ -249,7 +249,7 @@ async fn run_controller_with<F, Fut>(
     let task = tokio::spawn(pinset_k8s::controller::run(
         client,
         metrics.clone(),
-        default_fleet(),
+        pinset_k8s::controller::FleetPolicies::new(default_fleet(), None),
         None,
         ready.clone(),
         stop.clone(),
@@ -602,7 +602,7 @@ async fn the_controller_rides_out_an_api_server_restart_without_rewriting() {
     let task = tokio::spawn(pinset_k8s::controller::run(
         client.clone(),
         metrics.clone(),
-        default_fleet(),
+        pinset_k8s::controller::FleetPolicies::new(default_fleet(), None),
         None,
         ready,
         stop.clone(),
@@ -911,7 +911,7 @@ fn spawn_controller_as(
     let controller = tokio::spawn(pinset_k8s::controller::run(
         client.clone(),
         metrics,
-        fleet,
+        pinset_k8s::controller::FleetPolicies::new(fleet, None),
         None,
         std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false)),
         stop.clone(),

@@ -704,12 +704,12 @@ async fn controller_and_agents_pin_sets_and_report_through_a_real_api_server() {
         "{pool_message}"
     );
     // Events, as `kubectl get events` shows them: sets pinned and failed on the node's
-    // MachineConfigNode, the infra agent's policy fallbacks, the pool turning Degraded.
+    // MachineConfigNode, cp-0's refusal of its unsigned module, the pool turning Degraded.
     let events: Api<k8s_openapi::api::events::v1::Event> = Api::all(client.clone());
     let want = [
         ("MachineConfigNode", "cp-0", "SetPinned"),
         ("MachineConfigNode", "cp-0", "SetFailed"),
-        ("MachineConfigNode", "infra-0", "PolicyFallback"),
+        ("MachineConfigNode", "cp-0", "PolicyRejected"),
         ("MachineConfigPool", "master", "PoolDegraded"),
     ];
     let seen = eventually("events recorded", &logs, || async {
@@ -1845,10 +1845,11 @@ impl Releases {
         }
     }
 
-    /// The PolicyConfiguration naming `module` for pool worker, signatures required.
-    async fn configure(&self, client: &kube::Client, module: &str) -> Instant {
+    /// The PolicyConfiguration naming `module` for pool worker, and `fleet` as every pool's
+    /// fleet policy when given; signatures required.
+    async fn configure(&self, client: &kube::Client, module: &str, fleet: Option<&str>) -> Instant {
         let api: Api<pinset_k8s::api::PolicyConfiguration> = Api::all(client.clone());
-        let object = json!({
+        let mut object = json!({
             "apiVersion": "pinset.io/v1alpha1",
             "kind": "PolicyConfiguration",
             "metadata": {"name": "cluster"},
@@ -1857,6 +1858,9 @@ impl Releases {
                 "pools": {"worker": {"module": format!("oci://{module}")}}
             }
         });
+        if let Some(fleet) = fleet {
+            object["spec"]["fleet"] = json!({"module": {"module": format!("oci://{fleet}")}});
+        }
         api.patch(
             "cluster",
             &PatchParams::apply("e2e").force(),
@@ -1987,7 +1991,7 @@ async fn a_pool_policy_change_rolls_out_canary_first_and_a_bad_one_is_held() {
     let sets: Api<PinnedImageSet> = Api::all(client.clone());
     let nodes: Api<MachineConfigNode> = Api::all(client.clone());
     let releases = Releases::push(&cluster, cluster.dir.path());
-    releases.configure(&client, &releases.v1).await;
+    releases.configure(&client, &releases.v1, None).await;
     let images = support::push_images(&cluster.registry, "policy-rollout", 2, 50_000, 900).await;
     pools
         .create(&PostParams::default(), &fleet_pool())
@@ -1996,12 +2000,14 @@ async fn a_pool_policy_change_rolls_out_canary_first_and_a_bad_one_is_held() {
     sets.create(&PostParams::default(), &set("apps", "worker", &images))
         .await
         .unwrap();
+    let controller_port = support::free_port();
     let controller = Proc::start(
         &[
             "controller".into(),
             format!("--kubeconfig={kubeconfig}"),
-            format!("--metrics-addr=127.0.0.1:{}", support::free_port()),
+            format!("--metrics-addr=127.0.0.1:{controller_port}"),
             "--policy-configuration=cluster".into(),
+            format!("--policy-insecure-registry={}", cluster.registry.host),
         ],
         cluster.dir.path().join("policy-controller.log"),
     );
@@ -2082,7 +2088,7 @@ async fn a_pool_policy_change_rolls_out_canary_first_and_a_bad_one_is_held() {
 
     // 2. v2 traps in `order` on these nodes: the canary refuses it in its smoke test, the pool
     //    holds Degraded naming the node, the module and the cause; the others never take it.
-    releases.configure(&client, &releases.v2).await;
+    releases.configure(&client, &releases.v2, None).await;
     let v2_digest = releases.v2.rsplit_once('@').unwrap().1.to_string();
     let held = eventually(
         "the canary refuses v2 and the pool holds",
@@ -2120,8 +2126,30 @@ async fn a_pool_policy_change_rolls_out_canary_first_and_a_bad_one_is_held() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 
+    // The fleet policy changes on the running controller mid-rollout (the canary granted, the
+    // others held): the hostile module's fleet side, which answers as the default without its
+    // annotation, decides from now on; no grant is written again.
+    let grants = |m: &str| metric(m, "pinset_api_writes_total{kind=\"node_grant\"}");
+    let written = grants(&metrics(controller_port).await);
+    let fleet = Some(releases.v2.as_str());
+    releases.configure(&client, &releases.v2, fleet).await;
+    eventually("the controller swaps its fleet policy", &logs, || async {
+        let (rollout, degraded, _) =
+            rollout_of(&pools.get("worker").await.map_err(|e| e.to_string())?);
+        let policy = rollout.map(|r| r.policy).unwrap_or_default();
+        (policy.contains("worker-v2") && degraded.contains("canary node"))
+            .then_some(())
+            .ok_or(format!("{policy} / {degraded}"))
+    })
+    .await;
+    assert_eq!(
+        grants(&metrics(controller_port).await),
+        written,
+        "no grant written again"
+    );
+
     // 3. v3 is good: the canary first, then waves; every node runs it; no agent restarted.
-    let since = releases.configure(&client, &releases.v3).await;
+    let since = releases.configure(&client, &releases.v3, fleet).await;
     let (canary, to_canary, to_pool) =
         follow_policy_rollout(&nodes, &releases.v3, since, &logs).await;
     eprintln!(
@@ -2164,7 +2192,7 @@ async fn a_pool_policy_change_rolls_out_canary_first_and_a_bad_one_is_held() {
     .await;
 
     // 4. An unsigned module never decides anywhere: the canary refuses it, naming the cause.
-    releases.configure(&client, &releases.unsigned).await;
+    releases.configure(&client, &releases.unsigned, fleet).await;
     let why = eventually("the canary refuses the unsigned module", &logs, || async {
         let p = node_policies(&nodes).await;
         p.iter()
@@ -2179,7 +2207,7 @@ async fn a_pool_policy_change_rolls_out_canary_first_and_a_bad_one_is_held() {
             .all(|(m, _)| m.as_deref() == Some(format!("oci://{}", releases.v3).as_str())),
         "{p:?}"
     );
-    releases.configure(&client, &releases.v3).await;
+    releases.configure(&client, &releases.v3, fleet).await;
 
     // 5. The registry goes away and an agent restarts: it decides with v3 from its cache.
     cluster.registry.stop();

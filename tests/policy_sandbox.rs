@@ -583,8 +583,8 @@ fn the_smoke_test_refuses_every_misbehaviour_naming_the_hook() {
     assert_eq!(info.name, "hostile");
     for (mode, hook) in [
         ("trap-order", Hook::Order),
-        ("trap", Hook::Info),
-        ("loop", Hook::Info),
+        ("trap", Hook::Admit),
+        ("loop", Hook::Admit),
         ("non-permutation", Hook::Order),
         ("concurrency-zero", Hook::Concurrency),
         ("throttle-year", Hook::Throttle),

@@ -512,6 +512,20 @@ pub struct PolicyConfig {
     #[serde(default)]
     #[schemars(length(max = 256))]
     pub pools: std::collections::BTreeMap<String, ModuleRef>,
+    /// The controller's fleet policy (`pinset:fleet/rollout`), over its `--fleet-policy` flags.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fleet: Option<FleetConfig>,
+}
+
+/// The fleet policy module of every pool, and of single pools (which win).
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct FleetConfig {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub module: Option<ModuleRef>,
+    #[serde(default)]
+    #[schemars(length(max = 256))]
+    pub pools: std::collections::BTreeMap<String, ModuleRef>,
 }
 
 /// The public keys (PEM, as `cosign.pub` holds them) a module's signature must verify with.

@@ -44,7 +44,7 @@ pub enum PolicyConfigError {
     Key { what: String, why: String },
 }
 
-pub use crate::api::{ModuleRef, PolicyConfig, Verify};
+pub use crate::api::{FleetConfig, ModuleRef, PolicyConfig, Verify};
 
 impl ModuleRef {
     /// The module as statuses name it: the artifact (its digest is its name), or the file with
@@ -94,11 +94,26 @@ impl PolicyConfig {
                 origin: origin.into(),
                 error,
             })?;
-        // A key that does not parse is an error of the whole configuration, found now.
-        for (pool, m) in &config.pools {
-            config.keys(pool, m)?;
-        }
+        config.check_keys()?;
         Ok(config)
+    }
+
+    /// Every key parses (a key that does not is an error of the whole configuration).
+    pub fn check_keys(&self) -> Result<(), PolicyConfigError> {
+        let fleet = self
+            .fleet
+            .iter()
+            .flat_map(|f| f.module.iter().chain(f.pools.values()));
+        for (pool, m) in self.pools.iter().chain(fleet.map(|m| (&m.module, m))) {
+            self.keys(pool, m)?;
+        }
+        Ok(())
+    }
+
+    /// The fleet module the configuration names for `pool` (its own, else every pool's).
+    pub fn fleet_for(&self, pool: &str) -> Option<&ModuleRef> {
+        let fleet = self.fleet.as_ref()?;
+        fleet.pools.get(pool).or(fleet.module.as_ref())
     }
 
     /// Add `POOL=FILE[@sha256:HEX]` or `POOL=oci://…` (flags win over the file).
@@ -206,6 +221,35 @@ impl ConfigSource {
         }
         ConfigSource::Watched { name, store, flags }
     }
+}
+
+/// One module named by the configuration: fetched (a file, or an artifact through the registry
+/// and the node's cache, its signature checked against `keys`), then compiled and bound for
+/// contract `C`. Blocking: callers run it off the async runtime.
+pub fn load_module<C: pinset_policy::Contract>(
+    runtime: &pinset_policy::WasmRuntime,
+    limits: pinset_policy::Limits,
+    fetcher: &pinset_node::policy_source::Fetcher,
+    m: &ModuleRef,
+    keys: &[VerifyingKey],
+) -> Result<pinset_policy::Module<C>, pinset_policy::LoadError> {
+    use pinset_node::policy_source::{Source, fetch_blocking};
+    let fetch_error = |cause: String| pinset_policy::LoadError::Fetch {
+        module: m.module.clone(),
+        cause,
+    };
+    let source = Source::parse(&m.module).map_err(|e| fetch_error(e.to_string()))?;
+    if let Source::File(path) = &source {
+        // A file's size is checked before it is read.
+        return match keys.is_empty() {
+            true => runtime.load_file_as(path, m.sha256.as_deref(), limits),
+            false => Err(fetch_error(
+                "a signature is required and a file carries none: reference a signed oci:// artifact".into(),
+            )),
+        };
+    }
+    let fetched = fetch_blocking(fetcher, &source, keys).map_err(|e| fetch_error(e.to_string()))?;
+    runtime.load_as(&fetched.name, &fetched.bytes, m.sha256.as_deref(), limits)
 }
 
 /// The file of `--policy-config`, or an empty configuration, with `--pool-policy` flags over it.

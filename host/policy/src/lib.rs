@@ -33,7 +33,7 @@ pub use pinset_policy_sdk::{
     Admission, AdmissionRequest, DiskFacts, Image, Images, Level, NodeFacts, PolicyInfo, Pressure,
     PullOutcome, Verdict,
 };
-pub use smoke::smoke_test;
+pub use smoke::{fleet_smoke_test, smoke_test};
 pub use wasm::{
     COMPILE_INVALID_MODULE, COMPILE_SUBCOMMAND, CONTRACT, CONTRACTS, CompiledModule, Compiler,
     Contract, FLEET_CONTRACT, Fleet, FleetModule, Limits, MAX_LOG_BYTES, MAX_LOG_LINE_BYTES,

@@ -2,8 +2,8 @@
 //! instance answers `info` and every hook once, on the node's current facts, within its limits
 //! and without a single fallback.
 
-use crate::{Decisions as _, Fallback, Guarded, PolicyModule};
-use pinset_policy_sdk::{AdmissionRequest, PolicyInfo, Pressure, PullOutcome};
+use crate::{Decisions as _, Fallback, FleetModule, Guarded, GuardedFleet, PolicyModule};
+use pinset_policy_sdk::{AdmissionRequest, PolicyInfo, Pressure, PullOutcome, RolloutRequest};
 
 /// Ask every hook of a fresh instance of `module` on `request` (the node's facts: its images,
 /// disk and labels) and `pressure`. The first fallback, naming the module and the hook, is the
@@ -31,6 +31,17 @@ pub fn smoke_test(
     match guarded.take_fallbacks().into_iter().next() {
         Some(fallback) => Err(fallback),
         None => Ok(info),
+    }
+}
+
+/// The check a fleet module passes before it decides for a pool: a fresh instance answers a
+/// grant on the pool's current `request`, within its limits and valid. The fallback, naming
+/// the module and the hook, is the error.
+pub fn fleet_smoke_test(module: &FleetModule, request: &RolloutRequest) -> Result<(), Fallback> {
+    let decided = GuardedFleet::new(Box::new(module.instance())).grant(request);
+    match decided.fallback {
+        Some(fallback) => Err(fallback),
+        None => Ok(()),
     }
 }
 

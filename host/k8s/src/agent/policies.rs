@@ -12,7 +12,7 @@
 use crate::policy_config::{ModuleRef, PolicyConfig};
 use pinset_core::rollout::{RolloutGrant, policy_set};
 use pinset_core::status::{NodeStatus, RejectedPolicy, RunningPolicy};
-use pinset_node::policy_source::{Fetcher, Source, fetch_blocking};
+use pinset_node::policy_source::Fetcher;
 use pinset_node::registry::signature::VerifyingKey;
 use pinset_policy::{Limits, LoadError, PolicyModule, WasmRuntime};
 use pinset_policy_sdk::{AdmissionRequest, Pressure};
@@ -29,28 +29,7 @@ impl Loader {
     /// One module: fetched (file or artifact, signature checked against `keys`), compiled and
     /// bound. Blocking: the agent calls it off the async runtime.
     pub fn load(&self, m: &ModuleRef, keys: &[VerifyingKey]) -> Result<PolicyModule, LoadError> {
-        let fetch_error = |cause: String| LoadError::Fetch {
-            module: m.module.clone(),
-            cause,
-        };
-        let source = Source::parse(&m.module).map_err(|e| fetch_error(e.to_string()))?;
-        if let Source::File(path) = &source {
-            // A file's size is checked before it is read.
-            return match keys.is_empty() {
-                true => self.runtime.load_file(path, m.sha256.as_deref(), self.limits),
-                false => Err(fetch_error(
-                    "a signature is required and a file carries none: reference a signed oci:// artifact".into(),
-                )),
-            };
-        }
-        let fetched =
-            fetch_blocking(&self.fetcher, &source, keys).map_err(|e| fetch_error(e.to_string()))?;
-        self.runtime.load(
-            &fetched.name,
-            &fetched.bytes,
-            m.sha256.as_deref(),
-            self.limits,
-        )
+        crate::policy_config::load_module(&self.runtime, self.limits, &self.fetcher, m, keys)
     }
 
     /// The embedded default, as a node status reports it.

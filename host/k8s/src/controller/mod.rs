@@ -12,12 +12,14 @@
 //! - `set`: a set's status (image count, pools);
 //! - `watch`: the watch streams (only the changes a reconciler cares about).
 
+mod fleet;
 mod pool;
 mod rollout;
 mod set;
 mod status_lane;
 mod watch;
 
+pub use fleet::{FleetLoader, FleetPolicies};
 pub use rollout::FleetTable;
 
 use crate::api::{MachineConfigNode, MachineConfigPool, PinnedImageSet};
@@ -102,7 +104,7 @@ pub struct Context {
     pub nodes: Store<MachineConfigNode>,
     pub metrics: Metrics,
     /// The fleet policy of each pool.
-    pub fleet: FleetTable,
+    pub fleet: FleetPolicies,
     /// The node policy configuration the agents follow (`None`: the agents' own, not rolled
     /// out), and the last one read.
     node_policies: Option<crate::policy_config::ConfigSource>,
@@ -154,15 +156,22 @@ impl Context {
     /// The node policy module the configuration names for `pool` (its reference), when it
     /// names one; the last configuration read when the current one cannot be read.
     fn node_policy(&self, pool: &str) -> Option<String> {
-        let source = self.node_policies.as_ref()?;
+        self.policy_config().pools.get(pool).map(|m| m.reference())
+    }
+
+    /// The policy configuration now; the last one read when it cannot be read (said).
+    fn policy_config(&self) -> crate::policy_config::PolicyConfig {
+        let Some(source) = self.node_policies.as_ref() else {
+            return Default::default();
+        };
         let mut last = self.last_node_policies.lock().expect("policy config lock");
         match source.current() {
             Ok(config) => *last = config,
             Err(e) => {
-                tracing::warn!(error = %e, "node policy configuration unreadable; rolling out the last one read")
+                tracing::warn!(error = %e, "policy configuration unreadable; using the last one read")
             }
         }
-        last.pools.get(pool).map(|m| m.reference())
+        last.clone()
     }
 
     fn succeeded(&self, key: &str) {
@@ -208,7 +217,7 @@ fn error_policy<K: Reconciled>(obj: Arc<K>, error: &ControllerError, ctx: Arc<Co
 pub async fn run(
     client: Client,
     metrics: Metrics,
-    fleet: FleetTable,
+    fleet: FleetPolicies,
     node_policies: Option<String>,
     ready: Arc<AtomicBool>,
     shutdown: CancellationToken,

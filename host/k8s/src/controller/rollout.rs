@@ -149,7 +149,7 @@ pub(super) async fn step(
         // Not asked: a paused pool grants no one, whatever its policy would say.
         let decided = Decided {
             grant: rollout::paused_grant(&request),
-            policy: ctx.fleet.for_pool(&pool).name().to_string(),
+            policy: ctx.fleet.flagged(&pool).name().to_string(),
             fallback: None,
         };
         (decided, false)
@@ -197,14 +197,20 @@ pub(super) async fn step(
 /// The pool's last decision when its state has not changed since; else the policy's answer.
 /// The call runs on a blocking thread: it is bounded by the module's deadline, but it is CPU.
 async fn decide(ctx: &Context, pool: &str, request: &RolloutRequest) -> (Decided, bool) {
-    let fingerprint = rollout::fingerprint(request);
+    let chosen = ctx
+        .fleet
+        .for_pool(&ctx.policy_config(), pool, request)
+        .await;
+    // A decision is kept for the state it was made for and the module that made it: a new
+    // module is asked at once, and grants already written stand.
+    let fingerprint = rollout::fingerprint(request) ^ module_key(&chosen.module);
     if let Some(decided) = ctx.decisions.last(pool, fingerprint) {
         return (decided, false);
     }
-    let module = ctx.fleet.for_pool(pool).clone();
+    let module = chosen.module;
     let metrics: Arc<dyn pinset_policy::Observer> = Arc::new(ctx.metrics.clone());
     let owned = request.clone();
-    let decided = tokio::task::spawn_blocking(move || {
+    let mut decided = tokio::task::spawn_blocking(move || {
         GuardedFleet::new(Box::new(module.instance()))
             .with_observer(metrics)
             .grant(&owned)
@@ -215,6 +221,14 @@ async fn decide(ctx: &Context, pool: &str, request: &RolloutRequest) -> (Decided
         tracing::error!(pool, error = %e, "fleet decision task failed");
         GuardedFleet::new(Box::new(pinset_policy::NativeFleet::reference())).grant(request)
     });
+    if let Some(refused) = chosen.refused {
+        // The configuration's module was refused: the pool's PolicyFallback condition says so.
+        decided.fallback = Some(pinset_policy::Fallback {
+            hook: pinset_policy::Hook::Grant,
+            kind: "refused",
+            message: refused,
+        });
+    }
     tracing::info!(
         pool,
         policy = %decided.policy,
@@ -227,6 +241,14 @@ async fn decide(ctx: &Context, pool: &str, request: &RolloutRequest) -> (Decided
     ctx.decisions
         .prune(|p| ctx.pools.get(&ObjectRef::new(p)).is_some());
     (decided, true)
+}
+
+/// What tells modules apart in a decision's fingerprint.
+fn module_key(module: &FleetModule) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    module.sha256().hash(&mut h);
+    h.finish()
 }
 
 /// Record node `i`'s grant for the target on its MachineConfigNode.

@@ -159,8 +159,11 @@ fn metrics() -> Metrics {
 
 /// The fleet policies of `--fleet-policy`, compiled in a child process: files (their sha256
 /// pinned with `@sha256:`) or `oci://` artifacts, fetched and verified as `policy` says.
-fn fleet_table(flags: &[String], fetch: &super::FetchOpts) -> Result<controller::FleetTable> {
-    let runtime = fetch.runtime(super::child_compiler()?)?;
+fn fleet_table(
+    flags: &[String],
+    fetch: &super::FetchOpts,
+    runtime: &pinset_policy::WasmRuntime,
+) -> Result<controller::FleetTable> {
     let limits = pinset_policy::Limits::default();
     let load = |arg: &str| -> Result<pinset_policy::FleetModule> {
         if arg.starts_with(pinset_node::registry::artifact::SCHEME) {
@@ -198,7 +201,7 @@ fn fleet_table(flags: &[String], fetch: &super::FetchOpts) -> Result<controller:
             default,
             by_pool: Default::default(),
         },
-        None => controller::FleetTable::embedded(&runtime)?,
+        None => controller::FleetTable::embedded(runtime)?,
     };
     table.by_pool = by_pool;
     Ok(table)
@@ -207,7 +210,16 @@ fn fleet_table(flags: &[String], fetch: &super::FetchOpts) -> Result<controller:
 /// `pinset controller`
 pub async fn controller(opts: &ClusterOpts, controller_opts: &ControllerOpts) -> Result<ExitCode> {
     let shutdown = shutdown_on_signals();
-    let fleet = fleet_table(&controller_opts.fleet_policy, &controller_opts.fetch)?;
+    let fetch = &controller_opts.fetch;
+    let runtime = fetch.runtime(super::child_compiler()?)?;
+    let flags = fleet_table(&controller_opts.fleet_policy, fetch, &runtime)?;
+    let limits = pinset_policy::Limits::default();
+    let loader = controller::FleetLoader {
+        fetcher: fetch.fetcher(limits.max_module_bytes as u64)?,
+        runtime,
+        limits,
+    };
+    let fleet = controller::FleetPolicies::new(flags, Some(loader));
     pinset_node::os::release_free_memory();
     let client = pinset_k8s::client(opts.kubeconfig.as_deref()).await?;
     if !ownership::check(client.clone(), OWNERSHIP_RETRY, &shutdown).await? {

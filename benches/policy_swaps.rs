@@ -1,0 +1,221 @@
+//! A node's policy changed while the agent runs (release build): `pinset agent` as its own
+//! process against a real API server, containerd and registry, following the PolicyConfiguration;
+//! the pool's module alternates 20 times between two signed artifacts (the default and the
+//! unthrottled test module).
+//!
+//! Reported per repetition: the time from each configuration change to the node's status naming
+//! the new module (median and max over the 20 swaps: the watch, the fetch from the node's
+//! cache after the first two, the signature check, compile from the compiled cache, the smoke
+//! test and one reconcile), and the agent's idle RSS before the first swap and after the
+//! twentieth (3 s of idle each): it must not grow beyond one module's worth.
+//!
+//! `cargo bench --bench policy_swaps` (needs the whole bed: `bash scripts/test.sh` installs it).
+//! `REPEATS` (default 3). Without a controller the agent runs `--rollout=free`: each change is
+//! taken without a grant (the canary-first path is timed in tests/kube_e2e.rs).
+
+#[path = "../tests/support/mod.rs"]
+mod support;
+
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use pinset_k8s::api::{MachineConfigNode, MachineConfigPool, PinnedImageSet, PolicyConfiguration};
+use serde_json::json;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+const SWAPS: usize = 20;
+
+struct Bed {
+    registry: support::Registry,
+    _containerd: support::Containerd,
+    server: support::apiserver::ApiServer,
+    client: kube::Client,
+    agent: Child,
+    _dir: tempfile::TempDir,
+}
+
+fn pinset(args: &[&str]) -> String {
+    let (code, out, err) = support::pinset(args);
+    assert_eq!(code, 0, "pinset {args:?}: {err}");
+    out.trim().to_string()
+}
+
+/// Push and sign `stem` as `repo`; its `oci://` reference.
+fn release(registry: &str, key: &std::path::Path, stem: &str, repo: &str) -> String {
+    let file = support::policy_dir().join(format!("{stem}.wasm"));
+    let target = format!("{registry}/policies/{repo}:bench");
+    let pushed = pinset(&[
+        "policy",
+        "push",
+        file.to_str().unwrap(),
+        &target,
+        "--insecure-registry",
+        registry,
+    ]);
+    pinset(&[
+        "policy",
+        "sign",
+        &pushed,
+        "--key",
+        key.to_str().unwrap(),
+        "--insecure-registry",
+        registry,
+    ]);
+    format!("oci://{pushed}")
+}
+
+async fn configure(client: &kube::Client, public_key: &str, module: &str) {
+    let api: Api<PolicyConfiguration> = Api::all(client.clone());
+    let object = json!({
+        "apiVersion": "pinset.io/v1alpha1", "kind": "PolicyConfiguration",
+        "metadata": {"name": "cluster"},
+        "spec": {"verify": {"keys": [public_key]}, "pools": {"worker": {"module": module}}}
+    });
+    api.patch(
+        "cluster",
+        &PatchParams::apply("bench").force(),
+        &Patch::Apply(&object),
+    )
+    .await
+    .unwrap();
+}
+
+async fn running(nodes: &Api<MachineConfigNode>) -> Option<String> {
+    let st = nodes.get("w-0").await.ok()?.status?;
+    st.policy.map(|p| p.module)
+}
+
+async fn wait_for(nodes: &Api<MachineConfigNode>, module: &str) -> Duration {
+    let started = Instant::now();
+    while running(nodes).await.as_deref() != Some(module) {
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "the node never ran {module}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    started.elapsed()
+}
+
+async fn start() -> Option<Bed> {
+    let registry = support::Registry::start()?;
+    let containerd = support::Containerd::start(&registry.host)?;
+    let server = support::apiserver::ApiServer::start().await?;
+    server.install_crds().await;
+    let client = server.client().await;
+    let refs = support::push_images(&registry, "swaps", 1, 1 << 20, 77).await;
+    let pool: MachineConfigPool = serde_json::from_value(json!({
+        "apiVersion": "machineconfiguration.openshift.io/v1", "kind": "MachineConfigPool",
+        "metadata": {"name": "worker"},
+        "spec": {
+            "machineConfigSelector": {"matchLabels": {"machineconfiguration.openshift.io/role": "worker"}},
+            "nodeSelector": {"matchLabels": {"node-role.kubernetes.io/worker": ""}}
+        }
+    }))
+    .unwrap();
+    Api::<MachineConfigPool>::all(client.clone())
+        .create(&PostParams::default(), &pool)
+        .await
+        .unwrap();
+    let set: PinnedImageSet = serde_json::from_value(json!({
+        "apiVersion": "machineconfiguration.openshift.io/v1", "kind": "PinnedImageSet",
+        "metadata": {"name": "swaps", "labels": {"machineconfiguration.openshift.io/role": "worker"}},
+        "spec": {"pinnedImages": refs.iter().map(|r| json!({"name": r})).collect::<Vec<_>>()}
+    }))
+    .unwrap();
+    Api::<PinnedImageSet>::all(client.clone())
+        .create(&PostParams::default(), &set)
+        .await
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let node = dir.path().join("node.yaml");
+    std::fs::write(
+        &node,
+        "kind: Node\nmetadata:\n  name: w-0\n  labels: {node-role.kubernetes.io/worker: \"\"}\nstatus:\n  allocatable: {ephemeral-storage: 100Gi}\n  conditions: [{type: Ready, status: \"True\"}]\n",
+    )
+    .unwrap();
+    let agent = Command::new(support::PINSET)
+        .args([
+            "agent",
+            &format!("--kubeconfig={}", server.kubeconfig.display()),
+            &format!("--metrics-addr=127.0.0.1:{}", support::free_port()),
+            "--node-name=w-0",
+            &format!("--node-file={}", node.display()),
+            &format!("--cri={}", containerd.endpoint()),
+            "--pin=containerd",
+            &format!("--insecure-registry={}", registry.host),
+            "--rollout=free",
+            "--policy-configuration=cluster",
+            &format!("--policy-insecure-registry={}", registry.host),
+            &format!("--policy-cache={}", dir.path().join("cache").display()),
+        ])
+        .env("PINSET_LOG", "warn")
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("start pinset agent");
+    Some(Bed {
+        registry,
+        _containerd: containerd,
+        server,
+        client,
+        agent,
+        _dir: dir,
+    })
+}
+
+#[tokio::main]
+async fn main() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let repeats: usize = std::env::var("REPEATS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(3);
+    println!("policy swaps: {SWAPS} changes of a pool's module on one agent");
+    println!(
+        "{:>3} {:>14} {:>11} {:>16} {:>15} {:>8}",
+        "run", "swap median", "swap max", "idle RSS before", "idle RSS after", "growth"
+    );
+    for run in 1..=repeats {
+        let Some(mut bed) = start().await else { return };
+        let keys = tempfile::tempdir().unwrap();
+        let prefix = keys.path().join("cosign");
+        pinset(&[
+            "policy",
+            "keygen",
+            "--output-key-prefix",
+            prefix.to_str().unwrap(),
+        ]);
+        let key = prefix.with_extension("key");
+        let public_key = std::fs::read_to_string(prefix.with_extension("pub")).unwrap();
+        let host = bed.registry.host.clone();
+        let modules = [
+            release(&host, &key, "pinset_policy_default", "default"),
+            release(&host, &key, "pinset_test_policy_unthrottled", "unthrottled"),
+        ];
+        let nodes: Api<MachineConfigNode> = Api::all(bed.client.clone());
+        configure(&bed.client, &public_key, &modules[0]).await;
+        wait_for(&nodes, &modules[0]).await;
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        let before = support::procfs::status_kib(bed.agent.id(), "VmRSS:");
+        let mut times = Vec::new();
+        for i in 1..=SWAPS {
+            let module = &modules[i % 2];
+            configure(&bed.client, &public_key, module).await;
+            times.push(wait_for(&nodes, module).await);
+        }
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        let after = support::procfs::status_kib(bed.agent.id(), "VmRSS:");
+        times.sort();
+        let mib = |k: u64| k as f64 / 1024.0;
+        println!(
+            "{run:>3} {:>11.0} ms {:>8.0} ms {:>12.1} MiB {:>11.1} MiB {:>+6.1} MiB",
+            times[times.len() / 2].as_secs_f64() * 1e3,
+            times[times.len() - 1].as_secs_f64() * 1e3,
+            mib(before),
+            mib(after),
+            mib(after) - mib(before)
+        );
+        let _ = bed.agent.kill();
+        let _ = bed.agent.wait();
+        drop(bed.server);
+    }
+}
