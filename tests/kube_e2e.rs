@@ -2156,6 +2156,30 @@ async fn a_pool_policy_change_rolls_out_canary_first_and_a_bad_one_is_held() {
         "policy rollout v3: canary {} after {to_canary:?}, whole pool (3 nodes) after {to_pool:?}",
         FLEET_NODES[canary]
     );
+    // `pinset rollout status` follows the policy entry like a set: the pool is complete.
+    let kc = kubeconfig.clone();
+    let (code, out, err) = tokio::task::spawn_blocking(move || {
+        support::pinset(&[
+            "rollout",
+            "status",
+            "worker",
+            "--watch=false",
+            "-o",
+            "json",
+            "--kubeconfig",
+            &kc,
+        ])
+    })
+    .await
+    .unwrap();
+    assert_eq!(code, 0, "{out}{err}");
+    let status: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let entry = pinset_core::rollout::policy_set(&format!("oci://{}", releases.v3));
+    assert!(
+        status["target"].as_str().unwrap().contains(&entry),
+        "{status}"
+    );
+    assert_eq!(status["done"], 3, "{status}");
     for (agent, pid) in agents.borrow_mut().iter_mut().zip(&pids) {
         assert_eq!(agent.child.id(), *pid);
         assert!(

@@ -114,7 +114,8 @@ pub fn read<'a>(
         Ok(names) => (names.unwrap_or_default(), None),
         Err(e @ PoolError::TooManySets { .. }) => (Vec::new(), Some(e.to_string())),
     };
-    let target = convert::target_sets(&selected, |n| sets.get(n).copied());
+    let mut target = convert::target_sets(&selected, |n| sets.get(n).copied());
+    target.extend(policy_entries(mcp));
     let members: Vec<rollout::Member> = nodes
         .into_iter()
         .filter(|n| n.spec.pool.name == name)
@@ -165,6 +166,20 @@ pub fn read<'a>(
         reason,
         members: request.nodes.iter().map(member_status).collect(),
     })
+}
+
+/// The node policy entries of the target the controller last wrote for `mcp`: a policy change
+/// rolls out as one (the controller reads the PolicyConfiguration; this command follows it).
+fn policy_entries(mcp: &MachineConfigPool) -> Vec<(String, i64, u32)> {
+    let written = mcp.status.as_ref().and_then(|s| s.rollout.as_ref());
+    written
+        .map(|r| r.target.split(','))
+        .into_iter()
+        .flatten()
+        .filter_map(|entry| entry.rsplit_once('@'))
+        .filter(|(name, _)| rollout::is_policy_set(name))
+        .filter_map(|(name, g)| Some((name.to_string(), g.parse().ok()?, 0)))
+        .collect()
 }
 
 /// The pool's status speaks of `target`: the controller wrote the selection the objects show
@@ -448,6 +463,28 @@ mod tests {
             "rollout": {"target": target, "granted": 1, "pulling": 1, "done": 0, "failed": 0,
                         "waiting": 2, "policy": "embedded:default", "reason": "canary n0"}
         })
+    }
+
+    #[test]
+    fn a_node_policy_rolling_out_is_followed_from_the_target_the_controller_wrote() {
+        let module = format!("oci://r.io/p@sha256:{}", "b".repeat(64));
+        let entry = rollout::policy_set(&module);
+        let sets = [set("apps", "worker", 2, 3)];
+        let mut on_it = node("n0", "worker", Some(2), None, Some(2));
+        let status = on_it.status.as_mut().unwrap();
+        status.policy = serde_json::from_value(json!({
+            "name": "p", "version": "1", "digest": format!("sha256:{}", "c".repeat(64)),
+            "module": module, "since": "2026-12-03T00:00:00Z"
+        }))
+        .unwrap();
+        let nodes = [on_it, node("n1", "worker", Some(2), None, Some(2))];
+        let target = format!("apps@2,{entry}@1");
+        let p = pool(json!({}), &["apps"], status(&target, None));
+        let s = read(&p, &sets, &nodes, 0).unwrap();
+        assert_eq!(s.target, target);
+        assert!(s.observed, "{s:?}");
+        assert_eq!((s.done, s.waiting), (1, 1), "{s:?}");
+        assert_eq!(s.standing, Standing::Progressing);
     }
 
     #[test]

@@ -77,9 +77,7 @@ impl FleetPolicies {
             .expect("fleet lock")
             .get(&reference)
             .cloned();
-        let fresh = |(r, at): &Checked| {
-            r.is_ok() || at.elapsed() < RETRY_REFUSED
-        };
+        let fresh = |(r, at): &Checked| r.is_ok() || at.elapsed() < RETRY_REFUSED;
         let checked = match known.filter(fresh) {
             Some((checked, _)) => checked,
             None => {
