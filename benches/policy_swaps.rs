@@ -6,8 +6,10 @@
 //! Reported per repetition: the time from each configuration change to the node's status naming
 //! the new module (median and max over the 20 swaps: the watch, the fetch from the node's
 //! cache after the first two, the signature check, compile from the compiled cache, the smoke
-//! test and one reconcile), and the agent's idle RSS before the first swap and after the
-//! twentieth (3 s of idle each): it must not grow beyond one module's worth.
+//! test and one reconcile), and the agent's idle RSS (3 s of idle each) before the first swap,
+//! after the second (both modules loaded once: the running one and the one before it) and
+//! after the twentieth: from the second on it must not grow (old instances, modules and their
+//! compiled code are freed).
 //!
 //! `cargo bench --bench policy_swaps` (needs the whole bed: `bash scripts/test.sh` installs it).
 //! `REPEATS` (default 3). Without a controller the agent runs `--rollout=free`: each change is
@@ -24,13 +26,23 @@ use std::time::{Duration, Instant};
 
 const SWAPS: usize = 20;
 
+/// The agent's process, killed with the bed (also when a repetition fails).
+struct Agent(Child);
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 struct Bed {
     registry: support::Registry,
     _containerd: support::Containerd,
     server: support::apiserver::ApiServer,
     client: kube::Client,
-    agent: Child,
-    _dir: tempfile::TempDir,
+    agent: Agent,
+    dir: tempfile::TempDir,
 }
 
 fn pinset(args: &[&str]) -> String {
@@ -84,12 +96,13 @@ async fn running(nodes: &Api<MachineConfigNode>) -> Option<String> {
     st.policy.map(|p| p.module)
 }
 
-async fn wait_for(nodes: &Api<MachineConfigNode>, module: &str) -> Duration {
+async fn wait_for(nodes: &Api<MachineConfigNode>, module: &str, log: &std::path::Path) -> Duration {
     let started = Instant::now();
     while running(nodes).await.as_deref() != Some(module) {
         assert!(
             started.elapsed() < Duration::from_secs(60),
-            "the node never ran {module}"
+            "the node never ran {module}\n{}",
+            std::fs::read_to_string(log).unwrap_or_default()
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
@@ -148,17 +161,19 @@ async fn start() -> Option<Bed> {
             &format!("--policy-insecure-registry={}", registry.host),
             &format!("--policy-cache={}", dir.path().join("cache").display()),
         ])
-        .env("PINSET_LOG", "warn")
+        .env("PINSET_LOG", "info")
         .stdout(Stdio::null())
+        .stderr(std::fs::File::create(dir.path().join("agent.log")).unwrap())
         .spawn()
         .expect("start pinset agent");
+    let agent = Agent(agent);
     Some(Bed {
         registry,
         _containerd: containerd,
         server,
         client,
         agent,
-        _dir: dir,
+        dir,
     })
 }
 
@@ -171,11 +186,11 @@ async fn main() {
         .unwrap_or(3);
     println!("policy swaps: {SWAPS} changes of a pool's module on one agent");
     println!(
-        "{:>3} {:>14} {:>11} {:>16} {:>15} {:>8}",
-        "run", "swap median", "swap max", "idle RSS before", "idle RSS after", "growth"
+        "{:>3} {:>14} {:>11} {:>16} {:>17} {:>17} {:>12}",
+        "run", "swap median", "swap max", "RSS before", "after 2 swaps", "after 20 swaps", "2 → 20"
     );
     for run in 1..=repeats {
-        let Some(mut bed) = start().await else { return };
+        let Some(bed) = start().await else { return };
         let keys = tempfile::tempdir().unwrap();
         let prefix = keys.path().join("cosign");
         pinset(&[
@@ -193,29 +208,35 @@ async fn main() {
         ];
         let nodes: Api<MachineConfigNode> = Api::all(bed.client.clone());
         configure(&bed.client, &public_key, &modules[0]).await;
-        wait_for(&nodes, &modules[0]).await;
-        tokio::time::sleep(Duration::from_secs(3)).await;
-        let before = support::procfs::status_kib(bed.agent.id(), "VmRSS:");
+        let log = bed.dir.path().join("agent.log");
+        wait_for(&nodes, &modules[0], &log).await;
+        let rss = || async {
+            tokio::time::sleep(Duration::from_secs(3)).await;
+            support::procfs::status_kib(bed.agent.0.id(), "VmRSS:")
+        };
+        let before = rss().await;
         let mut times = Vec::new();
+        let mut after_two = 0;
         for i in 1..=SWAPS {
             let module = &modules[i % 2];
             configure(&bed.client, &public_key, module).await;
-            times.push(wait_for(&nodes, module).await);
+            times.push(wait_for(&nodes, module, &log).await);
+            if i == 2 {
+                after_two = rss().await;
+            }
         }
-        tokio::time::sleep(Duration::from_secs(3)).await;
-        let after = support::procfs::status_kib(bed.agent.id(), "VmRSS:");
+        let after = rss().await;
         times.sort();
         let mib = |k: u64| k as f64 / 1024.0;
         println!(
-            "{run:>3} {:>11.0} ms {:>8.0} ms {:>12.1} MiB {:>11.1} MiB {:>+6.1} MiB",
+            "{run:>3} {:>11.0} ms {:>8.0} ms {:>12.1} MiB {:>13.1} MiB {:>13.1} MiB {:>+8.2} MiB",
             times[times.len() / 2].as_secs_f64() * 1e3,
             times[times.len() - 1].as_secs_f64() * 1e3,
             mib(before),
+            mib(after_two),
             mib(after),
-            mib(after) - mib(before)
+            mib(after) - mib(after_two)
         );
-        let _ = bed.agent.kill();
-        let _ = bed.agent.wait();
-        drop(bed.server);
+        drop(bed);
     }
 }

@@ -2231,7 +2231,49 @@ async fn a_pool_policy_change_rolls_out_canary_first_and_a_bad_one_is_held() {
             .all(|(m, _)| m.as_deref() == Some(format!("oci://{}", releases.v3).as_str())),
         "{p:?}"
     );
-    releases.configure(&client, &releases.v3, fleet).await;
+    // 4b. A policy change while a pull is in flight: the reconcile finishes with the module it
+    //     started with, nothing is cancelled, and the node swaps after it.
+    let late = support::push_images(&cluster.registry, "policy-late", 1, 50_000, 901).await;
+    cluster.registry.stop();
+    sets.create(&PostParams::default(), &set("late", "worker", &late))
+        .await
+        .unwrap();
+    let puller = eventually("a canary is granted the new set", &logs, || async {
+        let l = look(&nodes, &[], "late", 1, &late).await;
+        l.granted.iter().position(|g| *g).ok_or(format!("{l:?}"))
+    })
+    .await;
+    let again_lines = |i: usize| {
+        agents.borrow()[i]
+            .log()
+            .matches("the desired state changed: reconciling again")
+            .count()
+    };
+    // The pull waits on the registry (the agent retries it): the policy changes meanwhile.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let restarts_before = again_lines(puller);
+    releases.configure(&client, &releases.v1, fleet).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    cluster.registry.restart();
+    eventually("every node pins the new set and runs v1", &logs, || async {
+        let l = look(&nodes, &[], "late", 1, &late).await;
+        let p = node_policies(&nodes).await;
+        let on_v1 = p.iter().all(|(m, _)| m.as_deref() == Some(v1.as_str()));
+        (l.done.iter().all(|d| *d) && on_v1)
+            .then_some(())
+            .ok_or(format!("{l:?} {p:?}"))
+    })
+    .await;
+    assert_eq!(
+        again_lines(puller),
+        restarts_before,
+        "the policy change cancelled {}'s reconcile\n{}",
+        FLEET_NODES[puller],
+        logs()
+    );
+    let since = releases.configure(&client, &releases.v3, fleet).await;
+    let (_, to_canary, to_pool) = follow_policy_rollout(&nodes, &releases.v3, since, &logs).await;
+    eprintln!("policy rollout v3 again: canary after {to_canary:?}, whole pool after {to_pool:?}");
 
     // 5. The registry goes away and an agent restarts: it decides with v3 from its cache.
     cluster.registry.stop();

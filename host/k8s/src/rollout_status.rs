@@ -471,8 +471,7 @@ mod tests {
         let entry = rollout::policy_set(&module);
         let sets = [set("apps", "worker", 2, 3)];
         let mut on_it = node("n0", "worker", Some(2), None, Some(2));
-        let status = on_it.status.as_mut().unwrap();
-        status.policy = serde_json::from_value(json!({
+        on_it.status.as_mut().unwrap().policy = serde_json::from_value(json!({
             "name": "p", "version": "1", "digest": format!("sha256:{}", "c".repeat(64)),
             "module": module, "since": "2026-12-03T00:00:00Z"
         }))

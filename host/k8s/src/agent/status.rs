@@ -345,6 +345,8 @@ fn same_status(a: &MachineConfigNodeStatus, b: &MachineConfigNodeStatus) -> bool
     a.pinned_image_sets == b.pinned_image_sets
         && a.pinned_image_progress == b.pinned_image_progress
         && a.node_state == b.node_state
+        && a.policy == b.policy
+        && a.policy_rejected == b.policy_rejected
         && a.conditions.len() == b.conditions.len()
         && a.conditions
             .iter()
@@ -517,6 +519,29 @@ mod tests {
         st.policy.as_mut().unwrap().digest = "sha256:2".into();
         assert_eq!(reasons(events(&st, &mut seen)), ["PolicySwapped"]);
         assert!(reasons(events(&st, &mut seen)).is_empty());
+    }
+
+    #[test]
+    fn a_swapped_or_refused_policy_is_a_status_to_write() {
+        let mut st = NodeStatus {
+            policy: Some(pinset_core::status::RunningPolicy {
+                digest: "sha256:1".into(),
+                since: "2026-12-03T00:00:00Z".into(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let before = node_status(&st, &[]);
+        assert!(same_status(&before, &node_status(&st, &[])));
+        st.policy.as_mut().unwrap().digest = "sha256:2".into();
+        assert!(!same_status(&before, &node_status(&st, &[])), "a swap");
+        let swapped = node_status(&st, &[]);
+        st.policy_rejected = Some(pinset_core::status::RejectedPolicy {
+            module: "oci://r/p@sha256:3".into(),
+            cause: "smoke test".into(),
+            since: "2026-12-03T00:00:01Z".into(),
+        });
+        assert!(!same_status(&swapped, &node_status(&st, &[])), "a refusal");
     }
 
     #[test]
