@@ -1906,66 +1906,99 @@ async fn policy_granted(nodes: &Api<MachineConfigNode>, module: &str) -> Vec<boo
     out
 }
 
-/// Poll until every fleet node runs `module`, checking at each step that no node was granted
-/// it before the first granted one (the canary) ran it. Returns the canary's index, and the
-/// times from `since` to the canary and to the whole pool running it.
+/// A fleet node's state against the policy entry of `module`: granted it, and running it.
+fn policy_state(mcn: &MachineConfigNode, entry: &str, module: &str) -> (bool, bool) {
+    let granted = mcn
+        .spec
+        .rollout_grant
+        .as_ref()
+        .is_some_and(|g| g.sets.iter().any(|s| s.name == entry));
+    let running = mcn
+        .status
+        .as_ref()
+        .and_then(|s| s.policy.as_ref())
+        .is_some_and(|p| p.module == module);
+    (granted, running)
+}
+
+/// Apply `change` (which returns when it was made), then follow the fleet nodes through a
+/// watch — every change in the API server's order, however fast the rollout — until each runs
+/// `module`, checking that no node was granted it before the first granted one (the canary)
+/// ran it. The canary's index, and the times from the change to the canary and to the whole
+/// pool running it.
 async fn follow_policy_rollout(
     nodes: &Api<MachineConfigNode>,
     module: &str,
-    since: Instant,
+    change: impl Future<Output = Instant>,
     logs: &dyn Fn() -> String,
 ) -> (usize, Duration, Duration) {
-    let want = Some(format!("oci://{module}"));
-    let deadline = Instant::now() + Duration::from_secs(90);
+    use futures::StreamExt;
+    let module = format!("oci://{module}");
+    let entry = pinset_core::rollout::policy_set(&module);
+    let mut events = std::pin::pin!(kube::runtime::watcher(nodes.clone(), Default::default()));
+    let mut state = [(false, false); FLEET_NODES.len()];
+    // The nodes as they are before the change.
+    while let Some(event) = events.next().await {
+        match event.unwrap() {
+            kube::runtime::watcher::Event::InitDone => break,
+            kube::runtime::watcher::Event::InitApply(n) => {
+                if let Some(i) = FLEET_NODES
+                    .iter()
+                    .position(|f| Some(*f) == n.metadata.name.as_deref())
+                {
+                    state[i] = policy_state(&n, &entry, &module);
+                }
+            }
+            _ => {}
+        }
+    }
+    assert!(
+        state.iter().all(|s| !s.0 && !s.1),
+        "{module} already granted: {state:?}"
+    );
+    let since = change.await;
     let mut canary: Option<(usize, Option<Duration>)> = None;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(90);
     loop {
-        let granted = policy_granted(nodes, module).await;
-        let running: Vec<bool> = node_policies(nodes)
-            .await
-            .into_iter()
-            .map(|p| p.0 == want)
-            .collect();
-        for i in 0..FLEET_NODES.len() {
-            assert!(
-                granted[i] || !running[i],
-                "{} swapped without a grant\n{}",
-                FLEET_NODES[i],
-                logs()
-            );
-        }
-        if canary.is_none()
-            && let Some(first) = granted.iter().position(|g| *g)
-        {
-            assert_eq!(
-                granted.iter().filter(|g| **g).count(),
-                1,
-                "one canary: {granted:?}\n{}",
-                logs()
-            );
-            canary = Some((first, None));
-        }
-        if let Some((c, at)) = &mut canary {
-            if at.is_none() && running[*c] {
-                *at = Some(since.elapsed());
-            }
-            let others = (0..FLEET_NODES.len())
-                .filter(|&i| i != *c && granted[i])
-                .count();
-            assert!(
-                others == 0 || at.is_some(),
-                "a wave before the canary ran {module}: {granted:?}\n{}",
-                logs()
-            );
-            if running.iter().all(|r| *r) {
-                return (*c, at.expect("the canary runs it"), since.elapsed());
-            }
-        }
+        let next = tokio::time::timeout_at(deadline, events.next()).await;
+        let event =
+            next.unwrap_or_else(|_| panic!("{module} not rolled out: {state:?}\n{}", logs()));
+        let Some(Ok(kube::runtime::watcher::Event::Apply(n))) = event else {
+            continue;
+        };
+        let Some(i) = FLEET_NODES
+            .iter()
+            .position(|f| Some(*f) == n.metadata.name.as_deref())
+        else {
+            continue;
+        };
+        state[i] = policy_state(&n, &entry, &module);
         assert!(
-            Instant::now() < deadline,
-            "{module} not rolled out: {granted:?} {running:?}\n{}",
+            state[i].0 || !state[i].1,
+            "{} swapped without a grant\n{}",
+            FLEET_NODES[i],
             logs()
         );
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        if canary.is_none() && state[i].0 {
+            canary = Some((i, None));
+        }
+        let Some((c, _)) = canary else { continue };
+        if state[c].1 {
+            canary.as_mut().unwrap().1.get_or_insert(since.elapsed());
+        }
+        let others = (0..FLEET_NODES.len())
+            .filter(|&j| j != c && state[j].0)
+            .count();
+        assert!(
+            others == 0 || canary.unwrap().1.is_some(),
+            "{} granted {module} before the canary {} ran it: {state:?}\n{}",
+            FLEET_NODES[i],
+            FLEET_NODES[c],
+            logs()
+        );
+        if state.iter().all(|s| s.1) {
+            return (c, canary.unwrap().1.unwrap(), since.elapsed());
+        }
     }
 }
 
@@ -2149,9 +2182,9 @@ async fn a_pool_policy_change_rolls_out_canary_first_and_a_bad_one_is_held() {
     );
 
     // 3. v3 is good: the canary first, then waves; every node runs it; no agent restarted.
-    let since = releases.configure(&client, &releases.v3, fleet).await;
+    let change = releases.configure(&client, &releases.v3, fleet);
     let (canary, to_canary, to_pool) =
-        follow_policy_rollout(&nodes, &releases.v3, since, &logs).await;
+        follow_policy_rollout(&nodes, &releases.v3, change, &logs).await;
     eprintln!(
         "policy rollout v3: canary {} after {to_canary:?}, whole pool (3 nodes) after {to_pool:?}",
         FLEET_NODES[canary]
@@ -2271,8 +2304,8 @@ async fn a_pool_policy_change_rolls_out_canary_first_and_a_bad_one_is_held() {
         FLEET_NODES[puller],
         logs()
     );
-    let since = releases.configure(&client, &releases.v3, fleet).await;
-    let (_, to_canary, to_pool) = follow_policy_rollout(&nodes, &releases.v3, since, &logs).await;
+    let change = releases.configure(&client, &releases.v3, fleet);
+    let (_, to_canary, to_pool) = follow_policy_rollout(&nodes, &releases.v3, change, &logs).await;
     eprintln!("policy rollout v3 again: canary after {to_canary:?}, whole pool after {to_pool:?}");
 
     // 5. The registry goes away and an agent restarts: it decides with v3 from its cache.
