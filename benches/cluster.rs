@@ -202,6 +202,7 @@ impl Controller {
                 "controller",
                 &format!("--kubeconfig={}", kubeconfig.display()),
                 &format!("--metrics-addr=127.0.0.1:{port}"),
+                "--policy-configuration=cluster",
             ])
             .env("PINSET_LOG", "warn")
             .stdout(Stdio::null())

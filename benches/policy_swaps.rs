@@ -36,12 +36,13 @@ impl Drop for Agent {
     }
 }
 
+/// Dropped in this order: the agent first.
 struct Bed {
+    agent: Agent,
     registry: support::Registry,
     _containerd: support::Containerd,
-    server: support::apiserver::ApiServer,
+    _server: support::apiserver::ApiServer,
     client: kube::Client,
-    agent: Agent,
     dir: tempfile::TempDir,
 }
 
@@ -170,7 +171,7 @@ async fn start() -> Option<Bed> {
     Some(Bed {
         registry,
         _containerd: containerd,
-        server,
+        _server: server,
         client,
         agent,
         dir,

@@ -22,6 +22,14 @@
 //! - `pinset rollout status pool-0`, run as an operator would during the rollout: it must exit
 //!   0, and how long after the pool's last node finished it did, and its CPU time.
 //!
+//! Then the pools' node policy changes (the PolicyConfiguration names one module for all 100
+//! pools): the change rolls out as one more target entry, canary first, the same way; a simulated
+//! node "swaps" in 20–40 ms (a real agent's check, swap and first reconcile: 27 ms median,
+//! `benches/policy_swaps.rs`) and reports the module in `status.policy`. In pools 90–99 the
+//! changed target means a new canary (the default fleet policy holds "until it succeeds or the
+//! sets change"): it fails the set again, and the pool holds with two failed nodes. Same record,
+//! same checks: the time from the change to each canary and to the last node.
+//!
 //! `cargo bench --bench rollout` (needs the API server bed: `bash scripts/test.sh` builds it).
 //! `REPEATS` (default 3) sets the repetitions.
 
@@ -52,6 +60,16 @@ const FLEET: Fleet = Fleet {
 
 /// The set whose change rolls out to every pool.
 const CHANGED: usize = 0;
+
+/// The node policy module the second change names for every pool (the controller only reads
+/// the reference; the simulated nodes report it).
+fn policy_module() -> String {
+    format!("/etc/pinset/rollout-bench.wasm@sha256:{}", "5".repeat(64))
+}
+
+fn policy_entry() -> String {
+    pinset_core::rollout::policy_set(&policy_module())
+}
 
 fn pool_annotations(pool: usize) -> BTreeMap<String, String> {
     match Pace::of(pool) {
@@ -232,7 +250,12 @@ fn to_pull(node: &NodeState, mcn: &MachineConfigNode) -> Option<Vec<(String, i64
 
 /// Pull for 300–500 ms, then report the sets pinned, or failed in a failing pool.
 async fn pull(client: kube::Client, sim: Shared, n: usize, sets: Vec<(String, i64)>) {
-    tokio::time::sleep(Duration::from_millis(300 + (n as u64 * 37) % 200)).await;
+    let swap = sets.iter().all(|(name, _)| name == &policy_entry());
+    let ms = match swap {
+        true => 20 + (n as u64 * 7) % 20,
+        false => 300 + (n as u64 * 37) % 200,
+    };
+    tokio::time::sleep(Duration::from_millis(ms)).await;
     let fails = Pace::of(FLEET.pool_of(n)) == Pace::FailingCanary;
     let status = {
         let mut sim = sim.lock().unwrap();
@@ -246,7 +269,8 @@ async fn pull(client: kube::Client, sim: Shared, n: usize, sets: Vec<(String, i6
         for (name, generation) in &sets {
             let entry = node.sets.get_mut(name).expect("a set of the node's pool");
             entry.0 = *generation;
-            if fails {
+            // A policy swap does not depend on pulls: only sets fail.
+            if fails && *name != policy_entry() {
                 entry.2 = Some(*generation);
             } else {
                 entry.1 = *generation;
@@ -264,9 +288,11 @@ async fn pull(client: kube::Client, sim: Shared, n: usize, sets: Vec<(String, i6
 }
 
 fn status_of(n: usize, node: &NodeState) -> serde_json::Value {
+    let entry = policy_entry();
     let sets: Vec<_> = node
         .sets
         .iter()
+        .filter(|(name, _)| **name != entry)
         .map(|(name, (desired, current, failed))| {
             let error = || {
                 format!(
@@ -282,7 +308,13 @@ fn status_of(n: usize, node: &NodeState) -> serde_json::Value {
             )
         })
         .collect();
-    FLEET.node_status(n, &sets)
+    let mut status = FLEET.node_status(n, &sets);
+    if let Some((_, 1, _)) = node.sets.get(&entry) {
+        status["status"]["policy"] = json!({"name": "bench", "version": "1",
+            "digest": format!("sha256:{}", "6".repeat(64)), "module": policy_module(),
+            "since": "2026-12-03T00:00:00Z"});
+    }
+    status
 }
 
 /// Every pool's status shows its rollout of `generation` of the changed set complete: all
@@ -319,6 +351,95 @@ async fn rolled_out(client: &kube::Client, generation: i64) -> Result<(), String
     Ok(())
 }
 
+/// Every pool's status shows the node policy rolled out: all nodes done, or (pools 90–99) the
+/// canary refused it and the others wait.
+async fn policy_rolled_out(client: &kube::Client) -> Result<(), String> {
+    let pools: Api<MachineConfigPool> = Api::all(client.clone());
+    let list = pools
+        .list(&ListParams::default())
+        .await
+        .map_err(|e| e.to_string())?;
+    let entry = policy_entry();
+    for p in &list.items {
+        let name = p.metadata.name.as_deref().unwrap_or_default();
+        let index: usize = name
+            .strip_prefix("pool-")
+            .and_then(|i| i.parse().ok())
+            .unwrap_or(0);
+        let r = p.status.as_ref().and_then(|s| s.rollout.as_ref());
+        let there = r.is_some_and(|r| {
+            r.target.contains(&entry)
+                && match Pace::of(index) {
+                    Pace::FailingCanary => r.failed == 2 && r.waiting == 1,
+                    _ => r.done == 3,
+                }
+        });
+        if !there {
+            return Err(format!("{name}: {:?}", p.status));
+        }
+    }
+    Ok(())
+}
+
+/// The pools' node policy changes: the record from the change to every pool rolled out.
+async fn policy_phase(client: &kube::Client, sim: &Shared) -> (Analysis, Duration) {
+    {
+        let mut sim = sim.lock().unwrap();
+        sim.log.clear();
+        for node in &mut sim.nodes {
+            node.sets.insert(policy_entry(), (0, 0, None));
+        }
+    }
+    let expected: usize = (0..FLEET.pools).map(|p| Pace::of(p).expected().0).sum();
+    let pools: serde_json::Map<String, serde_json::Value> = (0..FLEET.pools)
+        .map(|p| {
+            (
+                Fleet::pool_name(p),
+                json!({"module": policy_module().split_once('@').unwrap().0,
+            "sha256": "5".repeat(64)}),
+            )
+        })
+        .collect();
+    let config = json!({
+        "apiVersion": "pinset.io/v1alpha1", "kind": "PolicyConfiguration",
+        "metadata": {"name": "cluster"}, "spec": {"pools": pools}
+    });
+    let api: Api<pinset_k8s::api::PolicyConfiguration> = Api::all(client.clone());
+    let changed_at = Instant::now();
+    api.patch(
+        "cluster",
+        &PatchParams::apply("bench").force(),
+        &Patch::Apply(&config),
+    )
+    .await
+    .expect("the policy configuration");
+    wait_until("every granted node swapped", || {
+        let finished = sim
+            .lock()
+            .unwrap()
+            .log
+            .iter()
+            .filter(|r| r.what == What::Finished)
+            .count();
+        async move {
+            match finished >= expected {
+                true => Ok(()),
+                false => Err(format!("{finished} of {expected} nodes swapped")),
+            }
+        }
+    })
+    .await;
+    let elapsed = changed_at.elapsed()
+        + wait_until("every pool rolled the policy out", || {
+            policy_rolled_out(client)
+        })
+        .await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let log = sim.lock().unwrap().log.clone();
+    // The held pools grant one new canary, which fails the set again.
+    (analyse(&log, changed_at), elapsed)
+}
+
 /// What the record says of one rollout.
 struct Analysis {
     grants: usize,
@@ -328,6 +449,8 @@ struct Analysis {
     /// Each pool's canary: the set change → grant seen.
     canary: Vec<Duration>,
     last_finish: Instant,
+    /// The change the record starts from.
+    first_change: Instant,
 }
 
 /// Walk the record in time order, pool by pool; panic at the first instant a pool pulls more
@@ -339,6 +462,7 @@ fn analyse(log: &[Record], changed_at: Instant) -> Analysis {
         after_finish: Vec::new(),
         canary: Vec::new(),
         last_finish: changed_at,
+        first_change: changed_at,
     };
     let mut log = log.to_vec();
     log.sort_by_key(|r| r.at);
@@ -566,10 +690,13 @@ async fn run() -> Option<Row> {
         .collect();
     let reconciles1 = reconciles(&c).await;
     let reconciles = (reconciles1.0 - reconciles0.0, reconciles1.1 - reconciles0.1);
+    let (analysis, follow) = {
+        let sim = sim.lock().unwrap();
+        (analyse(&sim.log, changed_at), follower.finish(&sim.log))
+    };
+    let echoes = sim.lock().unwrap().echoes.clone();
+    let policy = policy_phase(&client, &sim).await;
     watch.abort();
-    let sim = sim.lock().unwrap();
-    let analysis = analyse(&sim.log, changed_at);
-    let follow = follower.finish(&sim.log);
     let expected_waves: usize = (0..FLEET.pools).map(|p| Pace::of(p).expected().1).sum();
     assert_eq!(waves, expected_waves, "waves");
     assert_eq!(
@@ -579,7 +706,8 @@ async fn run() -> Option<Row> {
     let writes: BTreeMap<&str, u64> = writes1.iter().map(|(k, v)| (*k, v - writes0[k])).collect();
     Some(Row {
         analysis,
-        echoes: sim.echoes.clone(),
+        policy,
+        echoes,
         changed_at,
         elapsed,
         cpu,
@@ -611,6 +739,8 @@ async fn reconciles(c: &Controller) -> (u64, f64) {
 /// One repetition's figures.
 struct Row {
     analysis: Analysis,
+    /// The node policy change that follows: its record, and the time to every pool's status.
+    policy: (Analysis, Duration),
     echoes: Vec<Duration>,
     changed_at: Instant,
     elapsed: Duration,
@@ -654,6 +784,18 @@ impl Row {
             self.others.1.as_secs_f64(),
         );
         println!("    events: {:?}", self.events);
+        let (p, elapsed) = &mut self.policy;
+        println!(
+            "    node policy change: last node {:.2} s, every pool's status {:.2} s; canary p50 {} / p99 {} ms; grant after finish p50 {} / p99 {} ms; {} nodes swapped or refused, max at once {:?}",
+            (p.last_finish - p.first_change).as_secs_f64(),
+            elapsed.as_secs_f64(),
+            ms(percentile(&mut p.canary, 0.5)),
+            ms(percentile(&mut p.canary, 0.99)),
+            ms(percentile(&mut p.after_finish, 0.5)),
+            ms(percentile(&mut p.after_finish, 0.99)),
+            p.grants,
+            p.max_pulling,
+        );
         println!(
             "    pinset rollout status pool-0: exit 0 {} ms after the pool's last node finished, CPU {} ms",
             ms(self.follow.0),

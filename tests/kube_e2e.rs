@@ -2247,6 +2247,39 @@ async fn a_pool_policy_change_rolls_out_canary_first_and_a_bad_one_is_held() {
         },
     )
     .await;
+    // The Events say it: the canary's refusal of v2, each swap, the pool's rollout of v3.
+    let events: Api<k8s_openapi::api::events::v1::Event> = Api::all(client.clone());
+    let v3_entry = pinset_core::rollout::policy_set(&format!("oci://{}", releases.v3));
+    let v3_hex = v3_entry.trim_start_matches("policy@");
+    eventually("the policy Events are recorded", &logs, || async {
+        let list = events
+            .list(&Default::default())
+            .await
+            .map_err(|e| e.to_string())?;
+        let seen: Vec<(String, String, String)> = list
+            .items
+            .iter()
+            .map(|e| {
+                let r = e.regarding.clone().unwrap_or_default();
+                let why = (
+                    e.reason.clone().unwrap_or_default(),
+                    e.note.clone().unwrap_or_default(),
+                );
+                (r.name.unwrap_or_default(), why.0, why.1)
+            })
+            .collect();
+        let has = |name: &str, reason: &str, note: &str| {
+            seen.iter()
+                .any(|(n, r, t)| n == name && r == reason && t.contains(note))
+        };
+        let canary_name = FLEET_NODES[refused[0]];
+        (has(canary_name, "PolicyRejected", &v2_digest)
+            && has(canary_name, "PolicySwapped", "unthrottled")
+            && has("worker", "PolicyRolledOut", v3_hex))
+        .then_some(())
+        .ok_or(format!("{seen:?}"))
+    })
+    .await;
 
     // 4. An unsigned module never decides anywhere: the canary refuses it, naming the cause.
     releases.configure(&client, &releases.unsigned, fleet).await;

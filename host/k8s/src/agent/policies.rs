@@ -364,6 +364,25 @@ mod tests {
     }
 
     #[test]
+    fn an_unreadable_configuration_keeps_the_running_module_and_says_why() {
+        let loader = loader();
+        let mut node = NodePolicy::new(loader.default_loaded());
+        node.set_config_error(Some(
+            "policy configuration PolicyConfiguration cluster: pool infra: key 1: not a PEM".into(),
+        ));
+        let mut status = NodeStatus::default();
+        node.report(Some("infra"), &mut status);
+        let said = status.policy_refused.clone().unwrap();
+        assert!(
+            said.contains("key 1") && said.ends_with(pinset_policy::EMBEDDED_DEFAULT_NAME),
+            "{said}"
+        );
+        node.set_config_error(None);
+        node.report(Some("infra"), &mut status);
+        assert_eq!(status.policy_refused, None);
+    }
+
+    #[test]
     fn a_signature_requirement_refuses_a_file() {
         let loader = loader();
         let key = pinset_node::registry::signature::SigningKey::generate(b"")
