@@ -2281,22 +2281,41 @@ async fn a_pool_policy_change_rolls_out_canary_first_and_a_bad_one_is_held() {
     })
     .await;
 
-    // 4. An unsigned module never decides anywhere: the canary refuses it, naming the cause.
+    // 4. An unsigned module never reaches a node: the controller checks its signature before
+    //    the pool's target names it; the pool is Degraded naming it, no node is granted it,
+    //    every node keeps v3.
     releases.configure(&client, &releases.unsigned, fleet).await;
-    let why = eventually("the canary refuses the unsigned module", &logs, || async {
-        let p = node_policies(&nodes).await;
-        p.iter()
-            .find_map(|(_, r)| r.clone().filter(|r| r.contains("worker-unsigned")))
-            .ok_or(format!("{p:?}"))
-    })
+    let why = eventually(
+        "the controller refuses the unsigned module",
+        &logs,
+        || async {
+            let (_, degraded, _) =
+                rollout_of(&pools.get("worker").await.map_err(|e| e.to_string())?);
+            degraded
+                .contains("worker-unsigned")
+                .then_some(degraded.clone())
+                .ok_or(degraded)
+        },
+    )
     .await;
-    assert!(why.contains("no cosign signature"), "{why}");
-    let p = node_policies(&nodes).await;
     assert!(
-        p.iter()
-            .all(|(m, _)| m.as_deref() == Some(format!("oci://{}", releases.v3).as_str())),
-        "{p:?}"
+        why.contains("no cosign signature") && why.contains("no node is granted it"),
+        "{why}"
     );
+    for _ in 0..10 {
+        let granted = policy_granted(&nodes, &releases.unsigned).await;
+        assert!(
+            granted.iter().all(|g| !g),
+            "a node was granted the unsigned module"
+        );
+        let p = node_policies(&nodes).await;
+        let v3 = format!("oci://{}", releases.v3);
+        assert!(
+            p.iter().all(|(m, _)| m.as_deref() == Some(v3.as_str())),
+            "{p:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     // 4b. A policy change while a pull is in flight: the reconcile finishes with the module it
     //     started with, nothing is cancelled, and the node swaps after it.
     let late = support::push_images(&cluster.registry, "policy-late", 1, 50_000, 901).await;

@@ -13,6 +13,7 @@
 //! - `watch`: the watch streams (only the changes a reconciler cares about).
 
 mod fleet;
+mod node_policy;
 mod pool;
 mod rollout;
 mod set;
@@ -20,6 +21,7 @@ mod status_lane;
 mod watch;
 
 pub use fleet::{FleetLoader, FleetPolicies};
+pub use node_policy::SignatureGate;
 pub use rollout::FleetTable;
 
 use crate::api::{MachineConfigNode, MachineConfigPool, PinnedImageSet};
@@ -109,6 +111,8 @@ pub struct Context {
     /// out), and the last one read.
     node_policies: Option<crate::policy_config::ConfigSource>,
     last_node_policies: Mutex<crate::policy_config::PolicyConfig>,
+    /// Signatures of the node modules the configuration names, checked before any grant.
+    signatures: SignatureGate,
     /// Each pool's last fleet decision, and the state it was made for.
     decisions: rollout::Decisions,
     /// Each pool's selection as last computed (to trigger the sets that join or leave a pool).
@@ -154,9 +158,19 @@ impl Context {
     }
 
     /// The node policy module the configuration names for `pool` (its reference), when it
-    /// names one; the last configuration read when the current one cannot be read.
-    fn node_policy(&self, pool: &str) -> Option<String> {
-        self.policy_config().pools.get(pool).map(|m| m.reference())
+    /// names one: `Err(why)` when it must not be rolled out (its signature is missing or
+    /// invalid where one is required). The last configuration read when the current one cannot
+    /// be read.
+    async fn node_policy(&self, pool: &str) -> Option<Result<String, String>> {
+        let config = self.policy_config();
+        let m = config.pools.get(pool)?;
+        let checked = self.signatures.check(&config, pool, m).await;
+        Some(checked.map(|()| m.reference()).map_err(|why| {
+            format!(
+                "node policy {} (PolicyConfiguration): {why}; no node is granted it, each keeps its module",
+                m.reference()
+            )
+        }))
     }
 
     /// The policy configuration now; the last one read when it cannot be read (said).
@@ -218,7 +232,7 @@ pub async fn run(
     client: Client,
     metrics: Metrics,
     fleet: FleetPolicies,
-    node_policies: Option<String>,
+    node_policies: Option<(String, SignatureGate)>,
     ready: Arc<AtomicBool>,
     shutdown: CancellationToken,
 ) {
@@ -242,9 +256,9 @@ pub async fn run(
     let (set_triggers, set_trigger_rx) = mpsc::unbounded_channel();
     let (pool_triggers, pool_trigger_rx) = mpsc::unbounded_channel();
     let (synced_tx, synced) = tokio::sync::watch::channel(false);
-    let node_policies = match node_policies {
-        Some(name) => Some(
-            follow_node_policies(
+    let (node_policies, signatures) = match node_policies {
+        Some((name, gate)) => {
+            let source = follow_node_policies(
                 &client,
                 name,
                 &pools_reader,
@@ -252,13 +266,15 @@ pub async fn run(
                 &metrics,
                 &shutdown,
             )
-            .await,
-        ),
-        None => None,
+            .await;
+            (Some(source), gate)
+        }
+        None => (None, SignatureGate::new(None)),
     };
     let ctx = Arc::new(Context {
         node_policies,
         last_node_policies: Mutex::new(Default::default()),
+        signatures,
         client,
         pools: pools_reader.clone(),
         sets: sets_reader,

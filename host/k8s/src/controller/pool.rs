@@ -61,8 +61,11 @@ async fn reconcile_pool(
     let wanted: Vec<(String, i64)> = target.iter().map(|(n, g, _)| (n.clone(), *g)).collect();
     // A change of the pool's node policy rolls out as one more entry of its target.
     let mut target = target;
-    if let Some(reference) = ctx.node_policy(&name) {
-        target.push((pinset_core::rollout::policy_set(&reference), 1, 0));
+    let mut policy_refused = None;
+    match ctx.node_policy(&name).await {
+        Some(Ok(reference)) => target.push((pinset_core::rollout::policy_set(&reference), 1, 0)),
+        Some(Err(why)) => policy_refused = Some(why),
+        None => {}
     }
     let members: Vec<_> = ctx
         .nodes
@@ -78,6 +81,11 @@ async fn reconcile_pool(
         (Some(f), _, _) => Some(f),
         (None, Some(held), Some(d)) => Some(format!("{held}; {d}")),
         (None, held, d) => held.or(d),
+    };
+    // A module refused before any grant: the pool cannot reach its configured policy.
+    let degraded = match (degraded, policy_refused) {
+        (Some(d), Some(p)) => Some(format!("{p}; {d}")),
+        (d, p) => p.or(d),
     };
     let report = Report {
         sync: Some(&sync),

@@ -219,6 +219,7 @@ pub async fn controller(opts: &ClusterOpts, controller_opts: &ControllerOpts) ->
         runtime,
         limits,
     };
+    let gate = controller::SignatureGate::new(Some(loader.fetcher.artifacts.clone()));
     let fleet = controller::FleetPolicies::new(flags, Some(loader));
     pinset_node::os::release_free_memory();
     let client = pinset_k8s::client(opts.kubeconfig.as_deref()).await?;
@@ -228,7 +229,10 @@ pub async fn controller(opts: &ClusterOpts, controller_opts: &ControllerOpts) ->
     let metrics = metrics();
     let ready = Arc::new(AtomicBool::new(false));
     serve(opts, &metrics, &ready, &shutdown).await?;
-    let node_policies = controller_opts.policy_configuration.clone();
+    let node_policies = controller_opts
+        .policy_configuration
+        .clone()
+        .map(|n| (n, gate));
     controller::run(client, metrics, fleet, node_policies, ready, shutdown).await;
     Ok(ExitCode::SUCCESS)
 }
