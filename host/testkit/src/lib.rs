@@ -77,12 +77,26 @@ pub fn answering(status: &'static str, content_type: &'static str, body: &'stati
     addr
 }
 
+/// A loopback port nothing listens on, for a process a test starts. Taken below Linux's
+/// ephemeral range (32768–60999), where outgoing connections never land, and handed out once per
+/// test process: a port the kernel assigns (`bind :0`) is free only until the listener closes,
+/// and under parallel tests an outgoing connection or another test took it before the process
+/// bound it ("Address already in use").
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    use std::sync::atomic::{AtomicU32, Ordering};
+    const FIRST: u32 = 20_000;
+    const SPAN: u32 = 12_000;
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    // Test binaries run one after another: each starts at its own offset.
+    let start = std::process::id() * 7919 % SPAN;
+    loop {
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        assert!(n < SPAN, "no free port left in {FIRST}..{}", FIRST + SPAN);
+        let port = (FIRST + (start + n) % SPAN) as u16;
+        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
 }
 
 /// A `docker-registry` serving on 127.0.0.1 with storage in a temporary directory. Stopped (by
