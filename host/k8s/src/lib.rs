@@ -116,6 +116,34 @@ pub(crate) fn cached_watch<K: Watched>(
     (reader, events)
 }
 
+/// Follow every `K` that `config` selects in a new cache (see [`cached_watch`]) until `shutdown`:
+/// `on_change` after each change the cache took, watch errors said and counted where they arrive.
+pub(crate) fn spawn_reflector<K: Watched>(
+    client: kube::Client,
+    config: kube::runtime::watcher::Config,
+    on_change: impl Fn() + Send + 'static,
+    metrics: metrics::Metrics,
+    shutdown: tokio_util::sync::CancellationToken,
+) -> kube::runtime::reflector::Store<K> {
+    use futures::StreamExt;
+    let (reader, stream) = cached_watch(kube::Api::<K>::all(client), config);
+    tokio::spawn(async move {
+        let mut stream = std::pin::pin!(stream);
+        loop {
+            let next = tokio::select! {
+                _ = shutdown.cancelled() => return,
+                n = stream.next() => n,
+            };
+            match next {
+                None => return,
+                Some(Err(e)) => watch_interrupted::<K>(&metrics, &e),
+                Some(Ok(_)) => on_change(),
+            }
+        }
+    });
+    reader
+}
+
 /// A watch of `K` was interrupted (it resumes on its own backoff): said once, naming the kind,
 /// and counted (`pinset_watch_interruptions_total{kind}`).
 pub(crate) fn watch_interrupted<K: kube::Resource<DynamicType = ()>>(

@@ -15,7 +15,6 @@
 //! ```
 
 use crate::api::PolicyConfiguration;
-use futures::StreamExt;
 use kube::runtime::reflector::{ObjectRef, Store};
 use pinset_node::registry::signature::VerifyingKey;
 use std::path::{Path, PathBuf};
@@ -194,24 +193,14 @@ impl ConfigSource {
         on_change: impl Fn() + Send + 'static,
         shutdown: CancellationToken,
     ) -> Self {
-        let api: kube::Api<PolicyConfiguration> = kube::Api::all(client);
         let config = crate::watcher_config().fields(&format!("metadata.name={name}"));
-        let (store, events) = crate::cached_watch(api, config);
-        let stop = shutdown.clone();
-        tokio::spawn(async move {
-            let mut events = std::pin::pin!(events);
-            loop {
-                let next = tokio::select! {
-                    _ = stop.cancelled() => return,
-                    n = events.next() => n,
-                };
-                match next {
-                    None => return,
-                    Some(Err(e)) => crate::watch_interrupted::<PolicyConfiguration>(&metrics, &e),
-                    Some(Ok(_)) => on_change(),
-                }
-            }
-        });
+        let store = crate::spawn_reflector::<PolicyConfiguration>(
+            client,
+            config,
+            on_change,
+            metrics,
+            shutdown.clone(),
+        );
         tokio::select! {
             _ = shutdown.cancelled() => {}
             _ = store.wait_until_ready() => {}

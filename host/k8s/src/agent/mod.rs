@@ -267,10 +267,11 @@ impl<S: Sizer + 'static, B: PinBackend> Agent<S, B> {
         changes: &signal::Sender<u64>,
         shutdown: &CancellationToken,
     ) -> Store<K> {
-        watch::spawn_reflector::<K>(
+        let changes = changes.clone();
+        crate::spawn_reflector::<K>(
             self.client.clone(),
             config,
-            changes.clone(),
+            move || changes.send_modify(|n| *n += 1),
             self.metrics.clone(),
             shutdown.clone(),
         )

@@ -4,17 +4,13 @@
 use super::{AgentConfig, AgentError};
 use crate::api::{MachineConfigNode, MachineConfigPool, PinnedImageSet};
 use crate::convert;
-use futures::StreamExt;
 use k8s_openapi::api::core::v1::Node;
 use kube::Client;
 use kube::api::Api;
 use kube::runtime::reflector::{ObjectRef, Store};
-use kube::runtime::watcher;
 use pinset_core::desired::{self, Desired, NodeInfo};
 use pinset_core::rollout::RolloutGrant;
 use std::time::Duration;
-use tokio::sync::watch;
-use tokio_util::sync::CancellationToken;
 
 /// Node facts: the `--node-file` or the Node object.
 pub(super) async fn node_info(
@@ -147,29 +143,4 @@ fn stamp(config: &AgentConfig) -> Option<std::time::SystemTime> {
         .node_file
         .as_ref()
         .and_then(|f| std::fs::metadata(f).and_then(|m| m.modified()).ok())
-}
-
-pub(super) fn spawn_reflector<K: crate::Watched>(
-    client: Client,
-    config: watcher::Config,
-    changes: watch::Sender<u64>,
-    metrics: crate::metrics::Metrics,
-    shutdown: CancellationToken,
-) -> Store<K> {
-    let (reader, stream) = crate::cached_watch(Api::<K>::all(client), config);
-    tokio::spawn(async move {
-        let mut stream = std::pin::pin!(stream);
-        loop {
-            let next = tokio::select! {
-                _ = shutdown.cancelled() => return,
-                n = stream.next() => n,
-            };
-            match next {
-                None => return,
-                Some(Err(e)) => crate::watch_interrupted::<K>(&metrics, &e),
-                Some(Ok(_)) => changes.send_modify(|n| *n += 1),
-            }
-        }
-    });
-    reader
 }
