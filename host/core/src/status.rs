@@ -97,6 +97,10 @@ pub struct NodeStatus {
     /// Pins the last reconcile found lost and repaired (see [`crate::drift`]).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub pin_drift: Option<String>,
+    /// What the last reconcile could not size (per registry), or why it sized without the
+    /// node's mirror configuration: admission counted without those images.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sizing: Option<String>,
 }
 
 impl NodeStatus {

@@ -13,7 +13,7 @@ use pinset_node::cri::proto::{
     self, FilesystemIdentifier, FilesystemUsage, ImageFsInfoRequest, ImageFsInfoResponse,
     ImageStatusRequest, ImageStatusResponse, ListImagesRequest, ListImagesResponse,
     PullImageRequest, PullImageResponse, RemoveImageRequest, RemoveImageResponse, UInt64Value,
-    VersionRequest, VersionResponse,
+    StatusRequest, StatusResponse, VersionRequest, VersionResponse,
     image_service_server::{ImageService, ImageServiceServer},
     runtime_service_server::{RuntimeService, RuntimeServiceServer},
 };
@@ -294,6 +294,14 @@ impl RuntimeService for RuntimeInfo {
             runtime_version: "simulated".into(),
             runtime_api_version: "v1".into(),
         }))
+    }
+
+    /// No configuration to tell: the simulated runtime has no registry configuration.
+    async fn status(
+        &self,
+        _request: Request<StatusRequest>,
+    ) -> Result<Response<StatusResponse>, Status> {
+        Ok(Response::new(StatusResponse::default()))
     }
 }
 

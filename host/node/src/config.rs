@@ -7,6 +7,7 @@ use crate::pin::containerd::ContainerdPins;
 use crate::pin::crio::CrioPins;
 use crate::reconcile::Reconciler;
 use crate::registry::auth::{AuthError, Credentials};
+use crate::registry::mirrors::{CONTAINERD_HOSTS_DIR, MirrorSource, REGISTRIES_CONF};
 use crate::registry::size::{Cached, RegistrySizer};
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -38,6 +39,57 @@ pub struct NodeConfig {
     pub insecure_registries: Vec<String>,
     /// Size absent images from their registries.
     pub sizing: bool,
+    /// Where the node's registry mirrors are read from (flags over the runtime's defaults).
+    pub mirrors: MirrorFlags,
+    /// The total time of one round of sizing.
+    pub sizing_budget: std::time::Duration,
+}
+
+/// The node's mirror configuration as flags name it; what is not named is found as the runtime
+/// finds it.
+#[derive(Clone, Debug, Default)]
+pub struct MirrorFlags {
+    /// CRI-O's `registries.conf` (drop-ins in `FILE.d`).
+    pub registries_conf: Option<PathBuf>,
+    /// containerd's `config_path` directory of `HOST/hosts.toml` files.
+    pub hosts_dir: Option<PathBuf>,
+}
+
+impl MirrorFlags {
+    /// The configuration the node's runtime reads: CRI-O's `registries.conf` (the flag, else
+    /// `$CONTAINERS_REGISTRIES_CONF`, else `/etc/containers/registries.conf`); containerd's
+    /// hosts directory (the flag, else the `config_path` the runtime reports, else
+    /// `/etc/containerd/certs.d`).
+    pub async fn for_runtime(&self, pin: PinKind, cri: &CriClient) -> MirrorSource {
+        match pin {
+            PinKind::Containerd => {
+                let dir = match &self.hosts_dir {
+                    Some(dir) => dir.clone(),
+                    None => cri
+                        .registry_config_path()
+                        .await
+                        .unwrap_or_else(|| CONTAINERD_HOSTS_DIR.into()),
+                };
+                MirrorSource::HostsDir(dir)
+            }
+            PinKind::Crio | PinKind::Auto => MirrorSource::RegistriesConf(
+                self.registries_conf.clone().unwrap_or_else(|| {
+                    std::env::var_os("CONTAINERS_REGISTRIES_CONF")
+                        .map_or_else(|| REGISTRIES_CONF.into(), PathBuf::from)
+                }),
+            ),
+        }
+    }
+
+    /// Without a runtime to follow (`pinset plan` without `--cri`): what the flags name.
+    pub fn offline(&self) -> Result<MirrorSource, ConfigError> {
+        match (&self.registries_conf, &self.hosts_dir) {
+            (Some(_), Some(_)) => Err(ConfigError::TwoMirrorConfigs),
+            (Some(file), None) => Ok(MirrorSource::RegistriesConf(file.clone())),
+            (None, Some(dir)) => Ok(MirrorSource::HostsDir(dir.clone())),
+            (None, None) => Ok(MirrorSource::None),
+        }
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -50,6 +102,10 @@ pub enum ConfigError {
         "CRI endpoint {endpoint}: the runtime is {name:?}, which pinset cannot pin for; choose --pin crio or --pin containerd"
     )]
     UnknownRuntime { endpoint: String, name: String },
+    #[error(
+        "--registries-conf (CRI-O) and --registry-config-path (containerd) name two runtimes' mirror configurations: give one"
+    )]
+    TwoMirrorConfigs,
 }
 
 impl PinKind {
@@ -93,9 +149,14 @@ impl NodeConfig {
                 self.crio_reload.clone(),
             )),
         };
+        let mirrors = self.mirrors.for_runtime(pin, &cri).await;
+        tracing::info!(mirrors = %mirrors.describe(), "sizing through the runtime's mirror configuration");
         let mut reconciler = Reconciler::new(cri, pins).with_credentials(credentials.clone());
         if self.sizing {
-            reconciler = reconciler.with_sizer(sizer(&self.insecure_registries, credentials));
+            let sizer = RegistrySizer::new(self.insecure_registries.clone(), credentials)
+                .with_mirrors(mirrors);
+            reconciler = reconciler
+                .with_sizer(Arc::new(Cached::new(sizer).with_budget(self.sizing_budget)));
         }
         Ok(reconciler)
     }
@@ -113,9 +174,9 @@ pub fn credentials(auth: Option<&std::path::Path>) -> Result<Arc<Credentials>, A
 pub fn sizer(
     insecure_registries: &[String],
     credentials: Arc<Credentials>,
+    mirrors: MirrorSource,
+    budget: std::time::Duration,
 ) -> Arc<Cached<RegistrySizer>> {
-    Arc::new(Cached::new(RegistrySizer::new(
-        insecure_registries.to_vec(),
-        credentials,
-    )))
+    let sizer = RegistrySizer::new(insecure_registries.to_vec(), credentials).with_mirrors(mirrors);
+    Arc::new(Cached::new(sizer).with_budget(budget))
 }

@@ -71,6 +71,7 @@ pub struct Facts {
     pub request: AdmissionRequest,
     /// Wall time of the snapshot and sizing steps.
     pub phases: Vec<(&'static str, Duration)>,
+    pub sizing: Sizing,
 }
 
 /// Node facts for the policy.
@@ -134,20 +135,21 @@ impl<S: Sizer + 'static, B> Reconciler<S, B> {
         let present = snapshot.presence(desired);
         let mut phases = vec![("snapshot", started.elapsed())];
         let started = Instant::now();
-        let sizes = self.sizes(desired, &present).await;
+        let sizing = self.sizes(desired, &present).await;
         phases.push(("sizing", started.elapsed()));
         let request = request(
             desired,
             node_facts(node, &desired.pools),
             disk,
             &present,
-            &sizes,
+            &sizing.sizes,
         );
         Ok(Facts {
             snapshot,
             present,
             request,
             phases,
+            sizing,
         })
     }
 
@@ -169,36 +171,107 @@ impl<S: Sizer + 'static, B> Reconciler<S, B> {
     }
 
     /// Sizes of the images not present (absent ones only: present images need no disk).
-    pub async fn sizes(&self, desired: &Desired, present: &[bool]) -> Vec<Option<ImageSize>> {
+    pub async fn sizes(&self, desired: &Desired, present: &[bool]) -> Sizing {
         sizes(self.sizer(), desired, present).await
     }
 }
 
-/// Sizes of the images of `desired` that are not `present`, asked of `sizer` at once; `None`
-/// (said at warn) where a registry cannot tell, everywhere without a sizer.
+/// One round of sizing: a size per image of the desired state (`None` where unknown), and what
+/// was left unsized, summed up per registry.
+#[derive(Clone, Debug, Default)]
+pub struct Sizing {
+    /// By index of `Desired::images`.
+    pub sizes: Vec<Option<ImageSize>>,
+    pub left: Vec<Unsized>,
+    /// The node's mirror configuration could not be read: sized without mirrors.
+    pub mirrors_error: Option<String>,
+}
+
+/// Images one registry left unsized, and the first cause.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct Unsized {
+    pub registry: String,
+    pub images: usize,
+    pub cause: String,
+}
+
+impl Sizing {
+    /// One line for the node's status when sizing was incomplete or blind to the mirrors.
+    pub fn warning(&self) -> Option<String> {
+        let mut parts: Vec<String> = self
+            .mirrors_error
+            .iter()
+            .map(|e| format!("mirror configuration not used: {e}"))
+            .collect();
+        parts.extend(self.left.iter().map(|u| {
+            format!(
+                "registry {}: {} image(s) left unsized: {}",
+                u.registry, u.images, u.cause
+            )
+        }));
+        (!parts.is_empty()).then(|| parts.join("; "))
+    }
+}
+
+/// Sizes of the images of `desired` that are not `present`, asked of `sizer` at once, within the
+/// sizer's budget; `None` where a registry cannot tell (said once per registry, at warn), and
+/// everywhere without a sizer. The sizer's configuration (the node's mirrors) is read first.
 pub async fn sizes<S: Sizer + 'static>(
     sizer: Option<&Arc<Cached<S>>>,
     desired: &Desired,
     present: &[bool],
-) -> Vec<Option<ImageSize>> {
-    let Some(sizer) = sizer else {
-        return vec![None; desired.images.len()];
+) -> Sizing {
+    let mut out = Sizing {
+        sizes: vec![None; desired.images.len()],
+        ..Default::default()
     };
+    let Some(sizer) = sizer else {
+        return out;
+    };
+    if let Err(e) = sizer.inner().refresh() {
+        tracing::warn!(error = %e, "the node's mirror configuration cannot be read: sizing without mirrors");
+        out.mirrors_error = Some(e.to_string());
+    }
     let mut tasks = tokio::task::JoinSet::new();
+    let mut pending: HashMap<usize, String> = HashMap::new();
     for (i, wanted) in desired.images.iter().enumerate() {
         if present.get(i).copied().unwrap_or(false) {
             continue;
         }
         let (sizer, reference) = (sizer.clone(), wanted.reference.clone());
+        pending.insert(i, reference.registry().to_string());
         tasks.spawn(async move { (i, sizer.size(&reference).await) });
     }
-    let mut out = vec![None; desired.images.len()];
-    while let Some(joined) = tasks.join_next().await {
-        let Ok((i, result)) = joined else { continue };
-        match result {
-            Ok(size) => out[i] = Some(size),
-            Err(e) => tracing::warn!(error = %e, "image size unknown; the policy is told so"),
+    let deadline = tokio::time::Instant::now() + sizer.budget();
+    let mut failed: std::collections::BTreeMap<String, (usize, String)> = Default::default();
+    loop {
+        match tokio::time::timeout_at(deadline, tasks.join_next()).await {
+            Ok(None) => break,
+            Ok(Some(Err(_))) => continue,
+            Ok(Some(Ok((i, result)))) => {
+                pending.remove(&i);
+                match result {
+                    Ok(size) => out.sizes[i] = Some(size),
+                    Err(e) => failed.entry(e.registry).or_insert((0, e.why)).0 += 1,
+                }
+            }
+            Err(_) => {
+                tasks.abort_all();
+                let why = format!("not sized within the sizing budget ({:?})", sizer.budget());
+                for registry in pending.into_values() {
+                    failed.entry(registry).or_insert((0, why.clone())).0 += 1;
+                }
+                break;
+            }
         }
+    }
+    for (registry, (images, cause)) in failed {
+        tracing::warn!(%registry, images, %cause, "images left unsized: the policy is told their size is unknown");
+        out.left.push(Unsized {
+            registry,
+            images,
+            cause,
+        });
     }
     out
 }

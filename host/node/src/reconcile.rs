@@ -160,6 +160,7 @@ impl<S: Sizer + 'static, B: PinBackend> Reconciler<S, B> {
         let gated = self.gate(desired).await?;
         let desired = &gated;
         let facts = self.facts(desired, node).await?;
+        status.sizing = facts.sizing.warning();
         // Before anything changes: what the sets pinned earlier promise, against the snapshot.
         let pinned = facts.snapshot.pinned_flags(desired);
         let drift = drift::find(desired, status, &facts.present, &pinned);

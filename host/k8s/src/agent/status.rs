@@ -25,6 +25,8 @@ pub struct Seen {
     refused: Option<String>,
     /// The running module's digest.
     policy: Option<String>,
+    /// The last sizing warning announced.
+    sizing: Option<String>,
 }
 
 impl Seen {
@@ -43,6 +45,7 @@ impl Seen {
                 .collect(),
             refused: status.policy_refused.clone(),
             policy: status.policy.as_ref().map(|p| p.digest.clone()),
+            sizing: status.sizing.clone(),
         }
     }
 }
@@ -76,6 +79,16 @@ pub fn events(status: &NodeStatus, seen: &mut Seen) -> Vec<kube::runtime::events
         }
     }
     out.extend(policy_events(status, seen));
+    // Once per warning: unsized images or an unreadable mirror configuration, said again only
+    // when it changes.
+    if let Some(warning) = status.sizing.as_ref().filter(|w| seen.sizing.as_ref() != Some(*w)) {
+        out.push(event(
+            EventType::Warning,
+            "SizingIncomplete",
+            "Size",
+            cap(warning, 1024),
+        ));
+    }
     *seen = Seen::of(status);
     if let Some(drift) = &status.pin_drift {
         out.push(event(
@@ -218,6 +231,9 @@ fn conditions(status: &NodeStatus, previous: &[Condition]) -> Vec<Condition> {
                     let mut done = format!("all {} set(s) pulled and pinned", status.sets.len());
                     if let Some(drift) = &status.pin_drift {
                         done = format!("{done}; {}", cap(drift, 1024));
+                    }
+                    if let Some(sizing) = &status.sizing {
+                        done = format!("{done}; sizing: {}", cap(sizing, 1024));
                     }
                     done
                 }
@@ -563,6 +579,31 @@ mod tests {
                 .contains("pin-removed: q.io/x")
         );
         assert!(e[1].note.as_deref().unwrap().chars().count() <= 1024);
+    }
+
+    #[test]
+    fn a_sizing_warning_is_an_event_once_and_on_the_progressing_condition() {
+        let mut st = NodeStatus::default();
+        let mut seen = Seen::default();
+        st.sizing = Some("registry quay.io: 40 image(s) left unsized: unreachable".into());
+        let reasons = |e: Vec<kube::runtime::events::Event>| {
+            e.into_iter().map(|e| e.reason).collect::<Vec<_>>()
+        };
+        assert_eq!(reasons(events(&st, &mut seen)), ["SizingIncomplete"]);
+        assert!(reasons(events(&st, &mut seen)).is_empty(), "said once");
+        let progressing = conditions(&st, &[])
+            .into_iter()
+            .find(|c| c.type_ == CONDITION_PROGRESSING)
+            .unwrap();
+        assert!(
+            progressing.message.ends_with("; sizing: registry quay.io: 40 image(s) left unsized: unreachable"),
+            "{}",
+            progressing.message
+        );
+        st.sizing = Some("mirror configuration not used: /etc/containers/registries.conf:3: x".into());
+        assert_eq!(reasons(events(&st, &mut seen)), ["SizingIncomplete"], "a new warning is said");
+        st.sizing = None;
+        assert!(reasons(events(&st, &mut seen)).is_empty());
     }
 
     #[test]

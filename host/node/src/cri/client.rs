@@ -5,7 +5,7 @@
 
 use super::proto::{
     self, AuthConfig, FilesystemUsage, ImageFsInfoRequest, ImageSpec, ImageStatusRequest,
-    ListImagesRequest, PullImageRequest, RemoveImageRequest, VersionRequest, VersionResponse,
+    ListImagesRequest, PullImageRequest, RemoveImageRequest, StatusRequest, VersionRequest, VersionResponse,
     image_service_client::ImageServiceClient, runtime_service_client::RuntimeServiceClient,
 };
 use hyper_util::rt::TokioIo;
@@ -170,6 +170,28 @@ impl CriClient {
             }
         };
         read_again_once(ask).await
+    }
+
+    /// The directory of `hosts.toml` files the runtime reports it reads (containerd's CRI
+    /// `Status` with `verbose`: `registry.configPath` of a JSON `info` entry); `None` when it
+    /// reports none (CRI-O, containerd without `config_path`) or cannot be asked.
+    pub async fn registry_config_path(&self) -> Option<PathBuf> {
+        let mut c = self.runtime.clone();
+        let info = self
+            .call(
+                "Status",
+                self.config.call_timeout,
+                c.status(StatusRequest { verbose: true }),
+            )
+            .await
+            .inspect_err(|e| tracing::debug!(error = %e, "the runtime's configuration is unknown"))
+            .ok()?
+            .info;
+        info.values().find_map(|json| {
+            let value: serde_json::Value = serde_json::from_str(json).ok()?;
+            let path = value.pointer("/registry/configPath")?.as_str()?;
+            (!path.is_empty()).then(|| PathBuf::from(path))
+        })
     }
 
     pub fn socket(&self) -> &Path {

@@ -3,6 +3,7 @@
 
 pub mod artifact;
 pub mod auth;
+pub mod distribution;
 pub mod mirrors;
 pub mod signature;
 pub mod size;

@@ -1,14 +1,20 @@
 //! Image sizes: compressed bytes per layer, resolved for the node's platform, cached by digest.
 
+use super::distribution::{Distribution, FetchError};
+use super::mirrors::{Endpoint, MirrorError, MirrorSource, Mirrors, Target};
+use oci_client::manifest::{OciImageManifest, OciManifest};
 use pinset_core::reference::ImageRef;
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 /// An image's compressed layers for this node's platform.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ImageSize {
     /// (layer digest, compressed bytes).
     pub layers: Vec<(String, u64)>,
+    /// The endpoint that served the manifest (`host[/path]/repository`), when a registry did.
+    pub endpoint: Option<String>,
 }
 
 impl ImageSize {
@@ -21,12 +27,22 @@ impl ImageSize {
 #[error("sizing {image}: {why}")]
 pub struct SizeError {
     pub image: String,
+    /// The image's own registry (failures are summed up per registry).
+    pub registry: String,
+    /// No endpoint answered at all (as opposed to answers without the manifest).
+    pub unreachable: bool,
     pub why: String,
 }
 
 /// Where sizes come from: a registry, or a table in tests and the demo.
 pub trait Sizer: Send + Sync {
     fn size(&self, image: &ImageRef) -> impl Future<Output = Result<ImageSize, SizeError>> + Send;
+
+    /// Read the configuration sizing depends on again (the node's mirrors), before a round of
+    /// sizing. An error is said by the caller; the sizer then works without it.
+    fn refresh(&self) -> Result<(), MirrorError> {
+        Ok(())
+    }
 }
 
 /// A fixed table: reference → layers.
@@ -42,15 +58,22 @@ impl Sizer for TableSizer {
             .cloned()
             .ok_or_else(|| SizeError {
                 image: image.to_string(),
+                registry: image.registry().to_string(),
+                unreachable: false,
                 why: "not in the size table".into(),
             })
     }
 }
 
+/// How long one round of sizing may take, all images together: a registry or mirror that does
+/// not answer cannot hold a reconcile longer (the images it left are "size unknown").
+pub const SIZING_BUDGET: Duration = Duration::from_secs(15);
+
 /// Sizes never change for a digest: cache them for the life of the process.
 pub struct Cached<S> {
     inner: S,
     cache: Mutex<HashMap<String, ImageSize>>,
+    budget: Duration,
 }
 
 impl<S: Sizer> Cached<S> {
@@ -58,7 +81,22 @@ impl<S: Sizer> Cached<S> {
         Self {
             inner,
             cache: Mutex::new(HashMap::new()),
+            budget: SIZING_BUDGET,
         }
+    }
+
+    /// Another total time for one round of sizing.
+    pub fn with_budget(mut self, budget: Duration) -> Self {
+        self.budget = budget;
+        self
+    }
+
+    pub fn budget(&self) -> Duration {
+        self.budget
+    }
+
+    pub fn inner(&self) -> &S {
+        &self.inner
     }
 
     pub async fn size(&self, image: &ImageRef) -> Result<ImageSize, SizeError> {
@@ -78,219 +116,135 @@ impl<S: Sizer> Cached<S> {
     }
 }
 
-/// The reference the distribution client speaks of, built from the parts [`ImageRef`] already
-/// validated. Parsing the string again with the client's own parser would build its reference
-/// regex (Unicode classes): ~7 MiB for the automaton plus ~5 MiB of matching cache per thread
-/// that parsed, held for the life of the process — most of the agent's idle heap
-/// (`benches/agent.rs`). Docker Hub names of one component live under `library/`.
-pub fn distribution_reference(image: &ImageRef) -> oci_client::Reference {
-    let repository = match image.registry() {
-        "docker.io" if !image.repository().contains('/') => {
-            format!("library/{}", image.repository())
-        }
-        _ => image.repository().to_string(),
-    };
-    oci_client::Reference::with_digest(
-        image.registry().to_string(),
-        repository,
-        image.digest().to_string(),
-    )
-}
-
-/// Sizes from the registry's manifests (OCI distribution API): an index is resolved to this
-/// node's platform, the image's layers are summed. Credentials from [`Credentials`]; registries
-/// listed as insecure are spoken to over plain HTTP (loopback test registries).
-///
-/// Without credentials the manifest is first asked for directly ([`Anonymous`]); a registry that
-/// answers 401 or 403 is then left to the distribution client's authentication flow (token
-/// challenge, basic) for the life of the sizer.
-///
-/// [`Credentials`]: crate::registry::auth::Credentials
+/// Sizes from the registries' manifests (OCI distribution API), asked of the endpoints the
+/// node's runtime would pull from ([`Mirrors`]: mirrors in order, then the image's own registry
+/// unless blocked); the first that serves the digest sizes the image. An index is resolved to
+/// this node's platform and the image's layers are listed. Registries listed as insecure are
+/// spoken to over plain HTTP (loopback test registries).
 pub struct RegistrySizer {
-    client: oci_client::Client,
-    anonymous: Anonymous,
-    credentials: std::sync::Arc<crate::registry::auth::Credentials>,
-}
-
-/// The manifest of a registry that needs no authentication, in one request. The distribution
-/// client probes `/v2/` before every manifest of such a registry (it caches tokens, and such a
-/// registry gives none), which doubles the requests of a sizing; measured in
-/// `benches/containerd.rs` (sizing phase).
-struct Anonymous {
-    /// `None` when the HTTP client cannot be built: every registry then goes through the
-    /// distribution client.
-    http: Option<reqwest::Client>,
-    insecure: Vec<String>,
-    /// Registries that refused an anonymous request.
-    refused: Mutex<std::collections::HashSet<String>>,
-}
-
-/// The largest manifest accepted (the distribution spec's limit for a manifest).
-const MAX_MANIFEST_BYTES: usize = 4 << 20;
-
-const MANIFEST_TYPES: [&str; 4] = [
-    oci_client::manifest::OCI_IMAGE_MEDIA_TYPE,
-    oci_client::manifest::OCI_IMAGE_INDEX_MEDIA_TYPE,
-    oci_client::manifest::IMAGE_MANIFEST_MEDIA_TYPE,
-    oci_client::manifest::IMAGE_MANIFEST_LIST_MEDIA_TYPE,
-];
-
-impl Anonymous {
-    fn new(insecure: Vec<String>) -> Self {
-        // The TLS stack needs a process-wide crypto provider; a second install is a no-op.
-        let _ = rustls::crypto::ring::default_provider().install_default();
-        let http = reqwest::Client::builder()
-            .connect_timeout(std::time::Duration::from_secs(5))
-            .read_timeout(std::time::Duration::from_secs(30))
-            .build()
-            .inspect_err(|e| tracing::warn!(error = %e, "anonymous manifest requests disabled"))
-            .ok();
-        Self {
-            http,
-            insecure,
-            refused: Mutex::default(),
-        }
-    }
-
-    fn refused(&self, registry: &str) -> bool {
-        self.http.is_none() || self.refused.lock().expect("refused").contains(registry)
-    }
-
-    /// The image manifest for this platform; `Ok(None)` when the registry wants credentials.
-    async fn manifest(
-        &self,
-        reference: &oci_client::Reference,
-    ) -> Result<Option<oci_client::manifest::OciImageManifest>, String> {
-        use oci_client::manifest::OciManifest;
-        let Some(http) = &self.http else {
-            return Ok(None);
-        };
-        let registry = reference.resolve_registry();
-        let scheme = match self.insecure.iter().any(|r| r == registry) {
-            true => "http",
-            false => "https",
-        };
-        let mut digest = reference.digest().unwrap_or_default().to_string();
-        // An index, then the platform's manifest.
-        for _ in 0..2 {
-            let url = format!(
-                "{scheme}://{registry}/v2/{}/manifests/{digest}",
-                reference.repository()
-            );
-            let response = http
-                .get(&url)
-                .header(reqwest::header::ACCEPT, MANIFEST_TYPES.join(", "))
-                .send()
-                .await
-                .map_err(|e| format!("GET {url}: {}", super::causes(&e)))?;
-            let status = response.status();
-            if status == reqwest::StatusCode::UNAUTHORIZED
-                || status == reqwest::StatusCode::FORBIDDEN
-            {
-                self.refused
-                    .lock()
-                    .expect("refused")
-                    .insert(registry.to_string());
-                return Ok(None);
-            }
-            if !status.is_success() {
-                return Err(format!("GET {url}: {status}"));
-            }
-            if response
-                .content_length()
-                .is_some_and(|n| n > MAX_MANIFEST_BYTES as u64)
-            {
-                return Err(format!(
-                    "GET {url}: a manifest over {MAX_MANIFEST_BYTES} bytes"
-                ));
-            }
-            let body = response
-                .bytes()
-                .await
-                .map_err(|e| format!("GET {url}: {}", super::causes(&e)))?;
-            if body.len() > MAX_MANIFEST_BYTES {
-                return Err(format!(
-                    "GET {url}: a manifest over {MAX_MANIFEST_BYTES} bytes"
-                ));
-            }
-            // The digest is the manifest's identity: a registry cannot answer with another one.
-            let actual = format!("sha256:{:x}", <sha2::Sha256 as sha2::Digest>::digest(&body));
-            if actual != digest {
-                return Err(format!("GET {url}: the manifest's digest is {actual}"));
-            }
-            match serde_json::from_slice::<OciManifest>(&body)
-                .map_err(|e| format!("GET {url}: not a manifest: {e}"))?
-            {
-                OciManifest::Image(manifest) => return Ok(Some(manifest)),
-                OciManifest::ImageIndex(index) => {
-                    digest = oci_client::client::current_platform_resolver(&index.manifests)
-                        .ok_or_else(|| {
-                            format!("GET {url}: the index has no manifest for this platform")
-                        })?;
-                }
-            }
-        }
-        Err(format!(
-            "{}: an index that points to another index",
-            reference.whole()
-        ))
-    }
+    distribution: Distribution,
+    source: MirrorSource,
+    mirrors: std::sync::RwLock<Arc<Mirrors>>,
 }
 
 impl RegistrySizer {
     pub fn new(
         insecure_registries: Vec<String>,
-        credentials: std::sync::Arc<crate::registry::auth::Credentials>,
+        credentials: Arc<crate::registry::auth::Credentials>,
     ) -> Self {
-        // First: it installs the TLS crypto provider that the distribution client needs too.
-        let anonymous = Anonymous::new(insecure_registries.clone());
         Self {
-            client: super::client(insecure_registries),
-            anonymous,
-            credentials,
+            distribution: Distribution::new(insecure_registries, credentials),
+            source: MirrorSource::None,
+            mirrors: Default::default(),
         }
+    }
+
+    /// Size through the mirrors configured at `source` (read by [`Sizer::refresh`]).
+    pub fn with_mirrors(mut self, source: MirrorSource) -> Self {
+        self.source = source;
+        self
+    }
+
+    pub fn mirrors(&self) -> Arc<Mirrors> {
+        self.mirrors.read().expect("mirrors").clone()
+    }
+
+    pub fn mirror_source(&self) -> &MirrorSource {
+        &self.source
+    }
+
+    pub fn distribution(&self) -> &Distribution {
+        &self.distribution
+    }
+
+    /// The image's manifest for this node's platform from the first endpoint that serves it,
+    /// and that endpoint's name.
+    pub async fn image_manifest(
+        &self,
+        target: &Target,
+    ) -> Result<(OciImageManifest, String), SizeError> {
+        let endpoints = self.mirrors().endpoints(target);
+        let image = target.full();
+        if endpoints.is_empty() {
+            return Err(SizeError {
+                image,
+                registry: target.registry.clone(),
+                unreachable: false,
+                why: "its registry is blocked and no mirror serves it".into(),
+            });
+        }
+        let mut failures = Vec::new();
+        for endpoint in &endpoints {
+            match self.platform_manifest(endpoint, &target.reference).await {
+                Ok(manifest) => return Ok((manifest, endpoint.name())),
+                Err(e) => failures.push(e),
+            }
+        }
+        Err(SizeError {
+            image,
+            registry: target.registry.clone(),
+            unreachable: failures.iter().all(FetchError::unreachable),
+            why: failures
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join("; "),
+        })
+    }
+
+    /// The manifest at one endpoint, an index resolved to this platform there.
+    async fn platform_manifest(
+        &self,
+        endpoint: &Endpoint,
+        digest: &str,
+    ) -> Result<OciImageManifest, FetchError> {
+        let mut digest = digest.to_string();
+        // An index, then the platform's manifest.
+        for _ in 0..2 {
+            let fetched = self.distribution.manifest(endpoint, &digest).await?;
+            let answer = |why: String| FetchError::Answer {
+                endpoint: endpoint.name(),
+                why: format!("{digest}: {why}"),
+            };
+            match serde_json::from_slice::<OciManifest>(&fetched.body)
+                .map_err(|e| answer(format!("not a manifest: {e}")))?
+            {
+                OciManifest::Image(manifest) => return Ok(manifest),
+                OciManifest::ImageIndex(index) => {
+                    digest = oci_client::client::current_platform_resolver(&index.manifests)
+                        .ok_or_else(|| answer("the index has no manifest for this platform".into()))?;
+                }
+            }
+        }
+        Err(FetchError::Answer {
+            endpoint: endpoint.name(),
+            why: "an index that points to another index".into(),
+        })
     }
 }
 
 impl Sizer for RegistrySizer {
     async fn size(&self, image: &ImageRef) -> Result<ImageSize, SizeError> {
-        let err = |why: String| SizeError {
-            image: image.to_string(),
-            why,
-        };
-        let reference = distribution_reference(image);
-        let credential = self
-            .credentials
-            .lookup(image.registry(), image.repository());
-        let direct = match credential {
-            None if !self.anonymous.refused(reference.resolve_registry()) => {
-                self.anonymous.manifest(&reference).await.map_err(err)?
-            }
-            _ => None,
-        };
-        let manifest = match direct {
-            Some(manifest) => manifest,
-            None => {
-                let auth = match credential {
-                    Some(c) => oci_client::secrets::RegistryAuth::Basic(
-                        c.username.clone(),
-                        c.password.clone(),
-                    ),
-                    None => oci_client::secrets::RegistryAuth::Anonymous,
-                };
-                self.client
-                    .pull_image_manifest(&reference, &auth)
-                    .await
-                    .map_err(|e| err(format!("{e}")))?
-                    .0
-            }
-        };
+        let (manifest, endpoint) = self.image_manifest(&Target::from(image)).await?;
         let layers = manifest
             .layers
             .iter()
             .map(|l| (l.digest.clone(), u64::try_from(l.size).unwrap_or(0)))
             .collect();
-        Ok(ImageSize { layers })
+        Ok(ImageSize {
+            layers,
+            endpoint: Some(endpoint),
+        })
+    }
+
+    fn refresh(&self) -> Result<(), MirrorError> {
+        let (mirrors, result) = match self.source.load() {
+            Ok(mirrors) => (mirrors, Ok(())),
+            // Sized without mirrors, said by the caller: pulls go on.
+            Err(e) => (Mirrors::None, Err(e)),
+        };
+        *self.mirrors.write().expect("mirrors") = Arc::new(mirrors);
+        result
     }
 }
 
@@ -298,75 +252,12 @@ impl Sizer for RegistrySizer {
 mod tests {
     use super::*;
 
-    /// A loopback registry that answers every request with `status` and `body`.
-    fn serve(status: &'static str, body: &'static str) -> String {
-        pinset_testkit::answering(status, "application/vnd.oci.image.manifest.v1+json", body)
-    }
-
-    /// Ask `anonymous` for the manifest of `a/b@sha256:D` on `registry`.
-    async fn ask(
-        anonymous: &Anonymous,
-        registry: &str,
-    ) -> Result<Option<oci_client::manifest::OciImageManifest>, String> {
-        let image = ImageRef::parse(&format!("{registry}/a/b@sha256:{D}")).unwrap();
-        anonymous.manifest(&distribution_reference(&image)).await
-    }
-
-    #[tokio::test]
-    async fn an_unreachable_registry_is_named_with_the_cause() {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        let addr = format!("127.0.0.1:{port}");
-        let e = ask(&Anonymous::new(vec![addr.clone()]), &addr)
-            .await
-            .unwrap_err();
-        assert!(
-            e.contains(&format!("GET http://{addr}/v2/a/b/manifests")),
-            "{e}"
-        );
-        assert!(e.to_lowercase().contains("refused"), "{e}");
-    }
-
-    #[tokio::test]
-    async fn a_manifest_that_is_not_the_digest_asked_for_is_refused() {
-        let addr = serve(
-            "200 OK",
-            r#"{"schemaVersion":2,"mediaType":"application/vnd.oci.image.manifest.v1+json","config":{"mediaType":"application/vnd.oci.image.config.v1+json","digest":"sha256:86d26e7ebcccd6f07a75db5b1e56283b25c2ee1c6a755d6ffc5a4d59beb9c504","size":2},"layers":[]}"#,
-        );
-        let e = ask(&Anonymous::new(vec![addr.clone()]), &addr)
-            .await
-            .unwrap_err();
-        assert!(
-            e.contains(&format!("http://{addr}/v2/a/b/manifests/sha256:{D}")),
-            "{e}"
-        );
-        assert!(e.contains("the manifest's digest is sha256:"), "{e}");
-    }
-
-    #[tokio::test]
-    async fn a_refusal_hands_the_registry_to_the_authentication_flow_for_good() {
-        let (addr, other) = (
-            serve("401 Unauthorized", ""),
-            serve("500 Internal Server Error", ""),
-        );
-        let anonymous = Anonymous::new(vec![addr.clone(), other.clone()]);
-        assert!(!anonymous.refused(&addr));
-        let answer = ask(&anonymous, &addr).await;
-        assert!(matches!(answer, Ok(None)), "{answer:?}");
-        assert!(anonymous.refused(&addr));
-        let e = ask(&anonymous, &other).await.unwrap_err();
-        assert!(e.contains("500"), "{e}");
-        assert!(!anonymous.refused(&other), "an error is not a refusal");
-    }
-
     const D: &str = "86d26e7ebcccd6f07a75db5b1e56283b25c2ee1c6a755d6ffc5a4d59beb9c504";
 
-    /// The same reference the client's own parser makes, for every shape of name.
+    /// The registry and repository an image is asked for are those the distribution client's
+    /// own parser makes, for every shape of name.
     #[test]
-    fn distribution_reference_agrees_with_the_client_parser() {
+    fn targets_agree_with_the_client_parser() {
         for name in [
             "quay.io/openshift-release-dev/ocp-v4.0-art-dev",
             "127.0.0.1:5000/pinset/a",
@@ -379,14 +270,39 @@ mod tests {
             "someone/tool",
         ] {
             let full = format!("{name}@sha256:{D}");
-            let ours = distribution_reference(&ImageRef::parse(&full).unwrap());
+            let target = Target::from(&ImageRef::parse(&full).unwrap());
             let theirs: oci_client::Reference = full.parse().unwrap();
-            assert_eq!(ours.registry(), theirs.registry(), "{full}");
-            assert_eq!(ours.resolve_registry(), theirs.resolve_registry(), "{full}");
-            assert_eq!(ours.repository(), theirs.repository(), "{full}");
-            assert_eq!(ours.digest(), theirs.digest(), "{full}");
-            assert_eq!(ours.tag(), None, "{full}");
-            assert_eq!(ours.whole(), theirs.whole(), "{full}");
+            assert_eq!(target.registry, theirs.registry(), "{full}");
+            assert_eq!(target.repository, theirs.repository(), "{full}");
+            assert_eq!(Some(target.reference.as_str()), theirs.digest(), "{full}");
+            // Docker Hub's API host: containerd's (the client says index.docker.io, which
+            // answers the same API).
+            let source = &Endpoint::source(&target.registry, &target.repository);
+            let expected = match theirs.resolve_registry() {
+                "index.docker.io" => "registry-1.docker.io",
+                other => other,
+            };
+            assert_eq!(source.host, expected, "{full}");
         }
+    }
+
+    #[tokio::test]
+    async fn a_blocked_registry_without_a_mirror_is_said_and_never_asked() {
+        let dir = tempfile::tempdir().unwrap();
+        let conf = dir.path().join("registries.conf");
+        std::fs::write(&conf, "[[registry]]\nlocation = \"127.0.0.1:9\"\nblocked = true\n").unwrap();
+        let sizer = RegistrySizer::new(Vec::new(), Arc::default())
+            .with_mirrors(MirrorSource::RegistriesConf(conf.clone()));
+        sizer.refresh().unwrap();
+        let image = ImageRef::parse(&format!("127.0.0.1:9/a@sha256:{D}")).unwrap();
+        let e = sizer.size(&image).await.unwrap_err();
+        assert!(e.why.contains("blocked and no mirror serves it"), "{e}");
+        assert_eq!(e.registry, "127.0.0.1:9");
+        // A configuration that cannot be read is said, and sizing goes on without mirrors.
+        std::fs::write(&conf, "[[registry]\n").unwrap();
+        let bad = sizer.refresh().unwrap_err();
+        assert_eq!(bad.line, Some(1), "{bad}");
+        let e = sizer.size(&image).await.unwrap_err();
+        assert!(e.unreachable && e.why.contains("GET https://127.0.0.1:9/v2/a/manifests"), "{e}");
     }
 }

@@ -217,7 +217,13 @@ fn sizes(desired: &Desired) -> HashMap<String, ImageSize> {
                     own_layer_size(w.reference.as_str()),
                 ),
             ];
-            (w.reference.to_string(), ImageSize { layers })
+            (
+                w.reference.to_string(),
+                ImageSize {
+                    layers,
+                    endpoint: None,
+                },
+            )
         })
         .collect()
 }

@@ -14,6 +14,8 @@ use pinset_node::cri::client::{STANDARD_ENDPOINTS, find_endpoint};
 use pinset_node::executor::Event;
 use pinset_node::pin::AnyPins;
 use pinset_node::pin::crio::{self, Reload};
+use pinset_node::config::MirrorFlags;
+use pinset_node::registry::mirrors::MirrorSource;
 use pinset_node::registry::size::{Cached, RegistrySizer};
 use pinset_node::{NodeConfig, ReconcileError, Reconciler, Report};
 use pinset_policy::{Guarded, PolicyModule};
@@ -82,11 +84,37 @@ pub struct SizingOpts {
     /// Do not size images from their registries: the policy is told their size is unknown.
     #[arg(long)]
     pub no_sizing: bool,
+    /// CRI-O's registries.conf to size through (its drop-ins: FILE.d/*.conf). Default on a
+    /// CRI-O node: $CONTAINERS_REGISTRIES_CONF, else /etc/containers/registries.conf.
+    #[arg(long, value_name = "FILE")]
+    pub registries_conf: Option<PathBuf>,
+    /// containerd's registry hosts directory (HOST/hosts.toml) to size through. Default on a
+    /// containerd node: the config_path the runtime reports, else /etc/containerd/certs.d.
+    #[arg(long, value_name = "DIR")]
+    pub registry_config_path: Option<PathBuf>,
+    /// The total time one round of sizing may take, in seconds: images a dark registry or
+    /// mirror leaves unsized by then count as "size unknown".
+    #[arg(long, value_name = "SECONDS", default_value_t = 15,
+          value_parser = clap::value_parser!(u64).range(1..=600))]
+    pub sizing_budget: u64,
 }
 
 impl SizingOpts {
-    /// The registry sizer these options describe; `None` with `--no-sizing`.
-    pub fn sizer(&self) -> Result<Option<Arc<Cached<RegistrySizer>>>> {
+    /// The mirror configuration flags name.
+    pub fn mirrors(&self) -> MirrorFlags {
+        MirrorFlags {
+            registries_conf: self.registries_conf.clone(),
+            hosts_dir: self.registry_config_path.clone(),
+        }
+    }
+
+    pub fn budget(&self) -> Duration {
+        Duration::from_secs(self.sizing_budget)
+    }
+
+    /// The registry sizer these options describe, through the mirrors of `source`; `None`
+    /// with `--no-sizing`.
+    pub fn sizer(&self, source: MirrorSource) -> Result<Option<Arc<Cached<RegistrySizer>>>> {
         if self.no_sizing {
             return Ok(None);
         }
@@ -94,6 +122,8 @@ impl SizingOpts {
         Ok(Some(pinset_node::config::sizer(
             &self.insecure_registry,
             credentials,
+            source,
+            self.budget(),
         )))
     }
 }
@@ -392,6 +422,8 @@ impl RuntimeOpts {
             auth: self.sizing.auth.clone(),
             insecure_registries: self.sizing.insecure_registry.clone(),
             sizing: !self.sizing.no_sizing,
+            mirrors: self.sizing.mirrors(),
+            sizing_budget: self.sizing.budget(),
         })
     }
 }

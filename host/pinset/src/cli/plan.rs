@@ -11,7 +11,8 @@ use pinset_core::plan::{self, Plan};
 use pinset_core::timeline::{Recorder, Timeline};
 use pinset_node::Reconciler;
 use pinset_node::cri::client::{CriClient, CriConfig};
-use pinset_node::facts::{self, Facts};
+use pinset_node::config::PinKind;
+use pinset_node::facts::{self, Facts, Unsized};
 use pinset_node::registry::size::{Cached, RegistrySizer};
 use pinset_policy::Guarded;
 use pinset_policy_sdk::{DiskFacts, Verdict, fmt_bytes};
@@ -120,6 +121,19 @@ pub struct PlanReport {
     pub throttle_after_pull_ms: Option<u64>,
     /// Hooks where the policy failed and the reference decided, with why.
     pub fallbacks: Vec<String>,
+    /// Images left unsized, per registry, with the first cause.
+    pub unsized_images: Vec<Unsized>,
+    /// The mirror configuration sizing went through.
+    pub mirrors: MirrorsReport,
+}
+
+#[derive(Serialize, Debug, Default)]
+pub struct MirrorsReport {
+    /// `registries.conf FILE`, `containerd hosts directory DIR` or `no mirror configuration`.
+    pub source: String,
+    /// Why it was not used (FILE:LINE: cause): sized without mirrors.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
 }
 
 #[derive(Serialize, Debug)]
@@ -158,6 +172,9 @@ pub struct Pull {
     pub image: String,
     pub sets: Vec<String>,
     pub size_bytes: Option<u64>,
+    /// The endpoint that served the image's manifest (`host[/path]/repository`): a mirror or
+    /// its own registry.
+    pub sized_by: Option<String>,
 }
 
 /// `pinset plan`. With `--cri` the reconcile's own facts phase runs (snapshot, disk, sizes);
@@ -174,21 +191,31 @@ pub async fn plan_cmd(
 ) -> Result<ExitCode> {
     let (node, desired) = desired_state(inputs)?;
     let (_runtime, module) = load_policy(policy)?;
-    let sizer = sizing.sizer()?;
-    let facts = match cri {
-        // The reconcile's own facts phase: snapshot and disk, sizes of what is absent.
+    let (facts, mirrors) = match cri {
+        // The reconcile's own facts phase: snapshot and disk, sizes of what is absent, through
+        // the mirrors of the runtime found there.
         Some(endpoint) => {
             let client = CriClient::new(CriConfig {
                 endpoint,
                 ..Default::default()
             })?;
+            let runtime = client.version().await?.runtime_name;
+            let source = match PinKind::for_runtime(&runtime) {
+                Some(pin) => sizing.mirrors().for_runtime(pin, &client).await,
+                None => sizing.mirrors().offline()?,
+            };
+            let sizer = sizing.sizer(source.clone())?;
             let mut reconciler = Reconciler::<RegistrySizer, ()>::new(client, ());
             if let Some(sizer) = sizer {
                 reconciler = reconciler.with_sizer(sizer);
             }
-            reconciler.facts(&desired, &node).await?
+            (reconciler.facts(&desired, &node).await?, source)
         }
-        None => offline_facts(&desired, &node, sizer.as_ref()).await,
+        None => {
+            let source = sizing.mirrors().offline()?;
+            let sizer = sizing.sizer(source.clone())?;
+            (offline_facts(&desired, &node, sizer.as_ref()).await, source)
+        }
     };
     let mut guarded = Guarded::new(Box::new(module.instance()));
     let plan = plan::make(&mut guarded, &facts.request, max_pulls);
@@ -197,7 +224,11 @@ pub async fn plan_cmd(
         let trace = super::write_timeline(path, &t).context("--timeline")?;
         eprintln!("timeline: {} ({})", path.display(), trace.display());
     }
-    let report = report(&node, &desired, &plan, &facts, &mut guarded, module.name());
+    let mut report = report(&node, &desired, &plan, &facts, &mut guarded, module.name());
+    report.mirrors = MirrorsReport {
+        source: mirrors.describe(),
+        error: facts.sizing.mirrors_error.clone(),
+    };
     match output {
         Output::Text => print_text(&report),
         Output::Json => println!("{}", serde_json::to_string_pretty(&report)?),
@@ -219,19 +250,20 @@ async fn offline_facts(
     sizer: Option<&Arc<Cached<RegistrySizer>>>,
 ) -> Facts {
     let present = vec![false; desired.images.len()];
-    let sizes = facts::sizes(sizer, desired, &present).await;
+    let sizing = facts::sizes(sizer, desired, &present).await;
     let request = facts::request(
         desired,
         facts::node_facts(node, &desired.pools),
         DiskFacts::default(),
         &present,
-        &sizes,
+        &sizing.sizes,
     );
     Facts {
         snapshot: Default::default(),
         present,
         request,
         phases: Vec::new(),
+        sizing,
     }
 }
 
@@ -247,11 +279,16 @@ fn report(
     let pulls: Vec<Pull> = plan
         .pulls
         .iter()
-        .filter_map(|&i| request.images.get(i as usize))
-        .map(|image| Pull {
+        .filter_map(|&i| Some((i, request.images.get(i as usize)?)))
+        .map(|(i, image)| Pull {
             image: image.reference.to_string(),
             sets: image.sets().map(String::from).collect(),
             size_bytes: image.size_bytes,
+            sized_by: facts
+                .sizing
+                .sizes
+                .get(i as usize)
+                .and_then(|s| s.as_ref()?.endpoint.clone()),
         })
         .collect();
     let throttle = pulls.first().map(|first| {
@@ -307,6 +344,8 @@ fn report(
         policy_concurrency: plan.capped_from,
         throttle_after_pull_ms: throttle,
         fallbacks: policy.fallbacks().iter().map(ToString::to_string).collect(),
+        unsized_images: facts.sizing.left.clone(),
+        mirrors: MirrorsReport::default(),
     }
 }
 
@@ -354,8 +393,22 @@ fn print_text(r: &PlanReport) {
             std::time::Duration::from_millis(ms)
         );
     }
+    println!("mirrors: {}", r.mirrors.source);
+    if let Some(e) = &r.mirrors.error {
+        println!("  not used, sized without mirrors: {e}");
+    }
+    for u in &r.unsized_images {
+        println!(
+            "registry {}: {} image(s) left unsized: {}",
+            u.registry, u.images, u.cause
+        );
+    }
     for (n, pull) in r.pulls.iter().enumerate() {
-        let size = pull.size_bytes.map_or("size unknown".into(), fmt_bytes);
+        let size = match (pull.size_bytes, &pull.sized_by) {
+            (None, _) => "size unknown".into(),
+            (Some(b), Some(by)) => format!("{} via {by}", fmt_bytes(b)),
+            (Some(b), None) => fmt_bytes(b),
+        };
         println!(
             "  {:>4}. {}  [{}]  ({size})",
             n + 1,
