@@ -215,11 +215,18 @@ async fn pin_auto_picks_the_label_back_end_for_containerd() {
         auth: None,
         insecure_registries: Vec::new(),
         sizing: false,
+        mirrors: Default::default(),
+        sizing_budget: std::time::Duration::from_secs(15),
     };
     let reconciler = config.connect().await.unwrap();
     assert_eq!(reconciler.pins().name(), "containerd");
     let version = reconciler.cri().version().await.unwrap();
     assert_eq!(version.runtime_name, "containerd", "{version:?}");
+    // The runtime tells where its registry hosts are: the sizing follows the same mirrors.
+    assert_eq!(
+        reconciler.cri().registry_config_path().await,
+        Some(bed.containerd.hosts_dir())
+    );
 }
 
 /// A digest the registry does not have is not retried with the reference's schedule (1+2+4+8 s

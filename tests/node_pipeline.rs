@@ -98,6 +98,7 @@ async fn bed(images: u32, size: u64, bandwidth: u64, disk: u64, policy: PolicyMo
                 image(n),
                 ImageSize {
                     layers: vec![(format!("sha256:layer{n}"), size)],
+                    endpoint: None,
                 },
             )
         })

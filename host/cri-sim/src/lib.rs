@@ -12,8 +12,8 @@
 use pinset_node::cri::proto::{
     self, FilesystemIdentifier, FilesystemUsage, ImageFsInfoRequest, ImageFsInfoResponse,
     ImageStatusRequest, ImageStatusResponse, ListImagesRequest, ListImagesResponse,
-    PullImageRequest, PullImageResponse, RemoveImageRequest, RemoveImageResponse, UInt64Value,
-    StatusRequest, StatusResponse, VersionRequest, VersionResponse,
+    PullImageRequest, PullImageResponse, RemoveImageRequest, RemoveImageResponse, StatusRequest,
+    StatusResponse, UInt64Value, VersionRequest, VersionResponse,
     image_service_server::{ImageService, ImageServiceServer},
     runtime_service_server::{RuntimeService, RuntimeServiceServer},
 };

@@ -72,12 +72,12 @@ impl MirrorFlags {
                 };
                 MirrorSource::HostsDir(dir)
             }
-            PinKind::Crio | PinKind::Auto => MirrorSource::RegistriesConf(
-                self.registries_conf.clone().unwrap_or_else(|| {
+            PinKind::Crio | PinKind::Auto => {
+                MirrorSource::RegistriesConf(self.registries_conf.clone().unwrap_or_else(|| {
                     std::env::var_os("CONTAINERS_REGISTRIES_CONF")
                         .map_or_else(|| REGISTRIES_CONF.into(), PathBuf::from)
-                }),
-            ),
+                }))
+            }
         }
     }
 
@@ -155,8 +155,8 @@ impl NodeConfig {
         if self.sizing {
             let sizer = RegistrySizer::new(self.insecure_registries.clone(), credentials)
                 .with_mirrors(mirrors);
-            reconciler = reconciler
-                .with_sizer(Arc::new(Cached::new(sizer).with_budget(self.sizing_budget)));
+            reconciler =
+                reconciler.with_sizer(Arc::new(Cached::new(sizer).with_budget(self.sizing_budget)));
         }
         Ok(reconciler)
     }

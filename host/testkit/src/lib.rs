@@ -470,6 +470,11 @@ impl Containerd {
         self.wait_ready();
     }
 
+    /// Its registry hosts directory (`config_path`): `HOST/hosts.toml` files.
+    pub fn hosts_dir(&self) -> PathBuf {
+        self.dir.path().join("certs.d")
+    }
+
     pub fn endpoint(&self) -> String {
         format!("unix://{}", self.socket.display())
     }

@@ -81,7 +81,11 @@ pub fn events(status: &NodeStatus, seen: &mut Seen) -> Vec<kube::runtime::events
     out.extend(policy_events(status, seen));
     // Once per warning: unsized images or an unreadable mirror configuration, said again only
     // when it changes.
-    if let Some(warning) = status.sizing.as_ref().filter(|w| seen.sizing.as_ref() != Some(*w)) {
+    if let Some(warning) = status
+        .sizing
+        .as_ref()
+        .filter(|w| seen.sizing.as_ref() != Some(*w))
+    {
         out.push(event(
             EventType::Warning,
             "SizingIncomplete",
@@ -596,12 +600,19 @@ mod tests {
             .find(|c| c.type_ == CONDITION_PROGRESSING)
             .unwrap();
         assert!(
-            progressing.message.ends_with("; sizing: registry quay.io: 40 image(s) left unsized: unreachable"),
+            progressing
+                .message
+                .ends_with("; sizing: registry quay.io: 40 image(s) left unsized: unreachable"),
             "{}",
             progressing.message
         );
-        st.sizing = Some("mirror configuration not used: /etc/containers/registries.conf:3: x".into());
-        assert_eq!(reasons(events(&st, &mut seen)), ["SizingIncomplete"], "a new warning is said");
+        st.sizing =
+            Some("mirror configuration not used: /etc/containers/registries.conf:3: x".into());
+        assert_eq!(
+            reasons(events(&st, &mut seen)),
+            ["SizingIncomplete"],
+            "a new warning is said"
+        );
         st.sizing = None;
         assert!(reasons(events(&st, &mut seen)).is_empty());
     }

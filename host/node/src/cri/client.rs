@@ -5,8 +5,9 @@
 
 use super::proto::{
     self, AuthConfig, FilesystemUsage, ImageFsInfoRequest, ImageSpec, ImageStatusRequest,
-    ListImagesRequest, PullImageRequest, RemoveImageRequest, StatusRequest, VersionRequest, VersionResponse,
-    image_service_client::ImageServiceClient, runtime_service_client::RuntimeServiceClient,
+    ListImagesRequest, PullImageRequest, RemoveImageRequest, StatusRequest, VersionRequest,
+    VersionResponse, image_service_client::ImageServiceClient,
+    runtime_service_client::RuntimeServiceClient,
 };
 use hyper_util::rt::TokioIo;
 use std::path::{Path, PathBuf};

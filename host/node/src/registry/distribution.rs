@@ -99,10 +99,12 @@ impl Distribution {
                 ),
             });
         }
-        let client = self.client(&endpoint.tls).map_err(|why| FetchError::Answer {
-            endpoint: name.clone(),
-            why,
-        })?;
+        let client = self
+            .client(&endpoint.tls)
+            .map_err(|why| FetchError::Answer {
+                endpoint: name.clone(),
+                why,
+            })?;
         let schemes: &[&str] = match endpoint.scheme {
             _ if self.insecure.contains(&endpoint.host) => &["http"],
             Scheme::Http => &["http"],
@@ -278,7 +280,11 @@ fn parameters(text: &str) -> Vec<(String, String)> {
     let mut out = Vec::new();
     let mut rest = text.trim();
     while let Some(eq) = rest.find('=') {
-        let key = rest[..eq].trim().trim_start_matches(',').trim().to_lowercase();
+        let key = rest[..eq]
+            .trim()
+            .trim_start_matches(',')
+            .trim()
+            .to_lowercase();
         let after = &rest[eq + 1..];
         let (value, next) = match after.strip_prefix('"') {
             Some(quoted) => match quoted.find('"') {
@@ -315,14 +321,18 @@ async fn read(
         .content_length()
         .is_some_and(|n| n > MAX_MANIFEST_BYTES as u64)
     {
-        return Err(answer(format!("a manifest over {MAX_MANIFEST_BYTES} bytes")));
+        return Err(answer(format!(
+            "a manifest over {MAX_MANIFEST_BYTES} bytes"
+        )));
     }
     let body = response
         .bytes()
         .await
         .map_err(|e| answer(super::causes(&e)))?;
     if body.len() > MAX_MANIFEST_BYTES {
-        return Err(answer(format!("a manifest over {MAX_MANIFEST_BYTES} bytes")));
+        return Err(answer(format!(
+            "a manifest over {MAX_MANIFEST_BYTES} bytes"
+        )));
     }
     // The digest is the manifest's identity: a registry cannot answer with another one.
     let digest = format!("sha256:{:x}", <sha2::Sha256 as sha2::Digest>::digest(&body));
@@ -356,10 +366,16 @@ mod tests {
         let e = d.manifest(&endpoint(&addr), D).await.unwrap_err();
         assert!(e.unreachable(), "{e}");
         let text = e.to_string();
-        assert!(text.contains(&format!("GET http://{addr}/v2/a/b/manifests/{D}")), "{text}");
+        assert!(
+            text.contains(&format!("GET http://{addr}/v2/a/b/manifests/{D}")),
+            "{text}"
+        );
         assert!(text.to_lowercase().contains("refused"), "{text}");
         let again = d.manifest(&endpoint(&addr), D).await.unwrap_err();
-        assert!(again.to_string().contains("skipped: it did not answer"), "{again}");
+        assert!(
+            again.to_string().contains("skipped: it did not answer"),
+            "{again}"
+        );
     }
 
     #[tokio::test]
@@ -372,7 +388,10 @@ mod tests {
         let d = Distribution::new(Vec::new(), Arc::default());
         let e = d.manifest(&endpoint(&addr), D).await.unwrap_err();
         assert!(!e.unreachable());
-        assert!(e.to_string().contains("the manifest's digest is sha256:"), "{e}");
+        assert!(
+            e.to_string().contains("the manifest's digest is sha256:"),
+            "{e}"
+        );
         // By tag, the digest is the bytes'.
         let m = d.manifest(&endpoint(&addr), "v1").await.unwrap();
         assert_eq!(m.digest.len(), 71);
@@ -390,15 +409,26 @@ mod tests {
 
     #[test]
     fn challenges_are_read_with_quoted_commas() {
-        let p = parameters(r#"realm="https://auth.example/token",service="registry.example",scope="repository:a/b:pull,push""#);
+        let p = parameters(
+            r#"realm="https://auth.example/token",service="registry.example",scope="repository:a/b:pull,push""#,
+        );
         assert_eq!(
             p,
             [
-                ("realm".to_string(), "https://auth.example/token".to_string()),
+                (
+                    "realm".to_string(),
+                    "https://auth.example/token".to_string()
+                ),
                 ("service".into(), "registry.example".into()),
                 ("scope".into(), "repository:a/b:pull,push".into()),
             ]
         );
-        assert_eq!(parameters("realm=x, service=y"), [("realm".to_string(), "x".to_string()), ("service".into(), "y".into())]);
+        assert_eq!(
+            parameters("realm=x, service=y"),
+            [
+                ("realm".to_string(), "x".to_string()),
+                ("service".into(), "y".into())
+            ]
+        );
     }
 }

@@ -212,7 +212,9 @@ impl RegistrySizer {
                 OciManifest::Image(manifest) => return Ok(manifest),
                 OciManifest::ImageIndex(index) => {
                     digest = oci_client::client::current_platform_resolver(&index.manifests)
-                        .ok_or_else(|| answer("the index has no manifest for this platform".into()))?;
+                        .ok_or_else(|| {
+                            answer("the index has no manifest for this platform".into())
+                        })?;
                 }
             }
         }
@@ -290,7 +292,11 @@ mod tests {
     async fn a_blocked_registry_without_a_mirror_is_said_and_never_asked() {
         let dir = tempfile::tempdir().unwrap();
         let conf = dir.path().join("registries.conf");
-        std::fs::write(&conf, "[[registry]]\nlocation = \"127.0.0.1:9\"\nblocked = true\n").unwrap();
+        std::fs::write(
+            &conf,
+            "[[registry]]\nlocation = \"127.0.0.1:9\"\nblocked = true\n",
+        )
+        .unwrap();
         let sizer = RegistrySizer::new(Vec::new(), Arc::default())
             .with_mirrors(MirrorSource::RegistriesConf(conf.clone()));
         sizer.refresh().unwrap();
@@ -303,6 +309,9 @@ mod tests {
         let bad = sizer.refresh().unwrap_err();
         assert_eq!(bad.line, Some(1), "{bad}");
         let e = sizer.size(&image).await.unwrap_err();
-        assert!(e.unreachable && e.why.contains("GET https://127.0.0.1:9/v2/a/manifests"), "{e}");
+        assert!(
+            e.unreachable && e.why.contains("GET https://127.0.0.1:9/v2/a/manifests"),
+            "{e}"
+        );
     }
 }

@@ -10,8 +10,8 @@ use pinset_core::desired::{Desired, NodeInfo};
 use pinset_core::plan::{self, Plan};
 use pinset_core::timeline::{Recorder, Timeline};
 use pinset_node::Reconciler;
-use pinset_node::cri::client::{CriClient, CriConfig};
 use pinset_node::config::PinKind;
+use pinset_node::cri::client::{CriClient, CriConfig};
 use pinset_node::facts::{self, Facts, Unsized};
 use pinset_node::registry::size::{Cached, RegistrySizer};
 use pinset_policy::Guarded;
@@ -267,17 +267,10 @@ async fn offline_facts(
     }
 }
 
-fn report(
-    node: &NodeInfo,
-    desired: &Desired,
-    plan: &Plan,
-    facts: &Facts,
-    policy: &mut Guarded,
-    module: &str,
-) -> PlanReport {
+/// The plan's pulls in order, with their sizes and the endpoints that sized them.
+fn pulls(plan: &Plan, facts: &Facts) -> Vec<Pull> {
     let request = &facts.request;
-    let pulls: Vec<Pull> = plan
-        .pulls
+    plan.pulls
         .iter()
         .filter_map(|&i| Some((i, request.images.get(i as usize)?)))
         .map(|(i, image)| Pull {
@@ -290,7 +283,19 @@ fn report(
                 .get(i as usize)
                 .and_then(|s| s.as_ref()?.endpoint.clone()),
         })
-        .collect();
+        .collect()
+}
+
+fn report(
+    node: &NodeInfo,
+    desired: &Desired,
+    plan: &Plan,
+    facts: &Facts,
+    policy: &mut Guarded,
+    module: &str,
+) -> PlanReport {
+    let request = &facts.request;
+    let pulls = pulls(plan, facts);
     let throttle = pulls.first().map(|first| {
         let outcome = pinset_policy_sdk::PullOutcome {
             reference: first.image.clone(),
