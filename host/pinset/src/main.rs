@@ -138,6 +138,9 @@ enum Command {
     /// resume it (as `kubectl rollout` does for a Deployment).
     #[command(subcommand)]
     Rollout(cli::rollout::RolloutCommand),
+    /// PinnedImageSets from images as people name them (tags resolved to digests).
+    #[command(subcommand)]
+    Set(cli::set::SetCommand),
     /// Measure the node pipeline (use a release build).
     #[command(subcommand)]
     Bench(cli::bench::BenchCommand),
@@ -212,6 +215,7 @@ fn run(args: Args) -> Result<ExitCode> {
         )),
         Command::Bench(cmd) => rt()?.block_on(cli::bench::run(cmd)),
         Command::Rollout(cmd) => rt()?.block_on(cli::rollout::run(cmd)),
+        Command::Set(cmd) => rt()?.block_on(cli::set::run(cmd)),
         Command::Crds => Ok(cli::kube::crds()),
         Command::CompilePolicy => cli::policy::compile_child(),
         Command::Completion { shell } => {

@@ -116,6 +116,18 @@ impl<S: Sizer> Cached<S> {
     }
 }
 
+/// What [`RegistrySizer::first_answer`] asks each endpoint for.
+#[derive(Clone, Copy)]
+enum Ask {
+    PlatformManifest,
+    Digest,
+}
+
+enum Answer {
+    Manifest(Box<OciImageManifest>),
+    Digest(String),
+}
+
 /// Sizes from the registries' manifests (OCI distribution API), asked of the endpoints the
 /// node's runtime would pull from ([`Mirrors`]: mirrors in order, then the image's own registry
 /// unless blocked); the first that serves the digest sizes the image. An index is resolved to
@@ -163,33 +175,74 @@ impl RegistrySizer {
         &self,
         target: &Target,
     ) -> Result<(OciImageManifest, String), SizeError> {
+        match self.first_answer(target, Ask::PlatformManifest).await? {
+            (Answer::Manifest(m), endpoint) => Ok((*m, endpoint)),
+            (Answer::Digest(_), _) => unreachable!("asked for a manifest"),
+        }
+    }
+
+    /// The digest `target` (a tag, or a digest to check) names, from the first endpoint that
+    /// serves it as a manifest (an index for a multi-platform tag: its own digest), and that
+    /// endpoint's name.
+    pub async fn resolve(&self, target: &Target) -> Result<(String, String), SizeError> {
+        match self.first_answer(target, Ask::Digest).await? {
+            (Answer::Digest(d), endpoint) => Ok((d, endpoint)),
+            (Answer::Manifest(_), _) => unreachable!("asked for a digest"),
+        }
+    }
+
+    async fn ask(
+        &self,
+        endpoint: &Endpoint,
+        reference: &str,
+        ask: Ask,
+    ) -> Result<Answer, FetchError> {
+        match ask {
+            Ask::PlatformManifest => self
+                .platform_manifest(endpoint, reference)
+                .await
+                .map(|m| Answer::Manifest(Box::new(m))),
+            Ask::Digest => {
+                let m = self.distribution.manifest(endpoint, reference).await?;
+                match serde_json::from_slice::<OciManifest>(&m.body) {
+                    Ok(_) => Ok(Answer::Digest(m.digest)),
+                    Err(e) => Err(FetchError::Answer {
+                        endpoint: endpoint.name(),
+                        why: format!("{reference}: not a manifest: {e}"),
+                    }),
+                }
+            }
+        }
+    }
+
+    /// Ask each endpoint of `target` in the runtime's order until one answers; every
+    /// endpoint's failure said when none does.
+    async fn first_answer(
+        &self,
+        target: &Target,
+        what: Ask,
+    ) -> Result<(Answer, String), SizeError> {
         let endpoints = self.mirrors().endpoints(target);
-        let image = target.full();
+        let error = |unreachable: bool, why: String| SizeError {
+            image: target.full(),
+            registry: target.registry.clone(),
+            unreachable,
+            why,
+        };
         if endpoints.is_empty() {
-            return Err(SizeError {
-                image,
-                registry: target.registry.clone(),
-                unreachable: false,
-                why: "its registry is blocked and no mirror serves it".into(),
-            });
+            let why = "its registry is blocked and no mirror serves it";
+            return Err(error(false, why.into()));
         }
         let mut failures = Vec::new();
         for endpoint in &endpoints {
-            match self.platform_manifest(endpoint, &target.reference).await {
-                Ok(manifest) => return Ok((manifest, endpoint.name())),
+            match self.ask(endpoint, &target.reference, what).await {
+                Ok(answer) => return Ok((answer, endpoint.name())),
                 Err(e) => failures.push(e),
             }
         }
-        Err(SizeError {
-            image,
-            registry: target.registry.clone(),
-            unreachable: failures.iter().all(FetchError::unreachable),
-            why: failures
-                .iter()
-                .map(ToString::to_string)
-                .collect::<Vec<_>>()
-                .join("; "),
-        })
+        let unreachable = failures.iter().all(FetchError::unreachable);
+        let why: Vec<String> = failures.iter().map(ToString::to_string).collect();
+        Err(error(unreachable, why.join("; ")))
     }
 
     /// The manifest at one endpoint, an index resolved to this platform there.

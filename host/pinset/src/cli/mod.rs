@@ -12,6 +12,7 @@ pub mod policy_oci;
 pub mod report;
 pub mod rollout;
 pub mod scaffold;
+pub mod set;
 pub mod simulate;
 
 use anyhow::Context;

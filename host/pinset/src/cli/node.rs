@@ -71,27 +71,45 @@ pub struct RuntimeOpts {
     pub sizing: SizingOpts,
 }
 
-/// How images are sized from their registries (`node`, `plan`, the agent).
+/// How pinset reaches registries itself (sizing, `set from-images`): credentials, plain-HTTP
+/// registries and the node's mirror configuration.
 #[derive(clap::Args, Clone, Debug)]
-pub struct SizingOpts {
+pub struct RegistryOpts {
     /// Registry credentials (kubelet config.json; missing or empty: none).
     #[arg(long, value_name = "FILE")]
     pub auth: Option<PathBuf>,
-    /// A registry (`host[:port]`) to speak plain HTTP to when sizing images (loopback test
-    /// registries); repeatable.
+    /// A registry (`host[:port]`) to speak plain HTTP to (loopback test registries);
+    /// repeatable.
     #[arg(long, value_name = "HOST")]
     pub insecure_registry: Vec<String>,
-    /// Do not size images from their registries: the policy is told their size is unknown.
-    #[arg(long)]
-    pub no_sizing: bool,
-    /// CRI-O's registries.conf to size through (its drop-ins: FILE.d/*.conf). Default on a
+    /// CRI-O's registries.conf to go through (its drop-ins: FILE.d/*.conf). Default on a
     /// CRI-O node: $CONTAINERS_REGISTRIES_CONF, else /etc/containers/registries.conf.
     #[arg(long, value_name = "FILE")]
     pub registries_conf: Option<PathBuf>,
-    /// containerd's registry hosts directory (HOST/hosts.toml) to size through. Default on a
+    /// containerd's registry hosts directory (HOST/hosts.toml) to go through. Default on a
     /// containerd node: the config_path the runtime reports, else /etc/containerd/certs.d.
     #[arg(long, value_name = "DIR")]
     pub registry_config_path: Option<PathBuf>,
+}
+
+impl RegistryOpts {
+    /// The mirror configuration flags name.
+    pub fn mirrors(&self) -> MirrorFlags {
+        MirrorFlags {
+            registries_conf: self.registries_conf.clone(),
+            hosts_dir: self.registry_config_path.clone(),
+        }
+    }
+}
+
+/// How images are sized from their registries (`node`, `plan`, the agent).
+#[derive(clap::Args, Clone, Debug)]
+pub struct SizingOpts {
+    #[command(flatten)]
+    pub registry: RegistryOpts,
+    /// Do not size images from their registries: the policy is told their size is unknown.
+    #[arg(long)]
+    pub no_sizing: bool,
     /// The total time one round of sizing may take, in seconds: images a dark registry or
     /// mirror leaves unsized by then count as "size unknown".
     #[arg(long, value_name = "SECONDS", default_value_t = 15,
@@ -100,12 +118,8 @@ pub struct SizingOpts {
 }
 
 impl SizingOpts {
-    /// The mirror configuration flags name.
     pub fn mirrors(&self) -> MirrorFlags {
-        MirrorFlags {
-            registries_conf: self.registries_conf.clone(),
-            hosts_dir: self.registry_config_path.clone(),
-        }
+        self.registry.mirrors()
     }
 
     pub fn budget(&self) -> Duration {
@@ -118,9 +132,9 @@ impl SizingOpts {
         if self.no_sizing {
             return Ok(None);
         }
-        let credentials = pinset_node::config::credentials(self.auth.as_deref())?;
+        let credentials = pinset_node::config::credentials(self.registry.auth.as_deref())?;
         Ok(Some(pinset_node::config::sizer(
-            &self.insecure_registry,
+            &self.registry.insecure_registry,
             credentials,
             source,
             self.budget(),
@@ -419,8 +433,8 @@ impl RuntimeOpts {
             },
             crio_dropin_dir: self.crio_dropin_dir.clone(),
             crio_reload: Reload::from_flag(self.crio_reload.as_deref()),
-            auth: self.sizing.auth.clone(),
-            insecure_registries: self.sizing.insecure_registry.clone(),
+            auth: self.sizing.registry.auth.clone(),
+            insecure_registries: self.sizing.registry.insecure_registry.clone(),
             sizing: !self.sizing.no_sizing,
             mirrors: self.sizing.mirrors(),
             sizing_budget: self.sizing.budget(),

@@ -118,6 +118,55 @@ impl Target {
     }
 }
 
+impl Target {
+    /// An image as people write it: `[host[:port]/]path[:tag|@sha256:…]` (`latest` when neither
+    /// is given; Docker Hub when no host is).
+    pub fn parse(text: &str) -> Result<Target, String> {
+        let bad = |why: &str| format!("{text:?}: {why}");
+        let (name, reference) = match text.split_once('@') {
+            Some((name, digest)) => {
+                pinset_core::reference::ImageRef::parse(text).map_err(|e| e.to_string())?;
+                (name, digest.to_string())
+            }
+            None => match text.rfind(':').filter(|&c| !text[c..].contains('/')) {
+                Some(colon) => (&text[..colon], text[colon + 1..].to_string()),
+                None => (text, "latest".to_string()),
+            },
+        };
+        let tag_ok = |t: &str| {
+            !t.is_empty()
+                && t.len() <= 128
+                && !t.starts_with(['.', '-'])
+                && t.bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"_.-".contains(&b))
+        };
+        if !reference.starts_with("sha256:") && !tag_ok(&reference) {
+            return Err(bad("the tag is not valid"));
+        }
+        let parts: Vec<&str> = name.split('/').collect();
+        let first = parts[0];
+        let has_host =
+            parts.len() > 1 && (first.contains('.') || first.contains(':') || first == "localhost");
+        let (registry, path) = match has_host {
+            true => (first, &parts[1..]),
+            false => ("docker.io", &parts[..]),
+        };
+        let component_ok = |c: &&str| {
+            !c.is_empty()
+                && c.bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"._-".contains(&b))
+        };
+        if path.is_empty() || !path.iter().all(component_ok) || registry.is_empty() {
+            return Err(bad("not an image name"));
+        }
+        Ok(Target {
+            registry: registry.to_string(),
+            repository: canonical_repository(registry, &path.join("/")),
+            reference,
+        })
+    }
+}
+
 impl From<&pinset_core::reference::ImageRef> for Target {
     fn from(image: &pinset_core::reference::ImageRef) -> Target {
         Target {
@@ -258,6 +307,38 @@ pub(crate) fn split_reference(full: &str) -> Option<(String, String, String)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn images_as_people_write_them() {
+        let t = Target::parse("busybox").unwrap();
+        assert_eq!(t.full(), "docker.io/library/busybox:latest");
+        let t = Target::parse("127.0.0.1:5000/team/app:v1.2").unwrap();
+        assert_eq!(
+            (
+                t.registry.as_str(),
+                t.repository.as_str(),
+                t.reference.as_str()
+            ),
+            ("127.0.0.1:5000", "team/app", "v1.2")
+        );
+        let d = "sha256:86d26e7ebcccd6f07a75db5b1e56283b25c2ee1c6a755d6ffc5a4d59beb9c504";
+        let t = Target::parse(&format!("quay.io/a/b@{d}")).unwrap();
+        assert!(t.by_digest() && t.reference == d);
+        assert_eq!(
+            Target::parse("localhost:5000/a").unwrap().reference,
+            "latest"
+        );
+        for bad in [
+            "Team/App:v1",
+            "quay.io/a:",
+            "quay.io/a:-x",
+            "quay.io/a@sha256:12",
+            "quay.io//a",
+            "",
+        ] {
+            assert!(Target::parse(bad).is_err(), "{bad}");
+        }
+    }
 
     #[test]
     fn lines_count_from_one() {
