@@ -177,6 +177,22 @@ impl Registry {
         self.child.id()
     }
 
+    /// The registry's log so far: its access log names every request it served
+    /// (`"GET /v2/… HTTP/1.1" 200`).
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.config.with_file_name("registry.log")).unwrap_or_default()
+    }
+
+    /// The requests of the access log for `/v2/` paths other than the API probe.
+    pub fn requests(&self) -> Vec<String> {
+        self.log()
+            .lines()
+            .filter(|l| l.contains("\"GET /v2/") || l.contains("\"HEAD /v2/"))
+            .filter(|l| !l.contains(" /v2/ "))
+            .map(String::from)
+            .collect()
+    }
+
     /// The registry's storage (its filesystem driver's root): what a test tampers with to play
     /// a registry serving damaged blobs.
     pub fn storage(&self) -> PathBuf {
@@ -193,11 +209,18 @@ impl Registry {
     }
 }
 
+/// docker-registry with its output (errors and the access log of every request) appended to
+/// `registry.log` beside its configuration.
 fn spawn_registry(binary: &std::path::Path, config: &std::path::Path) -> Child {
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(config.with_file_name("registry.log"))
+        .expect("the registry's log file");
     Command::new(binary)
         .args(["serve", config.to_str().unwrap()])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
+        .stdout(log.try_clone().expect("log file"))
+        .stderr(log)
         .spawn()
         .expect("start docker-registry")
 }
@@ -381,6 +404,14 @@ impl Containerd {
     /// containerd whose root (content store and snapshots) is a tmpfs of `limit` bytes when
     /// given, so that pulls can fill it up.
     pub fn start_with_root_limit(registry: &str, limit: Option<u64>) -> Option<Containerd> {
+        let hosts = format!(
+            "server = \"http://{registry}\"\n\n[host.\"http://{registry}\"]\n  capabilities = [\"pull\", \"resolve\"]\n"
+        );
+        Self::start_with_hosts(&[(registry, &hosts)], limit)
+    }
+
+    /// containerd whose registry hosts directory holds `(host directory, hosts.toml)` files.
+    pub fn start_with_hosts(hosts: &[(&str, &str)], limit: Option<u64>) -> Option<Containerd> {
         let Some(binary) = containerd_binary() else {
             skip_or_fail("containerd 1.7 is not installed (tests/bed/fetch-containerd.sh)");
             return None;
@@ -390,13 +421,11 @@ impl Containerd {
             .tempdir()
             .unwrap();
         let d = dir.path();
-        let hosts = d.join("certs.d").join(registry);
-        std::fs::create_dir_all(&hosts).unwrap();
-        std::fs::write(
-            hosts.join("hosts.toml"),
-            format!("server = \"http://{registry}\"\n\n[host.\"http://{registry}\"]\n  capabilities = [\"pull\", \"resolve\"]\n"),
-        )
-        .unwrap();
+        for (host, text) in hosts {
+            let host_dir = d.join("certs.d").join(host);
+            std::fs::create_dir_all(&host_dir).unwrap();
+            std::fs::write(host_dir.join("hosts.toml"), text).unwrap();
+        }
         if let Some(bytes) = limit {
             let root = d.join("root");
             std::fs::create_dir_all(&root).unwrap();

@@ -111,18 +111,23 @@ impl Distribution {
             Scheme::Https => &["https"],
             Scheme::HttpsThenHttp => &["https", "http"],
         };
+        // Dropped before an answer (a sizing budget ran out): the endpoint counts as dark.
+        let mut waiting = Waiting {
+            dark: &self.dark,
+            host: &endpoint.host,
+            answered: false,
+        };
         let mut last = None;
         for scheme in schemes {
             let url = endpoint.manifest_url(scheme, reference);
             match self.get(&client, endpoint, &url).await {
-                Ok(response) => return read(response, &url, reference, &name).await,
+                Ok(response) => {
+                    waiting.answered = true;
+                    return read(response, &url, reference, &name).await;
+                }
                 Err(e) => last = Some(format!("GET {url}: {}", super::causes(&e))),
             }
         }
-        self.dark
-            .lock()
-            .expect("dark")
-            .insert(endpoint.host.clone(), Instant::now());
         Err(FetchError::Unreachable {
             endpoint: name,
             why: last.unwrap_or_default(),
@@ -242,6 +247,24 @@ async fn token_of(answer: reqwest::Response) -> Option<String> {
     }
     let token: Token = answer.json().await.ok()?;
     token.token.or(token.access_token).filter(|t| !t.is_empty())
+}
+
+/// A request under way to `host`: unless it is answered, the host is dark from its end (a
+/// failure, or the request dropped by a deadline).
+struct Waiting<'a> {
+    dark: &'a Mutex<HashMap<String, Instant>>,
+    host: &'a str,
+    answered: bool,
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        if !self.answered
+            && let Ok(mut dark) = self.dark.lock()
+        {
+            dark.insert(self.host.to_string(), Instant::now());
+        }
+    }
 }
 
 /// The first challenge of a 401 answer.
@@ -376,6 +399,22 @@ mod tests {
             again.to_string().contains("skipped: it did not answer"),
             "{again}"
         );
+    }
+
+    /// A port that accepts and never answers, and a request given up by its caller's deadline:
+    /// the endpoint is skipped after, so a dark registry costs one deadline, not one per round.
+    #[tokio::test]
+    async fn a_request_given_up_unanswered_makes_its_endpoint_dark() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let d = Distribution::new(Vec::new(), Arc::default());
+        let dark = endpoint(&addr);
+        let asked = d.manifest(&dark, D);
+        let given_up = tokio::time::timeout(Duration::from_millis(300), asked).await;
+        assert!(given_up.is_err(), "the port never answers");
+        let e = d.manifest(&endpoint(&addr), D).await.unwrap_err();
+        assert!(e.unreachable() && e.to_string().contains("skipped"), "{e}");
+        drop(listener);
     }
 
     #[tokio::test]

@@ -74,7 +74,7 @@ pub struct RuntimeOpts {
 /// How pinset reaches registries itself (sizing, `set from-images`): credentials, plain-HTTP
 /// registries and the node's mirror configuration.
 #[derive(clap::Args, Clone, Debug)]
-pub struct RegistryOpts {
+pub struct RegistryAccess {
     /// Registry credentials (kubelet config.json; missing or empty: none).
     #[arg(long, value_name = "FILE")]
     pub auth: Option<PathBuf>,
@@ -92,7 +92,7 @@ pub struct RegistryOpts {
     pub registry_config_path: Option<PathBuf>,
 }
 
-impl RegistryOpts {
+impl RegistryAccess {
     /// The mirror configuration flags name.
     pub fn mirrors(&self) -> MirrorFlags {
         MirrorFlags {
@@ -106,7 +106,7 @@ impl RegistryOpts {
 #[derive(clap::Args, Clone, Debug)]
 pub struct SizingOpts {
     #[command(flatten)]
-    pub registry: RegistryOpts,
+    pub registry: RegistryAccess,
     /// Do not size images from their registries: the policy is told their size is unknown.
     #[arg(long)]
     pub no_sizing: bool,

@@ -3,7 +3,7 @@
 //! uses. The only place pinset reads tags: the set it prints is digest-only, as sets must be,
 //! with each image's source tag kept in the annotation [`SOURCE_TAGS`].
 
-use super::node::RegistryOpts;
+use super::node::RegistryAccess;
 use anyhow::{Context, Result, bail};
 use pinset_node::registry::mirrors::Target;
 use pinset_node::registry::size::RegistrySizer;
@@ -44,7 +44,7 @@ pub struct FromImagesArgs {
     #[arg(long, short = 'o', value_enum, default_value = "yaml")]
     pub output: SetOutput,
     #[command(flatten)]
-    pub registry: RegistryOpts,
+    pub registry: RegistryAccess,
 }
 
 pub async fn run(cmd: SetCommand) -> Result<ExitCode> {
@@ -267,7 +267,7 @@ mod tests {
             file: None,
             pool: Some("worker".into()),
             output: SetOutput::Yaml,
-            registry: RegistryOpts {
+            registry: RegistryAccess {
                 auth: None,
                 insecure_registry: Vec::new(),
                 registries_conf: None,

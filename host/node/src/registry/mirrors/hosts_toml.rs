@@ -81,7 +81,8 @@ impl HostsDir {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(out),
             Err(e) => return Err(MirrorError::read(dir, &e)),
         };
-        for entry in entries.filter_map(Result::ok) {
+        // Directories only, as containerd looks: other files there are not registries.
+        for entry in entries.filter_map(Result::ok).filter(|e| e.path().is_dir()) {
             let file = entry.path().join("hosts.toml");
             let text = match std::fs::read_to_string(&file) {
                 Ok(text) => text,
@@ -403,6 +404,7 @@ server = "https://quay.io"
         )
         .unwrap();
         std::fs::create_dir(root.path().join("empty")).unwrap();
+        std::fs::write(root.path().join("README"), "not a registry").unwrap();
         let d = HostsDir::load(root.path()).unwrap();
         assert_eq!(d.registries.len(), 1);
         assert_eq!(
