@@ -335,8 +335,11 @@ async fn set_from_images_resolves_tags_through_the_mirror() {
     assert_eq!(code, 0, "{err}");
     let set_file = hosts.path().join("set.yaml");
     std::fs::write(&set_file, &out).unwrap();
-    let loaded =
-        pinset_k8s::objects::load(&[set_file.clone()], pinset_core::yaml::Fields::Strict).unwrap();
+    let loaded = pinset_k8s::objects::load(
+        std::slice::from_ref(&set_file),
+        pinset_core::yaml::Fields::Strict,
+    )
+    .unwrap();
     assert_eq!(loaded.sets.len(), 1, "{out}");
     let set = &loaded.sets[0];
     assert_eq!(
