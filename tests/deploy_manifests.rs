@@ -186,6 +186,20 @@ fn check_agent(agent: &Value) {
             "{socket} is not mounted: {mounts:?}"
         );
     }
+    // The runtime's mirror configuration, read where the runtime reads it, never written.
+    for file in [
+        pinset_node::registry::mirrors::REGISTRIES_CONF,
+        "/etc/containers/registries.conf.d/50-mirrors.conf",
+        pinset_node::registry::mirrors::CONTAINERD_HOSTS_DIR,
+    ] {
+        let mount = container["volumeMounts"]
+            .as_sequence()
+            .unwrap()
+            .iter()
+            .find(|m| Path::new(file).starts_with(m["mountPath"].as_str().unwrap()))
+            .unwrap_or_else(|| panic!("{file} is not mounted: {mounts:?}"));
+        assert_eq!(mount["readOnly"], true, "{file}: {mount:?}");
+    }
     for volume in pod["volumes"].as_sequence().unwrap() {
         assert_ne!(
             volume["hostPath"]["type"], "FileOrCreate",
