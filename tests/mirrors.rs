@@ -392,6 +392,42 @@ async fn set_from_images_resolves_tags_through_the_mirror() {
         "{out}"
     );
     assert_eq!(plan["pulls"][0]["sizeBytes"].as_u64(), Some(images.a.1));
+    assert_eq!(dark.connections(), 0, "the source was never contacted");
+
+    // A registries.conf that cannot be read: said at FILE:LINE, sized without mirrors (the dark
+    // source then costs the budget), the plan still made.
+    let bad = hosts.path().join("registries.conf");
+    std::fs::write(
+        &bad,
+        "[[registry]]\nlocation = \"quay.io\"\nblocked = \"yes\"\n",
+    )
+    .unwrap();
+    let plan = [
+        "plan",
+        "--sets",
+        set_file.to_str().unwrap(),
+        "--node",
+        node.to_str().unwrap(),
+        "--registries-conf",
+        bad.to_str().unwrap(),
+        "--sizing-budget",
+        "1",
+        "-o",
+        "json",
+    ]
+    .map(String::from)
+    .to_vec();
+    let (code, out, err) = run(plan).await;
+    assert_eq!(code, 0, "{err}");
+    let plan: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let error = plan["mirrors"]["error"].as_str().unwrap_or_default();
+    assert!(
+        error.starts_with(&format!("{}:3: ", bad.display())),
+        "{out}"
+    );
+    assert_eq!(plan["unsizedImages"][0]["images"], 2, "{out}");
+    let contacted = dark.connections();
+    assert!(contacted > 0, "without mirrors, the source is asked");
 
     let unknown = format!("{}/team/a:no-such-tag", dark.addr);
     let (code, out, err) = run(args(&[&tagged_a, &unknown])).await;
@@ -401,5 +437,9 @@ async fn set_from_images_resolves_tags_through_the_mirror() {
         err.contains(&format!("error: {unknown}: ")) && err.contains("404"),
         "{err}"
     );
-    assert_eq!(dark.connections(), 0, "the source was never contacted");
+    assert_eq!(
+        dark.connections(),
+        contacted,
+        "a tag is never resolved at the source"
+    );
 }

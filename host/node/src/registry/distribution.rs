@@ -17,7 +17,7 @@ pub const MAX_MANIFEST_BYTES: usize = 4 << 20;
 pub const DARK_FOR: Duration = Duration::from_secs(60);
 /// Connecting, and a whole request (manifests are small).
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
-const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 
 pub const MANIFEST_TYPES: [&str; 4] = [
     oci_client::manifest::OCI_IMAGE_MEDIA_TYPE,
