@@ -2,7 +2,8 @@
 //! else `DIR/_default/hosts.toml`. A file lists `[host."URL"]` endpoints in order, then the
 //! `server` (default: the registry itself); `capabilities` (`pull`, `resolve`, `push`) filter
 //! them — a digest needs `pull`, a tag `pull` and `resolve`; `override_path` keeps a URL's
-//! path as the API's base; `skip_verify` and `ca` set how TLS is checked.
+//! path as the API's base; `skip_verify` and `ca` set how TLS is checked. Requests to a host
+//! other than the server carry `?ns=REGISTRY`, as containerd's do.
 
 use super::{Endpoint, MirrorError, Scheme, Target, Tls, api_host};
 use serde::Deserialize;
@@ -132,6 +133,7 @@ impl HostsDir {
                 } else {
                     target.registry.clone()
                 },
+                ns: mirror.then(|| target.registry.clone()),
             })
             .collect()
     }
@@ -312,15 +314,15 @@ server = "https://quay.io"
         assert_eq!(
             urls(&d, &target("quay.io", D)),
             [
-                "https://zz-first.local:5000/v2/team/app/manifests/R",
-                "http://aa-second.local/v2/quay/team/app/manifests/R",
+                "https://zz-first.local:5000/v2/team/app/manifests/R?ns=quay.io",
+                "http://aa-second.local/v2/quay/team/app/manifests/R?ns=quay.io",
                 "https://quay.io/v2/team/app/manifests/R",
             ]
         );
         assert_eq!(
             urls(&d, &target("quay.io", "v1")),
             [
-                "https://zz-first.local:5000/v2/team/app/manifests/R",
+                "https://zz-first.local:5000/v2/team/app/manifests/R?ns=quay.io",
                 "https://quay.io/v2/team/app/manifests/R",
             ],
             "a tag needs resolve"
@@ -344,7 +346,7 @@ server = "https://quay.io"
         assert_eq!(
             urls(&d, &target("docker.io", D)),
             [
-                "https://cache.local/v2/team/app/manifests/R",
+                "https://cache.local/v2/team/app/manifests/R?ns=docker.io",
                 "https://registry-1.docker.io/v2/team/app/manifests/R",
             ]
         );
@@ -359,7 +361,7 @@ server = "https://quay.io"
         )]);
         assert_eq!(
             urls(&d, &target("r.example", D)),
-            ["http://m.local:5000/v2/team/app/manifests/R"]
+            ["http://m.local:5000/v2/team/app/manifests/R?ns=r.example"]
         );
     }
 

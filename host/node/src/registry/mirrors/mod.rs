@@ -44,6 +44,9 @@ pub struct Endpoint {
     pub mirror: bool,
     /// The registry name credentials are looked up by (the source's name for the source).
     pub auth_host: String,
+    /// The source registry, told to a containerd mirror as `?ns=REGISTRY` (as containerd does,
+    /// so that one mirror can serve several registries).
+    pub ns: Option<String>,
 }
 
 impl Endpoint {
@@ -58,13 +61,19 @@ impl Endpoint {
             tls: Tls::default(),
             mirror: false,
             auth_host: registry.to_string(),
+            ns: None,
         }
     }
 
     /// The URL of a manifest (`reference`: a digest or a tag) at this endpoint over `scheme`.
     pub fn manifest_url(&self, scheme: &str, reference: &str) -> String {
+        let query = self
+            .ns
+            .as_ref()
+            .map(|ns| format!("?ns={ns}"))
+            .unwrap_or_default();
         format!(
-            "{scheme}://{}{}/{}/manifests/{reference}",
+            "{scheme}://{}{}/{}/manifests/{reference}{query}",
             self.host, self.path, self.repository
         )
     }

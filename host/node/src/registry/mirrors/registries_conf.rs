@@ -241,6 +241,7 @@ fn rewrite(
         },
         mirror,
         auth_host: host,
+        ns: None,
     })
 }
 
