@@ -1352,3 +1352,152 @@ async fn a_ceiling_lowered_mid_rollout_is_waited_out_without_a_fallback() {
     assert_eq!(fallback, None, "{reason}");
     stop_controller(stop, controller).await;
 }
+
+/// The API of one of pinset's kinds as raw JSON: what is read back is what the server kept, not
+/// what pinset's types make of it.
+fn raw(client: &kube::Client, kind: &str, plural: &str) -> Api<DynamicObject> {
+    let gvk = GroupVersionKind::gvk("machineconfiguration.openshift.io", "v1", kind);
+    Api::all_with(
+        client.clone(),
+        &ApiResource::from_gvk_with_plural(&gvk, plural),
+    )
+}
+
+/// Objects written for OpenShift — with the fields of its v1 MachineConfigPool,
+/// MachineConfigNode and PinnedImageSet that pinset does not use, spec and status — are served
+/// and read back unchanged (nothing pruned); OpenShift's status rules hold where pinset writes
+/// (no count over the pool's machines), and the node-name rule says what it wants.
+#[tokio::test]
+async fn objects_written_for_openshift_keep_every_field() {
+    let Some(c) = cluster().await else {
+        return;
+    };
+    let pool_spec = json!({
+        "machineConfigSelector": {"matchLabels": {"machineconfiguration.openshift.io/role": "worker"}},
+        "nodeSelector": {"matchLabels": {"node-role.kubernetes.io/worker": ""}},
+        "paused": true,
+        "maxUnavailable": "10%",
+        "configuration": {
+            "name": "rendered-worker-0f1e2d",
+            "source": [
+                {"apiVersion": "machineconfiguration.openshift.io/v1", "kind": "MachineConfig", "name": "00-worker"},
+                {"apiVersion": "machineconfiguration.openshift.io/v1", "kind": "MachineConfig", "name": "99-worker-ssh"}
+            ]
+        },
+        "osImageStream": {"name": "rhel-10"}
+    });
+    let pool_status = json!({
+        "observedGeneration": 3,
+        "configuration": {"name": "rendered-worker-0f1e2d"},
+        "machineCount": 3, "updatedMachineCount": 2, "readyMachineCount": 2,
+        "unavailableMachineCount": 1, "degradedMachineCount": 0,
+        "certExpirys": [{"bundle": "KubeAPIServerServingCAData", "subject": "CN=admin-kubeconfig-signer", "expiry": "2036-12-01T00:00:00Z"}],
+        "poolSynchronizersStatus": [{
+            "poolSynchronizerType": "PinnedImageSets", "machineCount": 3, "updatedMachineCount": 2,
+            "readyMachineCount": 2, "availableMachineCount": 2, "unavailableMachineCount": 1, "observedGeneration": 3
+        }]
+    });
+    let node_spec = json!({
+        "node": {"name": "worker-0"}, "pool": {"name": "worker"},
+        "configVersion": {"desired": "rendered-worker-0f1e2d"},
+        "configImage": {"desiredImage": format!("quay.io/openshift/os@sha256:{DIGEST}")}
+    });
+    let node_status = json!({
+        "observedGeneration": 2,
+        "configVersion": {"current": "rendered-worker-0a0b0c", "desired": "rendered-worker-0f1e2d"},
+        "configImage": {"currentImage": format!("quay.io/openshift/os@sha256:{DIGEST}")},
+        "pinnedImageSets": [{"name": "release", "desiredGeneration": 2, "currentGeneration": 1}]
+    });
+    let set_status = json!({
+        "conditions": [{"type": "Ready", "status": "True", "reason": "AsExpected", "message": "",
+                        "lastTransitionTime": "2026-12-01T00:00:00Z"}]
+    });
+    let cases = [
+        (
+            "MachineConfigPool",
+            "machineconfigpools",
+            "worker",
+            json!({"spec": pool_spec}),
+            pool_status,
+        ),
+        (
+            "MachineConfigNode",
+            "machineconfignodes",
+            "worker-0",
+            json!({"spec": node_spec}),
+            node_status,
+        ),
+        (
+            "PinnedImageSet",
+            "pinnedimagesets",
+            "release",
+            set("release", &[image(1)]),
+            set_status,
+        ),
+    ];
+    for (kind, plural, name, body, status) in cases {
+        let api = raw(&c.client, kind, plural);
+        let mut object = body.clone();
+        object["apiVersion"] = json!("machineconfiguration.openshift.io/v1");
+        object["kind"] = json!(kind);
+        object["metadata"] = json!({"name": name});
+        let object: DynamicObject = serde_json::from_value(object).unwrap();
+        let warnings = api.create(&PostParams::default(), &object).await;
+        warnings.unwrap_or_else(|e| panic!("{kind}: {e}"));
+        api.patch_status(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": status.clone()})),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("{kind} status: {e}"));
+        let back = api.get(name).await.unwrap();
+        assert_eq!(back.data["spec"], body["spec"], "{kind}: spec read back");
+        // Every field written is kept as written (the server may default pinset's own, as
+        // PinnedImageSet's imageCount).
+        for (field, value) in status.as_object().unwrap() {
+            assert_eq!(&back.data["status"][field], value, "{kind}: status.{field} read back");
+        }
+    }
+
+    // OpenShift's rules where pinset writes: no count over the pool's machines.
+    let pools = raw(&c.client, "MachineConfigPool", "machineconfigpools");
+    let over = json!({"status": {"poolSynchronizersStatus": [{
+        "poolSynchronizerType": "PinnedImageSets", "machineCount": 3, "updatedMachineCount": 4,
+        "readyMachineCount": 2, "availableMachineCount": 2, "unavailableMachineCount": 1
+    }]}});
+    let e = pools
+        .patch_status("worker", &PatchParams::default(), &Patch::Merge(over))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("machineCount must be greater than or equal to updatedMachineCount"),
+        "{e}"
+    );
+    let back = json!({"status": {"poolSynchronizersStatus": [{
+        "poolSynchronizerType": "PinnedImageSets", "machineCount": 3, "updatedMachineCount": 2,
+        "readyMachineCount": 2, "availableMachineCount": 2, "unavailableMachineCount": 1, "observedGeneration": 2
+    }]}});
+    let e = pools
+        .patch_status("worker", &PatchParams::default(), &Patch::Merge(back))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("observedGeneration must not decrease"), "{e}");
+
+    // A node named unlike its node: refused, saying why.
+    let nodes = raw(&c.client, "MachineConfigNode", "machineconfignodes");
+    let wrong: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "machineconfiguration.openshift.io/v1", "kind": "MachineConfigNode",
+        "metadata": {"name": "worker-1"},
+        "spec": {"node": {"name": "worker-2"}, "pool": {"name": "worker"}}
+    }))
+    .unwrap();
+    let e = nodes
+        .create(&PostParams::default(), &wrong)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("metadata.name must equal spec.node.name"), "{e}");
+}

@@ -1,7 +1,9 @@
 //! The Kubernetes API pinset serves and reads, in the group `machineconfiguration.openshift.io` so
-//! that objects written for the reference system apply unchanged. Only the fields pinset uses
-//! are modelled; unknown fields of objects written by other controllers are ignored on read and
-//! never touched on write (writes are patches of pinset's own fields).
+//! that objects written for the reference system apply unchanged. Every field of OpenShift's v1
+//! PinnedImageSet, MachineConfigPool and MachineConfigNode that a user or another controller may
+//! write is in the schema — served, so kept rather than pruned — even where pinset does not use
+//! it; pinset writes only its own fields (status by server-side apply or merge patch), so the
+//! others are never touched. Every CEL rule carries a message.
 //!
 //! One kind is pinset's own, in `pinset.io`: [`PolicyConfiguration`], the node policy of each
 //! pool (cluster-scoped, one object named `cluster`).
@@ -91,7 +93,7 @@ pub struct PinnedImageRef {
 }
 
 /// Written by the controller: how big the set is and which pools select it.
-#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct PinnedImageSetStatus {
     #[serde(default)]
@@ -99,6 +101,10 @@ pub struct PinnedImageSetStatus {
     /// Names of the pools whose `spec.pinnedImageSets` lists this set, sorted.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub pools: Vec<String>,
+    /// OpenShift's: conditions another controller may write. Kept; pinset writes none.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
+    pub conditions: Vec<Condition>,
 }
 
 /// The fields of a MachineConfigPool that pinset reads and writes.
@@ -176,6 +182,42 @@ pub struct MachineConfigPoolSpec {
     #[schemars(length(max = 100))]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["name"]))]
     pub pinned_image_sets: Option<Vec<SetRef>>,
+    /// OpenShift's: the pool's configuration updates are stopped. Kept; pinset's own pause is
+    /// the annotation `pinset.io/rollout-paused`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub paused: Option<bool>,
+    /// OpenShift's: how many (or what percentage of) machines may be updating at once. Kept.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_unavailable: Option<k8s_openapi::apimachinery::pkg::util::intstr::IntOrString>,
+    /// OpenShift's: the rendered MachineConfig the pool targets, and its sources. Kept.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub configuration: Option<PoolConfiguration>,
+    /// OpenShift's (OSStreams): the OS image stream of the pool. Kept.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub os_image_stream: Option<NameRef>,
+}
+
+/// A MachineConfigPool's `configuration`: a reference to the rendered MachineConfig (the fields
+/// of an ObjectReference) and the MachineConfigs it was rendered from.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PoolConfiguration {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub api_version: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kind: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uid: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resource_version: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub field_path: Option<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub source: Vec<k8s_openapi::api::core::v1::ObjectReference>,
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
@@ -200,6 +242,43 @@ pub struct MachineConfigPoolStatus {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 64))]
     pub policies: Vec<PoolPolicy>,
+    /// OpenShift's machine-config fields, written by its controller; kept.
+    #[serde(flatten)]
+    pub machine_config: PoolMachineConfigStatus,
+}
+
+/// The status fields of a MachineConfigPool that OpenShift's machine-config controller writes.
+/// pinset neither reads nor writes them; they are served so that they are kept.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PoolMachineConfigStatus {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub configuration: Option<PoolConfiguration>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub machine_count: Option<i32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub updated_machine_count: Option<i32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ready_machine_count: Option<i32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unavailable_machine_count: Option<i32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub degraded_machine_count: Option<i32>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub cert_expirys: Vec<CertExpiry>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub os_image_stream: Option<NameRef>,
+}
+
+/// A certificate bundle's expiry as OpenShift reports it on a pool.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub struct CertExpiry {
+    pub bundle: String,
+    pub subject: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expiry: Option<Time>,
 }
 
 /// One node policy module of a pool and the number of its nodes deciding with it.
@@ -239,9 +318,17 @@ pub struct PoolRollout {
     pub reason: String,
 }
 
-/// Node counts of one synchronizer of a pool.
+/// Node counts of one synchronizer of a pool. No count exceeds the pool's machines, and the
+/// observed generation never goes back (OpenShift's rules).
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
+#[schemars(extend("x-kubernetes-validations" = [
+    {"rule": "self.machineCount >= self.updatedMachineCount", "message": "machineCount must be greater than or equal to updatedMachineCount"},
+    {"rule": "self.machineCount >= self.readyMachineCount", "message": "machineCount must be greater than or equal to readyMachineCount"},
+    {"rule": "self.machineCount >= self.availableMachineCount", "message": "machineCount must be greater than or equal to availableMachineCount"},
+    {"rule": "self.machineCount >= self.unavailableMachineCount", "message": "machineCount must be greater than or equal to unavailableMachineCount"},
+    {"rule": "!has(oldSelf.observedGeneration) || !has(self.observedGeneration) || self.observedGeneration >= oldSelf.observedGeneration", "message": "observedGeneration must not decrease"}
+]))]
 pub struct PoolSynchronizerStatus {
     pub pool_synchronizer_type: String,
     /// Nodes in the pool.
@@ -299,7 +386,7 @@ pub struct PoolSynchronizerStatus {
         priority = 1
     )
 )]
-#[kube(validation = "self.metadata.name == self.spec.node.name")]
+#[kube(validation = kube::core::Rule::new("self.metadata.name == self.spec.node.name").message("a MachineConfigNode is named like its node: metadata.name must equal spec.node.name"))]
 #[serde(rename_all = "camelCase")]
 pub struct MachineConfigNodeSpec {
     pub node: NameRef,
@@ -309,6 +396,49 @@ pub struct MachineConfigNodeSpec {
     /// this node to pull. The agent pulls a set only up to the generation granted here.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rollout_grant: Option<RolloutGrant>,
+    /// OpenShift's: the MachineConfig the node is to be updated to. Kept.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub config_version: Option<DesiredConfig>,
+    /// OpenShift's (ImageModeStatusReporting): the OS image the node is to boot. Kept.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub config_image: Option<DesiredImage>,
+}
+
+/// OpenShift's desired MachineConfig of a node.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub struct DesiredConfig {
+    #[schemars(length(max = 253))]
+    pub desired: String,
+}
+
+/// OpenShift's desired OS image of a node.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct DesiredImage {
+    #[schemars(length(max = 447))]
+    pub desired_image: String,
+}
+
+/// OpenShift's current and desired MachineConfig of a node, as its daemon reports them.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub struct ConfigVersionStatus {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 253))]
+    pub current: Option<String>,
+    #[schemars(length(max = 253))]
+    pub desired: String,
+}
+
+/// OpenShift's current and desired OS image of a node.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ConfigImageStatus {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 447))]
+    pub current_image: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 447))]
+    pub desired_image: Option<String>,
 }
 
 /// A node's rollout grant: the sets and generations it may pull, and how.
@@ -366,6 +496,17 @@ pub struct MachineConfigNodeStatus {
     /// `policy`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub policy_rejected: Option<RejectedNodePolicy>,
+    /// OpenShift's, written by its machine-config daemon; kept.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    #[schemars(extend("x-kubernetes-validations" = [
+        {"rule": "self >= oldSelf", "message": "observedGeneration must not decrease"}
+    ]))]
+    pub observed_generation: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub config_version: Option<ConfigVersionStatus>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub config_image: Option<ConfigImageStatus>,
 }
 
 /// A node policy module a node refused: which, why, since when.
@@ -561,4 +702,63 @@ pub fn crds_yaml() -> String {
         .map(|crd| serde_yaml::to_string(crd).expect("a CRD serializes"))
         .collect::<Vec<_>>()
         .join("---\n")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every CEL rule of every CRD in `value`, as (path, rule, message).
+    fn rules(value: &serde_json::Value, path: &str, out: &mut Vec<(String, String, String)>) {
+        match value {
+            serde_json::Value::Object(map) => {
+                for (key, v) in map {
+                    if key == "x-kubernetes-validations" {
+                        for rule in v.as_array().into_iter().flatten() {
+                            let text = |k: &str| rule[k].as_str().unwrap_or_default().to_string();
+                            out.push((path.to_string(), text("rule"), text("message")));
+                        }
+                    } else {
+                        rules(v, &format!("{path}.{key}"), out);
+                    }
+                }
+            }
+            serde_json::Value::Array(items) => items.iter().for_each(|v| rules(v, path, out)),
+            _ => {}
+        }
+    }
+
+    #[test]
+    fn every_validation_rule_says_what_it_wants() {
+        let mut found = Vec::new();
+        for crd in crds() {
+            let name = crd.metadata.name.clone().unwrap_or_default();
+            rules(&serde_json::to_value(&crd).unwrap(), &name, &mut found);
+        }
+        assert!(found.len() >= 12, "{found:?}");
+        for (path, rule, message) in &found {
+            assert!(message.len() > 10, "{path}: rule {rule:?} has no message");
+        }
+    }
+
+    /// OpenShift's fields pinset does not use are part of the schema (served, so not pruned).
+    #[test]
+    fn openshift_fields_are_in_the_schema() {
+        let yaml = crds_yaml();
+        for field in [
+            "paused:",
+            "maxUnavailable:",
+            "configuration:",
+            "osImageStream:",
+            "machineCount:",
+            "degradedMachineCount:",
+            "certExpirys:",
+            "configVersion:",
+            "configImage:",
+            "desiredImage:",
+            "currentImage:",
+        ] {
+            assert!(yaml.contains(field), "{field} is not served");
+        }
+    }
 }

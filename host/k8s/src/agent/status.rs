@@ -350,6 +350,9 @@ pub fn node_status(status: &NodeStatus, previous: &[Condition]) -> MachineConfig
                 fmt_bytes(p.bytes_total)
             ),
         }),
+        // OpenShift's daemon's fields are not the agent's to write (server-side apply leaves
+        // them).
+        ..Default::default()
     }
 }
 

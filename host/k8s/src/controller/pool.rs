@@ -241,6 +241,8 @@ fn submit_status(ctx: &Arc<Context>, mcp: &MachineConfigPool, report: Report<'_>
             conditions,
             rollout,
             policies,
+            // OpenShift's fields are not pinset's to write (server-side apply leaves them).
+            machine_config: Default::default(),
         },
         newly_degraded: degraded.filter(|_| !was_degraded),
     };

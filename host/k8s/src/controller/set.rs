@@ -44,8 +44,11 @@ async fn reconcile_set(set: &PinnedImageSet, ctx: &Context) -> Result<Action, Co
     let status = PinnedImageSetStatus {
         image_count: set.spec.pinned_images.len() as u32,
         pools,
+        // Another controller's to write: a merge patch without them leaves them.
+        conditions: Vec::new(),
     };
-    if set.status.as_ref() == Some(&status) {
+    let written = set.status.as_ref();
+    if written.is_some_and(|w| w.image_count == status.image_count && w.pools == status.pools) {
         return Ok(Action::requeue(RESYNC));
     }
     let api: Api<PinnedImageSet> = Api::all(ctx.client.clone());
