@@ -47,6 +47,15 @@ fn deploy() -> std::path::PathBuf {
     support::workspace().join("deploy")
 }
 
+/// The controller's and the agent's ClusterRoles (not the operators' `pinset-rollout`, which
+/// only reads pools, sets and nodes and pauses a pool).
+fn component_roles(docs: &[Value]) -> Vec<&Value> {
+    of_kind(docs, "ClusterRole")
+        .into_iter()
+        .filter(|r| r["metadata"]["name"] != "pinset-rollout")
+        .collect()
+}
+
 fn of_kind<'a>(docs: &'a [Value], kind: &str) -> Vec<&'a Value> {
     docs.iter().filter(|d| d["kind"] == kind).collect()
 }
@@ -234,7 +243,7 @@ fn check_base(docs: &[Value], crd_names: &BTreeSet<String>) {
     check_controller(of_kind(docs, "Deployment")[0]);
     check_agent(of_kind(docs, "DaemonSet")[0]);
     check_policy_configuration(docs);
-    for role in of_kind(docs, "ClusterRole") {
+    for role in component_roles(docs) {
         let rule = role["rules"]
             .as_sequence()
             .unwrap()
@@ -281,7 +290,7 @@ fn check_policy_configuration(docs: &[Value]) {
         "one configuration"
     );
     assert_eq!(name, pinset_k8s::api::POLICY_CONFIGURATION);
-    for role in of_kind(docs, "ClusterRole") {
+    for role in component_roles(docs) {
         let rules: Vec<&Value> = role["rules"]
             .as_sequence()
             .unwrap()

@@ -1456,7 +1456,10 @@ async fn objects_written_for_openshift_keep_every_field() {
         // Every field written is kept as written (the server may default pinset's own, as
         // PinnedImageSet's imageCount).
         for (field, value) in status.as_object().unwrap() {
-            assert_eq!(&back.data["status"][field], value, "{kind}: status.{field} read back");
+            assert_eq!(
+                &back.data["status"][field], value,
+                "{kind}: status.{field} read back"
+            );
         }
     }
 

@@ -228,28 +228,106 @@ async fn try_get(port: u16, path: &str) -> Result<String, String> {
     Ok(out)
 }
 
-/// The registry and the API server with pinset's CRDs, a client and a scratch directory.
+/// The registry and the API server with pinset's CRDs, a client (the test's own, in
+/// `system:masters`) and a scratch directory. The server authorizes every other client with the
+/// RBAC rendered from `deploy/` (`authorizer`): the controller, the agents and the rollout CLI
+/// run as their own identities — the components' service accounts, and an operator bound to the
+/// `pinset-rollout` ClusterRole — so a rule missing from the manifests fails the test with 403.
 struct Cluster {
     registry: support::Registry,
     server: support::apiserver::ApiServer,
     client: kube::Client,
     dir: tempfile::TempDir,
+    authorizer: support::rbac::Authorizer,
+    controller_kc: std::path::PathBuf,
+    agent_kc: std::path::PathBuf,
+    operator_kc: std::path::PathBuf,
+}
+
+/// The operator the tests run `pinset rollout` as.
+const OPERATOR: &str = "alice";
+
+/// Every test ends with what the manifests' RBAC refused: nothing, or the test fails (the one
+/// test that removes a rule clears the authorizer's record once it has seen the refusal).
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        self.record_rule_usage();
+        let refused = self.refused();
+        if !refused.is_empty() && !std::thread::panicking() {
+            panic!("requests refused by the manifests' RBAC: {refused:?}");
+        }
+    }
 }
 
 impl Cluster {
     async fn start() -> Option<Cluster> {
         let registry = support::Registry::start()?;
-        let server = support::apiserver::ApiServer::start().await?;
+        let Some(rbac) = support::rbac::Rbac::render(&support::workspace().join("deploy")) else {
+            support::skip_or_fail("kubectl is not installed: the manifests cannot be rendered");
+            return None;
+        };
+        let rbac = rbac.with_binding("pinset-rollout", OPERATOR);
+        let authorizer = support::rbac::Authorizer::start(rbac);
+        let server = support::apiserver::ApiServer::start_authorized(&authorizer).await?;
         server.install_crds().await;
         server.install_events().await;
         let client = server.client().await;
         let dir = tempfile::tempdir().unwrap();
+        let account = |name: &str| {
+            server.kubeconfig_as(
+                &format!("system:serviceaccount:pinset:{name}"),
+                &[
+                    "system:serviceaccounts",
+                    "system:serviceaccounts:pinset",
+                    "system:authenticated",
+                ],
+            )
+        };
+        let (controller_kc, agent_kc) = (account("pinset-controller"), account("pinset-agent"));
+        let operator_kc = server.kubeconfig_as(OPERATOR, &["system:authenticated"]);
         Some(Cluster {
             registry,
             server,
             client,
             dir,
+            authorizer,
+            controller_kc,
+            agent_kc,
+            operator_kc,
         })
+    }
+
+    /// Append which rule allowed which request to `$PINSET_RBAC_USAGE` (JSON lines), when set:
+    /// the rule table of docs/RBAC.md is made from a run of this suite.
+    fn record_rule_usage(&self) {
+        let Some(path) = std::env::var_os("PINSET_RBAC_USAGE") else {
+            return;
+        };
+        let mut lines = String::new();
+        for d in self.authorizer.decisions() {
+            if let Some(rule) = &d.allowed_by {
+                let line =
+                    json!({"role": rule.role, "rule": rule.index, "request": d.request.describe()});
+                lines.push_str(&format!("{line}\n"));
+            }
+        }
+        use std::io::Write;
+        let mut file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+            .unwrap();
+        file.write_all(lines.as_bytes()).unwrap();
+    }
+
+    /// The requests the authorizer refused (none, when the manifests grant what pinset needs).
+    fn refused(&self) -> Vec<String> {
+        self.authorizer
+            .decisions()
+            .iter()
+            .filter(|d| d.allowed_by.is_none())
+            .map(|d| d.request.describe())
+            .collect()
     }
 
     /// `pinset agent` for node `name` (facts from a node file with `labels`), on `runtime`,
@@ -266,7 +344,7 @@ impl Cluster {
         let node = node_file(self.dir.path(), name, labels);
         let mut args = vec![
             "agent".into(),
-            format!("--kubeconfig={}", self.server.kubeconfig.display()),
+            format!("--kubeconfig={}", self.agent_kc.display()),
             format!("--metrics-addr=127.0.0.1:{port}"),
             format!("--node-name={name}"),
             format!("--node-file={}", node.display()),
@@ -380,7 +458,7 @@ async fn controller_and_agents_pin_sets_and_report_through_a_real_api_server() {
     };
     let (registry, server, client) = (&cluster.registry, &cluster.server, cluster.client.clone());
     let dir = &cluster.dir;
-    let kubeconfig = server.kubeconfig.to_str().unwrap().to_string();
+    let kubeconfig = cluster.controller_kc.to_str().unwrap().to_string();
 
     let master_imgs = support::push_images(registry, "m", 2, 150_000, 100).await;
     let worker_imgs = support::push_images(registry, "w", 3, 150_000, 200).await;
@@ -791,11 +869,28 @@ async fn controller_and_agents_pin_sets_and_report_through_a_real_api_server() {
         "a reconcile pinned every set: {last}\n{m}"
     );
 
+    let refused = cluster.refused();
+    assert!(
+        refused.is_empty(),
+        "refused by RBAC: {refused:?}\n{}",
+        logs()
+    );
+    let asked = cluster.authorizer.decisions();
+    for who in ["pinset-controller", "pinset-agent"] {
+        let user = format!("system:serviceaccount:pinset:{who}");
+        let n = asked.iter().filter(|d| d.request.user == user).count();
+        assert!(
+            n > 10,
+            "{who} was authorized by the manifests' RBAC {n} time(s)"
+        );
+    }
     // SIGTERM: the agent stops within seconds.
     let took = cp.terminate();
     assert!(took < Duration::from_secs(5), "agent took {took:?} to stop");
     drop(infra);
     drop(controller);
+    // Every request of the controller and the agents was allowed by the manifests' RBAC.
+    assert_eq!(cluster.refused(), Vec::<String>::new());
 }
 
 /// Images of `refs` containerd has, and how many of them it reports pinned.
@@ -1187,7 +1282,7 @@ async fn the_agent_from_the_image_pins_a_set() {
         &[
             (&runtime.socket, "/run/containerd/containerd.sock"),
             (&dropins, "/host/etc/crio/crio.conf.d"),
-            (&cluster.server.kubeconfig, "/etc/pinset/kubeconfig"),
+            (&cluster.agent_kc, "/etc/pinset/kubeconfig"),
             (&node, "/etc/pinset/node.yaml"),
         ],
         &["NODE_NAME=cp-0", "PINSET_LOG=info"],
@@ -1357,7 +1452,8 @@ async fn a_fleet_policy_paces_three_nodes_holds_on_a_failed_canary_and_survives_
     }
     let cris: Vec<_> = runtimes.iter().map(cri).collect();
     let client = cluster.client.clone();
-    let kubeconfig = cluster.server.kubeconfig.display().to_string();
+    let kubeconfig = cluster.controller_kc.display().to_string();
+    let operator = cluster.operator_kc.display().to_string();
     let pools: Api<MachineConfigPool> = Api::all(client.clone());
     let sets: Api<PinnedImageSet> = Api::all(client.clone());
     let nodes: Api<MachineConfigNode> = Api::all(client.clone());
@@ -1443,7 +1539,7 @@ async fn a_fleet_policy_paces_three_nodes_holds_on_a_failed_canary_and_survives_
     let follow_out = cluster.dir.path().join("rollout-status.out");
     let follow = Command::new(support::PINSET)
         .args(["rollout", "status", "worker", "--timeout", "120s"])
-        .args(["--kubeconfig", &kubeconfig])
+        .args(["--kubeconfig", &operator])
         .arg("--timeline")
         .arg(follow_out.with_extension("svg"))
         .env("PINSET_LOG", "warn")
@@ -1451,7 +1547,7 @@ async fn a_fleet_policy_paces_three_nodes_holds_on_a_failed_canary_and_survives_
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let kc = kubeconfig.clone();
+    let kc = operator.clone();
     let (code, out, err) = tokio::task::spawn_blocking(move || {
         support::pinset(&["rollout", "resume", "worker", "--kubeconfig", &kc])
     })
@@ -1630,7 +1726,7 @@ async fn a_fleet_policy_paces_three_nodes_holds_on_a_failed_canary_and_survives_
         "{}",
         held.1
     );
-    let kc = kubeconfig.clone();
+    let kc = operator.clone();
     let (code, out, err) = tokio::task::spawn_blocking(move || {
         support::pinset(&[
             "rollout",
@@ -2019,7 +2115,8 @@ async fn a_pool_policy_change_rolls_out_canary_first_and_a_bad_one_is_held() {
         runtimes.push(r);
     }
     let client = cluster.client.clone();
-    let kubeconfig = cluster.server.kubeconfig.display().to_string();
+    let kubeconfig = cluster.controller_kc.display().to_string();
+    let operator = cluster.operator_kc.display().to_string();
     let pools: Api<MachineConfigPool> = Api::all(client.clone());
     let sets: Api<PinnedImageSet> = Api::all(client.clone());
     let nodes: Api<MachineConfigNode> = Api::all(client.clone());
@@ -2190,7 +2287,7 @@ async fn a_pool_policy_change_rolls_out_canary_first_and_a_bad_one_is_held() {
         FLEET_NODES[canary]
     );
     // `pinset rollout status` follows the policy entry like a set: the pool is complete.
-    let kc = kubeconfig.clone();
+    let kc = operator.clone();
     let (code, out, err) = tokio::task::spawn_blocking(move || {
         support::pinset(&[
             "rollout",
@@ -2391,4 +2488,129 @@ async fn a_pool_policy_change_rolls_out_canary_first_and_a_bad_one_is_held() {
         "{log}"
     );
     assert!(!log.contains("refused"), "{log}");
+}
+
+/// One rule removed from the manifests' RBAC — the agent's right to patch its
+/// MachineConfigNode's status, the commonest way a fresh install fails — and the agent's first
+/// request that needs it is refused by the API server: the agent says who may not do what and
+/// where to grant it, never as an outage, and retries with backoff (its node is not granted the
+/// rollout meanwhile: the controller grants from the reports it cannot write); once the rule is
+/// back, the status lands, the set is pulled and pinned, without a restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rule_missing_from_the_manifests_is_a_clear_refusal_retried_until_granted() {
+    let Some(cluster) = Cluster::start().await else {
+        return;
+    };
+    let Some(runtime) = support::Containerd::start(&cluster.registry.host) else {
+        return;
+    };
+    let full = support::rbac::Rbac::render(&support::workspace().join("deploy"))
+        .unwrap()
+        .with_binding("pinset-rollout", OPERATOR);
+    let status_patch = support::rbac::Request {
+        user: "system:serviceaccount:pinset:pinset-agent".into(),
+        verb: "patch".into(),
+        group: "machineconfiguration.openshift.io".into(),
+        resource: "machineconfignodes".into(),
+        subresource: "status".into(),
+        name: "w-0".into(),
+        ..Default::default()
+    };
+    let rule = full.allows(&status_patch).expect("the manifests grant it");
+    cluster.authorizer.set_rules(full.without(&rule));
+    let images = support::push_images(&cluster.registry, "rbac", 1, 50_000, 700).await;
+    let pp = PostParams::default();
+    let pools: Api<MachineConfigPool> = Api::all(cluster.client.clone());
+    let worker = pool("worker", &["worker"], "node-role.kubernetes.io/worker");
+    pools.create(&pp, &worker).await.unwrap();
+    let sets: Api<PinnedImageSet> = Api::all(cluster.client.clone());
+    sets.create(&pp, &set("apps", "worker", &images))
+        .await
+        .unwrap();
+    let controller = Proc::start(
+        &[
+            "controller".into(),
+            format!("--kubeconfig={}", cluster.controller_kc.display()),
+            format!("--metrics-addr=127.0.0.1:{}", support::free_port()),
+        ],
+        cluster.dir.path().join("controller.log"),
+    );
+    let agent = cluster.agent(
+        "w-0",
+        &roles(&["worker"]),
+        &runtime,
+        support::free_port(),
+        "w-0.log",
+        &[],
+    );
+    let logs = || agent.log();
+    let all_logs = || {
+        let refused: Vec<String> = cluster.refused();
+        format!(
+            "{}\n--- controller ---\n{}\nrefused: {refused:?}",
+            agent.log(),
+            controller.log()
+        )
+    };
+    let said = "forbidden: system:serviceaccount:pinset:pinset-agent may not patch machineconfignodes/status (machineconfiguration.openshift.io); grant it in pinset's ClusterRole";
+    eventually("the refusal said", &logs, || async {
+        match logs().contains(said) {
+            true => Ok(()),
+            false => Err("not yet".to_string()),
+        }
+    })
+    .await;
+    // Retried, not given up: the same request refused again, a backoff apart.
+    let refused = || {
+        cluster
+            .authorizer
+            .decisions()
+            .into_iter()
+            .filter(|d| d.allowed_by.is_none() && d.request.subresource == "status")
+            .count()
+    };
+    eventually("the write retried", &logs, || async {
+        match refused() {
+            n if n >= 2 => Ok(()),
+            n => Err(format!("{n} refusal(s)")),
+        }
+    })
+    .await;
+    assert!(
+        !logs().contains("is the API server down"),
+        "a refusal is not an outage"
+    );
+    // An operator never bound to pinset-rollout: the command says who may not do what.
+    let bob = cluster
+        .server
+        .kubeconfig_as("bob", &["system:authenticated"]);
+    let bob = bob.display().to_string();
+    let (code, out, err) = tokio::task::spawn_blocking(move || {
+        support::pinset(&[
+            "rollout",
+            "status",
+            "worker",
+            "--watch=false",
+            "--kubeconfig",
+            &bob,
+        ])
+    })
+    .await
+    .unwrap();
+    assert_eq!(code, 1, "{out}{err}");
+    assert!(
+        err.contains("forbidden: bob may not ") && err.contains("machineconfigpools"),
+        "{err}"
+    );
+    // The rule back: the next retry lands.
+    cluster.authorizer.set_rules(full);
+    cluster.authorizer.forget_refusals();
+    let nodes: Api<MachineConfigNode> = Api::all(cluster.client.clone());
+    eventually("the status published once granted", &all_logs, || async {
+        match nodes.get_opt("w-0").await {
+            Ok(Some(n)) if node_state(&n) == settled(&[("apps", 1)]) => Ok(()),
+            other => Err(format!("{:?}", other.map(|n| n.map(|n| node_state(&n))))),
+        }
+    })
+    .await;
 }

@@ -101,6 +101,10 @@ pub struct NodeStatus {
     /// node's mirror configuration: admission counted without those images.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub sizing: Option<String>,
+    /// A request of the agent's the API server refused for lack of rights (who may not do
+    /// what), said until the agent's next status; the agent retries with backoff.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub forbidden: Option<String>,
 }
 
 impl NodeStatus {

@@ -6,18 +6,20 @@ use kube::Resource;
 use kube::runtime::events::{Event, Recorder, Reporter};
 
 /// Record `events` about the cluster-scoped object `obj` as `controller` (`instance`: the
-/// node of an agent).
+/// node of an agent). A refusal for lack of rights is said (warn) and returned; any other
+/// failure costs a debug line (an API server without Events).
 pub async fn record<K>(
     client: kube::Client,
     controller: &str,
     instance: Option<String>,
     name: &str,
     events: &[Event],
-) where
+) -> Option<String>
+where
     K: Resource<DynamicType = ()>,
 {
     if events.is_empty() {
-        return;
+        return None;
     }
     let reporter = Reporter {
         controller: controller.into(),
@@ -30,9 +32,19 @@ pub async fn record<K>(
         name: Some(name.into()),
         ..Default::default()
     };
+    let mut refused = None;
     for event in events {
         if let Err(e) = recorder.publish(event, &reference).await {
-            tracing::debug!(error = %e, reason = %event.reason, object = name, "event not recorded");
+            match crate::forbidden::refusal(&e) {
+                Some(why) => {
+                    tracing::warn!(error = %why, reason = %event.reason, object = name, "event not recorded");
+                    refused = Some(why);
+                }
+                None => {
+                    tracing::debug!(error = %e, reason = %event.reason, object = name, "event not recorded")
+                }
+            }
         }
     }
+    refused
 }

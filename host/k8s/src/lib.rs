@@ -21,6 +21,7 @@ pub mod condition;
 pub mod controller;
 pub mod convert;
 pub mod events;
+pub mod forbidden;
 pub mod http;
 pub mod metrics;
 pub mod objects;
@@ -154,7 +155,10 @@ pub(crate) fn watch_interrupted<K: kube::Resource<DynamicType = ()>>(
         std::borrow::Cow::Borrowed(kind) => kind,
         std::borrow::Cow::Owned(_) => "other",
     };
-    tracing::warn!(kind, %error, "watch interrupted; resuming");
+    match forbidden::refusal(error) {
+        Some(why) => tracing::warn!(kind, error = %why, "watch refused; retrying with backoff"),
+        None => tracing::warn!(kind, %error, "watch interrupted; resuming"),
+    }
     metrics.count_watch_interruption(kind);
 }
 

@@ -161,6 +161,16 @@ impl ApiServer {
     /// Start etcd and the API server and wait until it serves; `None` (after a loud message)
     /// when the bed is not installed on a developer's machine.
     pub async fn start() -> Option<ApiServer> {
+        Self::start_with(None).await
+    }
+
+    /// An API server that asks `authorizer` (answering SubjectAccessReviews) to decide every
+    /// request of a client outside `system:masters`, without caching its answers.
+    pub async fn start_authorized(authorizer: &crate::rbac::Authorizer) -> Option<ApiServer> {
+        Self::start_with(Some(authorizer)).await
+    }
+
+    async fn start_with(authorizer: Option<&crate::rbac::Authorizer>) -> Option<ApiServer> {
         let Some(binary) = apiserver_binary() else {
             skip_or_fail("apiextensions-apiserver is not built (tests/bed/fetch-apiserver.sh)");
             return None;
@@ -184,7 +194,11 @@ impl ApiServer {
         let url = format!("https://127.0.0.1:{port}");
         let kubeconfig = write_kubeconfig(d, &url);
         let kc = kubeconfig.to_str().unwrap();
-        let args: Vec<String> = [
+        let authorization = match authorizer {
+            Some(a) => a.kubeconfig(d).display().to_string(),
+            None => kc.to_string(),
+        };
+        let mut args: Vec<String> = [
             format!("--etcd-servers=http://127.0.0.1:{client_port}"),
             "--bind-address=127.0.0.1".into(),
             format!("--secure-port={port}"),
@@ -194,12 +208,16 @@ impl ApiServer {
             format!("--client-ca-file={}", d.join("ca.crt").display()),
             format!("--kubeconfig={kc}"),
             format!("--authentication-kubeconfig={kc}"),
-            format!("--authorization-kubeconfig={kc}"),
+            format!("--authorization-kubeconfig={authorization}"),
             "--authentication-skip-lookup".into(),
             "--enable-priority-and-fairness=false".into(),
             "--disable-admission-plugins=NamespaceLifecycle,MutatingAdmissionWebhook,ValidatingAdmissionWebhook,ValidatingAdmissionPolicy,MutatingAdmissionPolicy".into(),
         ]
         .into();
+        if authorizer.is_some() {
+            args.push("--authorization-webhook-cache-authorized-ttl=0s".into());
+            args.push("--authorization-webhook-cache-unauthorized-ttl=0s".into());
+        }
         let s = ApiServer {
             kubeconfig: kubeconfig.clone(),
             url,
@@ -227,6 +245,85 @@ impl ApiServer {
             .spawn()
             .expect("start apiextensions-apiserver");
         *self.server.lock().unwrap() = Some(child);
+    }
+
+    /// A kubeconfig for a client authenticated as `user` in `groups` (a client certificate
+    /// signed by the server's CA: CN = user, O = each group), as Kubernetes names a service
+    /// account (`system:serviceaccount:NS:NAME`, groups `system:serviceaccounts` and
+    /// `system:serviceaccounts:NS`).
+    pub fn kubeconfig_as(&self, user: &str, groups: &[&str]) -> PathBuf {
+        let d = self.dir.path();
+        let file = user.replace([':', '/'], "-");
+        let subject: String = groups
+            .iter()
+            .map(|g| format!("/O={g}"))
+            .chain(std::iter::once(format!("/CN={user}")))
+            .collect();
+        let p = |ext: &str| {
+            d.join(format!("{file}.{ext}"))
+                .to_str()
+                .unwrap()
+                .to_string()
+        };
+        std::fs::write(
+            p("ext"),
+            "basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature,keyEncipherment\nextendedKeyUsage=clientAuth\n",
+        )
+        .unwrap();
+        run(Command::new("openssl").args([
+            "req",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-subj",
+            &subject,
+            "-keyout",
+            &p("key"),
+            "-out",
+            &p("csr"),
+        ]));
+        let ca = d.join("ca.crt").display().to_string();
+        let ca_key = d.join("ca.key").display().to_string();
+        run(Command::new("openssl").args([
+            "x509",
+            "-req",
+            "-in",
+            &p("csr"),
+            "-CA",
+            &ca,
+            "-CAkey",
+            &ca_key,
+            "-CAcreateserial",
+            "-days",
+            "2",
+            "-out",
+            &p("crt"),
+            "-extfile",
+            &p("ext"),
+        ]));
+        let path = d.join(format!("{file}.kubeconfig"));
+        std::fs::write(
+            &path,
+            format!(
+                "apiVersion: v1\nkind: Config\nclusters:\n- name: test\n  cluster:\n    server: {url}\n    certificate-authority-data: {ca}\nusers:\n- name: {file}\n  user:\n    client-certificate-data: {cert}\n    client-key-data: {key}\ncontexts:\n- name: test\n  context: {{cluster: test, user: {file}}}\ncurrent-context: test\n",
+                url = self.url,
+                ca = b64(&d.join("ca.crt")),
+                cert = b64(Path::new(&p("crt"))),
+                key = b64(Path::new(&p("key"))),
+            ),
+        )
+        .unwrap();
+        path
+    }
+
+    /// A client from a kubeconfig file (another identity than the admin's).
+    pub async fn client_from(&self, kubeconfig: &Path) -> kube::Client {
+        let config = kube::config::Kubeconfig::read_from(kubeconfig).unwrap();
+        let options = kube::config::KubeConfigOptions::default();
+        let config = kube::Config::from_custom_kubeconfig(config, &options)
+            .await
+            .unwrap();
+        kube::Client::try_from(config).unwrap()
     }
 
     /// Stop the API server (etcd and its data stay): clients see connections refused.

@@ -13,6 +13,7 @@
 
 pub mod apiserver;
 pub mod procfs;
+pub mod rbac;
 
 use oci_client::client::{ClientConfig, ClientProtocol, Config, ImageLayer};
 use oci_client::manifest::{

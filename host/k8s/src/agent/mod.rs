@@ -413,7 +413,8 @@ impl<S: Sizer + 'static, B: PinBackend> Agent<S, B> {
         let published = self
             .publish(&rounds.node_api, &mut rounds.published, &rounds.status)
             .await;
-        self.record_events(&rounds.status, &mut rounds.seen).await;
+        self.record_events(&mut rounds.status, &mut rounds.seen)
+            .await;
         let wait = self.next_wait(rounds);
         // An unpublished status is not left for the next resync: try again soon.
         Next::Idle(match published {
@@ -554,9 +555,15 @@ impl<S: Sizer + 'static, B: PinBackend> Agent<S, B> {
                 self.metrics.count_api_write("node_spec");
                 rounds.published.pool = Some(pool);
             }
-            Err(e) => {
-                tracing::warn!(error = %e, "cannot write the MachineConfigNode spec; retrying later")
-            }
+            Err(e) => match crate::forbidden::refusal(&e) {
+                Some(why) => {
+                    tracing::warn!(error = %why, "cannot write the MachineConfigNode spec; retrying with backoff");
+                    rounds.status.forbidden = Some(why);
+                }
+                None => {
+                    tracing::warn!(error = %e, "cannot write the MachineConfigNode spec; retrying later")
+                }
+            },
         }
     }
 
@@ -565,9 +572,12 @@ impl<S: Sizer + 'static, B: PinBackend> Agent<S, B> {
     /// a debug line, nothing else.
     /// Events for what changed since the last round (sets pinned or failed, pins repaired,
     /// policy fallbacks).
-    async fn record_events(&self, status: &NodeStatus, seen: &mut status::Seen) {
+    async fn record_events(&self, status: &mut NodeStatus, seen: &mut status::Seen) {
         let events = status::events(status, seen);
-        crate::events::record::<MachineConfigNode>(
+        if events.is_empty() {
+            return;
+        }
+        let refused = crate::events::record::<MachineConfigNode>(
             self.client.clone(),
             FIELD_MANAGER,
             Some(self.config.node_name.clone()),
@@ -575,6 +585,9 @@ impl<S: Sizer + 'static, B: PinBackend> Agent<S, B> {
             &events,
         )
         .await;
+        // Said on the status the next time it is written (the events are lost, not the work),
+        // until events are recorded again.
+        status.forbidden = refused;
     }
 
     /// Write the status; whether it is now published.
@@ -588,7 +601,14 @@ impl<S: Sizer + 'static, B: PinBackend> Agent<S, B> {
         match status::write_status(api, name, published, status, &self.metrics).await {
             Ok(()) => true,
             Err(e) => {
-                tracing::warn!(error = %e, retry_in = ?self.config.retry_min, "status not published (is the API server down?); the work goes on and the status is published when it returns");
+                match crate::forbidden::refusal(&e) {
+                    Some(why) => {
+                        tracing::warn!(error = %why, retry_in = ?self.config.retry_min, "status not published; retrying with backoff")
+                    }
+                    None => {
+                        tracing::warn!(error = %e, retry_in = ?self.config.retry_min, "status not published (is the API server down?); the work goes on and the status is published when it returns")
+                    }
+                }
                 false
             }
         }

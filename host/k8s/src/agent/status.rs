@@ -190,7 +190,10 @@ pub(super) async fn publish_progress(
             },
             _ = tokio::time::sleep_until(deadline), if dirty => {
                 if let Err(e) = write_status(api, &config.node_name, &mut published, &preview, metrics).await {
-                    tracing::warn!(error = %e, "progress not published");
+                    match crate::forbidden::refusal(&e) {
+                        Some(why) => tracing::warn!(error = %why, "progress not published; retrying with backoff"),
+                        None => tracing::warn!(error = %e, "progress not published"),
+                    }
                 }
                 dirty = false;
                 next = Instant::now() + config.publish_interval;
@@ -238,6 +241,9 @@ fn conditions(status: &NodeStatus, previous: &[Condition]) -> Vec<Condition> {
                     }
                     if let Some(sizing) = &status.sizing {
                         done = format!("{done}; sizing: {}", cap(sizing, 1024));
+                    }
+                    if let Some(forbidden) = &status.forbidden {
+                        done = format!("{done}; {}", cap(forbidden, 1024));
                     }
                     done
                 }

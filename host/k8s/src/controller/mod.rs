@@ -151,6 +151,8 @@ impl Context {
         let wait = self.backoff(key, error.conflict());
         if error.conflict() {
             tracing::debug!(error = %error, "conflict; reading again");
+        } else if let Some(why) = crate::forbidden::refusal(error) {
+            tracing::warn!(error = %why, retry_in = ?wait, "{what}");
         } else {
             tracing::warn!(error = %error, retry_in = ?wait, "{what}");
         }

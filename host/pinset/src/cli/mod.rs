@@ -248,6 +248,10 @@ pub fn warn_if_empty(flag: &str, paths: &[std::path::PathBuf], found: usize, kin
 /// An error and its causes on one line, each said once: a cause whose text a message already
 /// quotes (`"… : {source}"`) is not repeated after it.
 pub fn error_line(e: &anyhow::Error) -> String {
+    // Refused for lack of rights: who may not do what, and where it is granted.
+    if let Some(why) = e.chain().find_map(pinset_k8s::forbidden::refusal) {
+        return why;
+    }
     let mut out = String::new();
     for cause in e.chain() {
         let text = cause.to_string();
