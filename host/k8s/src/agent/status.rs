@@ -627,6 +627,25 @@ mod tests {
     }
 
     #[test]
+    fn a_refused_right_is_said_on_the_progressing_condition() {
+        let st = NodeStatus {
+            forbidden: Some("forbidden: u may not create events (events.k8s.io); grant it".into()),
+            ..Default::default()
+        };
+        let progressing = conditions(&st, &[])
+            .into_iter()
+            .find(|c| c.type_ == CONDITION_PROGRESSING)
+            .unwrap();
+        assert!(
+            progressing
+                .message
+                .ends_with("; forbidden: u may not create events (events.k8s.io); grant it"),
+            "{}",
+            progressing.message
+        );
+    }
+
+    #[test]
     fn a_set_is_announced_pinned_or_failed_once_per_generation() {
         let set = |current, failed| SetStatus {
             name: "a".into(),
