@@ -140,7 +140,7 @@ async fn the_server_validates_sets_and_node_status() {
         .unwrap_err()
         .to_string();
     assert!(
-        e.contains("self.metadata.name == self.spec.node.name"),
+        e.contains("metadata.name must equal spec.node.name"),
         "{e}"
     );
     nodes
