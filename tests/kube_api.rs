@@ -139,10 +139,7 @@ async fn the_server_validates_sets_and_node_status() {
         .await
         .unwrap_err()
         .to_string();
-    assert!(
-        e.contains("metadata.name must equal spec.node.name"),
-        "{e}"
-    );
+    assert!(e.contains("metadata.name must equal spec.node.name"), "{e}");
     nodes
         .create(&PostParams::default(), &mcn("w-1", "w-1"))
         .await

@@ -2599,7 +2599,10 @@ async fn a_rule_missing_from_the_manifests_is_a_clear_refusal_retried_until_gran
     .unwrap();
     assert_eq!(code, 1, "{out}{err}");
     assert!(
-        err.contains("forbidden: bob may not ") && err.contains("machineconfigpools"),
+        // (Whichever of the command's three watches is refused first.)
+        err.contains("error: forbidden: bob may not list ")
+            && err
+                .contains("(machineconfiguration.openshift.io); grant it in pinset's ClusterRole"),
         "{err}"
     );
     // The rule back: the next retry lands.
