@@ -41,6 +41,45 @@ fn run(cmd: &mut Command) {
     );
 }
 
+/// The client certificate's extensions: X.509 v3, client authentication.
+const CLIENT_EXT: &str = "basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature,keyEncipherment\nextendedKeyUsage=clientAuth\n";
+
+/// `NAME.key` and `NAME.crt` in `d`: a new key, its certificate for `subject` with the
+/// extensions `ext`, signed by the CA of `d`.
+fn leaf(d: &Path, name: &str, subject: &str, ext: &str) {
+    let p = |f: &str| d.join(f).to_str().unwrap().to_string();
+    std::fs::write(d.join(format!("{name}.ext")), ext).unwrap();
+    run(Command::new("openssl").args([
+        "req",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-subj",
+        subject,
+        "-keyout",
+        &p(&format!("{name}.key")),
+        "-out",
+        &p(&format!("{name}.csr")),
+    ]));
+    run(Command::new("openssl").args([
+        "x509",
+        "-req",
+        "-in",
+        &p(&format!("{name}.csr")),
+        "-CA",
+        &p("ca.crt"),
+        "-CAkey",
+        &p("ca.key"),
+        "-CAcreateserial",
+        "-days",
+        "2",
+        "-out",
+        &p(&format!("{name}.crt")),
+        "-extfile",
+        &p(&format!("{name}.ext")),
+    ]));
+}
+
 /// A CA, a serving certificate for 127.0.0.1 and a `system:masters` client certificate, all
 /// X.509 v3 (rustls refuses v1).
 fn certificates(d: &Path) {
@@ -64,48 +103,13 @@ fn certificates(d: &Path) {
         "-addext",
         "keyUsage=critical,keyCertSign,cRLSign",
     ]));
-    let leaf = |name: &str, subject: &str, ext: &str| {
-        std::fs::write(d.join(format!("{name}.ext")), ext).unwrap();
-        run(Command::new("openssl").args([
-            "req",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-subj",
-            subject,
-            "-keyout",
-            &p(&format!("{name}.key")),
-            "-out",
-            &p(&format!("{name}.csr")),
-        ]));
-        run(Command::new("openssl").args([
-            "x509",
-            "-req",
-            "-in",
-            &p(&format!("{name}.csr")),
-            "-CA",
-            &p("ca.crt"),
-            "-CAkey",
-            &p("ca.key"),
-            "-CAcreateserial",
-            "-days",
-            "2",
-            "-out",
-            &p(&format!("{name}.crt")),
-            "-extfile",
-            &p(&format!("{name}.ext")),
-        ]));
-    };
     leaf(
+        d,
         "server",
         "/CN=127.0.0.1",
         "basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature,keyEncipherment\nextendedKeyUsage=serverAuth\nsubjectAltName=IP:127.0.0.1,DNS:localhost\n",
     );
-    leaf(
-        "admin",
-        "/O=system:masters/CN=admin",
-        "basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature,keyEncipherment\nextendedKeyUsage=clientAuth\n",
-    );
+    leaf(d, "admin", "/O=system:masters/CN=admin", CLIENT_EXT);
 }
 
 fn b64(path: &Path) -> String {
@@ -141,19 +145,25 @@ fn start_etcd(bin: &Path, d: &Path) -> (Child, u16) {
     (child, client_port)
 }
 
-/// An admin kubeconfig for the server at `url`, from the certificates in `d`.
-fn write_kubeconfig(d: &Path, url: &str) -> PathBuf {
-    let kubeconfig = d.join("kubeconfig");
+/// A kubeconfig for the server at `url`, authenticating with the
+/// certificate `NAME.crt`/`NAME.key` of `d`, written to `path`.
+fn write_kubeconfig_for(d: &Path, url: &str, name: &str, path: &Path) {
     std::fs::write(
-        &kubeconfig,
+        path,
         format!(
-            "apiVersion: v1\nkind: Config\nclusters:\n- name: test\n  cluster:\n    server: {url}\n    certificate-authority-data: {ca}\nusers:\n- name: admin\n  user:\n    client-certificate-data: {cert}\n    client-key-data: {key}\ncontexts:\n- name: test\n  context: {{cluster: test, user: admin}}\ncurrent-context: test\n",
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: test\n  cluster:\n    server: {url}\n    certificate-authority-data: {ca}\nusers:\n- name: {name}\n  user:\n    client-certificate-data: {cert}\n    client-key-data: {key}\ncontexts:\n- name: test\n  context: {{cluster: test, user: {name}}}\ncurrent-context: test\n",
             ca = b64(&d.join("ca.crt")),
-            cert = b64(&d.join("admin.crt")),
-            key = b64(&d.join("admin.key")),
+            cert = b64(&d.join(format!("{name}.crt"))),
+            key = b64(&d.join(format!("{name}.key"))),
         ),
     )
     .unwrap();
+}
+
+/// An admin kubeconfig for the server at `url`, from the certificates in `d`.
+fn write_kubeconfig(d: &Path, url: &str) -> PathBuf {
+    let kubeconfig = d.join("kubeconfig");
+    write_kubeconfig_for(d, url, "admin", &kubeconfig);
     kubeconfig
 }
 
@@ -253,66 +263,15 @@ impl ApiServer {
     /// `system:serviceaccounts:NS`).
     pub fn kubeconfig_as(&self, user: &str, groups: &[&str]) -> PathBuf {
         let d = self.dir.path();
-        let file = user.replace([':', '/'], "-");
+        let name = user.replace([':', '/'], "-");
         let subject: String = groups
             .iter()
             .map(|g| format!("/O={g}"))
             .chain(std::iter::once(format!("/CN={user}")))
             .collect();
-        let p = |ext: &str| {
-            d.join(format!("{file}.{ext}"))
-                .to_str()
-                .unwrap()
-                .to_string()
-        };
-        std::fs::write(
-            p("ext"),
-            "basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature,keyEncipherment\nextendedKeyUsage=clientAuth\n",
-        )
-        .unwrap();
-        run(Command::new("openssl").args([
-            "req",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-subj",
-            &subject,
-            "-keyout",
-            &p("key"),
-            "-out",
-            &p("csr"),
-        ]));
-        let ca = d.join("ca.crt").display().to_string();
-        let ca_key = d.join("ca.key").display().to_string();
-        run(Command::new("openssl").args([
-            "x509",
-            "-req",
-            "-in",
-            &p("csr"),
-            "-CA",
-            &ca,
-            "-CAkey",
-            &ca_key,
-            "-CAcreateserial",
-            "-days",
-            "2",
-            "-out",
-            &p("crt"),
-            "-extfile",
-            &p("ext"),
-        ]));
-        let path = d.join(format!("{file}.kubeconfig"));
-        std::fs::write(
-            &path,
-            format!(
-                "apiVersion: v1\nkind: Config\nclusters:\n- name: test\n  cluster:\n    server: {url}\n    certificate-authority-data: {ca}\nusers:\n- name: {file}\n  user:\n    client-certificate-data: {cert}\n    client-key-data: {key}\ncontexts:\n- name: test\n  context: {{cluster: test, user: {file}}}\ncurrent-context: test\n",
-                url = self.url,
-                ca = b64(&d.join("ca.crt")),
-                cert = b64(Path::new(&p("crt"))),
-                key = b64(Path::new(&p("key"))),
-            ),
-        )
-        .unwrap();
+        leaf(d, &name, &subject, CLIENT_EXT);
+        let path = d.join(format!("{name}.kubeconfig"));
+        write_kubeconfig_for(d, &self.url, &name, &path);
         path
     }
 
