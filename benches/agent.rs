@@ -9,7 +9,7 @@
 //! `cargo bench --bench agent` (needs the whole bed: `bash scripts/test.sh` installs it).
 //! `REPEATS` (default 3).
 
-#[path = "../tests/support/mod.rs"]
+#[path = "../tests/it/support.rs"]
 mod support;
 
 use kube::api::{Api, PostParams};

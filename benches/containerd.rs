@@ -12,7 +12,7 @@
 //! `REPEATS` (default 3) sets the repetitions of part 1; `PARTS` (default `makespan,noop,cancel`)
 //! selects the parts to run.
 
-#[path = "../tests/support/mod.rs"]
+#[path = "../tests/it/support.rs"]
 mod support;
 
 use pinset_core::desired::{self, Desired, NodeInfo, PinnedImageSet, ROLE_LABEL};

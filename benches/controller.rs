@@ -13,7 +13,7 @@
 //! `cargo bench --bench controller` (needs the API server bed: `bash scripts/test.sh` builds it).
 //! `REPEATS` (default 3) sets the repetitions.
 
-#[path = "../tests/support/mod.rs"]
+#[path = "../tests/it/support.rs"]
 mod support;
 
 mod cluster;

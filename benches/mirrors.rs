@@ -10,7 +10,7 @@
 //! `cargo bench --bench mirrors` (needs docker-registry: `bash scripts/test.sh` installs it).
 //! `REPEATS` (default 5) sets the repetitions of part 1.
 
-#[path = "../tests/support/mod.rs"]
+#[path = "../tests/it/support.rs"]
 mod support;
 
 use pinset_core::desired::{self, Desired, PinnedImageSet, ROLE_LABEL};

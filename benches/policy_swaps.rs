@@ -15,7 +15,7 @@
 //! `REPEATS` (default 3). Without a controller the agent runs `--rollout=free`: each change is
 //! taken without a grant (the canary-first path is timed in tests/kube_e2e.rs).
 
-#[path = "../tests/support/mod.rs"]
+#[path = "../tests/it/support.rs"]
 mod support;
 
 use kube::api::{Api, Patch, PatchParams, PostParams};

@@ -1,18 +1,23 @@
 #!/usr/bin/env bash
-# Builds pinset's container image without a container engine: a statically linked release
-# binary (x86_64-unknown-linux-musl) and the CA certificates in one layer on an empty base — the
-# same image the Containerfile describes — written as an OCI image layout in a tar archive,
-# which `ctr images import`, `podman load`, `docker load` and `kind load image-archive` read.
+# Builds pinset's container image without a container engine: the release binary — the one
+# `cargo build --release -p pinset` (the README's first command) and the test suite build — with
+# the C runtime it links (glibc's loader, libc, libm and libgcc_s, copied from this machine with
+# their copyright files, as distroless' "cc" images carry them) and the CA certificates, in one
+# layer on an empty base — the image the Containerfile describes — written as an OCI image layout
+# in a tar archive, which `ctr images import`, `podman load`, `docker load` and `kind load
+# image-archive` read.
 #
 #   bash scripts/image.sh            # writes target/image/pinset.tar, prints the image reference
 #
+# PINSET_BINARY names a release binary already built (scripts/test.sh passes the one its test
+# build made, so the image holds exactly the binary the tests ran); without it the script runs
+# `cargo build --release -p pinset`, which does nothing when that build is current.
 # PINSET_IMAGE (default localhost/pinset:VERSION) names the image; the manifests in deploy/ name
 # localhost/pinset:VERSION, so a kustomization's `images:` points them at a pushed copy.
 # Version and source commit are OCI annotations of the manifest and labels of the image config.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-target=x86_64-unknown-linux-musl
 version=$(sed -n '/^\[workspace.package\]/,/^\[/ s/^version = "\(.*\)"/\1/p' Cargo.toml)
 commit=$(git rev-parse HEAD 2>/dev/null || echo unknown)
 if [ "$commit" != unknown ] && [ -n "$(git status --porcelain --untracked-files=no 2>/dev/null)" ]; then
@@ -24,29 +29,37 @@ created=$(date -u -d "@$epoch" +%Y-%m-%dT%H:%M:%SZ)
 out=target/image
 certs=/etc/ssl/certs/ca-certificates.crt
 
-echo "==> static binary ($target, profile static)" >&2
-rustup target add "$target" >&2
-if ! command -v musl-gcc >/dev/null; then
-  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends musl-tools >&2
-  else
-    echo "image.sh: musl-gcc is needed for the C parts of the build (Debian: apt-get install musl-tools)" >&2
-    exit 1
-  fi
-fi
 [ -r "$certs" ] || { echo "image.sh: $certs is missing (Debian: apt-get install ca-certificates)" >&2; exit 1; }
-PINSET_COMMIT=${commit:0:12} CC_x86_64_unknown_linux_musl=musl-gcc \
-  cargo build --locked --profile static --target "$target" -p pinset >&2
-binary=target/$target/static/pinset
-if ! ldd "$binary" 2>&1 | grep -qE "statically linked|not a dynamic executable"; then
-  echo "image.sh: $binary is dynamically linked: $(ldd "$binary" 2>&1 | head -3)" >&2
+binary=${PINSET_BINARY:-}
+if [ -z "$binary" ]; then
+  echo "==> release binary (cargo build --release -p pinset)" >&2
+  cargo build --locked --release -p pinset >&2
+  binary=target/release/pinset
+fi
+[ -x "$binary" ] || { echo "image.sh: $binary is not an executable" >&2; exit 1; }
+interp=$(readelf -l "$binary" | sed -n 's/.*Requesting program interpreter: \(.*\)]$/\1/p')
+[ -n "$interp" ] || { echo "image.sh: $binary names no program interpreter" >&2; exit 1; }
+if ldd "$binary" | grep -q 'not found'; then
+  echo "image.sh: $binary: $(ldd "$binary" | grep 'not found')" >&2
   exit 1
 fi
+# The shared objects the binary links, as the loader resolves them here.
+mapfile -t libs < <(ldd "$binary" | awk '$2 == "=>" && $3 ~ /^\// {print $3}')
 
 echo "==> OCI image layout" >&2
 rm -rf "$out/rootfs" "$out/layout"
 mkdir -p "$out/rootfs/etc/ssl/certs" "$out/rootfs/tmp" "$out/layout/blobs/sha256"
 install -m 0755 "$binary" "$out/rootfs/pinset"
+runtime=""
+for lib in "$interp" "${libs[@]}"; do
+  install -D -m 0755 "$(readlink -f "$lib")" "$out/rootfs$lib"
+  pkg=$({ dpkg -S "$lib" 2>/dev/null || dpkg -S "$(readlink -f "$lib")" 2>/dev/null || true; } | head -1 | cut -d: -f1)
+  if [ -n "$pkg" ] && [ -r "/usr/share/doc/$pkg/copyright" ]; then
+    install -D -m 0644 "/usr/share/doc/$pkg/copyright" "$out/rootfs/usr/share/doc/$pkg/copyright"
+    runtime="$runtime $pkg $(dpkg-query -W -f='${Version}' "$pkg" 2>/dev/null || true),"
+  fi
+done
+runtime=${runtime%,}
 install -m 0644 "$certs" "$out/rootfs/etc/ssl/certs/ca-certificates.crt"
 printf 'root:x:0:0:root:/:/pinset\nnonroot:x:65532:65532:nonroot:/:/pinset\n' > "$out/rootfs/etc/passwd"
 printf 'root:x:0:\nnonroot:x:65532:\n' > "$out/rootfs/etc/group"
@@ -72,8 +85,8 @@ gzip -n -9 -f "$out/layer.tar"
 read -r layer layer_size < <(blob "$out/layer.tar.gz")
 
 labels=$(printf '"org.opencontainers.image.title":"pinset","org.opencontainers.image.description":"Pre-pull and pin container images on Kubernetes nodes","org.opencontainers.image.licenses":"Apache-2.0","org.opencontainers.image.version":"%s","org.opencontainers.image.revision":"%s","org.opencontainers.image.created":"%s"' "$version" "$commit" "$created")
-printf '{"created":"%s","architecture":"amd64","os":"linux","config":{"User":"65532:65532","Entrypoint":["/pinset"],"Cmd":["--help"],"Env":["SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt"],"WorkingDir":"/","Labels":{%s}},"rootfs":{"type":"layers","diff_ids":["sha256:%s"]},"history":[{"created":"%s","created_by":"scripts/image.sh: /pinset (static, %s) and CA certificates"}]}' \
-  "$created" "$labels" "$diff_id" "$created" "$target" > "$out/config.json"
+printf '{"created":"%s","architecture":"amd64","os":"linux","config":{"User":"65532:65532","Entrypoint":["/pinset"],"Cmd":["--help"],"Env":["SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt"],"WorkingDir":"/","Labels":{%s}},"rootfs":{"type":"layers","diff_ids":["sha256:%s"]},"history":[{"created":"%s","created_by":"scripts/image.sh: /pinset (release), its C runtime (%s) and CA certificates"}]}' \
+  "$created" "$labels" "$diff_id" "$created" "${runtime# }" > "$out/config.json"
 read -r config config_size < <(blob "$out/config.json")
 
 printf '{"schemaVersion":2,"mediaType":"application/vnd.oci.image.manifest.v1+json","config":{"mediaType":"application/vnd.oci.image.config.v1+json","digest":"sha256:%s","size":%s},"layers":[{"mediaType":"application/vnd.oci.image.layer.v1.tar+gzip","digest":"sha256:%s","size":%s}],"annotations":{%s}}' \

@@ -1,39 +1,51 @@
 #!/usr/bin/env bash
-# Runs every test of the workspace on a fresh machine: installs what the tests need, then
-# `cargo test`. Used by the README and by .ci/run.
+# Runs every test of the workspace on a fresh machine; used by the README and by .ci/run.
+#
+# The test bed (tests/bed/install.sh: registry, runc, etcd, containerd 1.7, the API server, wkg)
+# installs in the background while the code is linted, the generated code checked, and built. The code compiles once, in the release
+# profile: the tests, every policy for Wasm, and the `pinset` binary — the one the README's first
+# command builds, the one the tests run, the one the container image holds. Then every test runs,
+# and every test is mandatory: one that cannot start its bed fails, naming what did not start.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-echo "==> wasm32-wasip2 target (the policies are built for it)"
+if [ -n "${PINSET_SKIP_BED:-}" ] && [ "$PINSET_SKIP_BED" != 0 ]; then
+  echo "scripts/test.sh runs every test, the bed's included: unset PINSET_SKIP_BED" >&2
+  exit 2
+fi
+step() { printf '==> [%4ds] %s\n' "$SECONDS" "$*"; }
+
+mkdir -p target
+step "test bed, in the background (log: target/bed-install.log)"
+bash tests/bed/install.sh > target/bed-install.log 2>&1 &
+bed=$!
+
+step "toolchain: the wasm32-wasip2 target (policies), clippy"
 rustup target add wasm32-wasip2
-
-echo "==> test bed: a real OCI registry, containerd 1.7 and runc; musl-gcc for the static image"
-if ! command -v docker-registry >/dev/null || ! command -v runc >/dev/null || ! command -v musl-gcc >/dev/null; then
-  export DEBIAN_FRONTEND=noninteractive
-  apt-get update -qq
-  apt-get install -y -qq --no-install-recommends docker-registry runc musl-tools
-fi
-if ! command -v kubectl >/dev/null; then
-  echo "kubectl is missing: tests/deploy_manifests.rs renders deploy/ with kubectl kustomize" >&2
-  exit 1
-fi
-bash tests/bed/fetch-containerd.sh /opt/pinset-bed/containerd
-
-echo "==> test bed: wasm-pkg-tools' wkg (policy artifacts interoperate with it; tests/policy_artifacts.rs)"
-if [ ! -x /opt/pinset-bed/wkg/bin/wkg ]; then
-  # A debug build: 3 min instead of 7 for a tool the tests run a few times.
-  cargo install wkg --locked --version 0.16.1 --debug --root /opt/pinset-bed/wkg
-fi
-
-echo "==> test bed: etcd and the real apiextensions-apiserver (built from Debian sources)"
-bash tests/bed/fetch-apiserver.sh /opt/pinset-bed/apiserver
-
-echo "==> cargo clippy --workspace --all-targets -D warnings (lints, and the crates' layering compiles)"
 rustup component add clippy
+
+step "cargo clippy --workspace --all-targets -D warnings (lints, and the crates' layering compiles)"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 
-echo "==> the container image (scripts/image.sh; the image tests run it under containerd)"
-bash scripts/image.sh
+step "the checked-in generated code is what proto/ and wit/ give (scripts/codegen --check)"
+cargo run --quiet --locked --manifest-path scripts/codegen/Cargo.toml -- --check
 
-echo "==> cargo test --workspace --no-fail-fast (one failing test binary does not hide the others)"
-cargo test --workspace --locked --no-fail-fast
+step "cargo test --release --no-run (one build: the pinset binary, the tests, every policy)"
+cargo test --workspace --release --locked --no-run
+
+step "waiting for the test bed"
+if ! wait "$bed"; then
+  cat target/bed-install.log >&2
+  echo "scripts/test.sh: the test bed did not install (above)" >&2
+  exit 1
+fi
+grep '^==> ' target/bed-install.log
+
+step "the container image, from the binary the tests run (scripts/image.sh)"
+PINSET_BINARY=target/release/pinset bash scripts/image.sh
+
+# Most tests wait on processes (registries, containerd, API servers, agents): four at a time keep
+# two cores busy (BENCHMARKS.md, "Build and CI time").
+step "cargo test --release --no-fail-fast (one failing test binary does not hide the others)"
+cargo test --workspace --release --locked --no-fail-fast -- --test-threads 4
+step "done"

@@ -16,6 +16,7 @@ fn main() {
         &target,
         &out_dir,
         &[("pinset-policy-default", "pinset_policy_default")],
+        "export",
     );
     std::fs::rename(
         out_dir.join("pinset_policy_default.wasm"),

@@ -41,26 +41,23 @@ pub fn watch(workspace: &Path, dirs: &[&str]) {
     }
 }
 
-/// Build each `(package, file stem)` and copy its component into `out`.
-pub fn build(workspace: &Path, target_dir: &Path, out: &Path, policies: &[(&str, &str)]) {
+/// Build each `(package, file stem)`, with the cargo `features` given (comma-separated, may be
+/// empty), and copy its component into `out`.
+pub fn build(
+    workspace: &Path,
+    target_dir: &Path,
+    out: &Path,
+    policies: &[(&str, &str)],
+    features: &str,
+) {
     std::fs::create_dir_all(out).unwrap_or_else(|e| panic!("create {}: {e}", out.display()));
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     // One build per policy: in a shared build, cargo would unify the features of
     // `pinset-policy-default` and export its decisions from every policy that reuses its rules.
     for &(package, stem) in policies {
-        let mut cmd = Command::new(&cargo);
-        cmd.current_dir(workspace)
-            .args(["build", "--release", "--target", TARGET, "-p", package])
-            .arg("--target-dir")
-            .arg(target_dir);
-        // Flags meant for the host build must not leak into the guest build.
-        for var in [
-            "CARGO_ENCODED_RUSTFLAGS",
-            "RUSTFLAGS",
-            "CARGO_BUILD_TARGET",
-            "CARGO_TARGET_DIR",
-        ] {
-            cmd.env_remove(var);
+        let mut cmd = guest_build(&cargo, workspace, target_dir, package);
+        if !features.is_empty() {
+            cmd.args(["--features", features]);
         }
         let status = cmd
             .status()
@@ -82,4 +79,59 @@ pub fn build(workspace: &Path, target_dir: &Path, out: &Path, policies: &[(&str,
             panic!("building {package} did not produce {}: {e}", wasm.display())
         });
     }
+}
+
+/// `cargo build` of one guest package, with the guest's flags only: the ones the repository's
+/// `.cargo/config.toml` gives `wasm32-wasip2`, and the paths rustc would embed remapped (the
+/// repository, cargo's home), so a module's bytes do not depend on where it was built — a crate
+/// outside the building workspace (the SDK, for the test-only policies) is named by its absolute
+/// path otherwise.
+fn guest_build(cargo: &str, workspace: &Path, target_dir: &Path, package: &str) -> Command {
+    let mut cmd = Command::new(cargo);
+    cmd.current_dir(workspace)
+        .args(["build", "--locked", "--release", "--target", TARGET, "-p", package])
+        .arg("--target-dir")
+        .arg(target_dir);
+    // Flags meant for the host build must not leak into the guest build.
+    for var in [
+        "CARGO_ENCODED_RUSTFLAGS",
+        "RUSTFLAGS",
+        "CARGO_BUILD_TARGET",
+        "CARGO_TARGET_DIR",
+    ] {
+        cmd.env_remove(var);
+    }
+    let root = self::workspace();
+    let home = std::env::var("CARGO_HOME")
+        .unwrap_or_else(|_| format!("{}/.cargo", std::env::var("HOME").unwrap_or_default()));
+    let mut flags = vec![
+        format!("--remap-path-prefix={}=.", root.display()),
+        format!("--remap-path-prefix={home}=/cargo"),
+    ];
+    flags.extend(configured_flags(&root));
+    // This variable replaces the configuration's flags for the target: they are repeated above.
+    cmd.env("CARGO_TARGET_WASM32_WASIP2_RUSTFLAGS", flags.join(" "));
+    cmd
+}
+
+/// The `rustflags` list of `[target.wasm32-wasip2]` in the repository's `.cargo/config.toml`.
+fn configured_flags(root: &Path) -> Vec<String> {
+    let config = root.join(".cargo/config.toml");
+    let text = std::fs::read_to_string(&config)
+        .unwrap_or_else(|e| panic!("{}: {e}", config.display()));
+    let section = text
+        .split("[target.wasm32-wasip2]")
+        .nth(1)
+        .and_then(|rest| rest.split("\n[").next())
+        .unwrap_or_else(|| panic!("{}: no [target.wasm32-wasip2]", config.display()));
+    let list = section
+        .split_once("rustflags = [")
+        .and_then(|(_, rest)| rest.split_once(']'))
+        .map(|(list, _)| list)
+        .unwrap_or_else(|| panic!("{}: no rustflags for wasm32-wasip2", config.display()));
+    list.split('"')
+        .skip(1)
+        .step_by(2)
+        .map(String::from)
+        .collect()
 }

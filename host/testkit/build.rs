@@ -1,13 +1,13 @@
-//! Builds every policy of the workspace — the shipped ones in `policies/` and the test-only ones
-//! in `tests/policies/` — for `wasm32-wasip2`, and tells the crate where the components are
-//! (`PINSET_WASM_POLICY_DIR`, read by [`policy_path`](crate::policy_path)).
+//! Builds the example policies (`policies/`) and the test-only ones (`tests/policies/`, a
+//! workspace of their own) for `wasm32-wasip2`, and tells the crate where the components are
+//! (`PINSET_WASM_POLICY_DIR`, read by [`policy_path`](crate::policy_path)). The default policy
+//! is not built here: `pinset-policy` embeds it, and `policy_path` writes those bytes.
 
 #[path = "../policy/wasm_build.rs"]
 mod wasm_build;
 
-/// (package, file stem) of every policy built here.
-const POLICIES: [(&str, &str); 12] = [
-    ("pinset-policy-default", "pinset_policy_default"),
+/// (package, file stem) of the example policies, members of the host workspace.
+const EXAMPLES: [(&str, &str); 4] = [
     (
         "pinset-policy-smallest-first",
         "pinset_policy_smallest_first",
@@ -18,6 +18,10 @@ const POLICIES: [(&str, &str); 12] = [
         "pinset_policy_admit_what_fits",
     ),
     ("pinset-policy-zone-by-zone", "pinset_policy_zone_by_zone"),
+];
+
+/// (package, file stem) of the test-only policies (`tests/policies/Cargo.toml`).
+const TEST_ONLY: [(&str, &str); 7] = [
     ("pinset-test-policy-hostile", "pinset_test_policy_hostile"),
     (
         "pinset-test-policy-future-contract",
@@ -44,7 +48,14 @@ fn main() {
     wasm_build::watch(&workspace, &["policies", "tests/policies"]);
     let target = wasm_build::target_dir(&workspace, "wasm-policies");
     let components = target.join("components");
-    wasm_build::build(&workspace, &target, &components, &POLICIES);
+    wasm_build::build(&workspace, &target, &components, &EXAMPLES, "");
+    wasm_build::build(
+        &workspace.join("tests/policies"),
+        &target,
+        &components,
+        &TEST_ONLY,
+        "",
+    );
     println!(
         "cargo:rustc-env=PINSET_WASM_POLICY_DIR={}",
         components.display()

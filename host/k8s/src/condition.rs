@@ -66,7 +66,10 @@ mod tests {
                 Some(1)
             )
         ));
-        std::thread::sleep(std::time::Duration::from_millis(2));
+        // A transition at a later instant than the first (the clock's next tick, waited for).
+        while k8s_openapi::jiff::Timestamp::now() <= first.last_transition_time.0 {
+            std::hint::spin_loop();
+        }
         let cleared = make(
             std::slice::from_ref(&first),
             "Degraded",

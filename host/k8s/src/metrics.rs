@@ -92,6 +92,8 @@ struct Inner {
 /// The fleet rollout's: the agent's waiting sets, the controller's pools.
 struct RolloutMetrics {
     waiting: Gauge,
+    /// Pools whose status the controller computed and has not written yet.
+    status_pending: Gauge,
     pool_nodes: Family<PoolStateLabels, Gauge>,
     waves: Family<PoolLabels, Counter>,
     paused: Family<PoolLabels, Gauge>,
@@ -264,8 +266,15 @@ impl Metrics {
             "1 while the pool's rollout is paused (pinset.io/rollout-paused): no node is granted",
             Family::<PoolLabels, Gauge>::default(),
         );
+        let status_pending = registered(
+            r,
+            "pool_status_writes_pending",
+            "Pools whose status the controller has computed and not yet written (queued or in flight)",
+            Gauge::default(),
+        );
         RolloutMetrics {
             waiting,
+            status_pending,
             pool_nodes,
             waves,
             paused,
@@ -524,6 +533,16 @@ impl Metrics {
             .watch_interruptions
             .get_or_create(&KindLabels { kind })
             .get()
+    }
+
+    /// The gauge of pool statuses not yet written, for the controller's status lane to set.
+    pub(crate) fn pool_status_pending_gauge(&self) -> Gauge {
+        self.inner.rollout.status_pending.clone()
+    }
+
+    /// Pool statuses computed and not yet written (queued or in flight).
+    pub fn pool_status_writes_pending(&self) -> i64 {
+        self.inner.rollout.status_pending.get()
     }
 
     /// The text exposition of every metric.

@@ -169,7 +169,7 @@ fn write_kubeconfig(d: &Path, url: &str) -> PathBuf {
 
 impl ApiServer {
     /// Start etcd and the API server and wait until it serves; `None` (after a loud message)
-    /// when the bed is not installed on a developer's machine.
+    /// when the bed is not installed and `PINSET_SKIP_BED` asked to skip.
     pub async fn start() -> Option<ApiServer> {
         Self::start_with(None).await
     }
@@ -416,6 +416,34 @@ impl ApiServer {
                     break;
                 }
                 assert!(Instant::now() < deadline, "CRD {name} not Established");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            self.wait_served(&crd, deadline).await;
+        }
+    }
+
+    /// Wait until every served version of `crd` answers a list: Established says the CRD is
+    /// accepted, not that its resource's handler is installed yet (a request in between meets
+    /// 404, and a first Event written then would be lost).
+    async fn wait_served(
+        &self,
+        crd: &k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition,
+        deadline: Instant,
+    ) {
+        use kube::api::{Api, DynamicObject};
+        use kube::core::{ApiResource, GroupVersionKind};
+        let client = self.client().await;
+        for version in crd.spec.versions.iter().filter(|v| v.served) {
+            let gvk = GroupVersionKind::gvk(&crd.spec.group, &version.name, &crd.spec.names.kind);
+            let resource = ApiResource::from_gvk_with_plural(&gvk, &crd.spec.names.plural);
+            let api: Api<DynamicObject> = Api::all_with(client.clone(), &resource);
+            while let Err(e) = api.list(&Default::default()).await {
+                assert!(
+                    Instant::now() < deadline,
+                    "{}/{} not served: {e}",
+                    crd.spec.group,
+                    version.name
+                );
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
         }

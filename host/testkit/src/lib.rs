@@ -5,8 +5,9 @@
 //! ones included ([`policy_path`]). No docker, no downloads.
 //!
 //! A test that needs the bed calls [`Registry::start`] (or [`Containerd::start`], …): where the
-//! binary is missing it returns `None` after a loud message on a developer's machine, and panics
-//! under CI (`CI` set), where the bed is mandatory.
+//! binary is missing it panics, naming what did not start — the bed is mandatory. Only a
+//! developer's quick loop may skip those tests, by asking: with `PINSET_SKIP_BED=1` they return
+//! `None` after a loud message (`scripts/test.sh` refuses the variable).
 //!
 //! May depend on every pinset crate; nothing but tests and benchmarks may depend on it, so
 //! nothing test-only is built into `pinset`.
@@ -29,18 +30,20 @@ use std::time::{Duration, Instant};
 
 pub const LAYER_MEDIA_TYPE: &str = "application/vnd.oci.image.layer.v1.tar";
 
-/// Whether the bed is mandatory (CI) or may be skipped (a developer's machine).
+/// Whether the bed is mandatory: always, unless `PINSET_SKIP_BED` is set (to anything but `0`).
 pub fn bed_required() -> bool {
-    std::env::var_os("CI").is_some()
+    std::env::var_os("PINSET_SKIP_BED").is_none_or(|v| v == "0")
 }
 
+/// A part of the bed is missing: fail, naming it, or skip loudly where skipping was asked for.
 pub fn skip_or_fail(what: &str) {
     if bed_required() {
-        panic!("test bed: {what} (the bed is mandatory in CI: run scripts/test.sh to install it)");
+        panic!(
+            "test bed: {what} (scripts/test.sh installs the bed; PINSET_SKIP_BED=1 skips the tests \
+             that need it)"
+        );
     }
-    eprintln!(
-        "\n*** SKIPPING: test bed unavailable: {what}. Run scripts/test.sh to install it. ***\n"
-    );
+    eprintln!("\n*** SKIPPING (PINSET_SKIP_BED): test bed unavailable: {what} ***\n");
 }
 
 /// wasm-pkg-tools' `wkg` (scripts/test.sh installs it under /opt/pinset-bed/wkg): the real tool
@@ -665,7 +668,28 @@ pub fn init_logging(filter: &str) {
 /// A component built from the workspace (`policies/*` and `tests/policies/*`), by file stem,
 /// e.g. `pinset_test_policy_hostile`.
 pub fn policy_path(stem: &str) -> PathBuf {
-    PathBuf::from(env!("PINSET_WASM_POLICY_DIR")).join(format!("{stem}.wasm"))
+    let path = PathBuf::from(env!("PINSET_WASM_POLICY_DIR")).join(format!("{stem}.wasm"));
+    if stem == "pinset_policy_default" {
+        write_embedded_default(&path);
+    }
+    path
+}
+
+/// The default policy is built once, by `pinset-policy`, which embeds it: its bytes are written
+/// beside the other components (once per test process; a temporary file renamed into place, so
+/// concurrent test processes never read a partial file).
+fn write_embedded_default(path: &std::path::Path) {
+    static WRITTEN: std::sync::Once = std::sync::Once::new();
+    WRITTEN.call_once(|| {
+        let bytes = pinset_policy::EMBEDDED_DEFAULT;
+        if std::fs::read(path).is_ok_and(|on_disk| on_disk == bytes) {
+            return;
+        }
+        let dir = path.parent().expect("the components directory");
+        let mut tmp = tempfile::NamedTempFile::new_in(dir).unwrap();
+        std::io::Write::write_all(&mut tmp, bytes).unwrap();
+        tmp.persist(path).unwrap();
+    });
 }
 
 /// The bed wired as a node agent would be: CRI and pins on containerd's socket, sizes from the

@@ -105,18 +105,15 @@ pub fn log(level: Level, message: &str) {
 }
 
 // Each contract's bindings exist only when the crate exports it (features `decisions`, on by
-// default, and `fleet`): a component must export every interface its bindings declare.
+// default, and `fleet`): a component must export every interface its bindings declare. They are
+// wit-bindgen's output for `wit/`, generated once and checked in (`src/generated/`, written by
+// `scripts/codegen`, whose `--check` fails when they are stale), so building a policy compiles
+// no proc macro.
 #[cfg(all(target_arch = "wasm32", feature = "decisions"))]
 #[doc(hidden)]
-pub mod bindings {
-    wit_bindgen::generate!({
-        path: "../../wit",
-        world: "policy",
-        pub_export_macro: true,
-        export_macro_name: "__export_decisions",
-        default_bindings_module: "pinset_policy_sdk::bindings",
-    });
-}
+#[rustfmt::skip]
+#[path = "generated/policy.rs"]
+pub mod bindings;
 
 #[cfg(all(target_arch = "wasm32", feature = "decisions"))]
 #[doc(hidden)]
@@ -124,15 +121,9 @@ pub mod guest;
 
 #[cfg(all(target_arch = "wasm32", feature = "fleet"))]
 #[doc(hidden)]
-pub mod fleet_bindings {
-    wit_bindgen::generate!({
-        path: "../../wit/fleet",
-        world: "fleet-policy",
-        pub_export_macro: true,
-        export_macro_name: "__export_rollout",
-        default_bindings_module: "pinset_policy_sdk::fleet_bindings",
-    });
-}
+#[rustfmt::skip]
+#[path = "generated/fleet.rs"]
+pub mod fleet_bindings;
 
 #[cfg(all(target_arch = "wasm32", feature = "fleet"))]
 #[doc(hidden)]

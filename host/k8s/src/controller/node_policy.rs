@@ -107,8 +107,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_file_is_refused_where_a_signature_is_required_and_an_unreachable_check_is_left_to_the_nodes()
-     {
+    async fn a_file_is_refused_where_a_signature_is_required() {
         let gate = SignatureGate::new(None);
         let file = config("/p/a.wasm", true);
         let why = gate.check(&file, "w", &file.pools["w"]).await.unwrap_err();
@@ -117,7 +116,30 @@ mod tests {
         gate.check(&unsigned_ok, "w", &unsigned_ok.pools["w"])
             .await
             .unwrap();
-        let oci = config(&format!("oci://r.io/p@sha256:{}", "a".repeat(64)), true);
+    }
+
+    /// The registry is asked, and does not answer (its port refuses connections): no verdict,
+    /// the nodes check the module themselves.
+    #[tokio::test]
+    async fn an_unreachable_registry_leaves_the_check_to_the_nodes() {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let artifacts = Artifacts::new(
+            vec![format!("127.0.0.1:{port}")],
+            std::sync::Arc::new(Default::default()),
+        );
+        let gate = SignatureGate::new(Some(artifacts));
+        let oci = config(
+            &format!("oci://127.0.0.1:{port}/p@sha256:{}", "a".repeat(64)),
+            true,
+        );
         gate.check(&oci, "w", &oci.pools["w"]).await.unwrap();
+        assert!(
+            gate.verdicts.lock().unwrap().is_empty(),
+            "an unanswered check is no verdict"
+        );
     }
 }

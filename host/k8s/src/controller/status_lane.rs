@@ -21,6 +21,7 @@ use kube::runtime::reflector::ObjectRef;
 use serde_json::json;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
+use prometheus_client::metrics::gauge::Gauge;
 use tokio::sync::{Semaphore, mpsc};
 
 /// Status writes and Event batches in flight at once.
@@ -139,6 +140,11 @@ impl Slots {
         next
     }
 
+    /// Pools with a write in flight (and maybe one queued behind it).
+    pub fn pending(&self) -> usize {
+        self.0.values().filter(|s| s.writing).count()
+    }
+
     /// Forget a pool that is gone, unless a write for it is in flight.
     pub fn forget(&mut self, pool: &str) {
         if self.0.get(pool).is_some_and(|s| !s.writing) {
@@ -159,19 +165,28 @@ pub(super) struct StatusLane {
     slots: Mutex<Slots>,
     permits: Arc<Semaphore>,
     triggers: mpsc::UnboundedSender<ObjectRef<MachineConfigPool>>,
+    /// `pinset_pool_status_writes_pending`, set after every change of the slots.
+    pending: Gauge,
 }
 
 impl StatusLane {
-    pub fn new(triggers: mpsc::UnboundedSender<ObjectRef<MachineConfigPool>>) -> Self {
+    pub fn new(
+        triggers: mpsc::UnboundedSender<ObjectRef<MachineConfigPool>>,
+        pending: Gauge,
+    ) -> Self {
         Self {
             slots: Mutex::new(Slots::default()),
             permits: Arc::new(Semaphore::new(LANE_WRITES)),
             triggers,
+            pending,
         }
     }
 
     fn slots<T>(&self, f: impl FnOnce(&mut Slots) -> T) -> T {
-        f(&mut self.slots.lock().expect("status lane lock"))
+        let mut slots = self.slots.lock().expect("status lane lock");
+        let result = f(&mut slots);
+        self.pending.set(slots.pending() as i64);
+        result
     }
 
     /// See [`Slots::baseline`].

@@ -10,7 +10,7 @@
 //! arguments — against the native reference policy (BENCHMARKS.md, "The floor").
 //!
 //! One input is answered differently: `concurrency` panics on a node named `floor-panics`, the
-//! path on which a policy without stderr reports its panic (tests/policy_sandbox.rs).
+//! path on which a policy without stderr reports its panic (tests/it/policy_sandbox.rs).
 
 #![cfg_attr(target_arch = "wasm32", no_std)]
 

@@ -1,6 +1,6 @@
 //! Sizing against a real registry (`docker-registry`) with images built and pushed here.
 
-mod support;
+use crate::support;
 
 use pinset_core::reference::ImageRef;
 use pinset_node::registry::auth::Credentials;

@@ -5,7 +5,7 @@
 //! `registries.conf` with a drop-in; `pinset set from-images` and `pinset plan` through the
 //! mirror. The source's connections and access log prove it was never asked.
 
-mod support;
+use crate::support;
 
 use pinset_core::desired::{self, PinnedImageSet, ROLE_LABEL};
 use pinset_core::reference::ImageRef;

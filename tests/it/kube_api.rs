@@ -1,7 +1,7 @@
 //! pinset's CRDs served by a real API server (apiextensions-apiserver + etcd): the server itself
 //! refuses bad objects with messages a user understands, and serves the seed's example unchanged.
 
-mod support;
+use crate::support;
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
@@ -231,6 +231,24 @@ where
     metrics
 }
 
+/// Reconciles of `kind` (`pool`, `set`, `node`) the controller has finished, from its metrics.
+fn reconciles(metrics: &pinset_k8s::metrics::Metrics, kind: &str) -> u64 {
+    let prefix = format!("pinset_reconcile_seconds_count{{kind=\"{kind}\"}} ");
+    metrics
+        .encode()
+        .lines()
+        .find_map(|l| l.strip_prefix(&prefix)?.parse().ok())
+        .unwrap_or(0)
+}
+
+/// The controller has reconciled at least `pools` pools and `sets` sets, and every pool status
+/// those reconciles computed has been written: what they were to write has been written.
+fn idle(metrics: &pinset_k8s::metrics::Metrics, pools: u64, sets: u64) -> bool {
+    reconciles(metrics, "pool") >= pools
+        && reconciles(metrics, "set") >= sets
+        && metrics.pool_status_writes_pending() == 0
+}
+
 /// [`run_controller_until`] with metrics the caller holds (to read them while it runs).
 async fn run_controller_with<F, Fut>(
     client: kube::Client,
@@ -317,10 +335,12 @@ async fn the_controller_writes_pool_selections_once() {
     assert_eq!(first.api_writes("pool_spec"), 2);
     assert_eq!(first.api_writes("set_status"), 2);
 
-    // A fresh controller on a converged cluster writes nothing.
-    let quiet = run_controller_until(client.clone(), || async {
-        tokio::time::sleep(std::time::Duration::from_secs(2)).await;
-        true
+    // A fresh controller on a converged cluster writes nothing: once it has reconciled both
+    // pools and both sets and has no pool status left to write, it has written nothing.
+    let quiet = pinset_k8s::metrics::Metrics::new();
+    run_controller_with(client.clone(), quiet.clone(), || {
+        let m = quiet.clone();
+        async move { idle(&m, 2, 2) }
     })
     .await;
     assert_eq!(
@@ -378,6 +398,30 @@ async fn selects(
     }
 }
 
+/// Wait until set `name`'s status says it is in `pools` and the controller has no pool status
+/// left to write.
+async fn set_lands_in(
+    sets: &Api<PinnedImageSet>,
+    name: &str,
+    pools: &[&str],
+    metrics: &pinset_k8s::metrics::Metrics,
+) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let status = sets.get(name).await.ok().and_then(|s| s.status);
+        let listed = status.as_ref().is_some_and(|s| s.pools.iter().eq(pools.iter()));
+        if listed && metrics.pool_status_writes_pending() == 0 {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "set {name}: status {status:?}, {} pool statuses pending",
+            metrics.pool_status_writes_pending()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 /// A pool is reconciled again when its annotations change (the rollout ceiling lives there), and
 /// not when the controller's own status write lands.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -399,44 +443,61 @@ async fn a_pool_reacts_to_its_annotations_not_to_its_own_status() {
             .and_then(|p| p.status?.rollout)
             .map(|r| (r.target, r.reason))
     };
-    // 0: the rollout status appears; 1: annotated, its reason names the bad value; 2: done.
+    // 0: the rollout status appears; 1: annotated, its reason names the bad value; 2: a barrier
+    // annotation sent once that status is written; 3: the barrier reconciled.
+    let metrics = pinset_k8s::metrics::Metrics::new();
     let step = std::sync::Arc::new(std::sync::atomic::AtomicU8::new(0));
-    let metrics = run_controller_until(client.clone(), || {
-        let step = step.clone();
+    let barrier_after = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+    run_controller_with(client.clone(), metrics.clone(), || {
+        let (step, barrier_after, m) = (step.clone(), barrier_after.clone(), metrics.clone());
         let current = step.load(std::sync::atomic::Ordering::Relaxed);
         let (pools, reason) = (pools.clone(), reason);
+        let annotate = move |key: &'static str, value: &'static str| {
+            let pools = pools.clone();
+            async move {
+                let patch = json!({"metadata": {"annotations": {key: value}}});
+                pools
+                    .patch("worker", &PatchParams::default(), &Patch::Merge(patch))
+                    .await
+                    .unwrap();
+            }
+        };
         async move {
             let next = match (current, reason().await) {
                 (0, Some((target, _))) if target == "w@1" => {
-                    let bad = json!({"metadata": {"annotations": {"pinset.io/rollout-max-pulling": "lots"}}});
-                    pools
-                        .patch("worker", &PatchParams::default(), &Patch::Merge(bad))
-                        .await
-                        .unwrap();
+                    annotate("pinset.io/rollout-max-pulling", "lots").await;
                     1
                 }
-                (1, Some((_, why))) if why.contains("\"lots\" is neither a count nor a percentage") => {
-                    // Time for any reconcile the status write would trigger.
-                    tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+                (1, Some((_, why)))
+                    if why.contains("\"lots\" is neither a count nor a percentage")
+                        && m.pool_status_writes_pending() == 0 =>
+                {
+                    // The status is written; the watch delivers its event before the barrier's
+                    // (one stream, in resourceVersion order), so a reconcile of the pool's own
+                    // status would be counted before the barrier's is.
+                    barrier_after.store(reconciles(&m, "pool"), std::sync::atomic::Ordering::Relaxed);
+                    annotate("pinset.io/test-barrier", "1").await;
                     2
+                }
+                (2, _)
+                    if reconciles(&m, "pool") > barrier_after.load(std::sync::atomic::Ordering::Relaxed)
+                        && m.pool_status_writes_pending() == 0 =>
+                {
+                    3
                 }
                 (s, _) => s,
             };
             step.store(next, std::sync::atomic::Ordering::Relaxed);
-            next == 2
+            next == 3
         }
     })
     .await;
     let text = metrics.encode();
-    let reconciles: u64 = text
-        .lines()
-        .find(|l| l.starts_with("pinset_reconcile_seconds_count{kind=\"pool\"}"))
-        .and_then(|l| l.rsplit(' ').next()?.parse().ok())
-        .expect("pool reconciles counted");
+    let reconciles = reconciles(&metrics, "pool");
     assert_eq!(metrics.api_writes("pool_status"), 2, "{text}");
     // The pool's creation and the set joining it, its selection written (a spec change), the
-    // annotation: at most four. Reacting to its own two status writes would add two.
-    assert!(reconciles <= 4, "{reconciles} pool reconciles:\n{text}");
+    // annotation, the barrier: at most five. Reacting to its own two status writes would add two.
+    assert!(reconciles <= 5, "{reconciles} pool reconciles:\n{text}");
 }
 
 /// Another controller writes its own condition on the pool's status, again and again, while
@@ -608,8 +669,8 @@ async fn the_controller_rides_out_an_api_server_restart_without_rewriting() {
     if let Err(e) = selects(&pools, "worker", &["w"], sixty).await {
         panic!("no [w]: {e:?}\n{}", server.log());
     }
-    // Let the set's status and the pool's status land too.
-    tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+    // The set's status and the pool's status land too.
+    set_lands_in(&sets, "w", &["worker"], &metrics).await;
     let writes = |m: &pinset_k8s::metrics::Metrics| {
         (
             m.api_writes("pool_spec"),
@@ -634,7 +695,7 @@ async fn the_controller_rides_out_an_api_server_restart_without_rewriting() {
     if let Err(e) = selects(&pools, "worker", &["w", "w2"], sixty).await {
         panic!("no [w, w2] after the restart: {e:?}\n{}", server.log());
     }
-    tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+    set_lands_in(&sets, "w2", &["worker"], &metrics).await;
     let after = writes(&metrics);
     assert_eq!(
         after.0 - before.0,
@@ -655,8 +716,9 @@ async fn the_controller_rides_out_an_api_server_restart_without_rewriting() {
 /// set created while it fails is selected at once. Each watch backs off on its own errors; a
 /// backoff shared by the three (kube's controller adds one unless told not to) would sleep after
 /// each of the node watch's errors as long as that watch does — 0.8, 1.6, 3.2, 6.4, 12.8 s… with
-/// jitter — and read no pool or set meanwhile: 25 s into the failures it is in its fifth or sixth
-/// sleep, of at least 6.4 s.
+/// jitter of up to as much again — and read no pool or set meanwhile: once the node watch has
+/// failed four times it is in its fourth sleep, of at least 6.4 s, so a set selected within 2 s
+/// proves the others unstalled.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failing_watch_does_not_stall_the_others() {
     let Some(Cluster {
@@ -677,16 +739,23 @@ async fn a_failing_watch_does_not_stall_the_others() {
     let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
     let mcn = "machineconfignodes.machineconfiguration.openshift.io";
     crds.delete(mcn, &Default::default()).await.unwrap();
-    tokio::time::sleep(Duration::from_secs(25)).await;
+    // Each failure of the node watch is counted under its kind when it happens.
+    let count = |kind| metrics.watch_interruptions(kind);
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while count("MachineConfigNode") < 4 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the node watch did not fail four times in 60 s: {}",
+            metrics.encode()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     let w2: PinnedImageSet = serde_json::from_value(set("w2", &[image(2)])).unwrap();
     sets.create(&PostParams::default(), &w2).await.unwrap();
     if let Err(e) = selects(&pools, "worker", &["w", "w2"], Duration::from_secs(2)).await {
         panic!("w2 is not selected within 2 s while the node watch fails: {e:?}");
     }
-    // Each failure of the node watch counted under its kind (0.8 + 1.6 + 3.2 + 6.4 s of backoff
-    // fit in 25 s at the longest jitter), the healthy watches' none.
-    let count = |kind| metrics.watch_interruptions(kind);
-    assert!(count("MachineConfigNode") >= 4, "{}", metrics.encode());
+    // The healthy watches were never interrupted.
     assert_eq!(count("MachineConfigPool") + count("PinnedImageSet"), 0);
     stop_controller(stop, controller).await;
 }
@@ -1220,8 +1289,12 @@ async fn a_node_that_disappears_mid_rollout_frees_its_slot() {
     let canary = next_granted(nodes, &names, &[]).await;
     agent_reports(nodes, &canary, 1, Some(1), None).await;
     let second = next_granted(nodes, &names, &[&canary]).await;
-    // The slot is taken: the third node waits while the second pulls.
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    // The slot is taken: the third node waits while the second pulls. The pool's status, written
+    // by the decision that granted the second, says so.
+    rollout_until(&c.pools, "two granted, one waiting", |r| {
+        r.granted == 2 && r.waiting == 1
+    })
+    .await;
     let third = names
         .iter()
         .find(|n| ![&canary, &second].contains(&&n.to_string()))
@@ -1252,6 +1325,30 @@ async fn pool_rollout(pools: &Api<MachineConfigPool>, name: &str) -> (String, Op
 }
 
 /// Wait up to 30 s for `check` to hold on the pool's rollout reason and fallback.
+/// The worker pool's `status.rollout` once `check` holds (30 s at most).
+async fn rollout_until(
+    pools: &Api<MachineConfigPool>,
+    what: &str,
+    check: impl Fn(&pinset_k8s::api::PoolRollout) -> bool,
+) -> pinset_k8s::api::PoolRollout {
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let rollout = pools
+            .get("worker")
+            .await
+            .ok()
+            .and_then(|p| p.status?.rollout);
+        if let Some(r) = rollout.as_ref().filter(|r| check(r)) {
+            return r.clone();
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{what}: the pool's rollout is {rollout:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 async fn pool_until(
     pools: &Api<MachineConfigPool>,
     what: &str,
@@ -1305,7 +1402,8 @@ async fn the_controller_refuses_a_grant_over_the_ceiling_whatever_the_nodes_stat
         "{fallback}"
     );
     assert_eq!(granted(nodes, "n2").await, Some(1), "the default's canary");
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    // The status the decision wrote counts the one grant it made.
+    rollout_until(pools, "one node granted", |r| r.granted == 1).await;
     for name in ["n0", "n1"] {
         assert_eq!(granted(nodes, name).await, None, "{name} granted");
     }

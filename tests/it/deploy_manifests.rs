@@ -4,7 +4,7 @@
 //! `scripts/image.sh` names, every flag exists, every path a flag names lies under a mount, the
 //! runtime sockets are mounted, and the agent's and the controller's security settings hold.
 
-mod support;
+use crate::support;
 
 use serde_yaml::Value;
 use std::collections::BTreeSet;
@@ -22,7 +22,7 @@ fn parse_stream(text: &str, what: &str) -> Vec<Value> {
         .collect()
 }
 
-/// `kubectl kustomize DIR`, parsed; `None` (skipped, or failed in CI) without kubectl.
+/// `kubectl kustomize DIR`, parsed; `None` (skipped where PINSET_SKIP_BED asks; else the test fails) without kubectl.
 fn render(dir: &Path) -> Option<Vec<Value>> {
     let out = match Command::new("kubectl").arg("kustomize").arg(dir).output() {
         Ok(out) => out,

@@ -1,8 +1,7 @@
 //! The node pipeline end to end against the in-process CRI service (a real gRPC server on a unix
 //! socket) with injected faults, real Wasm policies and the CRI-O drop-in back end on real files.
 
-// The test bed; the pipeline needs no `pinset` binary, so it is a test of `pinset-node`.
-use pinset_testkit as support;
+use crate::support;
 
 use pinset_core::desired::{self, Desired, NodeInfo, PinnedImageSet, ROLE_LABEL};
 use pinset_core::status::NodeStatus;

@@ -2,7 +2,7 @@
 //! is contained (clear error naming module and hook, fallback to the reference, process alive),
 //! and modules that must not load are refused.
 
-mod support;
+use crate::support;
 
 use pinset_policy::{
     Compiler, Decisions, Guarded, Hook, Limits, LoadError, PolicyError, PolicyInstance,

@@ -1,7 +1,7 @@
 //! Every shipped scenario passes against the real compiled policies, the embedded default module
 //! answers exactly like the native reference policy, and `pinset policy test` reports failures.
 
-mod support;
+use crate::support;
 
 use pinset_core::scenario;
 use pinset_policy::{

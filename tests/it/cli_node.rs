@@ -1,6 +1,6 @@
 //! The `pinset` binary: `demo`, `plan` and `node` as a user runs them.
 
-mod support;
+use crate::support;
 
 use pinset_node::pin::crio;
 use std::path::Path;
@@ -277,7 +277,6 @@ fn watch_restarts_on_a_changed_set_and_abandons_pulls_in_flight() {
     };
     wait_for("3 hanging pulls", &|| sim.stats().in_flight == 3);
     // Generation 2 replaces the hanging images.
-    std::thread::sleep(Duration::from_millis(20));
     write_set(2, &images[3..]);
     let drop_in = dropins.join(crio::DROP_IN);
     wait_for("generation 2 pinned", &|| {

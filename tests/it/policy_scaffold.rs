@@ -2,7 +2,7 @@
 //! natively, `build.sh` builds the component with one sha256 in two directories, and its
 //! scenarios pass under `pinset policy test`.
 
-mod support;
+use crate::support;
 
 use std::path::Path;
 use std::process::Command;

@@ -2,7 +2,7 @@
 //! and wasm-pkg-tools' real `wkg`: push and pull, signatures in cosign's format, `oci://`
 //! references with verification and the node cache, and every bad input refused by name.
 
-mod support;
+use crate::support;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

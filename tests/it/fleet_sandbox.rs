@@ -2,7 +2,7 @@
 //! contracts load side by side (node-only, fleet-only and both), and every misbehaviour of a
 //! fleet module is contained by the guard — the default fleet policy answers, the failure named.
 
-mod support;
+use crate::support;
 
 use pinset_policy::{
     Decided, Described, FleetInstance, FleetModule, GuardedFleet, Hook, Limits, LoadError,

@@ -2,7 +2,7 @@
 //! built and pushed here and the real default Wasm policy: pull, pin (containerd's pin label),
 //! no-op rerun, unpin on set removal, registry down, cancellation, containerd restart.
 
-mod support;
+use crate::support;
 
 use pinset_core::desired::{self, Desired, NodeInfo, PinnedImageSet, ROLE_LABEL};
 use pinset_core::status::NodeStatus;
@@ -62,8 +62,8 @@ struct Bed {
 }
 
 impl Bed {
-    /// `None`, after a loud message, where the bed cannot start on a developer's machine (CI
-    /// fails instead). Sizes come from the registry when `sizing`.
+    /// `None`, after a loud message, where the bed cannot start and `PINSET_SKIP_BED` asked to
+    /// skip (otherwise the test fails). Sizes come from the registry when `sizing`.
     fn start(backoff: Backoff, sizing: bool) -> Option<Bed> {
         Self::start_with_root_limit(backoff, sizing, None)
     }
