@@ -24,7 +24,7 @@ use pinset_node::pin::containerd::ContainerdPins;
 use pinset_policy::bench::Stats;
 use pinset_policy::{EMBEDDED_DEFAULT, Limits, PolicyModule, WasmRuntime};
 
-use pinset_node::registry::size::RegistrySizer;
+use pinset_registry::size::RegistrySizer;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};

@@ -15,8 +15,8 @@ mod support;
 
 use pinset_core::desired::{self, Desired, PinnedImageSet, ROLE_LABEL};
 use pinset_node::facts;
-use pinset_node::registry::mirrors::MirrorSource;
-use pinset_node::registry::size::{Cached, RegistrySizer, SIZING_BUDGET};
+use pinset_registry::mirrors::MirrorSource;
+use pinset_registry::size::{Cached, RegistrySizer, SIZING_BUDGET};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -88,7 +88,7 @@ async fn main() {
     let through = || {
         let sizer = RegistrySizer::new(Vec::new(), Arc::default())
             .with_mirrors(MirrorSource::HostsDir(hosts.path().to_path_buf()));
-        pinset_node::registry::size::Sizer::refresh(&sizer).unwrap();
+        pinset_registry::size::Sizer::refresh(&sizer).unwrap();
         sizer
     };
     let straight = || RegistrySizer::new(vec![registry.host.clone()], Arc::default());

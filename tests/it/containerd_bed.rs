@@ -10,7 +10,7 @@ use pinset_node::Reconciler;
 use pinset_node::executor::{Backoff, Event};
 use pinset_node::pin::PinBackend;
 use pinset_node::pin::containerd::ContainerdPins;
-use pinset_node::registry::size::RegistrySizer;
+use pinset_registry::size::RegistrySizer;
 use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 

@@ -197,9 +197,9 @@ fn check_agent(agent: &Value) {
     }
     // The runtime's mirror configuration, read where the runtime reads it, never written.
     for file in [
-        pinset_node::registry::mirrors::REGISTRIES_CONF,
+        pinset_registry::mirrors::REGISTRIES_CONF,
         "/etc/containers/registries.conf.d/50-mirrors.conf",
-        pinset_node::registry::mirrors::CONTAINERD_HOSTS_DIR,
+        pinset_registry::mirrors::CONTAINERD_HOSTS_DIR,
     ] {
         let mount = container["volumeMounts"]
             .as_sequence()

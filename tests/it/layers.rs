@@ -46,10 +46,34 @@ fn the_core_depends_on_no_runtime_and_no_adapter() {
             "wasmtime",
             "hyper",
             "pinset-policy",
+            "pinset-registry",
             "pinset-node",
             "pinset-k8s",
         ],
     );
+}
+
+/// The network edge reads registries and nothing else: no runtime of the node (CRI), no
+/// Kubernetes, no Wasm; and no HTTP client library that would read bodies for it (every answer
+/// goes through its own bounded reader).
+#[test]
+fn the_registry_edge_is_the_only_registry_client() {
+    forbid(
+        "pinset-registry",
+        &[
+            "tonic",
+            "kube",
+            "wasmtime",
+            "pinset-policy",
+            "pinset-node",
+            "pinset-k8s",
+            "reqwest",
+            "oci-client",
+        ],
+    );
+    for krate in ["pinset", "pinset-node", "pinset-k8s"] {
+        forbid(krate, &["reqwest", "oci-client"]);
+    }
 }
 
 #[test]
@@ -61,6 +85,7 @@ fn the_policy_layer_knows_neither_the_node_nor_kubernetes_nor_metrics() {
             "kube",
             "hyper",
             "prometheus-client",
+            "pinset-registry",
             "pinset-node",
             "pinset-k8s",
         ],

@@ -13,6 +13,7 @@ mod cli_node;
 mod containerd_bed;
 mod deploy_manifests;
 mod fleet_sandbox;
+mod hostile_registry;
 mod kube_api;
 mod kube_e2e;
 mod layers;

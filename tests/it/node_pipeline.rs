@@ -9,7 +9,7 @@ use pinset_cri_sim::{Fault, SimConfig, SimImage, SimServer, SimulatedRuntime};
 use pinset_node::cri::client::{CriClient, CriConfig};
 use pinset_node::executor::Backoff;
 use pinset_node::pin::crio::{self, CrioPins};
-use pinset_node::registry::size::{Cached, ImageSize, TableSizer};
+use pinset_registry::size::{Cached, ImageSize, TableSizer};
 use pinset_node::{Reconciler, Report};
 use pinset_policy::{EMBEDDED_DEFAULT, Limits, PolicyModule, WasmRuntime};
 use pinset_policy_sdk::{MIB, Pressure};

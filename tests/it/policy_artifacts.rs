@@ -127,29 +127,23 @@ fn wkg_and_pinset_pull_what_the_other_pushed() {
     assert_eq!(std::fs::read(&out).unwrap(), original);
 }
 
-/// Push a hand-made artifact: `layer` under a Wasm config (no compile: the registry is what is
-/// tested, not the module).
-async fn push_raw(registry: &support::Registry, repo: &str, layer: Vec<u8>) -> String {
-    use oci_client::client::{Config, ImageLayer};
-    let reference: oci_client::Reference = format!("{}/{repo}:v1", registry.host).parse().unwrap();
-    let config = Config::new(
-        b"{}".to_vec(),
-        "application/vnd.wasm.config.v0+json".into(),
-        None,
-    );
-    let layers = [ImageLayer::new(layer, "application/wasm".into(), None)];
-    let pushed = registry
-        .client()
-        .push(
-            &reference,
-            &layers,
-            config,
-            &oci_client::secrets::RegistryAuth::Anonymous,
-            None,
-        )
+/// Push a hand-made artifact, tagged `v1`: `layer` under a Wasm config (no compile: the
+/// registry is what is tested, not the module).
+async fn push_raw(registry: &support::Registry, repo: &str, layer: Vec<u8>) {
+    use pinset_registry::oci::{Descriptor, OCI_MANIFEST, manifest_json};
+    let client = registry.client();
+    let endpoint = pinset_registry::mirrors::Endpoint::source(&registry.host, repo);
+    let deadline = std::time::Duration::from_secs(60);
+    let config = Descriptor::of("application/vnd.wasm.config.v0+json", b"{}");
+    let layers = [Descriptor::of("application/wasm", &layer)];
+    for blob in [b"{}".to_vec(), layer] {
+        client.push_blob(&endpoint, blob.into(), deadline).await.unwrap();
+    }
+    let manifest = manifest_json(&config, &layers);
+    client
+        .push_manifest(&endpoint, "v1", OCI_MANIFEST, manifest.into(), deadline)
         .await
         .unwrap();
-    pushed.manifest_url
 }
 
 #[tokio::test]
@@ -205,7 +199,11 @@ async fn bad_artifacts_and_registries_are_refused_by_name_and_nothing_is_half_wr
     refused(
         &reference,
         &[],
-        &[&reference, &format!("layer {layer}"), "Invalid digest"],
+        &[
+            &reference,
+            &format!("layer {layer}"),
+            "the registry served bytes of digest",
+        ],
     );
 
     // Unknown artifact, then the registry down.
@@ -392,24 +390,27 @@ async fn forge(
         format!("{name}:{}.sig", digest.replace(':', "-"))
     };
     let client = registry.client();
-    let anonymous = oci_client::secrets::RegistryAuth::Anonymous;
-    let source: oci_client::Reference = tag(from).parse().unwrap();
-    let (bytes, _) = client
-        .pull_manifest_raw(
-            &source,
-            &anonymous,
-            &["application/vnd.oci.image.manifest.v1+json"],
-        )
+    let deadline = std::time::Duration::from_secs(30);
+    let at = |r: &str| {
+        let (name, _) = r.split_once('@').unwrap();
+        let repo = name.split_once('/').unwrap().1.to_string();
+        pinset_registry::mirrors::Endpoint::source(&registry.host, &repo)
+    };
+    let source_tag = tag(from);
+    let fetched = client
+        .manifest(&at(from), source_tag.rsplit(':').next().unwrap(), deadline)
         .await
         .unwrap();
-    let mut manifest: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
+    let mut manifest: serde_json::Value = serde_json::from_slice(&fetched.body).unwrap();
     edit(&mut manifest);
-    let target: oci_client::Reference = tag(to).parse().unwrap();
+    let target_tag = tag(to);
     client
-        .push_manifest_raw(
-            &target,
-            serde_json::to_vec(&manifest).unwrap(),
-            http::HeaderValue::from_static("application/vnd.oci.image.manifest.v1+json"),
+        .push_manifest(
+            &at(to),
+            target_tag.rsplit(':').next().unwrap(),
+            pinset_registry::oci::OCI_MANIFEST,
+            serde_json::to_vec(&manifest).unwrap().into(),
+            deadline,
         )
         .await
         .unwrap();

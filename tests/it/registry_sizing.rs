@@ -3,8 +3,8 @@
 use crate::support;
 
 use pinset_core::reference::ImageRef;
-use pinset_node::registry::auth::Credentials;
-use pinset_node::registry::size::{Cached, RegistrySizer, Sizer};
+use pinset_registry::auth::Credentials;
+use pinset_registry::size::{Cached, RegistrySizer, Sizer};
 use std::sync::Arc;
 
 fn node_arch() -> &'static str {

@@ -31,6 +31,7 @@ pub mod plan;
 pub mod pool;
 pub mod quantity;
 pub mod reference;
+pub mod refusal;
 pub mod rollout;
 pub mod rollout_sim;
 pub mod scenario;

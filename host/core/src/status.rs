@@ -45,6 +45,9 @@ pub struct RunningPolicy {
     pub module: String,
     /// When the agent started deciding with it (RFC 3339).
     pub since: String,
+    /// Swapped in, and no reconcile with it has succeeded yet: a fallback there puts the
+    /// previous module back, and the controller does not count the node as done with it.
+    pub probation: bool,
 }
 
 /// A module the node was asked to decide with and did not: it kept its running module.
@@ -53,6 +56,9 @@ pub struct RunningPolicy {
 pub struct RejectedPolicy {
     /// The module as the configuration names it (a file or `oci://…@sha256:…`).
     pub module: String,
+    /// The kind of refusal ([`crate::refusal::Refusal::reason`]): `NotFound`, `Unsigned`,
+    /// `SmokeTestFailed`… (a registry that is away is never a rejection).
+    pub reason: String,
     /// Which step refused it (fetch, signature, load, smoke test, first reconcile) and why.
     pub cause: String,
     /// When (RFC 3339).

@@ -516,6 +516,11 @@ pub struct RejectedNodePolicy {
     /// As the policy configuration names it.
     #[schemars(length(max = 1024))]
     pub module: String,
+    /// The kind of refusal: `NotFound`, `WrongDigest`, `Unsigned`, `SignatureRefused`,
+    /// `NotAPolicy`, `SmokeTestFailed` or `FellBack` (empty when written by an older agent).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    #[schemars(length(max = 64))]
+    pub reason: String,
     /// The step that refused it (fetch, signature, load, smoke test, first reconcile) and why.
     #[schemars(length(max = 4096))]
     pub cause: String,
@@ -539,6 +544,10 @@ pub struct NodePolicy {
     pub module: String,
     /// When the agent started deciding with it.
     pub since: Time,
+    /// Swapped in, and no reconcile with it has succeeded yet: the node does not count as done
+    /// with it.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub probation: bool,
 }
 
 /// The node's readiness and labels, as the agent last read them.

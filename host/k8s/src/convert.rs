@@ -160,9 +160,11 @@ pub fn node_report(n: &MachineConfigNode) -> NodeReport {
             digest: p.digest.clone(),
             module: p.module.clone(),
             since: p.since.0.to_string(),
+            probation: p.probation,
         }),
         policy_rejected: status.policy_rejected.as_ref().map(|r| RejectedPolicy {
             module: r.module.clone(),
+            reason: r.reason.clone(),
             cause: r.cause.clone(),
             since: r.since.0.to_string(),
         }),
@@ -200,7 +202,12 @@ pub fn member(n: &MachineConfigNode, report: &NodeReport) -> pinset_core::rollou
             let mut sets = report.sets.clone();
             pinset_core::rollout::add_policy_states(
                 &mut sets,
-                report.policy.as_ref().map(|p| p.module.as_str()),
+                // A module on probation has not decided a whole reconcile yet: not done.
+                report
+                    .policy
+                    .as_ref()
+                    .filter(|p| !p.probation)
+                    .map(|p| p.module.as_str()),
                 report
                     .policy_rejected
                     .as_ref()

@@ -16,7 +16,7 @@
 
 use crate::api::PolicyConfiguration;
 use kube::runtime::reflector::{ObjectRef, Store};
-use pinset_node::registry::signature::VerifyingKey;
+use pinset_registry::signature::VerifyingKey;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
@@ -62,7 +62,7 @@ impl ModuleRef {
         }
         // An artifact's digest is its name; a file's is a pin on its bytes.
         let (module, sha256) = match reference.rsplit_once("@sha256:") {
-            Some((m, h)) if !reference.starts_with(pinset_node::registry::artifact::SCHEME) => {
+            Some((m, h)) if !reference.starts_with(pinset_registry::artifact::SCHEME) => {
                 (m, Some(h.to_string()))
             }
             _ => (reference, None),
@@ -144,6 +144,19 @@ impl PolicyConfig {
     }
 }
 
+/// A short fingerprint of a set of trusted keys (PEM), whatever their order; empty for none. A
+/// verdict on a module's signature is remembered under it: other keys, another check.
+pub fn fingerprint(keys: &[String]) -> String {
+    use sha2::Digest;
+    if keys.is_empty() {
+        return String::new();
+    }
+    let mut sorted: Vec<&str> = keys.iter().map(|k| k.trim()).collect();
+    sorted.sort_unstable();
+    let digest = sha2::Sha256::digest(sorted.join("\n").as_bytes());
+    digest.iter().take(8).map(|b| format!("{b:02x}")).collect()
+}
+
 /// Where the configuration comes from: read once (a file, flags), or followed in the API.
 #[derive(Clone)]
 pub enum ConfigSource {
@@ -218,11 +231,11 @@ impl ConfigSource {
 pub fn load_module<C: pinset_policy::Contract>(
     runtime: &pinset_policy::WasmRuntime,
     limits: pinset_policy::Limits,
-    fetcher: &pinset_node::policy_source::Fetcher,
+    fetcher: &pinset_registry::policy_source::Fetcher,
     m: &ModuleRef,
     keys: &[VerifyingKey],
 ) -> Result<pinset_policy::Module<C>, pinset_policy::LoadError> {
-    use pinset_node::policy_source::{Source, fetch_blocking};
+    use pinset_registry::policy_source::{Source, fetch_blocking};
     let fetch_error = |cause: String| pinset_policy::LoadError::Fetch {
         module: m.module.clone(),
         cause,

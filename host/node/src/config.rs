@@ -6,9 +6,9 @@ use crate::pin::AnyPins;
 use crate::pin::containerd::ContainerdPins;
 use crate::pin::crio::CrioPins;
 use crate::reconcile::Reconciler;
-use crate::registry::auth::{AuthError, Credentials};
-use crate::registry::mirrors::{CONTAINERD_HOSTS_DIR, MirrorSource, REGISTRIES_CONF};
-use crate::registry::size::{Cached, RegistrySizer};
+use pinset_registry::auth::{AuthError, Credentials};
+use pinset_registry::mirrors::{CONTAINERD_HOSTS_DIR, MirrorSource, REGISTRIES_CONF};
+use pinset_registry::size::{Cached, RegistrySizer};
 use std::path::PathBuf;
 use std::sync::Arc;
 

@@ -5,7 +5,7 @@
 use crate::cri::client::CriError;
 use crate::cri::proto;
 use crate::reconcile::Reconciler;
-use crate::registry::size::{Cached, ImageSize, Sizer};
+use pinset_registry::size::{Cached, ImageSize, Sizer};
 use pinset_core::desired::{Desired, NodeInfo};
 use pinset_policy_sdk::{self as sdk, AdmissionRequest, DiskFacts, Images, NodeFacts};
 use std::collections::{HashMap, HashSet};

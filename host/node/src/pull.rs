@@ -2,7 +2,8 @@
 
 use crate::cri::client::CriClient;
 use crate::executor::{PullFailure, Puller};
-use crate::registry::auth::Credentials;
+use crate::cri::proto::AuthConfig;
+use pinset_registry::auth::Credentials;
 use pinset_core::reference::ImageRef;
 use std::sync::Arc;
 
@@ -15,9 +16,15 @@ pub struct CriPuller {
 
 impl Puller for CriPuller {
     async fn pull(&self, reference: &str) -> Result<(), PullFailure> {
-        let auth = ImageRef::parse(reference)
-            .ok()
-            .and_then(|r| self.credentials.for_pull(r.registry(), r.repository()));
+        let auth = ImageRef::parse(reference).ok().and_then(|r| {
+            let c = self.credentials.lookup(r.registry(), r.repository())?;
+            Some(AuthConfig {
+                username: c.username.clone(),
+                password: c.password.clone(),
+                server_address: r.registry().to_string(),
+                ..Default::default()
+            })
+        });
         self.cri
             .pull_image(reference, auth)
             .await

@@ -13,15 +13,13 @@
 //! nothing test-only is built into `pinset`.
 
 pub mod apiserver;
+pub mod hostile;
 pub mod procfs;
 pub mod rbac;
 
-use oci_client::client::{ClientConfig, ClientProtocol, Config, ImageLayer};
-use oci_client::manifest::{
-    OCI_IMAGE_INDEX_MEDIA_TYPE, OCI_IMAGE_MEDIA_TYPE, OciImageIndex, OciImageManifest, OciManifest,
-};
-use oci_client::secrets::RegistryAuth;
-use oci_client::{Client, Reference};
+use pinset_registry::Client;
+use pinset_registry::mirrors::Endpoint;
+use pinset_registry::oci::{Descriptor, ImageManifest, OCI_CONFIG, OCI_INDEX, OCI_MANIFEST};
 use sha2::{Digest, Sha256};
 use std::net::TcpListener;
 use std::path::PathBuf;
@@ -203,13 +201,9 @@ impl Registry {
         self._dir.path().join("data")
     }
 
-    pub fn client(&self) -> Client {
-        // The distribution client's TLS stack needs the process's crypto provider.
-        let _ = rustls::crypto::ring::default_provider().install_default();
-        Client::new(ClientConfig {
-            protocol: ClientProtocol::HttpsExcept(vec![self.host.clone()]),
-            ..Default::default()
-        })
+    /// pinset's registry client, speaking plain HTTP to this registry.
+    pub fn client(&self) -> std::sync::Arc<Client> {
+        std::sync::Arc::new(Client::new(vec![self.host.clone()], Default::default()))
     }
 }
 
@@ -294,49 +288,50 @@ pub fn layer(seed: u64, size: usize) -> Vec<u8> {
     )
 }
 
-/// Push an image of `layers` to `repo` for `arch`; returns its manifest digest and the pushed
-/// manifest (whose layer sizes are what a registry reports).
+/// What pushes in the bed may take.
+const PUSH: Duration = Duration::from_secs(60);
+
+/// Push an image of `layers` to `repo` for `arch` (its tag); returns its manifest digest and the
+/// pushed manifest (whose layer sizes are what a registry reports).
 pub async fn push_image(
     client: &Client,
     registry: &str,
     repo: &str,
     arch: &str,
     layers: &[Vec<u8>],
-) -> (String, OciImageManifest) {
-    let image_layers: Vec<ImageLayer> = layers
-        .iter()
-        .map(|l| ImageLayer::new(l.clone(), LAYER_MEDIA_TYPE.into(), None))
-        .collect();
-    let diff_ids: Vec<String> = layers
-        .iter()
-        .map(|l| format!("\"{}\"", sha256(l)))
-        .collect();
-    let config_json = format!(
+) -> (String, ImageManifest) {
+    let endpoint = Endpoint::source(registry, repo);
+    let diff_ids: Vec<String> = layers.iter().map(|l| format!("\"{}\"", sha256(l))).collect();
+    let config = format!(
         r#"{{"architecture":"{arch}","os":"linux","config":{{"Cmd":["/data"]}},"rootfs":{{"type":"layers","diff_ids":[{}]}}}}"#,
         diff_ids.join(",")
     );
-    let config = Config::new(
-        config_json.into_bytes(),
-        "application/vnd.oci.image.config.v1+json".into(),
-        None,
-    );
-    let manifest = OciImageManifest::build(&image_layers, &config, None);
-    let tag: Reference = format!("{registry}/{repo}:{arch}").parse().unwrap();
-    client
-        .push(
-            &tag,
-            &image_layers,
-            config,
-            &RegistryAuth::Anonymous,
-            Some(manifest.clone()),
-        )
+    for blob in layers.iter().chain([&config.clone().into_bytes()]) {
+        client
+            .push_blob(&endpoint, blob.clone().into(), PUSH)
+            .await
+            .unwrap_or_else(|e| panic!("push a blob to {registry}/{repo}: {e}"));
+    }
+    let manifest = ImageManifest {
+        schema_version: 2,
+        media_type: Some(OCI_MANIFEST.into()),
+        config: Descriptor::of(OCI_CONFIG, config.as_bytes()),
+        layers: layers
+            .iter()
+            .map(|l| Descriptor::of(LAYER_MEDIA_TYPE, l))
+            .collect(),
+        annotations: None,
+    };
+    let body = serde_json::to_vec(&manifest).unwrap();
+    let digest = client
+        .push_manifest(&endpoint, arch, OCI_MANIFEST, body.into(), PUSH)
         .await
-        .unwrap_or_else(|e| panic!("push {tag}: {e}"));
-    let (digest, _) = manifest_digest(client, &tag, OCI_IMAGE_MEDIA_TYPE).await;
+        .unwrap_or_else(|e| panic!("push {registry}/{repo}:{arch}: {e}"));
     (digest, manifest)
 }
 
-/// Push an index of (architecture, manifest digest, manifest size) entries; returns its digest.
+/// Push an index of (architecture, manifest digest, manifest size) entries, tagged `index`;
+/// returns its digest.
 pub async fn push_index(
     client: &Client,
     registry: &str,
@@ -347,36 +342,32 @@ pub async fn push_index(
         .iter()
         .map(|(arch, digest, size)| {
             serde_json::json!({
-                "mediaType": OCI_IMAGE_MEDIA_TYPE,
+                "mediaType": OCI_MANIFEST,
                 "digest": digest,
                 "size": size,
                 "platform": {"architecture": arch, "os": "linux"},
             })
         })
         .collect();
-    let index: OciImageIndex = serde_json::from_value(serde_json::json!({
+    let index = serde_json::to_vec(&serde_json::json!({
         "schemaVersion": 2,
-        "mediaType": OCI_IMAGE_INDEX_MEDIA_TYPE,
+        "mediaType": OCI_INDEX,
         "manifests": manifests,
     }))
     .unwrap();
-    let tag: Reference = format!("{registry}/{repo}:index").parse().unwrap();
     client
-        .push_manifest(&tag, &OciManifest::ImageIndex(index))
+        .push_manifest(&Endpoint::source(registry, repo), "index", OCI_INDEX, index.into(), PUSH)
         .await
-        .unwrap_or_else(|e| panic!("push index {tag}: {e}"));
-    manifest_digest(client, &tag, OCI_IMAGE_INDEX_MEDIA_TYPE)
-        .await
-        .0
+        .unwrap_or_else(|e| panic!("push index {registry}/{repo}: {e}"))
 }
 
-/// The digest (and size) of the manifest a tag points to, as the registry serves it.
-pub async fn manifest_digest(client: &Client, tag: &Reference, media_type: &str) -> (String, i64) {
-    let (bytes, digest) = client
-        .pull_manifest_raw(tag, &RegistryAuth::Anonymous, &[media_type])
+/// The size of the manifest `digest` as the registry serves it.
+pub async fn manifest_size(client: &Client, registry: &str, repo: &str, digest: &str) -> i64 {
+    let fetched = client
+        .manifest(&Endpoint::source(registry, repo), digest, PUSH)
         .await
-        .unwrap_or_else(|e| panic!("fetch manifest {tag}: {e}"));
-    (digest, bytes.len() as i64)
+        .unwrap_or_else(|e| panic!("fetch manifest {registry}/{repo}@{digest}: {e}"));
+    fetched.body.len() as i64
 }
 
 /// Where the test bed keeps containerd (see `tests/bed/fetch-containerd.sh`).
@@ -700,13 +691,13 @@ pub fn reconciler(
     backoff: pinset_node::executor::Backoff,
     sizing: bool,
 ) -> pinset_node::Reconciler<
-    pinset_node::registry::size::RegistrySizer,
+    pinset_registry::size::RegistrySizer,
     pinset_node::pin::containerd::ContainerdPins,
 > {
-    use pinset_node::registry::size::{Cached, RegistrySizer};
+    use pinset_registry::size::{Cached, RegistrySizer};
     use std::sync::Arc;
     let _ = rustls::crypto::ring::default_provider().install_default();
-    let credentials = Arc::new(pinset_node::registry::auth::Credentials::default());
+    let credentials = Arc::new(pinset_registry::auth::Credentials::default());
     let endpoint = containerd.endpoint();
     let cri = pinset_node::cri::client::CriClient::new(pinset_node::cri::client::CriConfig {
         endpoint: endpoint.clone(),

@@ -7,6 +7,7 @@
 //! - [`status`]: the status model as a MachineConfigNode and its writes;
 //! - [`policies`]: which policy module a node decides with, and its swaps.
 
+mod checks;
 pub mod policies;
 mod status;
 mod swap;
@@ -26,7 +27,7 @@ use pinset_core::decisions::Decisions;
 use pinset_core::desired::{Desired, NodeInfo};
 use pinset_core::status::{NodeStatus, Progress};
 use pinset_node::pin::PinBackend;
-use pinset_node::registry::size::Sizer;
+use pinset_registry::size::Sizer;
 use pinset_node::{ReconcileError, Reconciler, Report};
 use pinset_policy::Guarded;
 use serde_json::json;
@@ -140,6 +141,8 @@ struct Rounds {
     policy_source: ConfigSource,
     last_config: PolicyConfig,
     policy: NodePolicy,
+    /// Policy checks running in the background, and their rechecks.
+    checks: checks::Checks,
 }
 
 /// What follows a round.
@@ -198,6 +201,7 @@ impl<S: Sizer + 'static, B: PinBackend> Agent<S, B> {
     async fn start(&self, shutdown: &CancellationToken) -> Option<Rounds> {
         let (changes, changed) = signal::channel(0u64);
         let caches = self.spawn_caches(&changes, changed, shutdown);
+        let checks = checks::Checks::new(changes.clone());
         let policy_source = self.policy_source(changes, shutdown).await;
         tokio::select! {
             _ = shutdown.cancelled() => return None,
@@ -232,7 +236,7 @@ impl<S: Sizer + 'static, B: PinBackend> Agent<S, B> {
         let pool = self.pool_of_own(&caches);
         let policy = self.restore_policy(&last_config, pool, ran).await;
         self.ready.store(true, Ordering::Relaxed);
-        Some(Rounds {
+        let rounds = Rounds {
             caches,
             node_api,
             published,
@@ -242,7 +246,10 @@ impl<S: Sizer + 'static, B: PinBackend> Agent<S, B> {
             policy_source,
             last_config,
             policy,
-        })
+            checks,
+        };
+        self.prune_cache(&rounds);
+        Some(rounds)
     }
 
     fn spawn_caches(
@@ -310,8 +317,10 @@ impl<S: Sizer + 'static, B: PinBackend> Agent<S, B> {
     }
 
     /// The module the node's status says it ran (`ran`: reference and since when), loaded
-    /// again — from the node's cache for an artifact, even with the registry away; the
-    /// embedded default when there is none or it cannot be loaded (said on the status).
+    /// again under the keys configured now — from the node's cache for an artifact, even with
+    /// the registry away; the embedded default when there is none or it cannot be loaded. A
+    /// registry away (the keys changed, the cache cannot vouch for it) is no verdict on the
+    /// module: the node says it waits, and checks it again in the background.
     async fn restore_policy(
         &self,
         config: &PolicyConfig,
@@ -326,15 +335,24 @@ impl<S: Sizer + 'static, B: PinBackend> Agent<S, B> {
             policies::restore(&loader, &config, pool.as_deref(), &at, &since)
         })
         .await
-        .unwrap_or_else(|e| Err(format!("restoring task failed: {e}")));
+        .unwrap_or_else(|e| {
+            let why = format!("restoring task failed: {e}");
+            Err((pinset_core::refusal::Refusal::NotAPolicy, why))
+        });
         match restored {
-            Ok(loaded) => {
+            Ok((loaded, keys)) => {
                 tracing::info!(module = %reference, "deciding with the module the node ran before the restart");
-                NodePolicy::new(loaded)
+                let mut policy = NodePolicy::new(loaded);
+                policy.confirm_keys(&keys);
+                policy
             }
-            Err(cause) => {
+            Err((kind, cause)) => {
                 let mut policy = NodePolicy::new(self.loader.default_loaded());
-                policy.reject(reference, format!("after a restart: {cause}"));
+                let key = policies::CheckKey {
+                    module: Some(reference),
+                    keys: String::new(),
+                };
+                policy.refuse(&key, kind, format!("after a restart: {cause}"));
                 policy
             }
         }
@@ -372,15 +390,17 @@ impl<S: Sizer + 'static, B: PinBackend> Agent<S, B> {
         self.swap_policy(rounds, node, desired).await;
         let started = Instant::now();
         let result = self.reconcile(rounds, node, desired, shutdown).await;
-        if matches!(&result, Ok(r) if !r.cancelled)
-            && let Some(r) = rounds
-                .policy
-                .after_reconcile(&rounds.status.policy_fallbacks)
+        let succeeded = matches!(&result, Ok(r) if !r.cancelled);
+        if let Some(r) = rounds
+            .policy
+            .after_reconcile(succeeded, &rounds.status.policy_fallbacks)
         {
             self.metrics.count_policy_swap(r.as_str());
         }
         let pool = desired.pools.first().map(String::as_str);
-        rounds.policy.report(pool, &mut rounds.status);
+        let config = rounds.last_config.clone();
+        let wanted = self.wanted(rounds, &config, &desired.pools);
+        rounds.policy.report(&wanted, &mut rounds.status);
         self.metrics
             .set_policy_info(pool.unwrap_or(""), &rounds.policy.running().running);
         let ok = matches!(&result, Ok(r) if !r.cancelled) && rounds.status.degraded.is_none();
@@ -531,9 +551,15 @@ impl<S: Sizer + 'static, B: PinBackend> Agent<S, B> {
                 }
             }
         };
+        // A policy recheck that comes due wakes the agent too.
+        let recheck = rounds
+            .checks
+            .next_due()
+            .map(|at| at.saturating_duration_since(Instant::now()))
+            .unwrap_or(wait);
         tokio::select! {
             _ = shutdown.cancelled() => {}
-            _ = tokio::time::sleep(wait) => {}
+            _ = tokio::time::sleep(wait.min(recheck)) => {}
             () = wait_change => {}
             () = policy_due => {}
         }

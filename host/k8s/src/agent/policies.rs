@@ -10,10 +10,11 @@
 //! one; the node says which and why on its status, and keeps the module it ran last.
 
 use crate::policy_config::{ModuleRef, PolicyConfig};
+use pinset_core::refusal::Refusal;
 use pinset_core::rollout::{RolloutGrant, policy_set};
 use pinset_core::status::{NodeStatus, RejectedPolicy, RunningPolicy};
-use pinset_node::policy_source::Fetcher;
-use pinset_node::registry::signature::VerifyingKey;
+use pinset_registry::policy_source::Fetcher;
+use pinset_registry::signature::VerifyingKey;
 use pinset_policy::{Limits, LoadError, PolicyModule, WasmRuntime};
 use pinset_policy_sdk::{AdmissionRequest, Pressure};
 
@@ -23,9 +24,27 @@ pub struct Loader {
     pub default: PolicyModule,
     pub limits: Limits,
     pub fetcher: Fetcher,
+    /// The most the node's policy cache keeps besides the modules in use (`--policy-cache-max-mib`).
+    pub cache_max_bytes: u64,
 }
 
 impl Loader {
+    /// Keep the node's policy cache within its bound, the digests in `keep` whatever their size
+    /// (see [`pinset_registry::policy_source::prune`]). Blocking (a directory listing).
+    pub fn prune(&self, keep: &[String]) {
+        let Some(dir) = &self.fetcher.cache else {
+            return;
+        };
+        let keep: Vec<&str> = keep.iter().map(String::as_str).collect();
+        match pinset_registry::policy_source::prune(dir, &keep, self.cache_max_bytes) {
+            Ok(p) if p.removed > 0 => {
+                tracing::info!(cache = %dir.display(), removed = p.removed, kept_bytes = p.kept_bytes, "policy cache pruned")
+            }
+            Ok(_) => {}
+            Err(e) => tracing::warn!(cache = %dir.display(), error = %e, "cannot prune the policy cache"),
+        }
+    }
+
     /// One module: fetched (file or artifact, signature checked against `keys`), compiled and
     /// bound. Blocking: the agent calls it off the async runtime.
     pub fn load(&self, m: &ModuleRef, keys: &[VerifyingKey]) -> Result<PolicyModule, LoadError> {
@@ -62,6 +81,7 @@ impl Loaded {
                 .clone()
                 .unwrap_or_else(|| pinset_policy::EMBEDDED_DEFAULT_NAME.to_string()),
             since: since.to_string(),
+            probation: false,
         };
         Self {
             module,
@@ -122,6 +142,8 @@ pub enum SwapResult {
     Swapped,
     /// A step refused it; the running module stays.
     Rejected,
+    /// Its registry is away: no verdict, asked again with backoff; the running module stays.
+    Waiting,
     /// It fell back in its first reconcile: the previous module is back.
     Reverted,
 }
@@ -131,17 +153,50 @@ impl SwapResult {
         match self {
             SwapResult::Swapped => "swapped",
             SwapResult::Rejected => "rejected",
+            SwapResult::Waiting => "waiting",
             SwapResult::Reverted => "reverted",
         }
     }
 }
 
-/// The node's policy: the module it runs, the one before, the last it refused.
+/// A check's identity: a module (`None`: the embedded default) under a set of trusted keys. A
+/// verdict on a module stands for those keys only; another key set is another check.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
+pub struct CheckKey {
+    pub module: Option<String>,
+    /// [`fingerprint`] of the keys.
+    pub keys: String,
+}
+
+impl CheckKey {
+    pub fn of(wanted: &Wanted) -> Self {
+        Self {
+            module: wanted.reference(),
+            keys: fingerprint(&wanted.keys),
+        }
+    }
+}
+
+pub use crate::policy_config::fingerprint;
+
+/// A module refused under a key set, and of what kind.
+#[derive(Clone, Debug)]
+struct Refused {
+    key: CheckKey,
+    kind: Refusal,
+    report: RejectedPolicy,
+}
+
+/// The node's policy: the module it runs (and the keys it was checked with), the one before,
+/// the last it refused, and a module it waits for while its registry is away.
 pub struct NodePolicy {
     running: Loaded,
-    previous: Option<Loaded>,
-    rejected: Option<RejectedPolicy>,
-    /// The running module was swapped in and has not finished a reconcile yet.
+    running_keys: String,
+    previous: Option<(Loaded, String)>,
+    refused: Option<Refused>,
+    /// The registry of a wanted module is away: (module, cause). No verdict on the module.
+    waiting: Option<(String, String)>,
+    /// The running module was swapped in and no reconcile with it has succeeded yet.
     probation: bool,
     /// The configuration could not be read: why (the node keeps what it runs).
     config_error: Option<String>,
@@ -151,8 +206,10 @@ impl NodePolicy {
     pub fn new(running: Loaded) -> Self {
         Self {
             running,
+            running_keys: String::new(),
             previous: None,
-            rejected: None,
+            refused: None,
+            waiting: None,
             probation: false,
             config_error: None,
         }
@@ -162,115 +219,258 @@ impl NodePolicy {
         &self.running
     }
 
-    /// The node should try `wanted` now.
+    /// The digests of the modules in use — the running one and the one before it, by manifest
+    /// digest and by content — which the node's cache keeps whatever its bound.
+    pub fn in_use(&self) -> Vec<String> {
+        let previous = self.previous.as_ref().map(|(loaded, _)| loaded);
+        std::iter::once(&self.running)
+            .chain(previous)
+            .flat_map(|l| {
+                let manifest = l.reference.as_ref().and_then(|r| r.rsplit_once('@')).map(|(_, d)| d.to_string());
+                manifest.into_iter().chain([l.running.digest.clone()])
+            })
+            .collect()
+    }
+
+    /// The keys the running module was checked with ([`fingerprint`]).
+    pub fn running_keys(&self) -> &str {
+        &self.running_keys
+    }
+
+    /// The configuration and the grant ask for another module than the running one.
     pub fn should_try(&self, wanted: &Wanted) -> bool {
         wanted.granted && wanted.reference() != self.running.reference
     }
 
-    /// A try of `wanted` is due that was not tried and refused already: what wakes an idle
-    /// agent (a refused module is tried again at the next round).
-    pub fn pending(&self, wanted: &Wanted) -> bool {
-        let refused = self.rejected.as_ref().map(|r| Some(&r.module));
-        self.should_try(wanted) && refused != Some(wanted.reference().as_ref())
+    /// `key` was refused for a reason that stands until its digest or the keys change.
+    pub fn refused_for_good(&self, key: &CheckKey) -> bool {
+        self.refused
+            .as_ref()
+            .is_some_and(|r| r.key == *key && !r.kind.rechecked())
     }
 
     pub fn set_config_error(&mut self, error: Option<String>) {
         self.config_error = error;
     }
 
-    /// `candidate` decides from now on; its first reconcile is its probation.
-    pub fn accept(&mut self, candidate: Loaded) -> SwapResult {
+    /// `candidate`, checked with the keys of `key`, decides from now on; its first successful
+    /// reconcile ends its probation.
+    pub fn accept(&mut self, candidate: Loaded, key: &CheckKey) -> SwapResult {
         tracing::info!(module = %candidate.running.module, digest = %candidate.running.digest, "node policy swapped");
-        self.previous = Some(std::mem::replace(&mut self.running, candidate));
-        self.rejected = None;
+        let before = std::mem::replace(&mut self.running, candidate);
+        let before_keys = std::mem::replace(&mut self.running_keys, key.keys.clone());
+        self.previous = Some((before, before_keys));
+        self.refused = None;
+        self.waiting = None;
         self.probation = true;
         SwapResult::Swapped
     }
 
-    /// `module` was refused: the running module stays.
-    pub fn reject(&mut self, module: String, cause: String) -> SwapResult {
-        tracing::warn!(%module, %cause, running = %self.running.running.module, "node policy refused; keeping the running module");
-        self.rejected = Some(RejectedPolicy {
-            module,
-            cause,
-            since: now(),
+    /// The running module is confirmed for `keys` (a re-check after the keys changed).
+    pub fn confirm_keys(&mut self, keys: &str) {
+        self.running_keys = keys.to_string();
+    }
+
+    /// `key`'s module was not taken, for a reason of `kind`: the running module stays. A
+    /// registry away is no verdict: the node says it waits for it.
+    pub fn refuse(&mut self, key: &CheckKey, kind: Refusal, cause: String) -> SwapResult {
+        let module = key
+            .module
+            .clone()
+            .unwrap_or_else(|| pinset_policy::EMBEDDED_DEFAULT_NAME.into());
+        let running = &self.running.running.module;
+        if kind.transient() {
+            tracing::warn!(%module, %cause, %running, "node policy module not checked: its registry is away; asking again with backoff");
+            self.waiting = Some((module, cause));
+            return SwapResult::Waiting;
+        }
+        tracing::warn!(%module, reason = kind.reason(), %cause, %running, "node policy module refused: {}", kind.action());
+        self.waiting = None;
+        self.refused = Some(Refused {
+            key: key.clone(),
+            kind,
+            report: RejectedPolicy {
+                module,
+                reason: kind.reason().into(),
+                cause,
+                since: now(),
+            },
         });
         SwapResult::Rejected
     }
 
-    /// A reconcile finished with `fallbacks`: a module on probation that fell back is replaced
-    /// by the one before it.
-    pub fn after_reconcile(&mut self, fallbacks: &[String]) -> Option<SwapResult> {
-        if !std::mem::take(&mut self.probation) {
+    /// The running module no longer verifies with the keys now trusted (`kind`, `cause`): the
+    /// previous module decides when it was checked with these keys, else the default.
+    pub fn retire(&mut self, default: Loaded, keys: &CheckKey, kind: Refusal, cause: String) {
+        let retired = CheckKey {
+            module: self.running.reference.clone(),
+            keys: keys.keys.clone(),
+        };
+        let back = match self.previous.take() {
+            Some((loaded, k)) if k == keys.keys => (loaded, k),
+            _ => (default, String::new()),
+        };
+        tracing::warn!(module = ?retired.module, %cause, "the running node policy no longer verifies with the trusted keys: replaced");
+        (self.running, self.running_keys) = back;
+        self.probation = false;
+        self.refuse(&retired, kind, format!("no longer trusted: {cause}"));
+    }
+
+    /// A reconcile ended (`ok`: it succeeded) with `fallbacks`. Probation ends with the first
+    /// successful reconcile: a module on probation that fell back there is replaced by the one
+    /// before it, and not tried again until its digest or the keys change.
+    pub fn after_reconcile(&mut self, ok: bool, fallbacks: &[String]) -> Option<SwapResult> {
+        if !self.probation || !ok {
             return None;
         }
+        self.probation = false;
         let first = fallbacks.first()?;
-        let failed = self.running.running.module.clone();
-        let back = self.previous.take()?;
-        self.running = back;
+        let (back, back_keys) = self.previous.take()?;
+        let failed = CheckKey {
+            module: self.running.reference.clone(),
+            keys: self.running_keys.clone(),
+        };
+        (self.running, self.running_keys) = (back, back_keys);
         let cause = format!("fell back in its first reconcile: {first}");
-        self.reject(failed, cause);
+        self.refuse(&failed, Refusal::FellBack, cause);
         Some(SwapResult::Reverted)
     }
 
-    /// What the node's status says of its policy.
-    pub fn report(&self, pool: Option<&str>, status: &mut NodeStatus) {
-        status.policy = Some(self.running.running.clone());
-        status.policy_rejected = self.rejected.clone();
-        let pool = pool.unwrap_or("(none)");
+    /// What the node's status says of its policy, for `wanted` (what is configured now: a
+    /// refusal of a module no longer configured is no longer said).
+    pub fn report(&self, wanted: &Wanted, status: &mut NodeStatus) {
+        let mut running = self.running.running.clone();
+        running.probation = self.probation;
+        status.policy = Some(running);
+        let configured = wanted.reference();
+        let current = |module: &str| {
+            configured.as_deref() == Some(module) && configured != self.running.reference
+        };
+        let refused = self.refused.as_ref().filter(|r| current(&r.report.module));
+        let waiting = self.waiting.as_ref().filter(|(m, _)| current(m));
+        status.policy_rejected = refused.map(|r| r.report.clone());
+        let pool = wanted.pool.as_deref().unwrap_or("(none)");
         let running = &self.running.running.module;
-        status.policy_refused = match (&self.rejected, &self.config_error) {
-            (Some(r), _) => Some(format!(
-                "policy of pool {pool}: {} refused: {}; deciding with {running}",
-                r.module, r.cause
+        status.policy_refused = match (refused, waiting, &self.config_error) {
+            (Some(r), _, _) => Some(format!(
+                "policy of pool {pool}: {} refused ({}): {}; {}; deciding with {running}",
+                r.report.module,
+                r.report.reason,
+                r.report.cause,
+                r.kind.action()
             )),
-            (None, Some(e)) => Some(format!("{e}; deciding with {running}")),
-            (None, None) => None,
+            (None, Some((module, cause)), _) => Some(format!(
+                "policy of pool {pool}: waiting for the registry of {module}: {cause}; deciding with {running}"
+            )),
+            (None, None, Some(e)) => Some(format!("{e}; deciding with {running}")),
+            (None, None, None) => None,
         };
     }
 }
 
-/// Check `wanted`'s module for a node whose facts are `request`: fetched, verified, compiled,
-/// smoke-tested. Blocking. The error says which step refused it.
-pub fn candidate(
+/// Why a candidate was not taken: the kind, and the words.
+pub type Refusing = (Refusal, String);
+
+/// Fetch `wanted`'s module (a file, or an artifact through the registry and the node's cache,
+/// its signature checked), within [`pinset_registry::limits::POLICY_FETCH`]. The step that
+/// touches the network: the agent runs it in the background.
+pub async fn fetch(
     loader: &Loader,
     wanted: &Wanted,
-    request: &AdmissionRequest,
-    pressure: &Pressure,
-) -> Result<Loaded, String> {
+) -> Result<Option<pinset_registry::policy_source::Fetched>, Refusing> {
+    use pinset_registry::policy_source::Source;
     let Some(m) = &wanted.module else {
-        return Ok(loader.default_loaded());
+        return Ok(None);
     };
-    let keys = wanted
+    let keys = keys_of(wanted)?;
+    let source = Source::parse(&m.module).map_err(|e| (e.refusal(), e.to_string()))?;
+    if let (Source::File(_), false) = (&source, keys.is_empty()) {
+        let why = "a signature is required and a file carries none: reference a signed oci:// artifact";
+        return Err((Refusal::NotAPolicy, format!("{}: {why}", m.module)));
+    }
+    loader
+        .fetcher
+        .fetch(&source, &keys)
+        .await
+        .map(Some)
+        .map_err(|e| (e.refusal(), e.to_string()))
+}
+
+fn keys_of(wanted: &Wanted) -> Result<Vec<VerifyingKey>, Refusing> {
+    wanted
         .keys
         .iter()
         .enumerate()
-        .map(|(n, pem)| VerifyingKey::from_pem(pem).map_err(|e| format!("key {}: {e}", n + 1)))
-        .collect::<Result<Vec<_>, _>>()?;
-    let module = loader.load(m, &keys).map_err(|e| e.to_string())?;
+        .map(|(n, pem)| {
+            VerifyingKey::from_pem(pem)
+                .map_err(|e| (Refusal::SignatureRefused, format!("key {}: {e}", n + 1)))
+        })
+        .collect()
+}
+
+/// Compile `fetched` (the module `wanted` names) and smoke-test it on a node whose facts are
+/// `request`. Blocking.
+pub fn prove(
+    loader: &Loader,
+    wanted: &Wanted,
+    fetched: Option<pinset_registry::policy_source::Fetched>,
+    request: &AdmissionRequest,
+    pressure: &Pressure,
+) -> Result<Loaded, Refusing> {
+    let (Some(m), Some(fetched)) = (&wanted.module, fetched) else {
+        return Ok(loader.default_loaded());
+    };
+    let module = loader
+        .runtime
+        .load_as(&fetched.name, &fetched.bytes, m.sha256.as_deref(), loader.limits)
+        .map_err(|e| (Refusal::NotAPolicy, e.to_string()))?;
     pinset_policy::smoke_test(&module, request, pressure)
-        .map_err(|f| format!("smoke test on the node's facts: {f}"))?;
+        .map_err(|f| (Refusal::SmokeTestFailed, format!("smoke test on the node's facts: {f}")))?;
     Ok(Loaded::new(module, Some(m.reference()), &now()))
 }
 
 /// The module a restarted node ran, as its status says (`reference`), loaded again (from the
-/// node's cache when it is an artifact) without a smoke test: it passed one before.
+/// node's cache when it is an artifact) under the keys configured now, without a smoke test: it
+/// passed one before. Blocking.
 pub fn restore(
     loader: &Loader,
     config: &PolicyConfig,
     pool: Option<&str>,
     reference: &str,
     since: &str,
-) -> Result<Loaded, String> {
-    let m = ModuleRef::from_reference(reference).ok_or("no module named")?;
+) -> Result<(Loaded, String), Refusing> {
+    let m = ModuleRef::from_reference(reference)
+        .ok_or((Refusal::NotAPolicy, "no module named".to_string()))?;
     let configured = pool.and_then(|p| config.pools.get(p));
+    let verify = configured
+        .and_then(|c| c.verify.as_ref())
+        .or(config.verify.as_ref());
+    let pems = verify.map(|v| v.keys.clone()).unwrap_or_default();
     let keys = match configured {
         Some(c) => config.keys(pool.unwrap_or_default(), c),
         None => config.keys("", &m),
     }
-    .map_err(|e| e.to_string())?;
-    let module = loader.load(&m, &keys).map_err(|e| e.to_string())?;
-    Ok(Loaded::new(module, Some(reference.to_string()), since))
+    .map_err(|e| (Refusal::SignatureRefused, e.to_string()))?;
+    let module = loader
+        .load(&m, &keys)
+        .map_err(|e| (load_refusal(&e), e.to_string()))?;
+    Ok((
+        Loaded::new(module, Some(reference.to_string()), since),
+        fingerprint(&pems),
+    ))
+}
+
+/// The kind of a load error: a fetch's own kind (its words say it), else not a policy.
+fn load_refusal(e: &LoadError) -> Refusal {
+    match e {
+        LoadError::Fetch { cause, .. } if cause.contains("the registry is away") => {
+            Refusal::RegistryAway
+        }
+        LoadError::Fetch { cause, .. } if cause.contains("no cosign signature") => {
+            Refusal::Unsigned
+        }
+        _ => Refusal::NotAPolicy,
+    }
 }
 
 #[cfg(test)]
@@ -292,22 +492,19 @@ mod tests {
             default,
             limits: Limits::default(),
             fetcher: Fetcher {
-                artifacts: pinset_node::registry::artifact::Artifacts::new(
+                artifacts: pinset_registry::artifact::Artifacts::new(
                     vec![],
                     Default::default(),
                 ),
                 cache: None,
                 max_bytes: 1 << 20,
             },
+            cache_max_bytes: 1 << 20,
         }
     }
 
     fn config(yaml: &str) -> PolicyConfig {
         PolicyConfig::parse(yaml, "test").unwrap()
-    }
-
-    fn request() -> AdmissionRequest {
-        pinset_policy::synth::request(5, 1)
     }
 
     #[test]
@@ -327,40 +524,62 @@ mod tests {
         );
     }
 
-    #[test]
-    fn a_refused_candidate_leaves_the_running_module_and_says_why() {
+    fn key(module: &str) -> CheckKey {
+        CheckKey {
+            module: Some(module.into()),
+            keys: String::new(),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_refused_candidate_leaves_the_running_module_and_says_why_while_it_is_configured() {
         let loader = loader();
         let mut node = NodePolicy::new(loader.default_loaded());
         let c = config("pools:\n  infra: {module: /nonexistent/p.wasm}\n");
         let wanted = Wanted::of(&c, &["infra".to_string()], None);
-        assert!(node.pending(&wanted));
-        let why = candidate(&loader, &wanted, &request(), &Pressure::default())
-            .err()
-            .unwrap();
-        node.reject(wanted.reference().unwrap(), why);
+        assert!(node.should_try(&wanted));
+        let (kind, why) = fetch(&loader, &wanted).await.unwrap_err();
+        assert_eq!(kind, Refusal::NotFound, "{why}");
+        node.refuse(&CheckKey::of(&wanted), kind, why);
         assert!(
-            !node.pending(&wanted),
-            "not woken again for the same module"
-        );
-        assert!(
-            node.should_try(&wanted),
-            "but tried again at the next round"
+            !node.refused_for_good(&CheckKey::of(&wanted)),
+            "not found may pass: checked again on the schedule"
         );
         let mut status = NodeStatus::default();
-        node.report(Some("infra"), &mut status);
+        node.report(&wanted, &mut status);
         assert_eq!(
-            status.policy.unwrap().module,
+            status.policy.clone().unwrap().module,
             pinset_policy::EMBEDDED_DEFAULT_NAME
         );
-        let refused = status.policy_refused.unwrap();
+        let refused = status.policy_refused.clone().unwrap();
         assert!(
-            refused.contains("pool infra") && refused.contains("/nonexistent/p.wasm"),
+            refused.contains("pool infra")
+                && refused.contains("/nonexistent/p.wasm")
+                && refused.contains("(NotFound)"),
             "{refused}"
         );
-        assert_eq!(
-            status.policy_rejected.unwrap().module,
-            "/nonexistent/p.wasm"
-        );
+        assert_eq!(status.policy_rejected.clone().unwrap().reason, "NotFound");
+        // The configuration no longer names it: the refusal is no longer said.
+        let other = Wanted::of(&config("pools: {}\n"), &["infra".to_string()], None);
+        node.report(&other, &mut status);
+        assert_eq!(status.policy_rejected, None);
+        assert_eq!(status.policy_refused, None);
+    }
+
+    #[test]
+    fn a_registry_away_is_waited_for_not_refused() {
+        let loader = loader();
+        let mut node = NodePolicy::new(loader.default_loaded());
+        let oci = format!("oci://r.io/p@sha256:{}", "a".repeat(64));
+        let c = config(&format!("pools:\n  infra: {{module: {oci:?}}}\n"));
+        let wanted = Wanted::of(&c, &["infra".to_string()], None);
+        let result = node.refuse(&CheckKey::of(&wanted), Refusal::RegistryAway, "r.io: refused".into());
+        assert_eq!(result, SwapResult::Waiting);
+        let mut status = NodeStatus::default();
+        node.report(&wanted, &mut status);
+        assert_eq!(status.policy_rejected, None, "no verdict on the module");
+        let said = status.policy_refused.unwrap();
+        assert!(said.contains("waiting for the registry of") && said.contains(&oci), "{said}");
     }
 
     #[test]
@@ -370,22 +589,23 @@ mod tests {
         node.set_config_error(Some(
             "policy configuration PolicyConfiguration cluster: pool infra: key 1: not a PEM".into(),
         ));
+        let wanted = Wanted::default();
         let mut status = NodeStatus::default();
-        node.report(Some("infra"), &mut status);
+        node.report(&wanted, &mut status);
         let said = status.policy_refused.clone().unwrap();
         assert!(
             said.contains("key 1") && said.ends_with(pinset_policy::EMBEDDED_DEFAULT_NAME),
             "{said}"
         );
         node.set_config_error(None);
-        node.report(Some("infra"), &mut status);
+        node.report(&wanted, &mut status);
         assert_eq!(status.policy_refused, None);
     }
 
-    #[test]
-    fn a_signature_requirement_refuses_a_file() {
+    #[tokio::test]
+    async fn a_signature_requirement_refuses_a_file() {
         let loader = loader();
-        let key = pinset_node::registry::signature::SigningKey::generate(b"")
+        let key = pinset_registry::signature::SigningKey::generate(b"")
             .unwrap()
             .1
             .public()
@@ -394,9 +614,8 @@ mod tests {
             "verify: {{keys: [{key:?}]}}\npools:\n  infra: {{module: /p/a.wasm}}\n"
         ));
         let wanted = Wanted::of(&c, &["infra".to_string()], None);
-        let why = candidate(&loader, &wanted, &request(), &Pressure::default())
-            .err()
-            .unwrap();
+        let (kind, why) = fetch(&loader, &wanted).await.unwrap_err();
+        assert_eq!(kind, Refusal::NotAPolicy);
         assert!(
             why.contains("signature is required") && why.contains("/p/a.wasm"),
             "{why}"
@@ -404,28 +623,57 @@ mod tests {
     }
 
     #[test]
-    fn a_module_that_falls_back_in_its_first_reconcile_is_replaced_by_the_previous() {
+    fn probation_ends_with_a_successful_reconcile_and_a_fallback_there_reverts_for_good() {
         let loader = loader();
         let mut node = NodePolicy::new(loader.default_loaded());
         let v2 = Loaded::new(loader.default.clone(), Some("/p/v2.wasm".into()), "t");
-        assert_eq!(node.accept(v2.clone()), SwapResult::Swapped);
+        assert_eq!(node.accept(v2.clone(), &key("/p/v2.wasm")), SwapResult::Swapped);
+        let wanted = Wanted {
+            module: ModuleRef::from_reference("/p/v2.wasm"),
+            granted: true,
+            ..Default::default()
+        };
+        let mut status = NodeStatus::default();
+        node.report(&wanted, &mut status);
+        assert!(status.policy.clone().unwrap().probation, "not done with it yet");
+        // A reconcile that failed does not end the probation.
+        assert_eq!(node.after_reconcile(false, &["order: trap".into()]), None);
         assert_eq!(
-            node.after_reconcile(&["order: trap".into()]),
+            node.after_reconcile(true, &["order: trap".into()]),
             Some(SwapResult::Reverted)
         );
         assert_eq!(node.running().reference, None, "the default is back");
-        let mut status = NodeStatus::default();
-        node.report(Some("infra"), &mut status);
-        let rejected = status.policy_rejected.unwrap();
-        assert_eq!(rejected.module, "/p/v2.wasm");
-        assert!(
-            rejected.cause.contains("first reconcile: order: trap"),
-            "{rejected:?}"
-        );
+        assert!(node.refused_for_good(&key("/p/v2.wasm")), "not tried again");
+        node.report(&wanted, &mut status);
+        let rejected = status.policy_rejected.clone().unwrap();
+        assert_eq!((rejected.module.as_str(), rejected.reason.as_str()), ("/p/v2.wasm", "FellBack"));
+        assert!(rejected.cause.contains("first reconcile: order: trap"), "{rejected:?}");
         // Past its probation, a fallback is the module's to answer for, not a swap's.
-        node.accept(v2);
-        assert_eq!(node.after_reconcile(&[]), None);
-        assert_eq!(node.after_reconcile(&["order: trap".into()]), None);
+        node.accept(v2, &key("/p/v2.wasm"));
+        assert_eq!(node.after_reconcile(true, &[]), None);
+        assert_eq!(node.after_reconcile(true, &["order: trap".into()]), None);
         assert_eq!(node.running().reference.as_deref(), Some("/p/v2.wasm"));
+        node.report(&wanted, &mut status);
+        assert!(!status.policy.unwrap().probation);
+    }
+
+    #[test]
+    fn a_module_no_longer_trusted_is_retired_for_the_default() {
+        let loader = loader();
+        let mut node = NodePolicy::new(loader.default_loaded());
+        let v2 = Loaded::new(loader.default.clone(), Some("oci://r/p@sha256:2".into()), "t");
+        node.accept(v2, &CheckKey { module: Some("oci://r/p@sha256:2".into()), keys: "old".into() });
+        let now = CheckKey { module: Some("oci://r/p@sha256:2".into()), keys: "new".into() };
+        node.retire(loader.default_loaded(), &now, Refusal::SignatureRefused, "signed by another key".into());
+        assert_eq!(node.running().reference, None);
+        assert!(node.refused_for_good(&now));
+    }
+
+    #[test]
+    fn key_fingerprints_ignore_order() {
+        let (a, b) = ("A".to_string(), "B".to_string());
+        assert_eq!(fingerprint(&[a.clone(), b.clone()]), fingerprint(&[b, a.clone()]));
+        assert_ne!(fingerprint(std::slice::from_ref(&a)), fingerprint(&[]));
+        assert_eq!(fingerprint(&[]), "");
     }
 }

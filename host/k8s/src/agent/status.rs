@@ -316,12 +316,14 @@ pub fn node_status(status: &NodeStatus, previous: &[Condition]) -> MachineConfig
             digest: p.digest.clone(),
             module: cap(&p.module, 1024),
             since: time(&p.since),
+            probation: p.probation,
         }),
         policy_rejected: status
             .policy_rejected
             .as_ref()
             .map(|r| crate::api::RejectedNodePolicy {
                 module: cap(&r.module, 1024),
+                reason: cap(&r.reason, 64),
                 cause: cap(&r.cause, 4096),
                 since: time(&r.since),
             }),
@@ -567,6 +569,7 @@ mod tests {
         let swapped = node_status(&st, &[]);
         st.policy_rejected = Some(pinset_core::status::RejectedPolicy {
             module: "oci://r/p@sha256:3".into(),
+            reason: "SmokeTestFailed".into(),
             cause: "smoke test".into(),
             since: "2026-12-03T00:00:01Z".into(),
         });

@@ -1,18 +1,20 @@
-//! A node's policy swap, between two reconciles: what the configuration and the grant ask,
-//! the candidate checked off the async runtime, the result counted.
+//! A node's policy swap, between two reconciles: what the configuration and the grant ask, the
+//! check of a candidate (or of the running module under keys that changed) started in the
+//! background, and its outcome taken by a later round. A round never waits on a registry.
 
-use super::policies::{self, Wanted};
+use super::checks::Outcome;
+use super::policies::{self, CheckKey, SwapResult, Wanted};
 use super::{Agent, Rounds, watch};
 use crate::policy_config::{ConfigSource, PolicyConfig};
 use pinset_core::desired::{Desired, NodeInfo};
 use pinset_node::pin::PinBackend;
-use pinset_node::registry::size::Sizer;
 use pinset_policy_sdk::AdmissionRequest;
+use pinset_registry::size::Sizer;
 
 impl<S: Sizer + 'static, B: PinBackend> Agent<S, B> {
     /// The configuration now; the last one read when it cannot be read (said on the status:
     /// the node keeps what it runs, the agent goes on).
-    fn policy_config(&self, rounds: &mut Rounds) -> PolicyConfig {
+    pub(super) fn policy_config(&self, rounds: &mut Rounds) -> PolicyConfig {
         match rounds.policy_source.current() {
             Ok(config) => {
                 rounds.policy.set_config_error(None);
@@ -28,58 +30,148 @@ impl<S: Sizer + 'static, B: PinBackend> Agent<S, B> {
     }
 
     /// What `config` asks of this node of `pools`, under its grant when it needs one.
-    fn wanted(&self, rounds: &Rounds, config: &PolicyConfig, pools: &[String]) -> Wanted {
+    pub(super) fn wanted(&self, rounds: &Rounds, config: &PolicyConfig, pools: &[String]) -> Wanted {
         let needs_grant = matches!(rounds.policy_source, ConfigSource::Watched { .. });
         let grant = watch::grant_of(&self.config, &rounds.caches.own).filter(|_| needs_grant);
         Wanted::of(config, pools, grant.as_ref())
     }
 
-    /// A swap is due that was not already tried and refused: wakes an idle agent.
+    /// The running module under the keys trusted now, when they are not the ones it was checked
+    /// with: a check to make before anything else (a removed key stops what it vouched for).
+    fn recheck(rounds: &Rounds, wanted: &Wanted) -> Option<(CheckKey, Wanted)> {
+        let running = rounds.policy.running().reference.clone()?;
+        let keys = policies::fingerprint(&wanted.keys);
+        if keys == rounds.policy.running_keys() {
+            return None;
+        }
+        let again = Wanted {
+            module: crate::policy_config::ModuleRef::from_reference(&running),
+            ..wanted.clone()
+        };
+        Some((CheckKey::of(&again), again))
+    }
+
+    /// Something for a round to do about the policy: a check ended, or one is due. Wakes an
+    /// idle agent.
     pub(super) fn policy_due(&self, rounds: &Rounds, desired: &Desired) -> bool {
         let Ok(config) = rounds.policy_source.current() else {
             return false;
         };
         let wanted = self.wanted(rounds, &config, &desired.pools);
-        rounds.policy.pending(&wanted)
+        let key = CheckKey::of(&wanted);
+        if let Some((recheck, _)) = Self::recheck(rounds, &wanted) {
+            return rounds.checks.finished(&recheck) || rounds.checks.due(&recheck);
+        }
+        let candidate = rounds.policy.should_try(&wanted) && !rounds.policy.refused_for_good(&key);
+        rounds.checks.finished(&key) || (candidate && rounds.checks.due(&key))
     }
 
-    /// Before a reconcile: when the configuration and the grant ask for another module, check
-    /// it (fetch, signature, compile, smoke test on the node's facts) and swap to it, or keep
-    /// the running one and say why.
-    pub(super) async fn swap_policy(
+    /// Before a reconcile: take what a finished check found, or start the check that is due —
+    /// of the running module when the trusted keys changed, else of the module the
+    /// configuration and the grant ask for. Returns at once: the checks run in the background.
+    pub(super) async fn swap_policy(&self, rounds: &mut Rounds, node: &NodeInfo, desired: &Desired) {
+        let config = self.policy_config(rounds);
+        let wanted = self.wanted(rounds, &config, &desired.pools);
+        let recheck = Self::recheck(rounds, &wanted);
+        let key = match &recheck {
+            Some((key, _)) => key.clone(),
+            None => CheckKey::of(&wanted),
+        };
+        if let Some(outcome) = rounds.checks.take(&key).await {
+            if let Some(result) = self.apply(rounds, &key, outcome) {
+                self.metrics.count_policy_swap(result.as_str());
+            }
+            return;
+        }
+        if !rounds.checks.due(&key) {
+            return;
+        }
+        match recheck {
+            Some((key, again)) => {
+                let loader = self.loader.clone();
+                rounds.checks.start(key, async move {
+                    Outcome::Recheck(policies::fetch(&loader, &again).await.map(drop))
+                });
+            }
+            None if rounds.policy.should_try(&wanted) && !rounds.policy.refused_for_good(&key) => {
+                self.start_candidate(rounds, key, wanted, node, desired).await;
+            }
+            None => rounds.checks.cancel(),
+        }
+    }
+
+    /// Start checking `wanted`'s module: fetched and verified, then compiled and smoke-tested on
+    /// the node's facts.
+    async fn start_candidate(
         &self,
         rounds: &mut Rounds,
+        key: CheckKey,
+        wanted: Wanted,
         node: &NodeInfo,
         desired: &Desired,
     ) {
-        let config = self.policy_config(rounds);
-        let wanted = self.wanted(rounds, &config, &desired.pools);
-        if !rounds.policy.should_try(&wanted) {
-            return;
-        }
-        let reference = wanted.reference();
-        let module = reference
-            .clone()
-            .unwrap_or_else(|| pinset_policy::EMBEDDED_DEFAULT_NAME.into());
         let request = match self.smoke_facts(desired, node).await {
             Ok(request) => request,
             Err(e) => {
-                tracing::warn!(%module, error = %e, "cannot read the node's facts to test the policy module; trying at the next round");
+                tracing::warn!(module = ?key.module, error = %e, "cannot read the node's facts to test the policy module; trying at the next round");
                 return;
             }
         };
         let loader = self.loader.clone();
         let pressure = pinset_node::os::pressure();
-        let checked = tokio::task::spawn_blocking(move || {
-            policies::candidate(&loader, &wanted, &request, &pressure)
-        })
-        .await
-        .unwrap_or_else(|e| Err(format!("checking task failed: {e}")));
-        let result = match checked {
-            Ok(loaded) => rounds.policy.accept(loaded),
-            Err(cause) => rounds.policy.reject(module, cause),
-        };
-        self.metrics.count_policy_swap(result.as_str());
+        rounds.checks.start(key, async move {
+            let fetched = match policies::fetch(&loader, &wanted).await {
+                Ok(fetched) => fetched,
+                Err(refused) => return Outcome::Candidate(Err(refused)),
+            };
+            let proved = tokio::task::spawn_blocking(move || {
+                policies::prove(&loader, &wanted, fetched, &request, &pressure)
+            })
+            .await;
+            Outcome::Candidate(proved.unwrap_or_else(|e| {
+                Err((pinset_core::refusal::Refusal::NotAPolicy, format!("the check failed: {e}")))
+            }))
+        });
+    }
+
+    /// What a finished check means for the node's policy.
+    fn apply(&self, rounds: &mut Rounds, key: &CheckKey, outcome: Outcome) -> Option<SwapResult> {
+        match outcome {
+            Outcome::Candidate(Ok(loaded)) => {
+                rounds.checks.passed(key);
+                let swapped = rounds.policy.accept(loaded, key);
+                self.prune_cache(rounds);
+                Some(swapped)
+            }
+            Outcome::Candidate(Err((kind, cause))) => {
+                rounds.checks.refused(key, kind);
+                Some(rounds.policy.refuse(key, kind, cause))
+            }
+            Outcome::Recheck(Ok(())) => {
+                rounds.checks.passed(key);
+                rounds.policy.confirm_keys(&key.keys);
+                None
+            }
+            Outcome::Recheck(Err((kind, cause))) if kind.transient() => {
+                // Not re-verified yet: it keeps deciding, and is asked again.
+                rounds.checks.refused(key, kind);
+                tracing::warn!(module = ?key.module, %cause, "cannot re-verify the running node policy with the new keys: its registry is away");
+                None
+            }
+            Outcome::Recheck(Err((kind, cause))) => {
+                rounds.checks.refused(key, kind);
+                let default = self.loader.default_loaded();
+                rounds.policy.retire(default, key, kind, cause);
+                Some(SwapResult::Rejected)
+            }
+        }
+    }
+
+    /// Keep the node's policy cache within its bound, the modules in use kept, off the async
+    /// runtime.
+    pub(super) fn prune_cache(&self, rounds: &Rounds) {
+        let (loader, keep) = (self.loader.clone(), rounds.policy.in_use());
+        tokio::task::spawn_blocking(move || loader.prune(&keep));
     }
 
     /// The node's facts as a policy sees them: its images (present or not), disk and labels;

@@ -2,20 +2,30 @@
 //! PolicyConfiguration's `fleet` over it while the controller runs. A module the configuration
 //! names is fetched, verified, compiled and smoke-tested — a grant on the pool's current
 //! request, without a fallback — before it decides for the pool; a refused one leaves the pool
-//! with the flags' module and says why. One controller: no canary, the swap is at once, and the
-//! grants already written stand (a new module is asked from the next decision on).
+//! with the flags' module and says why. The check runs in the background (the fetch bounded by
+//! [`pinset_registry::limits::POLICY_FETCH`]): a pool's decision never waits on a registry, the
+//! flags' module decides meanwhile, and the pool is reconciled again when the check ends. A
+//! verdict stands for the module and the keys trusted now; a registry away, a module not found
+//! or unsigned is checked again on [`Refusal::recheck_after`]'s schedule. One controller: no
+//! canary, the swap is at once, and the grants already written stand (a new module is asked
+//! from the next decision on).
 
 use super::rollout::FleetTable;
-use crate::policy_config::{ModuleRef, PolicyConfig};
-use pinset_node::policy_source::Fetcher;
+use crate::api::MachineConfigPool;
+use crate::policy_config::{ModuleRef, PolicyConfig, fingerprint};
+use kube::runtime::reflector::ObjectRef;
+use pinset_core::refusal::Refusal;
 use pinset_policy::{FleetModule, Limits, WasmRuntime};
 use pinset_policy_sdk::RolloutRequest;
+use pinset_registry::policy_source::{Fetcher, Source};
+use pinset_registry::signature::VerifyingKey;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Instant;
+use tokio::sync::mpsc::UnboundedSender;
 
-/// A refused module is checked again after this long (a registry may have been away).
-const RETRY_REFUSED: Duration = Duration::from_secs(60);
+/// Modules remembered (per module and key set); the table starts over when full.
+const NAMED: usize = 64;
 
 /// What fetches and compiles the modules the configuration names.
 pub struct FleetLoader {
@@ -24,15 +34,24 @@ pub struct FleetLoader {
     pub fetcher: Fetcher,
 }
 
+/// One module under one key set.
+type Key = (String, String);
+
+/// A named module after its checks: loaded, or refused (the kind, why, which attempt, when).
+#[derive(Clone)]
+enum Checked {
+    Running,
+    Loaded(FleetModule),
+    Refused(Refusal, String, u32, Instant),
+}
+
 /// The modules of the flags, and those the configuration named (loaded, or why refused).
 pub struct FleetPolicies {
     flags: FleetTable,
     loader: Option<Arc<FleetLoader>>,
-    named: Mutex<HashMap<String, Checked>>,
+    named: Arc<Mutex<HashMap<Key, Checked>>>,
+    triggers: Mutex<Option<UnboundedSender<ObjectRef<MachineConfigPool>>>>,
 }
-
-/// A named module after its checks (or why it failed them), and when they ran.
-type Checked = (Result<FleetModule, String>, Instant);
 
 /// The module that decides for a pool, and why the configuration's was refused, when it was.
 pub(super) struct Chosen {
@@ -46,8 +65,14 @@ impl FleetPolicies {
         Self {
             flags,
             loader: loader.map(Arc::new),
-            named: Mutex::new(HashMap::new()),
+            named: Arc::default(),
+            triggers: Mutex::new(None),
         }
+    }
+
+    /// Reconcile a pool again through `triggers` when its check ends.
+    pub(super) fn notify(&self, triggers: UnboundedSender<ObjectRef<MachineConfigPool>>) {
+        *self.triggers.lock().expect("fleet triggers") = Some(triggers);
     }
 
     /// The flags' module of `pool` (a paused pool's status names it).
@@ -56,82 +81,137 @@ impl FleetPolicies {
     }
 
     /// The module that decides for `pool` now: the configuration's, once it passed its checks
-    /// on `request` (checked once per module and kept), else the flags'.
-    pub(super) async fn for_pool(
+    /// (started here, on `request`, in the background), else the flags'. Never waits.
+    pub(super) fn for_pool(
         &self,
         config: &PolicyConfig,
         pool: &str,
         request: &RolloutRequest,
     ) -> Chosen {
+        let flagged = self.flags.for_pool(pool);
         let fallback = |refused: Option<String>| Chosen {
-            module: self.flags.for_pool(pool).clone(),
+            module: flagged.clone(),
             refused,
         };
         let Some(m) = config.fleet_for(pool) else {
             return fallback(None);
         };
         let reference = m.reference();
-        let known = self
-            .named
-            .lock()
-            .expect("fleet lock")
-            .get(&reference)
-            .cloned();
-        let fresh = |(r, at): &Checked| r.is_ok() || at.elapsed() < RETRY_REFUSED;
-        let checked = match known.filter(fresh) {
-            Some((checked, _)) => checked,
-            None => {
-                let checked = self.check(config, pool, m, request).await;
-                match &checked {
-                    Ok(_) => tracing::info!(pool, module = %reference, "fleet policy swapped"),
-                    Err(e) => {
-                        tracing::warn!(pool, module = %reference, cause = %e, "fleet policy refused")
-                    }
-                }
-                let mut named = self.named.lock().expect("fleet lock");
-                named.insert(reference.clone(), (checked.clone(), Instant::now()));
-                checked
-            }
+        let refused = |kind: Refusal, why: &str| {
+            Some(format!(
+                "fleet policy {reference} refused ({}): {why}; {}; deciding with {}",
+                kind.reason(),
+                kind.action(),
+                flagged.name()
+            ))
         };
-        match checked {
-            Ok(module) => Chosen {
+        let keys = match config.keys(pool, m) {
+            Ok(keys) => keys,
+            Err(e) => return fallback(refused(Refusal::SignatureRefused, &e.to_string())),
+        };
+        let pems: Vec<String> = keys.iter().map(|k| k.to_pem()).collect();
+        let key = (reference.clone(), fingerprint(&pems));
+        match self.known(&key) {
+            Some(Checked::Loaded(module)) => Chosen {
                 module,
                 refused: None,
             },
-            Err(cause) => fallback(Some(format!(
-                "fleet policy {reference} refused: {cause}; deciding with {}",
-                self.flags.for_pool(pool).name()
-            ))),
+            Some(Checked::Refused(kind, why, _, _)) => fallback(refused(kind, &why)),
+            Some(Checked::Running) => fallback(None),
+            None => {
+                self.start(key, pool, m.clone(), keys, request.clone());
+                fallback(None)
+            }
         }
     }
 
-    /// Fetch, verify, compile and smoke-test `m` on a blocking thread.
-    async fn check(
-        &self,
-        config: &PolicyConfig,
-        pool: &str,
-        m: &ModuleRef,
-        request: &RolloutRequest,
-    ) -> Result<FleetModule, String> {
-        let Some(loader) = self.loader.clone() else {
-            return Err("this controller cannot fetch fleet modules".into());
-        };
-        let keys = config.keys(pool, m).map_err(|e| e.to_string())?;
-        let (m, request) = (m.clone(), request.clone());
-        tokio::task::spawn_blocking(move || {
-            let module = crate::policy_config::load_module::<pinset_policy::Fleet>(
-                &loader.runtime,
-                loader.limits,
-                &loader.fetcher,
-                &m,
-                &keys,
-            )
-            .map_err(|e| e.to_string())?;
-            pinset_policy::fleet_smoke_test(&module, &request)
-                .map_err(|f| format!("smoke test on the pool's rollout: {f}"))?;
-            Ok(module)
-        })
-        .await
-        .unwrap_or_else(|e| Err(format!("checking task failed: {e}")))
+    /// What is known of `key` and still stands (a refusal due for a recheck does not).
+    fn known(&self, key: &Key) -> Option<Checked> {
+        let named = self.named.lock().expect("fleet lock");
+        match named.get(key)? {
+            Checked::Refused(kind, _, attempt, at)
+                if kind.rechecked() && at.elapsed() >= Refusal::recheck_after(*attempt) =>
+            {
+                None
+            }
+            checked => Some(checked.clone()),
+        }
     }
+
+    /// Check `m` in the background; reconcile `pool` again when done.
+    fn start(
+        &self,
+        key: Key,
+        pool: &str,
+        m: ModuleRef,
+        keys: Vec<VerifyingKey>,
+        request: RolloutRequest,
+    ) {
+        let attempt = {
+            let mut named = self.named.lock().expect("fleet lock");
+            if named.len() >= NAMED {
+                named.retain(|_, c| !matches!(c, Checked::Refused(..)));
+            }
+            let attempt = match named.get(&key) {
+                Some(Checked::Refused(_, _, n, _)) => n + 1,
+                _ => 1,
+            };
+            named.insert(key.clone(), Checked::Running);
+            attempt
+        };
+        let (named, loader) = (self.named.clone(), self.loader.clone());
+        let triggers = self.triggers.lock().expect("fleet triggers").clone();
+        let pool = pool.to_string();
+        tokio::spawn(async move {
+            let checked = match check(loader, &m, &keys, request).await {
+                Ok(module) => {
+                    tracing::info!(pool, module = %key.0, "fleet policy swapped");
+                    Checked::Loaded(module)
+                }
+                Err((kind, why)) => {
+                    tracing::warn!(pool, module = %key.0, reason = kind.reason(), cause = %why, "fleet policy refused");
+                    Checked::Refused(kind, why, attempt, Instant::now())
+                }
+            };
+            named.lock().expect("fleet lock").insert(key, checked);
+            if let Some(triggers) = triggers {
+                let _ = triggers.send(ObjectRef::new(&pool));
+            }
+        });
+    }
+}
+
+/// Fetch (and verify) `m`, then compile and smoke-test it on a blocking thread.
+async fn check(
+    loader: Option<Arc<FleetLoader>>,
+    m: &ModuleRef,
+    keys: &[VerifyingKey],
+    request: RolloutRequest,
+) -> Result<FleetModule, (Refusal, String)> {
+    let Some(loader) = loader else {
+        let why = "this controller cannot fetch fleet modules";
+        return Err((Refusal::NotAPolicy, why.into()));
+    };
+    let source = Source::parse(&m.module).map_err(|e| (e.refusal(), e.to_string()))?;
+    if let (Source::File(_), false) = (&source, keys.is_empty()) {
+        let why = "a signature is required and a file carries none: reference a signed oci:// artifact";
+        return Err((Refusal::NotAPolicy, why.into()));
+    }
+    let fetched = loader
+        .fetcher
+        .fetch(&source, keys)
+        .await
+        .map_err(|e| (e.refusal(), e.to_string()))?;
+    let pin = m.sha256.clone();
+    tokio::task::spawn_blocking(move || {
+        let module = loader
+            .runtime
+            .load_as::<pinset_policy::Fleet>(&fetched.name, &fetched.bytes, pin.as_deref(), loader.limits)
+            .map_err(|e| (Refusal::NotAPolicy, e.to_string()))?;
+        pinset_policy::fleet_smoke_test(&module, &request)
+            .map_err(|f| (Refusal::SmokeTestFailed, format!("smoke test on the pool's rollout: {f}")))?;
+        Ok(module)
+    })
+    .await
+    .unwrap_or_else(|e| Err((Refusal::NotAPolicy, format!("checking task failed: {e}"))))
 }

@@ -159,20 +159,13 @@ impl Context {
         wait
     }
 
-    /// The node policy module the configuration names for `pool` (its reference), when it
-    /// names one: `Err(why)` when it must not be rolled out (its signature is missing or
-    /// invalid where one is required). The last configuration read when the current one cannot
-    /// be read.
-    async fn node_policy(&self, pool: &str) -> Option<Result<String, String>> {
+    /// The node policy module the configuration names for `pool` (its reference) and what its
+    /// signature check says now, when it names one. Never waits on a registry. The last
+    /// configuration read when the current one cannot be read.
+    fn node_policy(&self, pool: &str) -> Option<(String, node_policy::Gate)> {
         let config = self.policy_config();
         let m = config.pools.get(pool)?;
-        let checked = self.signatures.check(&config, pool, m).await;
-        Some(checked.map(|()| m.reference()).map_err(|why| {
-            format!(
-                "node policy {} (PolicyConfiguration): {why}; no node is granted it, each keeps its module",
-                m.reference()
-            )
-        }))
+        Some((m.reference(), self.signatures.check(&config, pool, m)))
     }
 
     /// The policy configuration now; the last one read when it cannot be read (said).
@@ -273,6 +266,8 @@ pub async fn run(
         }
         None => (None, SignatureGate::new(None)),
     };
+    signatures.notify(pool_triggers.clone());
+    fleet.notify(pool_triggers.clone());
     let ctx = Arc::new(Context {
         node_policies,
         last_node_policies: Mutex::new(Default::default()),

@@ -1,87 +1,192 @@
 //! The node policy module a pool's target names, checked by the controller first: where the
 //! configuration requires signatures, a module without a valid one (or a file, which carries
-//! none) never becomes a target entry, so no node is granted it. Only a definitive answer
-//! refuses: a registry the controller cannot reach or may not read leaves the check to the
-//! nodes, which verify every module they fetch anyway.
+//! none) never becomes a target entry, so no node is granted it.
+//!
+//! The check runs in the background, bounded by [`pinset_registry::limits::POLICY_FETCH`]: a
+//! pool's reconcile never waits on a registry. Until a verdict is in, the pool's target leaves
+//! the module out (its nodes keep what they run) and its status says the module is being
+//! checked; the pool is reconciled again when the check ends. A verdict stands for the module
+//! *and the keys trusted now*: other keys are another check. A registry the controller cannot
+//! reach is no verdict — the check is left to the nodes, which verify every module they fetch
+//! anyway — and is asked again on the recheck schedule, as is a module not found or unsigned
+//! ([`Refusal::recheck_after`]: 30 s doubling to 5 min); every other refusal stands until the
+//! module's digest or the keys change.
 
-use crate::policy_config::{ModuleRef, PolicyConfig};
-use pinset_node::policy_source::Source;
-use pinset_node::registry::artifact::Artifacts;
-use pinset_node::registry::signature::SignatureError;
+use crate::api::MachineConfigPool;
+use crate::policy_config::{ModuleRef, PolicyConfig, fingerprint};
+use kube::runtime::reflector::ObjectRef;
+use pinset_core::refusal::Refusal;
+use pinset_registry::artifact::Artifacts;
+use pinset_registry::limits::POLICY_FETCH;
+use pinset_registry::policy_source::Source;
 use std::collections::HashMap;
-use std::sync::Mutex;
-use std::time::{Duration, Instant};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+use tokio::sync::mpsc::UnboundedSender;
 
-/// A refusal is checked again after this long (a signature may have been pushed since).
-const RECHECK: Duration = Duration::from_secs(30);
+/// Verdicts kept (per module and key set); the table starts over when full.
+const VERDICTS: usize = 256;
 
-/// What the controller found of each module's signature, by reference.
-pub struct SignatureGate {
-    artifacts: Option<Artifacts>,
-    verdicts: Mutex<HashMap<String, Verdict>>,
+/// What the gate says of a module for a pool now.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Gate {
+    /// It may be rolled out.
+    Pass,
+    /// Not yet known: a check is under way.
+    Checking,
+    /// It must not be rolled out: the kind, and why.
+    Refused(Refusal, String),
 }
 
-/// A module's signature as checked (`Err`: why it must not be rolled out), and when.
-type Verdict = (Result<(), String>, Instant);
+/// One module under one key set.
+type Key = (String, String);
+
+#[derive(Clone, Debug)]
+enum Verdict {
+    Running,
+    Done {
+        result: Result<(), (Refusal, String)>,
+        attempt: u32,
+        at: Instant,
+    },
+}
+
+/// What the controller found of each module's signature, by module and keys.
+pub struct SignatureGate {
+    artifacts: Option<Artifacts>,
+    verdicts: Arc<Mutex<HashMap<Key, Verdict>>>,
+    /// Where a pool is asked to be reconciled again when its check ends.
+    triggers: Mutex<Option<UnboundedSender<ObjectRef<MachineConfigPool>>>>,
+}
 
 impl SignatureGate {
     /// `artifacts: None`: the controller cannot reach registries; only files are refused here.
     pub fn new(artifacts: Option<Artifacts>) -> Self {
         Self {
             artifacts,
-            verdicts: Mutex::new(HashMap::new()),
+            verdicts: Arc::default(),
+            triggers: Mutex::new(None),
         }
     }
 
-    /// `Err(why)` when `m`, named for `pool`, must not be rolled out.
-    pub(super) async fn check(
-        &self,
-        config: &PolicyConfig,
-        pool: &str,
-        m: &ModuleRef,
-    ) -> Result<(), String> {
-        let keys = config.keys(pool, m).map_err(|e| e.to_string())?;
-        if keys.is_empty() {
-            return Ok(());
-        }
-        let reference = m.reference();
-        let known = self
-            .verdicts
-            .lock()
-            .expect("verdicts lock")
-            .get(&reference)
-            .cloned();
-        if let Some((verdict, at)) = known
-            && (verdict.is_ok() || at.elapsed() < RECHECK)
-        {
-            return verdict;
-        }
-        let verdict = match Source::parse(&m.module) {
-            Err(e) => Err(e.to_string()),
-            Ok(Source::File(_)) => Err(
-                "a signature is required and a file carries none: reference a signed oci:// artifact"
-                    .into(),
-            ),
-            Ok(Source::Oci(at)) => match &self.artifacts {
-                None => Ok(()),
-                Some(artifacts) => match artifacts.verify(&at, &keys).await {
-                    Ok(_) => Ok(()),
-                    Err(e @ (SignatureError::Unsigned { .. } | SignatureError::Refused { .. })) => {
-                        Err(e.to_string())
-                    }
-                    Err(e) => {
-                        tracing::info!(pool, module = %reference, error = %e, "cannot check the signature; the nodes will");
-                        return Ok(());
-                    }
-                },
-            },
+    /// Reconcile a pool again through `triggers` when its check ends.
+    pub(super) fn notify(&self, triggers: UnboundedSender<ObjectRef<MachineConfigPool>>) {
+        *self.triggers.lock().expect("gate triggers") = Some(triggers);
+    }
+
+    /// What may be done with `m`, named for `pool`, now. Never waits on a registry.
+    pub(super) fn check(&self, config: &PolicyConfig, pool: &str, m: &ModuleRef) -> Gate {
+        let keys = match config.keys(pool, m) {
+            Ok(keys) if keys.is_empty() => return Gate::Pass,
+            Ok(keys) => keys,
+            Err(e) => return Gate::Refused(Refusal::SignatureRefused, e.to_string()),
         };
-        if let Err(why) = &verdict {
-            tracing::warn!(pool, module = %reference, %why, "node policy refused before any node is granted it");
+        let at = match Source::parse(&m.module) {
+            Err(e) => return Gate::Refused(e.refusal(), e.to_string()),
+            Ok(Source::File(_)) => {
+                let why = "a signature is required and a file carries none: reference a signed oci:// artifact";
+                return Gate::Refused(Refusal::NotAPolicy, why.into());
+            }
+            Ok(Source::Oci(at)) => at,
+        };
+        let Some(artifacts) = self.artifacts.clone() else {
+            return Gate::Pass;
+        };
+        let pems: Vec<String> = keys.iter().map(|k| k.to_pem()).collect();
+        let key = (m.reference(), fingerprint(&pems));
+        if let Some(gate) = self.known(&key) {
+            return gate;
         }
-        let mut verdicts = self.verdicts.lock().expect("verdicts lock");
-        verdicts.insert(reference, (verdict.clone(), Instant::now()));
-        verdict
+        self.start(key, pool.to_string(), artifacts, at, keys);
+        Gate::Checking
+    }
+
+    /// The verdict on `key` when there is one that still stands.
+    fn known(&self, key: &Key) -> Option<Gate> {
+        let verdicts = self.verdicts.lock().expect("verdicts lock");
+        match verdicts.get(key)? {
+            Verdict::Running => Some(Gate::Checking),
+            Verdict::Done { result: Ok(()), .. } => Some(Gate::Pass),
+            Verdict::Done {
+                result: Err((kind, why)),
+                attempt,
+                at,
+            } => {
+                let stale = kind.rechecked() && at.elapsed() >= Refusal::recheck_after(*attempt);
+                match (stale, kind.transient()) {
+                    (true, _) => None,
+                    // Not reached: left to the nodes meanwhile.
+                    (false, true) => Some(Gate::Pass),
+                    (false, false) => Some(Gate::Refused(*kind, why.clone())),
+                }
+            }
+        }
+    }
+
+    /// Verify `at`'s signature in the background; reconcile `pool` again when done.
+    fn start(
+        &self,
+        key: Key,
+        pool: String,
+        artifacts: Artifacts,
+        at: pinset_registry::artifact::ArtifactRef,
+        keys: Vec<pinset_registry::signature::VerifyingKey>,
+    ) {
+        let verdicts = self.verdicts.clone();
+        let attempt = {
+            let mut v = verdicts.lock().expect("verdicts lock");
+            if v.len() >= VERDICTS {
+                v.retain(|_, verdict| matches!(verdict, Verdict::Running));
+            }
+            let attempt = match v.get(&key) {
+                Some(Verdict::Done { attempt, .. }) => attempt + 1,
+                _ => 1,
+            };
+            v.insert(key.clone(), Verdict::Running);
+            attempt
+        };
+        let triggers = self.triggers.lock().expect("gate triggers").clone();
+        tokio::spawn(async move {
+            let result = verify(&artifacts, &at, &keys).await;
+            report(&pool, &key.0, &result);
+            let done = Verdict::Done {
+                result,
+                attempt,
+                at: Instant::now(),
+            };
+            verdicts.lock().expect("verdicts lock").insert(key, done);
+            if let Some(triggers) = triggers {
+                let _ = triggers.send(ObjectRef::new(&pool));
+            }
+        });
+    }
+}
+
+/// The signature of `at` against `keys`, within the policy fetch's deadline.
+async fn verify(
+    artifacts: &Artifacts,
+    at: &pinset_registry::artifact::ArtifactRef,
+    keys: &[pinset_registry::signature::VerifyingKey],
+) -> Result<(), (Refusal, String)> {
+    match tokio::time::timeout(POLICY_FETCH, artifacts.verify(at, keys)).await {
+        Ok(Ok(_)) => Ok(()),
+        Ok(Err(e)) => Err((e.refusal(), e.to_string())),
+        Err(_) => Err((
+            Refusal::RegistryAway,
+            format!("{at}: no answer within {} s", POLICY_FETCH.as_secs()),
+        )),
+    }
+}
+
+fn report(pool: &str, module: &str, result: &Result<(), (Refusal, String)>) {
+    match result {
+        Ok(()) => tracing::info!(pool, module, "node policy signature verified"),
+        Err((kind, why)) if kind.transient() => {
+            tracing::info!(pool, module, error = %why, "cannot check the signature (the registry is away); the nodes will, and it is checked again")
+        }
+        Err((kind, why)) => {
+            tracing::warn!(pool, module, reason = kind.reason(), %why, "node policy refused before any node is granted it: {}", kind.action())
+        }
     }
 }
 
@@ -90,7 +195,7 @@ mod tests {
     use super::*;
 
     fn config(module: &str, keys: bool) -> PolicyConfig {
-        let key = pinset_node::registry::signature::SigningKey::generate(b"")
+        let key = pinset_registry::signature::SigningKey::generate(b"")
             .unwrap()
             .1
             .public()
@@ -110,36 +215,43 @@ mod tests {
     async fn a_file_is_refused_where_a_signature_is_required() {
         let gate = SignatureGate::new(None);
         let file = config("/p/a.wasm", true);
-        let why = gate.check(&file, "w", &file.pools["w"]).await.unwrap_err();
+        let Gate::Refused(kind, why) = gate.check(&file, "w", &file.pools["w"]) else {
+            panic!("refused")
+        };
+        assert_eq!(kind, Refusal::NotAPolicy);
         assert!(why.contains("file carries none"), "{why}");
         let unsigned_ok = config("/p/a.wasm", false);
-        gate.check(&unsigned_ok, "w", &unsigned_ok.pools["w"])
-            .await
-            .unwrap();
+        assert_eq!(gate.check(&unsigned_ok, "w", &unsigned_ok.pools["w"]), Gate::Pass);
     }
 
-    /// The registry is asked, and does not answer (its port refuses connections): no verdict,
-    /// the nodes check the module themselves.
+    /// The registry is asked in the background, and does not answer (its port refuses
+    /// connections): the pool is reconciled again, and the check is left to the nodes until the
+    /// recheck is due.
     #[tokio::test]
-    async fn an_unreachable_registry_leaves_the_check_to_the_nodes() {
+    async fn an_unreachable_registry_is_checked_in_the_background_and_left_to_the_nodes() {
         let port = std::net::TcpListener::bind("127.0.0.1:0")
             .unwrap()
             .local_addr()
             .unwrap()
             .port();
-        let artifacts = Artifacts::new(
-            vec![format!("127.0.0.1:{port}")],
-            std::sync::Arc::new(Default::default()),
-        );
+        let artifacts = Artifacts::new(vec![format!("127.0.0.1:{port}")], Default::default());
         let gate = SignatureGate::new(Some(artifacts));
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        gate.notify(tx);
         let oci = config(
             &format!("oci://127.0.0.1:{port}/p@sha256:{}", "a".repeat(64)),
             true,
         );
-        gate.check(&oci, "w", &oci.pools["w"]).await.unwrap();
-        assert!(
-            gate.verdicts.lock().unwrap().is_empty(),
-            "an unanswered check is no verdict"
+        assert_eq!(gate.check(&oci, "w", &oci.pools["w"]), Gate::Checking);
+        assert_eq!(gate.check(&oci, "w", &oci.pools["w"]), Gate::Checking, "one check");
+        let again = rx.recv().await.unwrap();
+        assert_eq!(again.name, "w");
+        assert_eq!(gate.check(&oci, "w", &oci.pools["w"]), Gate::Pass);
+        // Other keys are another check.
+        let rotated = config(
+            &format!("oci://127.0.0.1:{port}/p@sha256:{}", "a".repeat(64)),
+            true,
         );
+        assert_eq!(gate.check(&rotated, "w", &rotated.pools["w"]), Gate::Checking);
     }
 }

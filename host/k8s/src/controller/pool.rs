@@ -1,6 +1,7 @@
 //! A pool's reconcile: the sets it selects (written to `spec.pinnedImageSets`), and how far its
 //! nodes are (the `PinnedImageSets` synchronizer entry and the Degraded condition).
 
+use super::node_policy::Gate;
 use super::status_lane::{PoolStatus, StatusLane};
 use super::{Context, ControllerError, RESYNC, observed};
 use crate::api::{
@@ -61,12 +62,7 @@ async fn reconcile_pool(
     let wanted: Vec<(String, i64)> = target.iter().map(|(n, g, _)| (n.clone(), *g)).collect();
     // A change of the pool's node policy rolls out as one more entry of its target.
     let mut target = target;
-    let mut policy_refused = None;
-    match ctx.node_policy(&name).await {
-        Some(Ok(reference)) => target.push((pinset_core::rollout::policy_set(&reference), 1, 0)),
-        Some(Err(why)) => policy_refused = Some(why),
-        None => {}
-    }
+    let policy_refused = node_policy_entry(ctx, &name, &mut target);
     let members: Vec<_> = ctx
         .nodes
         .state()
@@ -96,6 +92,31 @@ async fn reconcile_pool(
     };
     submit_status(ctx, mcp, report);
     Ok(Action::requeue(RESYNC))
+}
+
+/// Add the pool's node policy to its `target` when its signature check passed; why it must not
+/// be rolled out when it was refused. While the check runs (in the background) the module stays
+/// out of the target: the pool is reconciled again when its verdict is in.
+fn node_policy_entry(
+    ctx: &Context,
+    pool: &str,
+    target: &mut Vec<(String, i64, u32)>,
+) -> Option<String> {
+    match ctx.node_policy(pool)? {
+        (reference, Gate::Pass) => {
+            target.push((pinset_core::rollout::policy_set(&reference), 1, 0));
+            None
+        }
+        (reference, Gate::Checking) => {
+            tracing::debug!(pool, module = %reference, "node policy signature being checked");
+            None
+        }
+        (reference, Gate::Refused(kind, why)) => Some(format!(
+            "node policy {reference} (PolicyConfiguration) refused ({}): {why}; {}; no node is granted it, each keeps its module",
+            kind.reason(),
+            kind.action()
+        )),
+    }
 }
 
 /// What a pool's status says: node counts, Degraded, the rollout.

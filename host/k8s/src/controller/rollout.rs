@@ -197,10 +197,7 @@ pub(super) async fn step(
 /// The pool's last decision when its state has not changed since; else the policy's answer.
 /// The call runs on a blocking thread: it is bounded by the module's deadline, but it is CPU.
 async fn decide(ctx: &Context, pool: &str, request: &RolloutRequest) -> (Decided, bool) {
-    let chosen = ctx
-        .fleet
-        .for_pool(&ctx.policy_config(), pool, request)
-        .await;
+    let chosen = ctx.fleet.for_pool(&ctx.policy_config(), pool, request);
     // A decision is kept for the state it was made for and the module that made it: a new
     // module is asked at once, and grants already written stand.
     let fingerprint = rollout::fingerprint(request) ^ module_key(&chosen.module);

@@ -9,7 +9,7 @@ use pinset_cri_sim::{SimConfig, SimServer, SimStats, SimulatedRuntime};
 use pinset_node::Reconciler;
 use pinset_node::cri::client::{CriClient, CriConfig};
 use pinset_node::pin::crio::CrioPins;
-use pinset_node::registry::size::TableSizer;
+use pinset_registry::size::TableSizer;
 use pinset_policy::bench::Stats;
 use pinset_policy::{Guarded, PolicyModule};
 use std::path::Path;

@@ -15,7 +15,7 @@ use pinset_k8s::objects::{self, Objects};
 use pinset_node::Reconciler;
 use pinset_node::cri::client::{CriClient, CriConfig};
 use pinset_node::pin::crio::{CrioPins, DROP_IN, Reload};
-use pinset_node::registry::size::{Cached, ImageSize, TableSizer};
+use pinset_registry::size::{Cached, ImageSize, TableSizer};
 use pinset_policy::{Guarded, PolicyModule};
 use pinset_policy_sdk::{MIB, fmt_bytes};
 use std::collections::HashMap;

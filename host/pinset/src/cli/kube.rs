@@ -166,7 +166,7 @@ fn fleet_table(
 ) -> Result<controller::FleetTable> {
     let limits = pinset_policy::Limits::default();
     let load = |arg: &str| -> Result<pinset_policy::FleetModule> {
-        if arg.starts_with(pinset_node::registry::artifact::SCHEME) {
+        if arg.starts_with(pinset_registry::artifact::SCHEME) {
             let fetched = fetch.fetch(arg, limits.max_module_bytes as u64)?;
             return Ok(runtime.load_as::<pinset_policy::Fleet>(
                 &fetched.name,
@@ -261,6 +261,7 @@ pub async fn agent(
         default,
         limits: policy.limits(),
         fetcher: policy.fetch.fetcher(policy.max_module_bytes())?,
+        cache_max_bytes: policy.fetch.policy_cache_max_mib << 20,
     });
     pinset_node::os::release_free_memory();
     let client = pinset_k8s::client(opts.kubeconfig.as_deref()).await?;

@@ -57,6 +57,11 @@ pub struct FetchOpts {
     /// cannot be reached; compiled modules too (`compiled/`, by module digest and engine).
     #[arg(long, value_name = "DIR")]
     pub policy_cache: Option<PathBuf>,
+    /// The most the policy cache keeps besides the modules in use (the running one and the one
+    /// before it, whatever their size), in MiB: the least recently used go first. The agent
+    /// prunes it at start and after each swap.
+    #[arg(long, default_value_t = 256, value_name = "MIB")]
+    pub policy_cache_max_mib: u64,
     #[command(flatten)]
     pub policy_registry: RegistryOpts,
 }
@@ -74,8 +79,8 @@ impl FetchOpts {
 
     /// How modules named by `oci://` are fetched: from this registry, through this cache, no
     /// larger than `max_bytes`.
-    pub fn fetcher(&self, max_bytes: u64) -> anyhow::Result<pinset_node::policy_source::Fetcher> {
-        Ok(pinset_node::policy_source::Fetcher {
+    pub fn fetcher(&self, max_bytes: u64) -> anyhow::Result<pinset_registry::policy_source::Fetcher> {
+        Ok(pinset_registry::policy_source::Fetcher {
             artifacts: self.policy_registry.artifacts()?,
             cache: self.policy_cache.clone(),
             max_bytes,
@@ -87,8 +92,8 @@ impl FetchOpts {
         &self,
         source: &str,
         max_bytes: u64,
-    ) -> anyhow::Result<pinset_node::policy_source::Fetched> {
-        use pinset_node::policy_source::{Source, fetch_blocking};
+    ) -> anyhow::Result<pinset_registry::policy_source::Fetched> {
+        use pinset_registry::policy_source::{Source, fetch_blocking};
         let parsed = Source::parse(source).with_context(|| format!("policy module {source}"))?;
         if let Source::File(path) = &parsed {
             let size = std::fs::metadata(path)
@@ -117,9 +122,9 @@ pub struct RegistryOpts {
 }
 
 impl RegistryOpts {
-    pub fn artifacts(&self) -> anyhow::Result<pinset_node::registry::artifact::Artifacts> {
+    pub fn artifacts(&self) -> anyhow::Result<pinset_registry::artifact::Artifacts> {
         let credentials = pinset_node::config::credentials(self.policy_auth.as_deref())?;
-        Ok(pinset_node::registry::artifact::Artifacts::new(
+        Ok(pinset_registry::artifact::Artifacts::new(
             self.policy_insecure_registry.clone(),
             credentials,
         ))
@@ -129,13 +134,13 @@ impl RegistryOpts {
 /// The public keys of `paths` (`cosign.pub`), each error naming its file.
 pub fn verifying_keys(
     paths: &[PathBuf],
-) -> anyhow::Result<Vec<pinset_node::registry::signature::VerifyingKey>> {
+) -> anyhow::Result<Vec<pinset_registry::signature::VerifyingKey>> {
     paths
         .iter()
         .map(|path| {
             let text = std::fs::read_to_string(path)
                 .with_context(|| format!("reading {}", path.display()))?;
-            pinset_node::registry::signature::VerifyingKey::from_pem(&text)
+            pinset_registry::signature::VerifyingKey::from_pem(&text)
                 .with_context(|| format!("public key {}", path.display()))
         })
         .collect()
@@ -180,7 +185,7 @@ impl PolicyOpts {
 
     /// The module's bytes: a file, or an artifact through the registry and the cache, its
     /// signature checked when keys are given. A file over the size limit is not read.
-    pub fn fetch(&self, source: &str) -> anyhow::Result<pinset_node::policy_source::Fetched> {
+    pub fn fetch(&self, source: &str) -> anyhow::Result<pinset_registry::policy_source::Fetched> {
         self.fetch.fetch(source, self.max_module_bytes())
     }
 

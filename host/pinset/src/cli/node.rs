@@ -15,8 +15,8 @@ use pinset_node::cri::client::{STANDARD_ENDPOINTS, find_endpoint};
 use pinset_node::executor::Event;
 use pinset_node::pin::AnyPins;
 use pinset_node::pin::crio::{self, Reload};
-use pinset_node::registry::mirrors::MirrorSource;
-use pinset_node::registry::size::{Cached, RegistrySizer};
+use pinset_registry::mirrors::MirrorSource;
+use pinset_registry::size::{Cached, RegistrySizer};
 use pinset_node::{NodeConfig, ReconcileError, Reconciler, Report};
 use pinset_policy::{Guarded, PolicyModule};
 use pinset_policy_sdk::fmt_bytes;
@@ -490,7 +490,7 @@ async fn node_loop(
 }
 
 pub async fn run_with_progress<
-    S: pinset_node::registry::size::Sizer + 'static,
+    S: pinset_registry::size::Sizer + 'static,
     B: pinset_node::pin::PinBackend,
 >(
     reconciler: &Reconciler<S, B>,

@@ -13,7 +13,7 @@ use pinset_node::Reconciler;
 use pinset_node::config::PinKind;
 use pinset_node::cri::client::{CriClient, CriConfig};
 use pinset_node::facts::{self, Facts, Unsized};
-use pinset_node::registry::size::{Cached, RegistrySizer};
+use pinset_registry::size::{Cached, RegistrySizer};
 use pinset_policy::Guarded;
 use pinset_policy_sdk::{DiskFacts, Verdict, fmt_bytes};
 use serde::Serialize;

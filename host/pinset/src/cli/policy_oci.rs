@@ -2,8 +2,8 @@
 //! (the layout `wkg oci push` writes) and signed in cosign's format.
 
 use anyhow::{Context, Result};
-use pinset_node::registry::artifact::{ArtifactRef, Artifacts, ComponentWorld, WasmConfig};
-use pinset_node::registry::signature::SigningKey;
+use pinset_registry::artifact::{ArtifactRef, Artifacts, ComponentWorld, WasmConfig};
+use pinset_registry::signature::SigningKey;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
@@ -107,7 +107,7 @@ fn config_for(name: &str, bytes: &[u8], author: Option<String>, max: u64) -> Res
     runtime.bind_all(&compiled)?;
     let (exports, imports) = runtime.world(&compiled);
     Ok(WasmConfig {
-        created: pinset_node::registry::artifact::created(),
+        created: pinset_registry::artifact::created(),
         author,
         architecture: "wasm".into(),
         os: "wasip2".into(),
@@ -142,7 +142,7 @@ pub fn push(args: &PushArgs) -> Result<ExitCode> {
     eprintln!(
         "pushed {name} ({} bytes, module {}) as {reference}",
         bytes.len(),
-        pinset_node::registry::artifact::sha256_digest(&bytes)
+        pinset_registry::artifact::sha256_digest(&bytes)
     );
     println!("{pushed}");
     Ok(ExitCode::SUCCESS)

@@ -5,8 +5,8 @@
 
 use super::node::RegistryAccess;
 use anyhow::{Context, Result, bail};
-use pinset_node::registry::mirrors::Target;
-use pinset_node::registry::size::RegistrySizer;
+use pinset_registry::mirrors::Target;
+use pinset_registry::size::RegistrySizer;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -72,7 +72,7 @@ async fn from_images(args: &FromImagesArgs) -> Result<ExitCode> {
     let credentials = pinset_node::config::credentials(args.registry.auth.as_deref())?;
     let sizer = RegistrySizer::new(args.registry.insecure_registry.clone(), credentials)
         .with_mirrors(args.registry.mirrors().offline()?);
-    pinset_node::registry::size::Sizer::refresh(&sizer)?;
+    pinset_registry::size::Sizer::refresh(&sizer)?;
     let answers = futures::future::join_all(wanted.iter().map(|w| sizer.resolve(&w.target))).await;
     let mut pinned: BTreeMap<String, Vec<String>> = BTreeMap::new();
     let mut order = Vec::new();

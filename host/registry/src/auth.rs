@@ -2,7 +2,6 @@
 //! `user:password`. Keys may be bare hosts (`quay.io`), hosts with a path (`quay.io/org`, the
 //! longest matching prefix wins) or URLs (`https://quay.io/v1/`).
 
-use crate::cri::proto::AuthConfig;
 use base64::Engine;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -122,16 +121,6 @@ impl Credentials {
             .max_by_key(|(k, _)| k.len())
             .map(|(_, c)| c)
     }
-
-    /// The CRI form for a pull.
-    pub fn for_pull(&self, registry: &str, repository: &str) -> Option<AuthConfig> {
-        self.lookup(registry, repository).map(|c| AuthConfig {
-            username: c.username.clone(),
-            password: c.password.clone(),
-            server_address: registry.to_string(),
-            ..Default::default()
-        })
-    }
 }
 
 fn normalise(key: &str) -> String {
@@ -160,13 +149,13 @@ mod tests {
     fn a_missing_or_empty_file_means_no_credentials_and_a_bad_one_is_named() {
         let dir = tempfile::tempdir().unwrap();
         let missing = Credentials::load(&dir.path().join("config.json")).unwrap();
-        assert!(missing.for_pull("quay.io", "a/b").is_none());
+        assert!(missing.lookup("quay.io", "a/b").is_none());
         let empty = dir.path().join("empty.json");
         std::fs::write(&empty, "  \n").unwrap();
         assert!(
             Credentials::load(&empty)
                 .unwrap()
-                .for_pull("quay.io", "a/b")
+                .lookup("quay.io", "a/b")
                 .is_none()
         );
         let bad = dir.path().join("bad.json");
@@ -210,7 +199,7 @@ mod tests {
             c.lookup("docker.io", "library/busybox").unwrap().username,
             "hub"
         );
-        let local = c.for_pull("127.0.0.1:5000", "a").unwrap();
+        let local = c.lookup("127.0.0.1:5000", "a").unwrap();
         assert_eq!(
             (local.username.as_str(), local.password.as_str()),
             ("local", "three:with:colons")

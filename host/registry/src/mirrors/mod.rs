@@ -65,17 +65,23 @@ impl Endpoint {
         }
     }
 
-    /// The URL of a manifest (`reference`: a digest or a tag) at this endpoint over `scheme`.
-    pub fn manifest_url(&self, scheme: &str, reference: &str) -> String {
+    /// The URL of `tail` (`manifests/REF`, `blobs/DIGEST`, `blobs/uploads/`) under this
+    /// endpoint's repository over `scheme`.
+    pub fn url(&self, scheme: &str, tail: &str) -> String {
         let query = self
             .ns
             .as_ref()
             .map(|ns| format!("?ns={ns}"))
             .unwrap_or_default();
         format!(
-            "{scheme}://{}{}/{}/manifests/{reference}{query}",
+            "{scheme}://{}{}/{}/{tail}{query}",
             self.host, self.path, self.repository
         )
+    }
+
+    /// The URL of a manifest (`reference`: a digest or a tag) at this endpoint over `scheme`.
+    pub fn manifest_url(&self, scheme: &str, reference: &str) -> String {
+        self.url(scheme, &format!("manifests/{reference}"))
     }
 
     /// `host[/path]/repository`: what reports say an image was sized by.

@@ -8,9 +8,10 @@
 //! match the record's digest (a truncated or altered file) is discarded and fetched again; a
 //! module verified by none of the keys now required is verified again against the registry.
 
-use crate::os::write_atomic;
-use crate::registry::artifact::{ArtifactError, ArtifactRef, Artifacts, SCHEME, sha256_digest};
-use crate::registry::signature::{SignatureError, VerifyingKey};
+use crate::artifact::{ArtifactError, ArtifactRef, Artifacts, SCHEME, sha256_digest};
+use crate::files::write_atomic;
+use crate::limits::POLICY_FETCH;
+use crate::signature::{SignatureError, VerifyingKey};
 use std::path::{Path, PathBuf};
 
 /// A module as a policy configuration names it.
@@ -39,6 +40,23 @@ pub enum SourceError {
         path: PathBuf,
         source: std::io::Error,
     },
+}
+
+impl SourceError {
+    /// The kind of refusal this is: a registry away or a cache that cannot be written is no
+    /// verdict on the module.
+    pub fn refusal(&self) -> pinset_core::refusal::Refusal {
+        use pinset_core::refusal::Refusal;
+        match self {
+            SourceError::Artifact(e) => e.refusal(),
+            SourceError::Signature(e) => e.refusal(),
+            SourceError::Read { source, .. } if source.kind() == std::io::ErrorKind::NotFound => {
+                Refusal::NotFound
+            }
+            SourceError::Read { .. } | SourceError::Unverifiable { .. } => Refusal::NotAPolicy,
+            SourceError::Cache { .. } => Refusal::RegistryAway,
+        }
+    }
 }
 
 impl Source {
@@ -103,7 +121,17 @@ impl Fetcher {
     ) -> Result<Fetched, SourceError> {
         match source {
             Source::File(path) => read_file(path, keys),
-            Source::Oci(reference) => self.fetch_artifact(reference, keys).await,
+            Source::Oci(reference) => {
+                let fetch = self.fetch_artifact(reference, keys);
+                match tokio::time::timeout(POLICY_FETCH, fetch).await {
+                    Ok(fetched) => fetched,
+                    Err(_) => Err(SourceError::Artifact(ArtifactError::Away {
+                        reference: reference.to_string(),
+                        operation: "fetching the module",
+                        cause: format!("not done within {} s", POLICY_FETCH.as_secs()),
+                    })),
+                }
+            }
         }
     }
 
@@ -153,9 +181,10 @@ impl Fetcher {
         ))
     }
 
-    /// The cached module of `reference` and its record, when both read and agree.
+    /// The cached module of `reference` and its record, when both read and agree (marked used).
     fn cached(&self, reference: &ArtifactRef) -> Option<(Vec<u8>, Record)> {
         let (module, record) = self.paths(reference)?;
+        touch(&module);
         let rec: Record = serde_json::from_slice(&std::fs::read(&record).ok()?).ok()?;
         let bytes = std::fs::read(&module).ok()?;
         if bytes.len() as u64 > self.max_bytes || sha256_digest(&bytes) != rec.module_digest {
@@ -248,6 +277,90 @@ pub fn fetch_blocking(
     })
 }
 
+/// What [`prune`] did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Pruned {
+    /// Files removed.
+    pub removed: usize,
+    /// Bytes kept.
+    pub kept_bytes: u64,
+}
+
+/// Keep the node's policy cache `dir` bounded: the modules named in `keep` (a manifest digest or
+/// a module's own sha256, as `sha256:HEX` or `HEX`: its artifact files and its compiled forms),
+/// then the most recently used others while the cache stays within `max_bytes`; the rest is
+/// removed. The agent prunes at start and after each swap. A file it cannot read is left.
+pub fn prune(dir: &Path, keep: &[&str], max_bytes: u64) -> std::io::Result<Pruned> {
+    let keep: Vec<&str> = keep.iter().map(|k| k.trim_start_matches("sha256:")).collect();
+    let mut entries = cache_entries(dir)?;
+    entries.extend(cache_entries(&dir.join("compiled"))?);
+    // Kept first, then newest first.
+    entries.sort_by_key(|e| (!keep.contains(&e.hex.as_str()), std::cmp::Reverse(e.used)));
+    let mut pruned = Pruned::default();
+    for entry in entries {
+        let kept = keep.contains(&entry.hex.as_str());
+        if kept || pruned.kept_bytes + entry.bytes <= max_bytes {
+            pruned.kept_bytes += entry.bytes;
+            continue;
+        }
+        for file in &entry.files {
+            if std::fs::remove_file(file).is_ok() {
+                pruned.removed += 1;
+            }
+        }
+    }
+    Ok(pruned)
+}
+
+/// One cached thing: its digest, its files (module and record, or artifact and checksum), their
+/// size and when it was last used.
+struct Entry {
+    hex: String,
+    files: Vec<PathBuf>,
+    bytes: u64,
+    used: std::time::SystemTime,
+}
+
+/// The entries of one cache directory, grouped by the digest their names start with.
+fn cache_entries(dir: &Path) -> std::io::Result<Vec<Entry>> {
+    let mut by_hex: std::collections::BTreeMap<String, Entry> = Default::default();
+    let listing = match std::fs::read_dir(dir) {
+        Ok(listing) => listing,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(e),
+    };
+    for item in listing.flatten() {
+        let path = item.path();
+        let Ok(meta) = item.metadata() else { continue };
+        if !meta.is_file() {
+            continue;
+        }
+        let name = item.file_name().to_string_lossy().into_owned();
+        let hex: String = name.chars().take_while(|c| c.is_ascii_hexdigit()).collect();
+        if hex.len() != 64 {
+            continue;
+        }
+        let used = meta.modified().unwrap_or(std::time::UNIX_EPOCH);
+        let entry = by_hex.entry(hex.clone()).or_insert_with(|| Entry {
+            hex,
+            files: Vec::new(),
+            bytes: 0,
+            used,
+        });
+        entry.files.push(path);
+        entry.bytes += meta.len();
+        entry.used = entry.used.max(used);
+    }
+    Ok(by_hex.into_values().collect())
+}
+
+/// Mark `path` as used now (what [`prune`] keeps longest).
+pub fn touch(path: &Path) {
+    if let Ok(file) = std::fs::File::options().append(true).open(path) {
+        let _ = file.set_modified(std::time::SystemTime::now());
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -295,7 +408,7 @@ mod tests {
     #[test]
     fn a_file_cannot_satisfy_a_signature_requirement() {
         let dir = tempfile::tempdir().unwrap();
-        let key = crate::registry::signature::SigningKey::generate(b"")
+        let key = crate::signature::SigningKey::generate(b"")
             .unwrap()
             .1
             .public();
@@ -310,5 +423,32 @@ mod tests {
             e.contains("/x.wasm") && e.contains("signature required"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn the_cache_keeps_what_is_named_then_the_newest_within_its_bound() {
+        let dir = tempfile::tempdir().unwrap();
+        let put = |hex: char, ext: &str, size: usize, age: u64| {
+            let path = dir.path().join(format!("{}.{ext}", hex.to_string().repeat(64)));
+            std::fs::write(&path, vec![0u8; size]).unwrap();
+            let when = std::time::SystemTime::now() - std::time::Duration::from_secs(age);
+            std::fs::File::options().append(true).open(&path).unwrap().set_modified(when).unwrap();
+        };
+        put('a', "wasm", 1000, 300); // old, but running: kept
+        put('a', "json", 10, 300);
+        put('b', "wasm", 1000, 10); // newest: kept within the bound
+        put('c', "wasm", 1000, 100); // older: removed
+        std::fs::create_dir(dir.path().join("compiled")).unwrap();
+        let compiled = dir.path().join("compiled").join(format!("{}-00ff.cwasm", "c".repeat(64)));
+        std::fs::write(&compiled, vec![0u8; 500]).unwrap();
+        let old = std::time::SystemTime::now() - std::time::Duration::from_secs(200);
+        std::fs::File::options().append(true).open(&compiled).unwrap().set_modified(old).unwrap();
+        let pruned = prune(dir.path(), &[&format!("sha256:{}", "a".repeat(64))], 2100).unwrap();
+        assert_eq!(pruned.kept_bytes, 2010);
+        assert!(dir.path().join(format!("{}.wasm", "a".repeat(64))).exists());
+        assert!(dir.path().join(format!("{}.wasm", "b".repeat(64))).exists());
+        assert!(!dir.path().join(format!("{}.wasm", "c".repeat(64))).exists());
+        assert!(!compiled.exists(), "an old compiled module past the bound goes too");
+        assert_eq!(pruned.removed, 2);
     }
 }

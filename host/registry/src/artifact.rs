@@ -6,22 +6,21 @@
 //! References are `[oci://]REGISTRY/REPOSITORY@sha256:HEX`; a tag (`:TAG`) is accepted only where
 //! a person names an artifact to push or pull, and is resolved to its digest there.
 
-use super::auth::Credentials;
+use crate::auth::Credentials;
+use crate::client::{Client, RegistryError};
+use crate::limits::{CONFIG, Limit, MODULE, MODULE_REQUEST, SMALL_REQUEST};
+use crate::mirrors::Endpoint;
+pub use crate::oci::{Descriptor, manifest_json, sha256_digest};
+use crate::oci::{DOCKER_LIST, ImageManifest, OCI_INDEX, OCI_MANIFEST};
+use bytes::Bytes;
 use pinset_core::reference::ImageRef;
-use sha2::Digest;
+use pinset_core::refusal::Refusal;
 use std::fmt;
 use std::sync::Arc;
 
 pub const CONFIG_MEDIA_TYPE: &str = "application/vnd.wasm.config.v0+json";
 pub const LAYER_MEDIA_TYPE: &str = "application/wasm";
-pub const MANIFEST_MEDIA_TYPE: &str = "application/vnd.oci.image.manifest.v1+json";
-const DOCKER_MANIFEST_MEDIA_TYPE: &str = "application/vnd.docker.distribution.manifest.v2+json";
-const INDEX_MEDIA_TYPES: [&str; 2] = [
-    "application/vnd.oci.image.index.v1+json",
-    "application/vnd.docker.distribution.manifest.list.v2+json",
-];
-/// The largest manifest read (the distribution spec's limit).
-const MAX_MANIFEST_BYTES: usize = 4 << 20;
+pub const MANIFEST_MEDIA_TYPE: &str = OCI_MANIFEST;
 
 /// How a reference names its version.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -42,12 +41,28 @@ pub struct ArtifactRef {
 /// The prefix that marks a module reference as an OCI artifact rather than a file.
 pub const SCHEME: &str = "oci://";
 
-#[derive(Debug, thiserror::Error)]
+/// Why an artifact could not be read or written. [`ArtifactError::transient`] tells a registry
+/// away (ask again later) from an answer that stands.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum ArtifactError {
     #[error("{reference:?}: not an artifact reference: {why}")]
     Reference { reference: String, why: String },
     #[error("{reference}: a tag names no fixed module: reference it by digest (@sha256:…)")]
     Unpinned { reference: String },
+    /// The registry did not answer, too slowly, or with a server error.
+    #[error("{reference}: {operation}: the registry is away: {cause}")]
+    Away {
+        reference: String,
+        operation: &'static str,
+        cause: String,
+    },
+    /// The registry has no such artifact.
+    #[error("{reference}: not found in its registry")]
+    NotFound { reference: String },
+    /// The registry served other content than the digest asked for.
+    #[error("{reference}: the registry served {served}, not that digest")]
+    WrongDigest { reference: String, served: String },
+    /// Any other refusal of the registry (a status, an answer too large, a bad redirect).
     #[error("{reference}: {operation}: {cause}")]
     Registry {
         reference: String,
@@ -62,6 +77,13 @@ pub enum ArtifactError {
         digest: String,
         why: String,
     },
+    /// A blob served with other bytes than its digest.
+    #[error("{reference}: layer {digest}: {why}")]
+    LayerDigest {
+        reference: String,
+        digest: String,
+        why: String,
+    },
     #[error(
         "{reference}: the module is {size} bytes, over the limit of {max} bytes (--policy-max-module-mib)"
     )]
@@ -70,6 +92,48 @@ pub enum ArtifactError {
         size: u64,
         max: u64,
     },
+}
+
+impl ArtifactError {
+    /// The registry is away: asking again later may succeed.
+    pub fn transient(&self) -> bool {
+        matches!(self, ArtifactError::Away { .. })
+    }
+
+    /// The kind of refusal this is, for a module.
+    pub fn refusal(&self) -> Refusal {
+        match self {
+            ArtifactError::Away { .. } => Refusal::RegistryAway,
+            ArtifactError::NotFound { .. } => Refusal::NotFound,
+            ArtifactError::WrongDigest { .. } | ArtifactError::LayerDigest { .. } => {
+                Refusal::WrongDigest
+            }
+            ArtifactError::Registry { .. } => Refusal::RegistryRefused,
+            ArtifactError::Reference { .. }
+            | ArtifactError::Unpinned { .. }
+            | ArtifactError::NotWasm { .. }
+            | ArtifactError::Layer { .. }
+            | ArtifactError::TooLarge { .. } => Refusal::NotAPolicy,
+        }
+    }
+
+    /// A registry failure while `operation` on `reference`, by its kind.
+    fn of(reference: &ArtifactRef, operation: &'static str, e: RegistryError) -> ArtifactError {
+        let reference = reference.to_string();
+        match e {
+            RegistryError::NotFound { .. } => ArtifactError::NotFound { reference },
+            e if e.transient() => ArtifactError::Away {
+                reference,
+                operation,
+                cause: e.to_string(),
+            },
+            e => ArtifactError::Registry {
+                reference,
+                operation,
+                cause: e.to_string(),
+            },
+        }
+    }
 }
 
 impl ArtifactRef {
@@ -139,13 +203,15 @@ impl ArtifactRef {
         })
     }
 
-    fn client_ref(&self) -> oci_client::Reference {
-        let (registry, repository) = (self.registry.clone(), self.repository.clone());
+    /// Where the artifact's registry is asked: its API host, its repository.
+    pub fn endpoint(&self) -> Endpoint {
+        Endpoint::source(&self.registry, &self.repository)
+    }
+
+    /// The tag or digest, as a manifest URL names it.
+    fn version_text(&self) -> &str {
         match &self.version {
-            Version::Tag(tag) => oci_client::Reference::with_tag(registry, repository, tag.clone()),
-            Version::Digest(d) => {
-                oci_client::Reference::with_digest(registry, repository, d.clone())
-            }
+            Version::Tag(t) | Version::Digest(t) => t,
         }
     }
 
@@ -173,11 +239,6 @@ fn valid_tag(tag: &str) -> bool {
         && tag
             .bytes()
             .all(|b| b.is_ascii_alphanumeric() || b"_.-".contains(&b))
-}
-
-/// `sha256:<hex>` of `bytes`.
-pub fn sha256_digest(bytes: &[u8]) -> String {
-    format!("sha256:{:x}", sha2::Sha256::digest(bytes))
 }
 
 /// The artifact's config, as wasm-pkg-tools writes it.
@@ -221,43 +282,25 @@ pub struct Pulled {
 }
 
 /// The registry client for artifacts: credentials as for images (kubelet `config.json`), the
-/// token and basic flows of the distribution client, plain HTTP for the registries listed.
+/// token and basic flows of the registry client, plain HTTP for the registries listed. Every
+/// read is bounded ([`crate::limits`]).
 #[derive(Clone)]
 pub struct Artifacts {
-    client: oci_client::Client,
-    credentials: Arc<Credentials>,
+    client: Arc<Client>,
 }
 
 impl Artifacts {
     pub fn new(insecure_registries: Vec<String>, credentials: Arc<Credentials>) -> Self {
-        Self {
-            client: super::client(insecure_registries),
-            credentials,
-        }
+        Self::with_client(Arc::new(Client::new(insecure_registries, credentials)))
     }
 
-    fn auth(&self, reference: &ArtifactRef) -> oci_client::secrets::RegistryAuth {
-        match self
-            .credentials
-            .lookup(&reference.registry, &reference.repository)
-        {
-            Some(c) => {
-                oci_client::secrets::RegistryAuth::Basic(c.username.clone(), c.password.clone())
-            }
-            None => oci_client::secrets::RegistryAuth::Anonymous,
-        }
+    /// Artifacts spoken to through `client` (shared with sizing).
+    pub fn with_client(client: Arc<Client>) -> Self {
+        Self { client }
     }
 
-    fn registry_error(
-        reference: &ArtifactRef,
-        operation: &'static str,
-    ) -> impl FnOnce(oci_client::errors::OciDistributionError) -> ArtifactError {
-        let reference = reference.to_string();
-        move |e| ArtifactError::Registry {
-            reference,
-            operation,
-            cause: super::causes(&e),
-        }
+    pub fn client(&self) -> &Arc<Client> {
+        &self.client
     }
 
     /// The digest a reference names: its own, or the one its tag points to now.
@@ -265,12 +308,12 @@ impl Artifacts {
         if reference.digest().is_some() {
             return Ok(reference.clone());
         }
-        let digest = self
+        let fetched = self
             .client
-            .fetch_manifest_digest(&reference.client_ref(), &self.auth(reference))
+            .manifest(&reference.endpoint(), reference.version_text(), SMALL_REQUEST)
             .await
-            .map_err(Self::registry_error(reference, "resolving the tag"))?;
-        Ok(reference.at(&digest))
+            .map_err(|e| ArtifactError::of(reference, "resolving the tag", e))?;
+        Ok(reference.at(&fetched.digest))
     }
 
     /// Push `module` with `config` as `reference` (a tag or a digest); the reference at the
@@ -282,13 +325,6 @@ impl Artifacts {
         mut config: WasmConfig,
         title: Option<&str>,
     ) -> Result<ArtifactRef, ArtifactError> {
-        let target = reference.client_ref();
-        let auth = self.auth(reference);
-        let fail = |op| Self::registry_error(reference, op);
-        self.client
-            .auth(&target, &auth, oci_client::RegistryOperation::Push)
-            .await
-            .map_err(fail("authenticating to push"))?;
         let mut layer = Descriptor::of(LAYER_MEDIA_TYPE, module);
         if let Some(title) = title {
             layer = layer.annotated("org.opencontainers.image.title", title);
@@ -296,14 +332,8 @@ impl Artifacts {
         config.layer_digests = vec![layer.digest.clone()];
         let config_json = serde_json::to_vec(&config).expect("a config serialises");
         let config = Descriptor::of(CONFIG_MEDIA_TYPE, &config_json);
-        self.client
-            .push_blob(&target, module.to_vec(), &layer.digest)
-            .await
-            .map_err(fail("pushing the module"))?;
-        self.client
-            .push_blob(&target, config_json, &config.digest)
-            .await
-            .map_err(fail("pushing the config"))?;
+        self.push_blob(reference, module.to_vec()).await?;
+        self.push_blob(reference, config_json).await?;
         let manifest = manifest_json(&config, &[layer]);
         self.push_manifest(reference, manifest).await
     }
@@ -314,15 +344,17 @@ impl Artifacts {
         reference: &ArtifactRef,
         manifest: Vec<u8>,
     ) -> Result<ArtifactRef, ArtifactError> {
-        let digest = sha256_digest(&manifest);
-        self.client
-            .push_manifest_raw(
-                &reference.client_ref(),
-                manifest,
-                http::HeaderValue::from_static(MANIFEST_MEDIA_TYPE),
+        let digest = self
+            .client
+            .push_manifest(
+                &reference.endpoint(),
+                reference.version_text(),
+                MANIFEST_MEDIA_TYPE,
+                Bytes::from(manifest),
+                SMALL_REQUEST,
             )
             .await
-            .map_err(Self::registry_error(reference, "pushing the manifest"))?;
+            .map_err(|e| ArtifactError::of(reference, "pushing the manifest", e))?;
         Ok(reference.at(&digest))
     }
 
@@ -332,22 +364,10 @@ impl Artifacts {
         reference: &ArtifactRef,
         bytes: Vec<u8>,
     ) -> Result<String, ArtifactError> {
-        let digest = sha256_digest(&bytes);
-        let target = reference.client_ref();
-        let fail = |op| Self::registry_error(reference, op);
         self.client
-            .auth(
-                &target,
-                &self.auth(reference),
-                oci_client::RegistryOperation::Push,
-            )
+            .push_blob(&reference.endpoint(), Bytes::from(bytes), MODULE_REQUEST)
             .await
-            .map_err(fail("authenticating to push"))?;
-        self.client
-            .push_blob(&target, bytes, &digest)
-            .await
-            .map_err(fail("pushing a blob"))?;
-        Ok(digest)
+            .map_err(|e| ArtifactError::of(reference, "pushing a blob", e))
     }
 
     /// The manifest `reference` names, its bytes checked against the digest it is asked by;
@@ -355,40 +375,37 @@ impl Artifacts {
     pub(crate) async fn manifest(
         &self,
         reference: &ArtifactRef,
-    ) -> Result<Option<(Manifest, String)>, ArtifactError> {
-        let accepted = [
-            MANIFEST_MEDIA_TYPE,
-            DOCKER_MANIFEST_MEDIA_TYPE,
-            INDEX_MEDIA_TYPES[0],
-            INDEX_MEDIA_TYPES[1],
-        ];
-        let pulled = self
+    ) -> Result<Option<(ImageManifest, String)>, ArtifactError> {
+        let fetched = match self
             .client
-            .pull_manifest_raw(&reference.client_ref(), &self.auth(reference), &accepted)
-            .await;
-        let (bytes, _) = match pulled {
-            Ok(found) => found,
-            Err(e) if not_found(&e) => return Ok(None),
-            Err(e) => return Err(Self::registry_error(reference, "reading the manifest")(e)),
+            .manifest(&reference.endpoint(), reference.version_text(), SMALL_REQUEST)
+            .await
+        {
+            Ok(fetched) => fetched,
+            Err(RegistryError::NotFound { .. }) => return Ok(None),
+            Err(RegistryError::Answer { why, .. }) if why.contains("not the one asked for") => {
+                let served = why.split_whitespace().find(|w| w.starts_with("sha256:"));
+                return Err(ArtifactError::WrongDigest {
+                    reference: reference.to_string(),
+                    served: served.unwrap_or("other content").trim_end_matches(',').to_string(),
+                });
+            }
+            Err(e) => return Err(ArtifactError::of(reference, "reading the manifest", e)),
         };
         let not_wasm = |why: String| ArtifactError::NotWasm {
             reference: reference.to_string(),
             why,
         };
-        if bytes.len() > MAX_MANIFEST_BYTES {
-            return Err(not_wasm(format!(
-                "a manifest over {MAX_MANIFEST_BYTES} bytes"
-            )));
+        if fetched
+            .media_type
+            .as_deref()
+            .is_some_and(|t| t.starts_with(OCI_INDEX) || t.starts_with(DOCKER_LIST))
+        {
+            return Err(not_wasm("an image index (a container image?)".into()));
         }
-        let digest = sha256_digest(&bytes);
-        if let Some(asked) = reference.digest().filter(|asked| **asked != digest) {
-            return Err(not_wasm(format!(
-                "the registry answered with manifest {digest}, not {asked}"
-            )));
-        }
-        let manifest: Manifest = serde_json::from_slice(&bytes)
+        let manifest: ImageManifest = serde_json::from_slice(&fetched.body)
             .map_err(|e| not_wasm(format!("the manifest does not parse: {e}")))?;
-        Ok(Some((manifest, digest)))
+        Ok(Some((manifest, fetched.digest)))
     }
 
     /// Pull the module `reference` names (a digest, or a tag resolved here), its layer no larger
@@ -401,21 +418,26 @@ impl Artifacts {
         let (manifest, digest) =
             self.manifest(reference)
                 .await?
-                .ok_or_else(|| ArtifactError::Registry {
+                .ok_or_else(|| ArtifactError::NotFound {
                     reference: reference.to_string(),
-                    operation: "reading the manifest",
-                    cause: "not found".into(),
                 })?;
         let at = reference.at(&digest);
         let layer = wasm_layer(&at, &manifest)?;
-        if layer.size > max_bytes {
+        let size = layer.checked_size().map_err(|why| ArtifactError::Layer {
+            reference: at.to_string(),
+            digest: layer.digest.clone(),
+            why,
+        })?;
+        if size > max_bytes {
             return Err(ArtifactError::TooLarge {
                 reference: at.to_string(),
-                size: layer.size,
+                size,
                 max: max_bytes,
             });
         }
-        let module = self.blob(&at, &layer.digest, layer.size, max_bytes).await?;
+        let module = self
+            .blob(&at, &layer.digest, MODULE.at_most(max_bytes))
+            .await?;
         let config = self.config(&at, &manifest).await;
         Ok(Pulled {
             reference: at,
@@ -426,87 +448,51 @@ impl Artifacts {
     }
 
     /// The config, when it reads as a Wasm config (informational: nothing depends on it).
-    async fn config(&self, at: &ArtifactRef, manifest: &Manifest) -> Option<WasmConfig> {
+    async fn config(&self, at: &ArtifactRef, manifest: &ImageManifest) -> Option<WasmConfig> {
         let bytes = self
-            .blob(
-                at,
-                &manifest.config.digest,
-                manifest.config.size,
-                MAX_MANIFEST_BYTES as u64,
-            )
+            .client
+            .blob(&at.endpoint(), &manifest.config.digest, CONFIG, SMALL_REQUEST)
             .await
             .inspect_err(|e| tracing::debug!(error = %e, "artifact config unreadable"))
             .ok()?;
         serde_json::from_slice(&bytes).ok()
     }
 
-    /// A blob of `at`'s repository, no larger than `max` bytes, its digest checked.
+    /// A blob of `at`'s repository, within `limit`, its digest checked.
     pub(crate) async fn blob(
         &self,
         at: &ArtifactRef,
         digest: &str,
-        size: u64,
-        max: u64,
+        limit: Limit,
     ) -> Result<Vec<u8>, ArtifactError> {
-        use futures::StreamExt;
-        let layer_error = |why: String| ArtifactError::Layer {
-            reference: at.to_string(),
-            digest: digest.to_string(),
-            why,
-        };
-        let descriptor = oci_client::manifest::OciDescriptor {
-            digest: digest.to_string(),
-            size: i64::try_from(size).unwrap_or(i64::MAX),
-            ..Default::default()
-        };
-        let mut stream = self
+        match self
             .client
-            .pull_blob_stream(&at.client_ref(), &descriptor)
+            .blob(&at.endpoint(), digest, limit, MODULE_REQUEST)
             .await
-            .map_err(Self::registry_error(at, "reading a blob"))?;
-        let mut bytes = Vec::new();
-        while let Some(chunk) = stream.next().await {
-            let chunk = chunk.map_err(|e| layer_error(format!("reading: {e}")))?;
-            bytes.extend_from_slice(&chunk);
-            if bytes.len() as u64 > max {
-                return Err(layer_error(format!("more than {max} bytes")));
+        {
+            Ok(bytes) => Ok(bytes.to_vec()),
+            Err(RegistryError::Answer { why, .. }) if why.contains("bytes of digest") => {
+                Err(ArtifactError::LayerDigest {
+                    reference: at.to_string(),
+                    digest: digest.to_string(),
+                    why,
+                })
             }
+            Err(e @ RegistryError::NotFound { .. }) => Err(ArtifactError::of(at, "reading a blob", e)),
+            Err(e) if e.transient() => Err(ArtifactError::of(at, "reading a blob", e)),
+            Err(e) => Err(ArtifactError::Layer {
+                reference: at.to_string(),
+                digest: digest.to_string(),
+                why: e.to_string(),
+            }),
         }
-        let actual = sha256_digest(&bytes);
-        if actual != digest {
-            return Err(layer_error(format!(
-                "the registry served bytes of digest {actual}"
-            )));
-        }
-        Ok(bytes)
     }
-}
-
-/// An image manifest, as far as artifacts need it.
-#[derive(Clone, Debug, serde::Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub(crate) struct Manifest {
-    #[serde(default)]
-    pub media_type: Option<String>,
-    pub config: Descriptor,
-    #[serde(default)]
-    pub layers: Vec<Descriptor>,
-}
-
-#[derive(Clone, Debug, serde::Deserialize, serde::Serialize)]
-#[serde(rename_all = "camelCase")]
-pub(crate) struct Descriptor {
-    pub media_type: String,
-    pub digest: String,
-    pub size: u64,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub annotations: Option<std::collections::BTreeMap<String, String>>,
 }
 
 /// The one `application/wasm` layer of a Wasm artifact's manifest.
 fn wasm_layer<'m>(
     at: &ArtifactRef,
-    manifest: &'m Manifest,
+    manifest: &'m ImageManifest,
 ) -> Result<&'m Descriptor, ArtifactError> {
     let not_wasm = |why: String| ArtifactError::NotWasm {
         reference: at.to_string(),
@@ -515,7 +501,7 @@ fn wasm_layer<'m>(
     if manifest
         .media_type
         .as_deref()
-        .is_some_and(|t| INDEX_MEDIA_TYPES.contains(&t))
+        .is_some_and(|t| t == OCI_INDEX || t == DOCKER_LIST)
     {
         return Err(not_wasm("an image index (a container image?)".into()));
     }
@@ -532,50 +518,6 @@ fn wasm_layer<'m>(
             layer.media_type
         ))),
         layers => Err(not_wasm(format!("{} layers, not one", layers.len()))),
-    }
-}
-
-/// An OCI image manifest's bytes. Serialised once here so that its digest is the digest of
-/// what is pushed.
-pub(crate) fn manifest_json(config: &Descriptor, layers: &[Descriptor]) -> Vec<u8> {
-    let manifest = serde_json::json!({
-        "schemaVersion": 2,
-        "mediaType": MANIFEST_MEDIA_TYPE,
-        "config": config,
-        "layers": layers,
-    });
-    serde_json::to_vec(&manifest).expect("a manifest serialises")
-}
-
-impl Descriptor {
-    pub(crate) fn of(media_type: &str, bytes: &[u8]) -> Self {
-        Self {
-            media_type: media_type.to_string(),
-            digest: sha256_digest(bytes),
-            size: bytes.len() as u64,
-            annotations: None,
-        }
-    }
-
-    pub(crate) fn annotated(mut self, key: &str, value: &str) -> Self {
-        self.annotations = Some([(key.to_string(), value.to_string())].into());
-        self
-    }
-}
-
-fn not_found(e: &oci_client::errors::OciDistributionError) -> bool {
-    use oci_client::errors::OciDistributionError as E;
-    match e {
-        E::ImageManifestNotFoundError(_) => true,
-        E::RegistryError { envelope, .. } => envelope.errors.iter().any(|e| {
-            matches!(
-                e.code,
-                oci_client::errors::OciErrorCode::ManifestUnknown
-                    | oci_client::errors::OciErrorCode::NameUnknown
-            )
-        }),
-        E::ServerError { code: 404, .. } => true,
-        _ => false,
     }
 }
 
@@ -653,7 +595,7 @@ mod tests {
         assert_eq!(rfc3339(951_782_400), "2000-02-29T00:00:00Z");
     }
 
-    fn manifest(config: &str, layers: &[&str]) -> Manifest {
+    fn manifest(config: &str, layers: &[&str]) -> ImageManifest {
         let layers: Vec<_> = layers.iter().map(|t| Descriptor::of(t, b"1")).collect();
         serde_json::from_slice(&manifest_json(&Descriptor::of(config, b"{}"), &layers)).unwrap()
     }

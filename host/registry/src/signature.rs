@@ -8,9 +8,10 @@
 //! `COSIGN_PASSWORD`). Verification needs the registry only: no transparency log, so it works
 //! on a disconnected site.
 
-use super::artifact::{
+use crate::artifact::{
     ArtifactError, ArtifactRef, Artifacts, Descriptor, manifest_json, sha256_digest,
 };
+use crate::limits::SIGNATURE_PAYLOAD;
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD as B64;
 use ring::signature::{self as sig, KeyPair};
@@ -46,6 +47,18 @@ pub enum SignatureError {
         reference: String,
         reasons: Vec<String>,
     },
+}
+
+impl SignatureError {
+    /// The kind of refusal this is, for a module.
+    pub fn refusal(&self) -> pinset_core::refusal::Refusal {
+        use pinset_core::refusal::Refusal;
+        match self {
+            SignatureError::Artifact(e) => e.refusal(),
+            SignatureError::Unsigned { .. } => Refusal::Unsigned,
+            SignatureError::Refused { .. } | SignatureError::Key(_) => Refusal::SignatureRefused,
+        }
+    }
 }
 
 /// A public key signatures are checked with.
@@ -195,6 +208,13 @@ impl Artifacts {
         let digest = reference.pinned()?.to_string();
         let tag = reference.tagged(&signature_tag(&digest));
         let Some((manifest, _)) = self.manifest(&tag).await? else {
+            // No signature: first, is there anything at that digest to sign?
+            if self.manifest(reference).await?.is_none() {
+                return Err(ArtifactError::NotFound {
+                    reference: reference.to_string(),
+                }
+                .into());
+            }
             return Err(SignatureError::Unsigned {
                 reference: reference.to_string(),
                 tag: tag.to_string(),
@@ -206,7 +226,7 @@ impl Artifacts {
             if layer.media_type != PAYLOAD_MEDIA_TYPE {
                 continue;
             }
-            let payload = self.blob(&tag, &layer.digest, layer.size, 64 << 10).await?;
+            let payload = self.blob(&tag, &layer.digest, SIGNATURE_PAYLOAD).await?;
             match check(&payload, layer, &digest, keys) {
                 Ok(verified) => return Ok(verified),
                 Err(why) => reasons.push(format!("signature {}: {why}", n + 1)),
@@ -438,6 +458,7 @@ mod tests {
             digest: "sha256:0".into(),
             size: 0,
             annotations: Some([(SIGNATURE_ANNOTATION.to_string(), signature.to_string())].into()),
+            platform: None,
         }
     }
 

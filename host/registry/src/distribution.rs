@@ -1,0 +1,186 @@
+//! The OCI distribution API, as pinset uses it: read a manifest or a blob (their digests
+//! checked: a registry or mirror cannot answer with other content than the digest it was asked
+//! for), push a blob or a manifest. Every call goes through [`Client::send`] and so through the
+//! bounded reader; an endpoint that answers over HTTPS or plain HTTP (`insecure`) is tried in the
+//! runtime's order, the next scheme only when the previous got no answer at all.
+
+use crate::client::{Client, RegistryError};
+use crate::http::{Answer, HttpError, Request};
+use crate::limits::{Limit, MANIFEST, UPLOAD_ANSWER};
+use crate::mirrors::Endpoint;
+use crate::oci::{MANIFEST_TYPES, sha256_digest};
+use bytes::Bytes;
+use http::{Method, StatusCode, header};
+use std::time::Duration;
+
+/// A manifest as served, with the digest of its bytes.
+#[derive(Clone, Debug)]
+pub struct Fetched {
+    pub body: Bytes,
+    pub digest: String,
+    pub media_type: Option<String>,
+}
+
+impl Client {
+    /// Send a request built for each of `endpoint`'s schemes until one gets an answer.
+    async fn on_endpoint(
+        &self,
+        endpoint: &Endpoint,
+        build: impl Fn(&str) -> Request,
+        actions: &str,
+        limit: Limit,
+        deadline: Duration,
+    ) -> Result<Answer, RegistryError> {
+        let mut last = None;
+        for scheme in self.schemes(endpoint) {
+            match self
+                .send(endpoint, build(scheme), actions, limit, deadline)
+                .await
+            {
+                Err(RegistryError::Http(e @ HttpError::Unreachable { .. })) => {
+                    last = Some(RegistryError::Http(e));
+                }
+                other => return other,
+            }
+        }
+        Err(last.expect("every endpoint has a scheme"))
+    }
+
+    /// The manifest `reference` (a digest or a tag) at `endpoint`. By digest, the bytes must
+    /// have that digest.
+    pub async fn manifest(
+        &self,
+        endpoint: &Endpoint,
+        reference: &str,
+        deadline: Duration,
+    ) -> Result<Fetched, RegistryError> {
+        let accept = MANIFEST_TYPES.join(", ");
+        let build = |scheme: &str| {
+            Request::get(endpoint.manifest_url(scheme, reference))
+                .header(header::ACCEPT, &accept)
+        };
+        let answer = self
+            .on_endpoint(endpoint, build, "pull", MANIFEST, deadline)
+            .await?;
+        if !answer.status.is_success() {
+            return Err(RegistryError::status("GET", &answer));
+        }
+        let digest = sha256_digest(&answer.body);
+        if reference.starts_with("sha256:") && digest != reference {
+            return Err(RegistryError::Answer {
+                url: answer.url,
+                why: format!("the manifest's digest is {digest}, not the one asked for"),
+            });
+        }
+        Ok(Fetched {
+            media_type: answer.header(header::CONTENT_TYPE).map(str::to_string),
+            body: answer.body,
+            digest,
+        })
+    }
+
+    /// The blob `digest` of `endpoint`'s repository, within `limit`, its bytes checked.
+    pub async fn blob(
+        &self,
+        endpoint: &Endpoint,
+        digest: &str,
+        limit: Limit,
+        deadline: Duration,
+    ) -> Result<Bytes, RegistryError> {
+        let build = |scheme: &str| Request::get(endpoint.url(scheme, &format!("blobs/{digest}")));
+        let answer = self
+            .on_endpoint(endpoint, build, "pull", limit, deadline)
+            .await?;
+        if !answer.status.is_success() {
+            return Err(RegistryError::status("GET", &answer));
+        }
+        let actual = sha256_digest(&answer.body);
+        if actual != digest {
+            return Err(RegistryError::Answer {
+                url: answer.url,
+                why: format!("the registry served bytes of digest {actual}"),
+            });
+        }
+        Ok(answer.body)
+    }
+
+    /// Push `bytes` as a blob of `endpoint`'s repository (one upload: POST, then PUT); its
+    /// digest.
+    pub async fn push_blob(
+        &self,
+        endpoint: &Endpoint,
+        bytes: Bytes,
+        deadline: Duration,
+    ) -> Result<String, RegistryError> {
+        let digest = sha256_digest(&bytes);
+        let start = |scheme: &str| Request {
+            method: Method::POST,
+            ..Request::get(endpoint.url(scheme, "blobs/uploads/"))
+        };
+        let started = self
+            .on_endpoint(endpoint, start, "pull,push", UPLOAD_ANSWER, deadline)
+            .await?;
+        if started.status != StatusCode::ACCEPTED {
+            return Err(RegistryError::status("POST", &started));
+        }
+        let location = started
+            .header(header::LOCATION)
+            .ok_or_else(|| RegistryError::Answer {
+                url: started.url.clone(),
+                why: "an upload without a Location".into(),
+            })?;
+        let url = crate::client::with_query(
+            &absolute(&started.url, location),
+            &[("digest", digest.as_str())],
+        );
+        let put = Request {
+            method: Method::PUT,
+            body: bytes,
+            ..Request::get(url)
+        }
+        .header(header::CONTENT_TYPE, "application/octet-stream");
+        let done = self
+            .send(endpoint, put, "pull,push", UPLOAD_ANSWER, deadline)
+            .await?;
+        if done.status != StatusCode::CREATED {
+            return Err(RegistryError::status("PUT", &done));
+        }
+        Ok(digest)
+    }
+
+    /// Push a manifest's bytes as `reference` (a tag or their digest); their digest.
+    pub async fn push_manifest(
+        &self,
+        endpoint: &Endpoint,
+        reference: &str,
+        media_type: &str,
+        bytes: Bytes,
+        deadline: Duration,
+    ) -> Result<String, RegistryError> {
+        let digest = sha256_digest(&bytes);
+        let put = |scheme: &str| {
+            Request {
+                method: Method::PUT,
+                body: bytes.clone(),
+                ..Request::get(endpoint.manifest_url(scheme, reference))
+            }
+            .header(header::CONTENT_TYPE, media_type)
+        };
+        let done = self
+            .on_endpoint(endpoint, put, "pull,push", UPLOAD_ANSWER, deadline)
+            .await?;
+        if done.status != StatusCode::CREATED {
+            return Err(RegistryError::status("PUT", &done));
+        }
+        Ok(digest)
+    }
+}
+
+/// `location` made absolute against the URL that answered.
+fn absolute(base: &str, location: &str) -> String {
+    if location.contains("://") {
+        location.to_string()
+    } else {
+        format!("{}{location}", crate::http::authority(base))
+    }
+}
