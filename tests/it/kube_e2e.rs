@@ -2642,3 +2642,145 @@ async fn a_rule_missing_from_the_manifests_is_a_clear_refusal_retried_until_gran
     })
     .await;
 }
+
+/// The node policy of node `name`: the module it runs, the reason of the refusal it reports (if
+/// any), and its PolicyFallback condition's (status, reason).
+async fn policy_of(
+    nodes: &Api<MachineConfigNode>,
+    name: &str,
+) -> Result<(Option<String>, Option<String>, (String, String)), String> {
+    let st = nodes
+        .get(name)
+        .await
+        .map_err(|e| e.to_string())?
+        .status
+        .unwrap_or_default();
+    let fallback = st
+        .conditions
+        .iter()
+        .find(|c| c.type_ == pinset_k8s::api::CONDITION_POLICY_FALLBACK)
+        .map(|c| (c.status.clone(), c.reason.clone()))
+        .unwrap_or_default();
+    Ok((
+        st.policy.map(|p| p.module),
+        st.policy_rejected.map(|r| r.reason),
+        fallback,
+    ))
+}
+
+/// Trust on the unhappy path, on one node. The registry goes away while the pool's policy
+/// changes: the canary waits for it — no refusal, no hold, the node keeps its module — and takes
+/// the new module once the registry is back (the recheck schedule's first wait, 30 s). Then the
+/// trusted key is replaced by one that signed nothing: the running module is checked again at
+/// once and retired for the default, said as a refused signature.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_registry_away_is_waited_for_and_a_removed_key_retires_what_it_vouched_for() {
+    let Some(mut cluster) = Cluster::start().await else {
+        return;
+    };
+    let Some(runtime) = support::Containerd::start(&cluster.registry.host) else {
+        return;
+    };
+    let client = cluster.client.clone();
+    let pools: Api<MachineConfigPool> = Api::all(client.clone());
+    let nodes: Api<MachineConfigNode> = Api::all(client.clone());
+    let releases = Releases::push(&cluster, cluster.dir.path());
+    releases.configure(&client, &releases.v1, None).await;
+    pools
+        .create(&PostParams::default(), &fleet_pool())
+        .await
+        .unwrap();
+    let host = cluster.registry.host.clone();
+    let controller = Proc::start(
+        &[
+            "controller".into(),
+            format!("--kubeconfig={}", cluster.controller_kc.display()),
+            format!("--metrics-addr=127.0.0.1:{}", support::free_port()),
+            "--policy-configuration=cluster".into(),
+            format!("--policy-insecure-registry={host}"),
+        ],
+        cluster.dir.path().join("trust-controller.log"),
+    );
+    let name = FLEET_NODES[0];
+    let agent = cluster.agent(
+        name,
+        &roles(&["worker"]),
+        &runtime,
+        support::free_port(),
+        "trust-agent.log",
+        &[
+            "--policy-configuration=cluster".into(),
+            format!("--policy-insecure-registry={host}"),
+            format!(
+                "--policy-cache={}",
+                cluster.dir.path().join("trust-cache").display()
+            ),
+        ],
+    );
+    let logs = || {
+        format!(
+            "--- controller ---\n{}\n--- agent ---\n{}",
+            controller.log(),
+            agent.log()
+        )
+    };
+    let (v1, v3) = (
+        format!("oci://{}", releases.v1),
+        format!("oci://{}", releases.v3),
+    );
+    eventually("the node runs v1", &logs, || async {
+        let (module, ..) = policy_of(&nodes, name).await?;
+        (module.as_deref() == Some(v1.as_str()))
+            .then_some(())
+            .ok_or(format!("{module:?}"))
+    })
+    .await;
+
+    // The registry goes away, and the pool's policy changes to v3, which no node has.
+    cluster.registry.stop();
+    releases.configure(&client, &releases.v3, None).await;
+    eventually("the canary waits for the registry", &logs, || async {
+        let (module, rejected, fallback) = policy_of(&nodes, name).await?;
+        let waiting = fallback == ("False".into(), "WaitingForRegistry".into());
+        (waiting && rejected.is_none() && module.as_deref() == Some(v1.as_str()))
+            .then_some(())
+            .ok_or(format!("{module:?} {rejected:?} {fallback:?}"))
+    })
+    .await;
+    let (_, degraded, _) = rollout_of(&pools.get("worker").await.unwrap());
+    assert!(degraded.is_empty(), "a registry away holds nothing: {degraded}");
+
+    // Back: the recheck takes v3.
+    cluster.registry.restart();
+    eventually("the node takes v3 once the registry is back", &logs, || async {
+        let (module, rejected, _) = policy_of(&nodes, name).await?;
+        (module.as_deref() == Some(v3.as_str()) && rejected.is_none())
+            .then_some(())
+            .ok_or(format!("{module:?} {rejected:?}"))
+    })
+    .await;
+
+    // The trusted key is replaced by one that signed nothing.
+    let other = pinset_registry::signature::SigningKey::generate(b"")
+        .unwrap()
+        .1
+        .public()
+        .to_pem();
+    let rotated = Releases {
+        public_key: other,
+        ..releases
+    };
+    rotated.configure(&client, &rotated.v3, None).await;
+    eventually(
+        "the module no trusted key vouches for is retired",
+        &logs,
+        || async {
+            let (module, rejected, _) = policy_of(&nodes, name).await?;
+            let default = module.as_deref() == Some(pinset_policy::EMBEDDED_DEFAULT_NAME);
+            (default && rejected.as_deref() == Some("SignatureRefused"))
+                .then_some(())
+                .ok_or(format!("{module:?} {rejected:?}"))
+        },
+    )
+    .await;
+}

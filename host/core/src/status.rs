@@ -89,6 +89,10 @@ pub struct NodeStatus {
     /// was: the node decides with the default policy.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub policy_refused: Option<String>,
+    /// The registry of the module the node's pool names is away: the node keeps deciding with
+    /// its module and asks again (no verdict on the module, no fallback).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub policy_waiting: Option<String>,
     /// The node policy module the node decides with.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub policy: Option<RunningPolicy>,

@@ -351,19 +351,21 @@ impl NodePolicy {
         status.policy_rejected = refused.map(|r| r.report.clone());
         let pool = wanted.pool.as_deref().unwrap_or("(none)");
         let running = &self.running.running.module;
-        status.policy_refused = match (refused, waiting, &self.config_error) {
-            (Some(r), _, _) => Some(format!(
+        status.policy_waiting = waiting.map(|(module, cause)| {
+            format!(
+                "policy of pool {pool}: waiting for the registry of {module} ({cause}); deciding with {running}"
+            )
+        });
+        status.policy_refused = match (refused, &self.config_error) {
+            (Some(r), _) => Some(format!(
                 "policy of pool {pool}: {} refused ({}): {}; {}; deciding with {running}",
                 r.report.module,
                 r.report.reason,
                 r.report.cause,
                 r.kind.action()
             )),
-            (None, Some((module, cause)), _) => Some(format!(
-                "policy of pool {pool}: waiting for the registry of {module}: {cause}; deciding with {running}"
-            )),
-            (None, None, Some(e)) => Some(format!("{e}; deciding with {running}")),
-            (None, None, None) => None,
+            (None, Some(e)) => Some(format!("{e}; deciding with {running}")),
+            (None, None) => None,
         };
     }
 }
@@ -578,7 +580,8 @@ mod tests {
         let mut status = NodeStatus::default();
         node.report(&wanted, &mut status);
         assert_eq!(status.policy_rejected, None, "no verdict on the module");
-        let said = status.policy_refused.unwrap();
+        assert_eq!(status.policy_refused, None, "and no refusal");
+        let said = status.policy_waiting.unwrap();
         assert!(said.contains("waiting for the registry of") && said.contains(&oci), "{said}");
     }
 

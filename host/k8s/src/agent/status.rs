@@ -23,6 +23,8 @@ use tokio::sync::mpsc::UnboundedReceiver;
 pub struct Seen {
     sets: std::collections::BTreeMap<String, (Option<i64>, Option<i64>)>,
     refused: Option<String>,
+    /// The last wait for a policy module's registry announced.
+    waiting: Option<String>,
     /// The running module's digest.
     policy: Option<String>,
     /// The last sizing warning announced.
@@ -44,6 +46,7 @@ impl Seen {
                 })
                 .collect(),
             refused: status.policy_refused.clone(),
+            waiting: status.policy_waiting.clone(),
             policy: status.policy.as_ref().map(|p| p.digest.clone()),
             sizing: status.sizing.clone(),
         }
@@ -122,6 +125,20 @@ fn policy_events(status: &NodeStatus, seen: &Seen) -> Vec<kube::runtime::events:
         out.push(Event {
             type_: EventType::Warning,
             reason: "PolicyRejected".into(),
+            note: Some(cap(why, 1024)),
+            action: "Swap".into(),
+            secondary: None,
+        });
+    }
+    // Once per cause too: a registry away is said as such, not as a refusal.
+    let waiting = status
+        .policy_waiting
+        .as_ref()
+        .filter(|w| seen.waiting.as_ref() != Some(*w));
+    if let Some(why) = waiting {
+        out.push(Event {
+            type_: EventType::Normal,
+            reason: "PolicyWaiting".into(),
             note: Some(cap(why, 1024)),
             action: "Swap".into(),
             secondary: None,
@@ -284,17 +301,21 @@ fn policy_condition(status: &NodeStatus, previous: &[Condition]) -> Condition {
         .chain(&status.policy_fallbacks)
         .map(String::as_str)
         .collect();
-    let reason = match (&status.policy_refused, said.is_empty()) {
-        (Some(_), _) => crate::api::REASON_POLICY_REFUSED,
-        (None, false) => "PolicyFailed",
-        (None, true) => "AsExpected",
+    let (reason, message) = match (&status.policy_refused, said.is_empty()) {
+        (Some(_), _) => (crate::api::REASON_POLICY_REFUSED, said.join("; ")),
+        (None, false) => ("PolicyFailed", said.join("; ")),
+        // No fallback: the node keeps its module while the registry is away.
+        (None, true) => match &status.policy_waiting {
+            Some(waiting) => ("WaitingForRegistry", waiting.clone()),
+            None => ("AsExpected", String::new()),
+        },
     };
     condition::make(
         previous,
         CONDITION_POLICY_FALLBACK,
         !said.is_empty(),
         reason,
-        &cap(&said.join("; "), MAX_MESSAGE_CHARS),
+        &cap(&message, MAX_MESSAGE_CHARS),
         None,
     )
 }
