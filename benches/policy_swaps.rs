@@ -162,7 +162,7 @@ async fn start() -> Option<Bed> {
             &format!("--policy-insecure-registry={}", registry.host),
             &format!("--policy-cache={}", dir.path().join("cache").display()),
         ])
-        .env("PINSET_LOG", "info")
+        .env("PINSET_LOG", std::env::var("PINSET_LOG").unwrap_or_else(|_| "info".into()))
         .stdout(Stdio::null())
         .stderr(std::fs::File::create(dir.path().join("agent.log")).unwrap())
         .spawn()

@@ -142,14 +142,20 @@ impl Http {
         deadline: Duration,
     ) -> Result<Answer, HttpError> {
         let (method, url) = (request.method.to_string(), request.url.clone());
-        match tokio::time::timeout(deadline, self.follow(tls, request, limit)).await {
+        let started = std::time::Instant::now();
+        let result = match tokio::time::timeout(deadline, self.follow(tls, request, limit)).await {
             Ok(answer) => answer,
             Err(_) => Err(HttpError::Deadline {
-                method,
-                url,
+                method: method.clone(),
+                url: url.clone(),
                 after: deadline,
             }),
+        };
+        match &result {
+            Ok(a) => tracing::debug!(%method, %url, status = a.status.as_u16(), bytes = a.body.len(), took = ?started.elapsed(), "registry answered"),
+            Err(e) => tracing::debug!(%method, %url, error = %e, took = ?started.elapsed(), "registry request failed"),
         }
+        result
     }
 
     /// Send, following redirects; read the final answer's body.

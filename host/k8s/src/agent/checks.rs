@@ -9,6 +9,7 @@
 use super::policies::{CheckKey, Loaded, Refusing};
 use pinset_core::refusal::Refusal;
 use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 use tokio::sync::watch as signal;
 use tokio::task::JoinHandle;
@@ -24,9 +25,31 @@ pub enum Outcome {
     Recheck(Result<(), Refusing>),
 }
 
+/// Where a check leaves its outcome, before it wakes the agent.
+type Slot = Arc<Mutex<Option<Outcome>>>;
+
+/// Fills the slot if the check did not (it panicked, or was abandoned), then wakes the agent:
+/// an outcome is always there by the time the agent looks.
+struct Done {
+    slot: Slot,
+    wake: signal::Sender<u64>,
+}
+
+impl Drop for Done {
+    fn drop(&mut self) {
+        let mut slot = self.slot.lock().unwrap_or_else(|e| e.into_inner());
+        if slot.is_none() {
+            let why = "the check ended without an outcome (it failed)".to_string();
+            *slot = Some(Outcome::Candidate(Err((Refusal::NotAPolicy, why))));
+        }
+        drop(slot);
+        self.wake.send_modify(|n| *n += 1);
+    }
+}
+
 /// The check in flight (at most one) and when each refused key may be checked again.
 pub struct Checks {
-    inflight: Option<(CheckKey, JoinHandle<Outcome>)>,
+    inflight: Option<(CheckKey, JoinHandle<()>, Slot)>,
     retries: HashMap<CheckKey, (u32, Instant)>,
     /// Bumped when a check ends, to wake an idle agent.
     wake: signal::Sender<u64>,
@@ -43,25 +66,23 @@ impl Checks {
 
     /// A check of `key` is under way.
     pub fn running(&self, key: &CheckKey) -> bool {
-        self.inflight.as_ref().is_some_and(|(k, _)| k == key)
+        self.inflight.as_ref().is_some_and(|(k, ..)| k == key)
     }
 
     /// A check of `key` has ended and waits to be taken.
     pub fn finished(&self, key: &CheckKey) -> bool {
-        self.inflight
-            .as_ref()
-            .is_some_and(|(k, task)| k == key && task.is_finished())
+        self.inflight.as_ref().is_some_and(|(k, _, slot)| {
+            k == key && slot.lock().unwrap_or_else(|e| e.into_inner()).is_some()
+        })
     }
 
     /// The outcome of `key`'s check, once it has ended.
-    pub async fn take(&mut self, key: &CheckKey) -> Option<Outcome> {
+    pub fn take(&mut self, key: &CheckKey) -> Option<Outcome> {
         if !self.finished(key) {
             return None;
         }
-        let (_, task) = self.inflight.take()?;
-        Some(task.await.unwrap_or_else(|e| {
-            Outcome::Candidate(Err((Refusal::NotAPolicy, format!("the check failed: {e}"))))
-        }))
+        let (_, _, slot) = self.inflight.take()?;
+        slot.lock().unwrap_or_else(|e| e.into_inner()).take()
     }
 
     /// `key` may be checked now: nothing in flight for it and no recheck wait running.
@@ -81,21 +102,26 @@ impl Checks {
     /// Start checking `key` with `work`; a check of another key in flight is abandoned (the
     /// configuration moved on).
     pub fn start(&mut self, key: CheckKey, work: impl Future<Output = Outcome> + Send + 'static) {
-        if let Some((_, old)) = self.inflight.take() {
-            old.abort();
-        }
-        let wake = self.wake.clone();
+        self.cancel();
+        let slot = Slot::default();
+        let done = Done {
+            slot: slot.clone(),
+            wake: self.wake.clone(),
+        };
+        let module = key.module.clone();
+        tracing::debug!(?module, "policy check started");
         let task = tokio::spawn(async move {
             let outcome = work.await;
-            wake.send_modify(|n| *n += 1);
-            outcome
+            tracing::debug!(?module, "policy check ended");
+            *done.slot.lock().unwrap_or_else(|e| e.into_inner()) = Some(outcome);
+            // `done` drops here: the outcome is in its slot before the agent is woken.
         });
-        self.inflight = Some((key, task));
+        self.inflight = Some((key, task, slot));
     }
 
     /// Abandon any check (nothing is wanted any more).
     pub fn cancel(&mut self) {
-        if let Some((_, task)) = self.inflight.take() {
+        if let Some((_, task, _)) = self.inflight.take() {
             task.abort();
         }
     }
@@ -148,8 +174,8 @@ mod tests {
         });
         assert!(checks.running(&a) && !checks.due(&a));
         woken.changed().await.unwrap();
-        assert!(checks.finished(&a));
-        let Some(Outcome::Recheck(Err((kind, _)))) = checks.take(&a).await else {
+        assert!(checks.finished(&a), "the outcome is there when the agent is woken");
+        let Some(Outcome::Recheck(Err((kind, _)))) = checks.take(&a) else {
             panic!("the outcome")
         };
         checks.refused(&a, kind);

@@ -77,7 +77,7 @@ impl<S: Sizer + 'static, B: PinBackend> Agent<S, B> {
             Some((key, _)) => key.clone(),
             None => CheckKey::of(&wanted),
         };
-        if let Some(outcome) = rounds.checks.take(&key).await {
+        if let Some(outcome) = rounds.checks.take(&key) {
             if let Some(result) = self.apply(rounds, &key, outcome) {
                 self.metrics.count_policy_swap(result.as_str());
             }
