@@ -54,7 +54,7 @@ fn pinset(args: &[&str]) -> String {
 
 /// Push and sign `stem` as `repo`; its `oci://` reference.
 fn release(registry: &str, key: &std::path::Path, stem: &str, repo: &str) -> String {
-    let file = support::policy_dir().join(format!("{stem}.wasm"));
+    let file = support::policy_path(stem);
     let target = format!("{registry}/policies/{repo}:bench");
     let pushed = pinset(&[
         "policy",
@@ -162,7 +162,10 @@ async fn start() -> Option<Bed> {
             &format!("--policy-insecure-registry={}", registry.host),
             &format!("--policy-cache={}", dir.path().join("cache").display()),
         ])
-        .env("PINSET_LOG", std::env::var("PINSET_LOG").unwrap_or_else(|_| "info".into()))
+        .env(
+            "PINSET_LOG",
+            std::env::var("PINSET_LOG").unwrap_or_else(|_| "info".into()),
+        )
         .stdout(Stdio::null())
         .stderr(std::fs::File::create(dir.path().join("agent.log")).unwrap())
         .spawn()
@@ -199,6 +202,7 @@ async fn main() {
             "keygen",
             "--output-key-prefix",
             prefix.to_str().unwrap(),
+            "--allow-empty-password",
         ]);
         let key = prefix.with_extension("key");
         let public_key = std::fs::read_to_string(prefix.with_extension("pub")).unwrap();

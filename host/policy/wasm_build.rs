@@ -89,7 +89,15 @@ pub fn build(
 fn guest_build(cargo: &str, workspace: &Path, target_dir: &Path, package: &str) -> Command {
     let mut cmd = Command::new(cargo);
     cmd.current_dir(workspace)
-        .args(["build", "--locked", "--release", "--target", TARGET, "-p", package])
+        .args([
+            "build",
+            "--locked",
+            "--release",
+            "--target",
+            TARGET,
+            "-p",
+            package,
+        ])
         .arg("--target-dir")
         .arg(target_dir);
     // Flags meant for the host build must not leak into the guest build.
@@ -117,8 +125,8 @@ fn guest_build(cargo: &str, workspace: &Path, target_dir: &Path, package: &str) 
 /// The `rustflags` list of `[target.wasm32-wasip2]` in the repository's `.cargo/config.toml`.
 fn configured_flags(root: &Path) -> Vec<String> {
     let config = root.join(".cargo/config.toml");
-    let text = std::fs::read_to_string(&config)
-        .unwrap_or_else(|e| panic!("{}: {e}", config.display()));
+    let text =
+        std::fs::read_to_string(&config).unwrap_or_else(|e| panic!("{}: {e}", config.display()));
     let section = text
         .split("[target.wasm32-wasip2]")
         .nth(1)

@@ -14,7 +14,7 @@ use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 fn component(stem: &str) -> PathBuf {
-    support::policy_dir().join(format!("{stem}.wasm"))
+    support::policy_path(stem)
 }
 
 fn runtime() -> &'static WasmRuntime {

@@ -105,7 +105,11 @@ fn plan_survives_every_misbehaving_registry() {
             "{what}: the image left unsized is said: {}",
             run.err
         );
-        assert!(run.max_rss_kib < MAX_RSS_KIB, "{what}: {} KiB", run.max_rss_kib);
+        assert!(
+            run.max_rss_kib < MAX_RSS_KIB,
+            "{what}: {} KiB",
+            run.max_rss_kib
+        );
         assert!(run.took < Duration::from_secs(20), "{what}: {:?}", run.took);
     }
 }
@@ -127,7 +131,11 @@ fn set_from_images_refuses_every_misbehaving_registry() {
         ]);
         assert_eq!(run.code, 1, "{what}: {}{}", run.out, run.err);
         assert!(run.err.contains("team/app"), "{what}: {}", run.err);
-        assert!(run.max_rss_kib < MAX_RSS_KIB, "{what}: {} KiB", run.max_rss_kib);
+        assert!(
+            run.max_rss_kib < MAX_RSS_KIB,
+            "{what}: {} KiB",
+            run.max_rss_kib
+        );
         assert!(run.took < Duration::from_secs(40), "{what}: {:?}", run.took);
     }
 }
@@ -143,6 +151,7 @@ fn policy_pull_and_verify_refuse_every_misbehaving_registry() {
         "keygen",
         "--output-key-prefix",
         dir.path().join("cosign").to_str().unwrap(),
+        "--allow-empty-password",
     ]);
     assert_eq!(code, 0, "{err}");
     for (what, how) in misbehaviours() {
@@ -151,7 +160,13 @@ fn policy_pull_and_verify_refuse_every_misbehaving_registry() {
         let out = dir.path().join("p.wasm");
         for args in [
             vec!["policy", "pull", &reference, "-o", out.to_str().unwrap()],
-            vec!["policy", "verify", &reference, "--key", key.to_str().unwrap()],
+            vec![
+                "policy",
+                "verify",
+                &reference,
+                "--key",
+                key.to_str().unwrap(),
+            ],
         ] {
             let mut args = args;
             args.extend(["--insecure-registry", &hostile.addr]);
@@ -162,8 +177,16 @@ fn policy_pull_and_verify_refuse_every_misbehaving_registry() {
                 "{what}: {args:?}: {}",
                 run.err
             );
-            assert!(run.max_rss_kib < MAX_RSS_KIB, "{what}: {} KiB", run.max_rss_kib);
-            assert!(run.took < Duration::from_secs(130), "{what}: {:?}", run.took);
+            assert!(
+                run.max_rss_kib < MAX_RSS_KIB,
+                "{what}: {} KiB",
+                run.max_rss_kib
+            );
+            assert!(
+                run.took < Duration::from_secs(130),
+                "{what}: {:?}",
+                run.took
+            );
             assert!(!out.exists(), "{what}: nothing written");
         }
     }
@@ -218,7 +241,11 @@ fn lies_about_digests_and_sizes_are_not_believed() {
         ]);
         assert_eq!(run.code, 0, "{said}: {}", run.err);
         let plan: serde_json::Value = serde_json::from_str(&run.out).unwrap();
-        assert!(plan["pulls"][0]["sizeBytes"].is_null(), "{said}: {}", run.out);
+        assert!(
+            plan["pulls"][0]["sizeBytes"].is_null(),
+            "{said}: {}",
+            run.out
+        );
         assert!(run.err.contains(said), "{said}: {}", run.err);
     }
 }
@@ -241,7 +268,10 @@ fn credentials_go_to_the_registry_s_own_realm_only() {
         let secret = base64_of("user:secret");
         std::fs::write(
             &auth,
-            format!(r#"{{"auths": {{"{}": {{"auth": "{secret}"}}}}}}"#, registry.addr),
+            format!(
+                r#"{{"auths": {{"{}": {{"auth": "{secret}"}}}}}}"#,
+                registry.addr
+            ),
         )
         .unwrap();
         let image = format!("{}/team/app:v1", registry.addr);

@@ -197,6 +197,43 @@ async fn the_server_validates_sets_and_node_status() {
         .unwrap_err();
     assert!(e.contains("desiredGeneration"), "{e}");
     apply(status(json!({"name": "a", "desiredGeneration": 4, "currentGeneration": 2, "lastFailedGeneration": 4, "lastFailedGenerationError": "q.io/x@sha256:00: not found"}))).await.unwrap();
+
+    // A policy module named by tag is refused in words, not by a regular expression.
+    let policies: Api<pinset_k8s::api::PolicyConfiguration> = Api::all(client.clone());
+    let config = |module: &str, sha256: Option<&str>| {
+        serde_json::from_value(json!({
+            "apiVersion": "pinset.io/v1alpha1", "kind": "PolicyConfiguration",
+            "metadata": {"name": "cluster"},
+            "spec": {"pools": {"worker": {"module": module, "sha256": sha256}}}
+        }))
+        .unwrap()
+    };
+    let e = policies
+        .create(
+            &PostParams::default(),
+            &config("oci://r.example/p:v3", None),
+        )
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("spec.pools[worker].module")
+            && e.contains("oci://REGISTRY/REPOSITORY@sha256:<64 hex digits>")
+            && e.contains("a tag can move")
+            && !e.contains("should match"),
+        "{e}"
+    );
+    let e = policies
+        .create(&PostParams::default(), &config("/p/a.wasm", Some("ABC")))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("spec.pools.worker.sha256"), "{e}");
+    let good = format!("oci://r.example/p@sha256:{DIGEST}");
+    policies
+        .create(&PostParams::default(), &config(&good, None))
+        .await
+        .unwrap();
 }
 
 fn pool(name: &str, roles: &[&str]) -> MachineConfigPool {
@@ -409,7 +446,9 @@ async fn set_lands_in(
     let deadline = std::time::Instant::now() + Duration::from_secs(60);
     loop {
         let status = sets.get(name).await.ok().and_then(|s| s.status);
-        let listed = status.as_ref().is_some_and(|s| s.pools.iter().eq(pools.iter()));
+        let listed = status
+            .as_ref()
+            .is_some_and(|s| s.pools.iter().eq(pools.iter()));
         if listed && metrics.pool_status_writes_pending() == 0 {
             return;
         }
@@ -475,12 +514,14 @@ async fn a_pool_reacts_to_its_annotations_not_to_its_own_status() {
                     // The status is written; the watch delivers its event before the barrier's
                     // (one stream, in resourceVersion order), so a reconcile of the pool's own
                     // status would be counted before the barrier's is.
-                    barrier_after.store(reconciles(&m, "pool"), std::sync::atomic::Ordering::Relaxed);
+                    barrier_after
+                        .store(reconciles(&m, "pool"), std::sync::atomic::Ordering::Relaxed);
                     annotate("pinset.io/test-barrier", "1").await;
                     2
                 }
                 (2, _)
-                    if reconciles(&m, "pool") > barrier_after.load(std::sync::atomic::Ordering::Relaxed)
+                    if reconciles(&m, "pool")
+                        > barrier_after.load(std::sync::atomic::Ordering::Relaxed)
                         && m.pool_status_writes_pending() == 0 =>
                 {
                     3
@@ -837,7 +878,7 @@ async fn pinset_refuses_to_run_beside_openshifts_machine_config_operator() {
         for says in [
             "belongs to OpenShift (annotation",
             "Machine Config Operator",
-            "pinset and OpenShift",
+            "see docs/openshift.md",
         ] {
             assert!(err.contains(says), "{says:?} not in: {err}");
         }

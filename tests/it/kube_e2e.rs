@@ -377,7 +377,7 @@ impl ShippedPolicies {
             out.trim().to_string()
         };
         let push = |stem: &str, tag: &str| {
-            let file = support::policy_dir().join(format!("{stem}.wasm"));
+            let file = support::policy_path(stem);
             let target = format!("{host}/policies/{tag}");
             run(&[
                 "policy",
@@ -396,6 +396,7 @@ impl ShippedPolicies {
             "keygen",
             "--output-key-prefix",
             prefix.to_str().unwrap(),
+            "--allow-empty-password",
         ]);
         let key = prefix.with_extension("key");
         run(&[
@@ -620,7 +621,14 @@ async fn controller_and_agents_pin_sets_and_report_through_a_real_api_server() {
         ("hostile", format!("oci://{}", policies.signed).as_str())
     );
     let hostile_bytes = std::fs::read(support::policy_path("pinset_test_policy_hostile")).unwrap();
-    assert_eq!(infra_policy.digest, support::sha256(&hostile_bytes));
+    // One name for the module: the digest the configuration names it by; its bytes' digest
+    // beside it, named as such.
+    let manifest_digest = policies.signed.rsplit_once('@').unwrap().1;
+    assert_eq!(infra_policy.digest, manifest_digest);
+    assert_eq!(
+        infra_policy.module_digest.as_deref(),
+        Some(support::sha256(&hostile_bytes).as_str())
+    );
     let cp_policy = running(&nodes.get("cp-0").await.unwrap());
     assert_eq!(cp_policy.name, "default");
     assert_eq!(cp_policy.module, pinset_policy::EMBEDDED_DEFAULT_NAME);
@@ -1913,10 +1921,11 @@ impl Releases {
             "keygen",
             "--output-key-prefix",
             prefix.to_str().unwrap(),
+            "--allow-empty-password",
         ]);
         let key = prefix.with_extension("key");
         let push = |stem: &str, repo: &str, sign: bool| {
-            let file = support::policy_dir().join(format!("{stem}.wasm"));
+            let file = support::policy_path(stem);
             let target = format!("{host}/policies/{repo}:e2e");
             let pushed = run(&[
                 "policy",
@@ -2105,6 +2114,33 @@ async fn follow_policy_rollout(
     }
 }
 
+/// `pinset rollout status worker -o json` started right after `change` landed, with no pause
+/// between them (as a pipeline runs them): (exit code, the last status, stderr).
+async fn status_after(
+    change: impl Future<Output = Instant>,
+    kubeconfig: &str,
+) -> (i32, serde_json::Value, String) {
+    change.await;
+    let kc = kubeconfig.to_string();
+    let (code, out, err) = tokio::task::spawn_blocking(move || {
+        support::pinset(&[
+            "rollout",
+            "status",
+            "worker",
+            "--timeout",
+            "90s",
+            "-o",
+            "json",
+            "--kubeconfig",
+            &kc,
+        ])
+    })
+    .await
+    .unwrap();
+    let status = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}\n{err}"));
+    (code, status, err)
+}
+
 /// A pool's node policy changes while pinset runs: a module that traps is refused by the canary
 /// in its smoke test and holds the pool; a good one rolls out canary-first without restarting
 /// an agent; an unsigned one never decides anywhere; a restarted agent runs its last module from
@@ -2203,8 +2239,8 @@ async fn a_pool_policy_change_rolls_out_canary_first_and_a_bad_one_is_held() {
             .ok_or(format!("{p:?} {l:?}"))
     })
     .await;
-    let default_digest =
-        support::sha256(&std::fs::read(support::policy_path("pinset_policy_default")).unwrap());
+    // Counted by the digest the operator wrote (v1's manifest digest), not its bytes'.
+    let default_digest = releases.v1.rsplit_once('@').unwrap().1.to_string();
     eventually(
         "the pool counts its nodes per policy digest",
         &logs,
@@ -2225,8 +2261,24 @@ async fn a_pool_policy_change_rolls_out_canary_first_and_a_bad_one_is_held() {
 
     // 2. v2 traps in `order` on these nodes: the canary refuses it in its smoke test, the pool
     //    holds Degraded naming the node, the module and the cause; the others never take it.
-    releases.configure(&client, &releases.v2, None).await;
+    //    `rollout status`, run at once after the patch, waits for the controller to see it and
+    //    exits 1 on the hold (never 0 on the status of v1's rollout).
     let v2_digest = releases.v2.rsplit_once('@').unwrap().1.to_string();
+    let (code, status, err) =
+        status_after(releases.configure(&client, &releases.v2, None), &operator).await;
+    assert_eq!(code, 1, "{status}\n{err}\n{}", logs());
+    assert_eq!(status["standing"], "Degraded", "{status}");
+    assert!(
+        status["message"]
+            .as_str()
+            .unwrap_or("")
+            .contains(&v2_digest),
+        "{status}"
+    );
+    assert!(
+        err.contains("MachineConfigPool worker is Degraded"),
+        "{err}"
+    );
     let held = eventually(
         "the canary refuses v2 and the pool holds",
         &logs,
@@ -2286,9 +2338,38 @@ async fn a_pool_policy_change_rolls_out_canary_first_and_a_bad_one_is_held() {
     );
 
     // 3. v3 is good: the canary first, then waves; every node runs it; no agent restarted.
-    let change = releases.configure(&client, &releases.v3, fleet);
+    //    `rollout status`, started the moment the patch lands, follows it to the end: exit 0.
+    let follower = std::cell::RefCell::new(None);
+    let change = async {
+        let at = releases.configure(&client, &releases.v3, fleet).await;
+        let kc = operator.clone();
+        *follower.borrow_mut() = Some(tokio::task::spawn_blocking(move || {
+            support::pinset(&[
+                "rollout",
+                "status",
+                "worker",
+                "--timeout",
+                "90s",
+                "-o",
+                "json",
+                "--kubeconfig",
+                &kc,
+            ])
+        }));
+        at
+    };
     let (canary, to_canary, to_pool) =
         follow_policy_rollout(&nodes, &releases.v3, change, &logs).await;
+    let followed = follower.borrow_mut().take().unwrap();
+    let (code, out, err) = followed.await.unwrap();
+    assert_eq!(code, 0, "{out}\n{err}\n{}", logs());
+    let followed: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let v3_entry = pinset_core::rollout::policy_set(&format!("oci://{}", releases.v3));
+    assert_eq!(followed["standing"], "Complete", "{followed}");
+    assert!(
+        followed["target"].as_str().unwrap().contains(&v3_entry) && followed["done"] == 3,
+        "the status of the change just made: {followed}"
+    );
     eprintln!(
         "policy rollout v3: canary {} after {to_canary:?}, whole pool (3 nodes) after {to_pool:?}",
         FLEET_NODES[canary]
@@ -2334,9 +2415,7 @@ async fn a_pool_policy_change_rolls_out_canary_first_and_a_bad_one_is_held() {
         metric(&m, "pinset_policy_swaps_total{result=\"rejected\"}") >= 1,
         "{m}"
     );
-    let v3_digest = support::sha256(
-        &std::fs::read(support::policy_path("pinset_test_policy_unthrottled")).unwrap(),
-    );
+    let v3_digest = releases.v3.rsplit_once('@').unwrap().1.to_string();
     assert!(m.contains(&format!("digest=\"{v3_digest}\"")), "{m}");
     eventually(
         "the pool reports the rollout and its Degraded lifts",
@@ -2388,24 +2467,32 @@ async fn a_pool_policy_change_rolls_out_canary_first_and_a_bad_one_is_held() {
     // 4. An unsigned module never reaches a node: the controller checks its signature before
     //    the pool's target names it; the pool is Degraded naming it, no node is granted it,
     //    every node keeps v3.
-    releases.configure(&client, &releases.unsigned, fleet).await;
-    let why = eventually(
-        "the controller refuses the unsigned module",
-        &logs,
-        || async {
-            let (_, degraded, _) =
-                rollout_of(&pools.get("worker").await.map_err(|e| e.to_string())?);
-            degraded
-                .contains("worker-unsigned")
-                .then_some(degraded.clone())
-                .ok_or(degraded)
-        },
+    let (code, status, err) = status_after(
+        releases.configure(&client, &releases.unsigned, fleet),
+        &operator,
     )
     .await;
+    assert_eq!(code, 1, "{status}\n{err}");
+    let why = status["message"].as_str().unwrap_or_default().to_string();
     assert!(
-        why.contains("no cosign signature") && why.contains("no node is granted it"),
+        why.contains("worker-unsigned")
+            && why.contains("(Unsigned)")
+            && why.contains("no cosign signature")
+            && why.contains("every node keeps its module"),
         "{why}"
     );
+    // A digest the registry does not hold is not found, not unsigned.
+    let (repo, _) = releases.unsigned.rsplit_once('@').unwrap();
+    let missing = format!("{repo}@sha256:{}", "0".repeat(64));
+    let (code, status, err) =
+        status_after(releases.configure(&client, &missing, fleet), &operator).await;
+    assert_eq!(code, 1, "{status}\n{err}");
+    let why = status["message"].as_str().unwrap_or_default();
+    assert!(
+        why.contains("(NotFound)") && !why.contains("no cosign signature"),
+        "{why}"
+    );
+    releases.configure(&client, &releases.unsigned, fleet).await;
     // The Degraded status was written by the decision that left the module out of the target.
     let granted = policy_granted(&nodes, &releases.unsigned).await;
     assert!(
@@ -2437,17 +2524,22 @@ async fn a_pool_policy_change_rolls_out_canary_first_and_a_bad_one_is_held() {
             .count()
     };
     // The pull waits on the registry (the agent retries it): the policy changes meanwhile.
-    eventually("the canary pulls the new set, its registry away", &logs, || async {
-        let n = nodes
-            .get(FLEET_NODES[puller])
-            .await
-            .map_err(|e| e.to_string())?;
-        let (sets, progressing, _) = node_state(&n);
-        let pulling = progressing == "True" && sets.iter().any(|s| s.0 == "late" && s.2.is_none());
-        pulling
-            .then_some(())
-            .ok_or(format!("{sets:?} progressing {progressing}"))
-    })
+    eventually(
+        "the canary pulls the new set, its registry away",
+        &logs,
+        || async {
+            let n = nodes
+                .get(FLEET_NODES[puller])
+                .await
+                .map_err(|e| e.to_string())?;
+            let (sets, progressing, _) = node_state(&n);
+            let pulling =
+                progressing == "True" && sets.iter().any(|s| s.0 == "late" && s.2.is_none());
+            pulling
+                .then_some(())
+                .ok_or(format!("{sets:?} progressing {progressing}"))
+        },
+    )
     .await;
     let restarts_before = again_lines(puller);
     releases.configure(&client, &releases.v1, fleet).await;
@@ -2455,10 +2547,7 @@ async fn a_pool_policy_change_rolls_out_canary_first_and_a_bad_one_is_held() {
     eventually("the pool's target names v1", &logs, || async {
         let (rollout, _, _) = rollout_of(&pools.get("worker").await.map_err(|e| e.to_string())?);
         let target = rollout.map(|r| r.target).unwrap_or_default();
-        target
-            .contains(&v1_digest)
-            .then_some(())
-            .ok_or(target)
+        target.contains(&v1_digest).then_some(()).ok_or(target)
     })
     .await;
     cluster.registry.restart();
@@ -2481,6 +2570,25 @@ async fn a_pool_policy_change_rolls_out_canary_first_and_a_bad_one_is_held() {
     let change = releases.configure(&client, &releases.v3, fleet);
     let (_, to_canary, to_pool) = follow_policy_rollout(&nodes, &releases.v3, change, &logs).await;
     eprintln!("policy rollout v3 again: canary after {to_canary:?}, whole pool after {to_pool:?}");
+    // A set change, followed the moment it is made: exit 0 once every node pins its generation.
+    let more = support::push_images(&cluster.registry, "policy-more", 1, 50_000, 902).await;
+    let change = async {
+        let mut apps = sets.get("apps").await.unwrap();
+        let extra = pinset_k8s::api::PinnedImageRef {
+            name: more[0].clone(),
+        };
+        apps.spec.pinned_images.push(extra);
+        sets.replace("apps", &PostParams::default(), &apps)
+            .await
+            .unwrap();
+        Instant::now()
+    };
+    let (code, status, err) = status_after(change, &operator).await;
+    assert_eq!(code, 0, "{status}\n{err}\n{}", logs());
+    assert!(
+        status["target"].as_str().unwrap().starts_with("apps@2,") && status["done"] == 3,
+        "{status}"
+    );
 
     // 5. The registry goes away and an agent restarts: it decides with v3 from its cache.
     cluster.registry.stop();
@@ -2513,6 +2621,135 @@ async fn a_pool_policy_change_rolls_out_canary_first_and_a_bad_one_is_held() {
         "{log}"
     );
     assert!(!log.contains("refused"), "{log}");
+
+    // 6. The manual's recipe (docs/policy-rollout.md), run as written: its lines with the
+    //    registry, the module, the key and the digest it printed filled in, in one shell whose
+    //    registries file and kubeconfig are this cluster's.
+    cluster.registry.restart();
+    readme_recipe(&cluster, &logs).await;
+}
+
+/// The shell block of docs/policy-rollout.md ("Changing a pool's policy"), each command with
+/// its `…` filled in, run by bash in order; every one exits 0 and the pool then counts its
+/// nodes on the module.
+async fn readme_recipe(cluster: &Cluster, logs: &dyn Fn() -> String) {
+    let page = support::workspace().join("docs/policy-rollout.md");
+    let readme = std::fs::read_to_string(page).unwrap();
+    let section = readme.split("# Changing a pool's policy").nth(1).unwrap();
+    let block = section
+        .split("```sh\n")
+        .nth(1)
+        .unwrap()
+        .split("```")
+        .next()
+        .unwrap();
+    let commands: Vec<String> = block
+        .replace("\\\n", " ")
+        .lines()
+        .map(|l| l.split("  #").next().unwrap().trim().to_string())
+        .filter(|l| !l.is_empty())
+        .collect();
+    assert_eq!(commands.len(), 5, "{block}");
+    let dir = cluster.dir.path();
+    let host = cluster.registry.host.clone();
+    let sources = dir.join("registries.yaml");
+    std::fs::write(&sources, format!("insecureRegistries: [{host}]\n")).unwrap();
+    let credentials = dir.join("no-credentials.json");
+    std::fs::write(&credentials, "{}").unwrap();
+    let module = support::policy_path("pinset_policy_smallest_first");
+    let fill = |c: &str, digest: &str| {
+        c.replace("registry.example.com", &host)
+            .replace("policy.wasm", module.to_str().unwrap())
+            .replace("~/.docker/config.json", credentials.to_str().unwrap())
+            .replace("cosign.key", dir.join("cosign.key").to_str().unwrap())
+            .replace("sha256:…", digest)
+    };
+    let bin = std::path::Path::new(support::PINSET)
+        .parent()
+        .unwrap()
+        .to_path_buf();
+    let path = format!(
+        "{}:{}",
+        bin.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let mut digest = String::new();
+    for command in &commands[..4] {
+        let line = fill(command, &digest);
+        if line.starts_with("kubectl ") {
+            kubectl_patch(cluster, &line).await;
+            continue;
+        }
+        let (kc, env, path) = (
+            cluster.server.kubeconfig.clone(),
+            sources.clone(),
+            path.clone(),
+        );
+        let out = tokio::task::spawn_blocking(move || {
+            // A deadline on each line: the recipe's `rollout status` waits as long as it takes.
+            let mut command = std::process::Command::new("timeout");
+            support::without_terminal(command.args(["180", "bash", "-c", &line]))
+                .env("PATH", path)
+                .env("PINSET_REGISTRIES", env)
+                .env("KUBECONFIG", kc)
+                .env("PINSET_LOG", "warn")
+                .output()
+                .unwrap()
+        })
+        .await
+        .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            out.status.success(),
+            "{command}: {stdout}{stderr}\n{}",
+            logs()
+        );
+        if digest.is_empty() {
+            digest = stdout.trim().rsplit_once('@').unwrap().1.to_string();
+        }
+    }
+    // `kubectl get mcp worker -o jsonpath='{.status.policies}'`: the pool's counts land with
+    // the controller's next status write, so asked until they do.
+    assert!(
+        commands[4].contains("{.status.policies}"),
+        "{}",
+        commands[4]
+    );
+    let pools: Api<MachineConfigPool> = Api::all(cluster.client.clone());
+    eventually(
+        "the pool counts its nodes on the module just rolled out",
+        logs,
+        || async {
+            let p = pools.get("worker").await.map_err(|e| e.to_string())?;
+            let counts = p.status.unwrap_or_default().policies;
+            match counts.as_slice() {
+                [c] if c.digest == digest && c.nodes == 3 => Ok(()),
+                other => Err(format!("{other:?}")),
+            }
+        },
+    )
+    .await;
+}
+
+/// A recipe's `kubectl patch KIND NAME --type merge -p 'JSON'`, done through the API with the
+/// line's own JSON: kubectl asks for the core API group's discovery, which the test API server
+/// (apiextensions-apiserver) does not serve.
+async fn kubectl_patch(cluster: &Cluster, line: &str) {
+    assert!(
+        line.starts_with("kubectl patch policyconfiguration cluster --type merge"),
+        "{line}"
+    );
+    let json = line.split("-p '").nth(1).unwrap().trim_end_matches('\'');
+    let patch: serde_json::Value = serde_json::from_str(json).unwrap();
+    let api: Api<pinset_k8s::api::PolicyConfiguration> = Api::all(cluster.client.clone());
+    api.patch(
+        "cluster",
+        &Default::default(),
+        &kube::api::Patch::Merge(&patch),
+    )
+    .await
+    .unwrap();
 }
 
 /// One rule removed from the manifests' RBAC — the agent's right to patch its
@@ -2624,10 +2861,11 @@ async fn a_rule_missing_from_the_manifests_is_a_clear_refusal_retried_until_gran
     .unwrap();
     assert_eq!(code, 1, "{out}{err}");
     assert!(
-        // (Whichever of the command's three watches is refused first.)
+        // (Whichever of the command's four watches is refused first.)
         err.contains("error: forbidden: bob may not list ")
-            && err
-                .contains("(machineconfiguration.openshift.io); grant it in pinset's ClusterRole"),
+            && ["machineconfiguration.openshift.io", "pinset.io"]
+                .iter()
+                .any(|g| err.contains(&format!("({g}); grant it in pinset's ClusterRole"))),
         "{err}"
     );
     // The rule back: the next retry lands.
@@ -2748,16 +2986,23 @@ async fn a_registry_away_is_waited_for_and_a_removed_key_retires_what_it_vouched
     })
     .await;
     let (_, degraded, _) = rollout_of(&pools.get("worker").await.unwrap());
-    assert!(degraded.is_empty(), "a registry away holds nothing: {degraded}");
+    assert!(
+        degraded.is_empty(),
+        "a registry away holds nothing: {degraded}"
+    );
 
     // Back: the recheck takes v3.
     cluster.registry.restart();
-    eventually("the node takes v3 once the registry is back", &logs, || async {
-        let (module, rejected, _) = policy_of(&nodes, name).await?;
-        (module.as_deref() == Some(v3.as_str()) && rejected.is_none())
-            .then_some(())
-            .ok_or(format!("{module:?} {rejected:?}"))
-    })
+    eventually(
+        "the node takes v3 once the registry is back",
+        &logs,
+        || async {
+            let (module, rejected, _) = policy_of(&nodes, name).await?;
+            (module.as_deref() == Some(v3.as_str()) && rejected.is_none())
+                .then_some(())
+                .ok_or(format!("{module:?} {rejected:?}"))
+        },
+    )
     .await;
 
     // The trusted key is replaced by one that signed nothing.

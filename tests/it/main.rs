@@ -12,6 +12,7 @@ mod support;
 mod cli_node;
 mod containerd_bed;
 mod deploy_manifests;
+mod docs;
 mod fleet_sandbox;
 mod hostile_registry;
 mod kube_api;

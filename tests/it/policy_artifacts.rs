@@ -13,8 +13,7 @@ fn module() -> PathBuf {
 
 /// `pinset` with `args` and `COSIGN_PASSWORD`: (exit code, stdout, stderr).
 fn pinset(args: &[&str]) -> (i32, String, String) {
-    let out = Command::new(support::PINSET)
-        .args(args)
+    let out = support::without_terminal(Command::new(support::PINSET).args(args))
         .env("PINSET_LOG", "warn")
         .env("COSIGN_PASSWORD", "pinset-test")
         .output()
@@ -137,7 +136,10 @@ async fn push_raw(registry: &support::Registry, repo: &str, layer: Vec<u8>) {
     let config = Descriptor::of("application/vnd.wasm.config.v0+json", b"{}");
     let layers = [Descriptor::of("application/wasm", &layer)];
     for blob in [b"{}".to_vec(), layer] {
-        client.push_blob(&endpoint, blob.into(), deadline).await.unwrap();
+        client
+            .push_blob(&endpoint, blob.into(), deadline)
+            .await
+            .unwrap();
     }
     let manifest = manifest_json(&config, &layers);
     client
@@ -305,6 +307,86 @@ fn a_registry_refusing_the_credentials_is_named() {
     );
 }
 
+/// A plain-HTTP registry is named once, for images and policies alike: without it, the error
+/// says the registry answers in plain HTTP and how to mark it; with the registries file (by
+/// `--registries` or `$PINSET_REGISTRIES`) or `--insecure-registry`, every command reaches it,
+/// the controller's policy fetch included; a bad file is refused at FILE:LINE:COL.
+#[test]
+fn a_plain_http_registry_is_named_once_for_images_and_policies() {
+    let Some(registry) = support::Registry::start() else {
+        return;
+    };
+    let host = registry.host.as_str();
+    let dir = tempfile::tempdir().unwrap();
+    let file = module();
+    let target = format!("{host}/policies/sources:v1");
+    let push_args = ["policy", "push", file.to_str().unwrap(), &target];
+    let run = |env: Option<&Path>, args: &[&str]| {
+        let mut command = Command::new(support::PINSET);
+        support::without_terminal(command.args(args))
+            .env("PINSET_LOG", "warn")
+            .env_remove("PINSET_REGISTRIES")
+            .env("XDG_CONFIG_HOME", dir.path().join("no-config"));
+        if let Some(f) = env {
+            command.env("PINSET_REGISTRIES", f);
+        }
+        let out = command.output().unwrap();
+        let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+        (
+            out.status.code().unwrap_or(-1),
+            text(&out.stdout),
+            text(&out.stderr),
+        )
+    };
+    let (code, _, err) = run(None, &push_args);
+    assert_eq!(code, 1, "{err}");
+    assert!(
+        err.contains(&format!("{host} answers in plain HTTP, not TLS"))
+            && err.contains(&format!("--insecure-registry {host}"))
+            && err.contains("insecureRegistries"),
+        "{err}"
+    );
+    let sources = dir.path().join("registries.yaml");
+    std::fs::write(&sources, format!("insecureRegistries: [{host}]\n")).unwrap();
+    let (code, pushed, err) = run(Some(&sources), &push_args);
+    assert_eq!(code, 0, "{err}");
+    let pushed = pushed.trim().to_string();
+    let flag = ["--registries", sources.to_str().unwrap()];
+    let out = dir.path().join("pulled.wasm");
+    let pull = ["policy", "pull", &pushed, "-o", out.to_str().unwrap()];
+    let (code, _, err) = run(None, &[&pull[..], &flag[..]].concat());
+    assert_eq!(code, 0, "{err}");
+    // The controller's policy fetch, with the one flag images use: the module is fetched (and
+    // then refused as a node policy where a fleet policy is asked for).
+    let controller = [
+        "controller",
+        "--kubeconfig",
+        "/nonexistent/kubeconfig",
+        "--fleet-policy",
+    ];
+    let oci = format!("oci://{pushed}");
+    let (code, _, err) = run(
+        None,
+        &[&controller[..], &[&oci, "--insecure-registry", host]].concat(),
+    );
+    assert_eq!(code, 1);
+    assert!(
+        err.contains("it is a node pull policy") && !err.contains("plain HTTP"),
+        "{err}"
+    );
+    std::fs::write(
+        &sources,
+        format!("insecureRegistries: [{host}]\ninsecure: true\n"),
+    )
+    .unwrap();
+    let (code, _, err) = run(Some(&sources), &push_args);
+    assert_eq!(code, 1);
+    assert!(
+        err.contains(&format!("{}:2:1", sources.display())) && err.contains("insecure"),
+        "{err}"
+    );
+}
+
 /// The controller's `--fleet-policy oci://…` is fetched and verified before it connects: an
 /// unsigned module stops it naming the reference, a signed one gets it as far as its kubeconfig.
 #[test]
@@ -358,6 +440,60 @@ fn keygen(dir: &Path, name: &str) -> (String, String) {
     assert_eq!(code, 0, "{err}");
     let file = |ext: &str| prefix.with_extension(ext).to_str().unwrap().to_string();
     (file("key"), file("pub"))
+}
+
+/// A key is never written without a password unless asked, and `sign` says where the password
+/// it tried came from: cosign's rules, without a terminal to ask on.
+#[test]
+fn a_key_gets_a_password_unless_an_empty_one_is_asked_for() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = |env: Option<&str>, args: &[&str]| {
+        let mut command = Command::new(support::PINSET);
+        support::without_terminal(command.args(args)).env_remove("COSIGN_PASSWORD");
+        if let Some(p) = env {
+            command.env("COSIGN_PASSWORD", p);
+        }
+        let out = command.output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        (out.status.code().unwrap_or(-1), err)
+    };
+    let prefix = |n: &str| dir.path().join(n).display().to_string();
+    let keygen = ["policy", "keygen", "--output-key-prefix"];
+    let (code, err) = run(None, &[&keygen[..], &[&prefix("a")]].concat());
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("COSIGN_PASSWORD is unset") && err.contains("--allow-empty-password"));
+    assert!(!dir.path().join("a.key").exists(), "nothing written");
+    let (code, err) = run(Some(""), &[&keygen[..], &[&prefix("b")]].concat());
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("the password is empty"), "{err}");
+    let c = prefix("c");
+    let empty = [&keygen[..], &[&c, "--allow-empty-password"]].concat();
+    assert_eq!(run(None, &empty).0, 0);
+    assert_eq!(
+        run(Some("s3cret"), &[&keygen[..], &[&prefix("d")]].concat()).0,
+        0
+    );
+    // Signing with the password unset: the error says so (the registry is never reached).
+    let sign = ["policy", "sign", "127.0.0.1:9/p@sha256:", "--key"];
+    let reference = format!("{}{}", sign[2], "a".repeat(64));
+    let (code, err) = run(
+        None,
+        &[&sign[..2], &[&reference, "--key", &prefix("d.key")]].concat(),
+    );
+    assert_eq!(code, 1, "{err}");
+    assert!(
+        err.contains("$COSIGN_PASSWORD is unset") && err.contains("d.key"),
+        "{err}"
+    );
+    let (code, err) = run(
+        Some("wrong"),
+        &[&sign[..2], &[&reference, "--key", &prefix("d.key")]].concat(),
+    );
+    assert_eq!(code, 1, "{err}");
+    assert!(
+        err.contains("wrong password") && !err.contains("unset"),
+        "{err}"
+    );
 }
 
 fn sign_or_verify(

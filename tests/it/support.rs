@@ -12,8 +12,7 @@ pub const PINSET: &str = env!("CARGO_BIN_EXE_pinset");
 
 /// Run the `pinset` binary with `args`: (exit code, stdout, stderr).
 pub fn pinset(args: &[&str]) -> (i32, String, String) {
-    let out = Command::new(PINSET)
-        .args(args)
+    let out = without_terminal(Command::new(PINSET).args(args))
         .env("PINSET_LOG", "warn")
         .output()
         .expect("run pinset");
@@ -22,6 +21,19 @@ pub fn pinset(args: &[&str]) -> (i32, String, String) {
         String::from_utf8_lossy(&out.stdout).into_owned(),
         String::from_utf8_lossy(&out.stderr).into_owned(),
     )
+}
+
+/// `command` run in a session of its own, without a controlling terminal: what it would ask
+/// on one (a key's password) it must take from its arguments or environment, as in CI.
+pub fn without_terminal(command: &mut Command) -> &mut Command {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: setsid is async-signal-safe and touches no memory of the parent.
+    unsafe {
+        command.pre_exec(|| {
+            libc::setsid();
+            Ok(())
+        })
+    }
 }
 
 /// The bars of a timeline's `.trace.json` (next to `svg`), by start: (start µs, end µs, what

@@ -35,6 +35,7 @@ pub mod refusal;
 pub mod rollout;
 pub mod rollout_sim;
 pub mod scenario;
+pub mod scenario_reference;
 pub mod selector;
 pub mod settle;
 pub mod status;

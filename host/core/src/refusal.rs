@@ -102,7 +102,9 @@ impl Refusal {
             Refusal::NotFound => "push the module, or name the digest that was pushed",
             Refusal::WrongDigest => "the registry or a mirror serves other content: check it",
             Refusal::Unsigned => "sign it (pinset policy sign); it is checked again shortly",
-            Refusal::SignatureRefused => "sign it with a trusted key, or trust the key that signed it",
+            Refusal::SignatureRefused => {
+                "sign it with a trusted key, or trust the key that signed it"
+            }
             Refusal::NotAPolicy => "name a policy module built for this pinset",
             Refusal::SmokeTestFailed | Refusal::FellBack => {
                 "fix the module and configure its new digest"
@@ -120,7 +122,9 @@ mod tests {
         assert!(Refusal::RegistryAway.transient() && Refusal::RegistryAway.rechecked());
         assert!(Refusal::Unsigned.rechecked() && !Refusal::Unsigned.transient());
         assert!(!Refusal::SmokeTestFailed.rechecked() && !Refusal::FellBack.rechecked());
-        let waits: Vec<u64> = (1..=6).map(|n| Refusal::recheck_after(n).as_secs()).collect();
+        let waits: Vec<u64> = (1..=6)
+            .map(|n| Refusal::recheck_after(n).as_secs())
+            .collect();
         assert_eq!(waits, vec![30, 60, 120, 240, 300, 300]);
         for r in Refusal::ALL {
             assert_eq!(Refusal::from_reason(r.reason()), Some(r));

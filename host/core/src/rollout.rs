@@ -462,13 +462,14 @@ impl Standing {
 
 /// Where the rollout stands, from the nodes' counts, the pause, and the pool's Degraded message.
 /// `degraded` counts only when the pool's status speaks of this target: one written for an
-/// earlier target says nothing of this one. Nodes at the target win over a Degraded condition
-/// that has not caught up with them.
+/// earlier target says nothing of this one. A Degraded pool is Degraded even with every node at
+/// the target: the target may leave out what is configured (a node policy refused before any
+/// node was granted it), and a rollout is complete only when nothing is wrong.
 pub fn standing(counts: &Counts, paused: bool, degraded: Option<&str>) -> Standing {
-    if counts.waiting + counts.pulling + counts.failed == 0 {
-        Standing::Complete
-    } else if let Some(why) = degraded {
+    if let Some(why) = degraded {
         Standing::Degraded(why.to_string())
+    } else if counts.waiting + counts.pulling + counts.failed == 0 {
+        Standing::Complete
     } else if paused {
         Standing::Paused
     } else {
@@ -996,7 +997,12 @@ mod tests {
             waiting,
         };
         let degraded = Some("canary n0 failed");
-        assert_eq!(standing(&c(0, 3, 0, 0), true, degraded), Standing::Complete);
+        assert_eq!(
+            standing(&c(0, 3, 0, 0), true, degraded),
+            Standing::Degraded("canary n0 failed".into()),
+            "every node at the target, and the pool says something is wrong"
+        );
+        assert_eq!(standing(&c(0, 3, 0, 0), true, None), Standing::Complete);
         assert_eq!(
             standing(&c(0, 0, 0, 0), false, None),
             Standing::Complete,

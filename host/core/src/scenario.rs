@@ -15,6 +15,7 @@
 //!     present: false
 //! pulls:                         # each asks the throttle hook
 //!   - {image: quay.io/a/b@sha256:…, durationMs: 900, pressure: {io: 12.5}, expectThrottleMs: 1000}
+//!     # bytes: default the image's size when the pull succeeded (error: unset)
 //! expect:
 //!   admission: {verdict: admit-all, reasonContains: "usable"}
 //!   order: [quay.io/a/b@sha256:…]
@@ -120,6 +121,19 @@ pub struct PressureSpec {
     pub io: Option<f32>,
     pub cpu: Option<f32>,
     pub memory: Option<f32>,
+}
+
+/// The size of the scenario's image `reference`: its `size`, else its layers' sum.
+fn image_bytes(images: &[ImageSpec], reference: &str) -> Option<u64> {
+    let image = images.iter().find(|i| i.name == reference)?;
+    let layers = || {
+        let sum = image
+            .layers
+            .iter()
+            .try_fold(0u64, |a, l| a.checked_add(l.size.0));
+        sum.filter(|_| !image.layers.is_empty())
+    };
+    image.size.map(|b| b.0).or_else(layers)
 }
 
 #[derive(Debug, Deserialize)]
@@ -232,10 +246,16 @@ pub fn parse(path: &Path, text: &str) -> Result<Loaded, ScenarioError> {
                 .map(|i| i.name.clone())
                 .ok_or_else(|| invalid(format!("pull {n} names no image and there are none")))?,
         };
+        // A pull that succeeded moved the image's bytes unless the scenario says otherwise, as
+        // the agent reports it: a throttle rule over bytes is tested by default.
+        let moved = pull
+            .error
+            .is_none()
+            .then(|| image_bytes(&scenario.images, &reference));
         let outcome = PullOutcome {
-            reference,
             error: pull.error.clone(),
-            bytes: pull.bytes.map(|b| b.0),
+            bytes: pull.bytes.map(|b| b.0).or(moved.flatten()),
+            reference,
             duration_ms: pull.duration_ms,
             remaining: pull.remaining,
         };
@@ -509,6 +529,17 @@ images:
             images.get(0).unwrap().sets().collect::<Vec<_>>(),
             vec!["scenario"]
         );
+    }
+
+    #[test]
+    fn a_successful_pull_moved_its_images_bytes_unless_said() {
+        let dir = tempfile::tempdir().unwrap();
+        let text = format!(
+            "{BASE}pulls:\n  - {{image: \"r/a@sha256:aa\"}}\n  - {{image: \"r/c@sha256:cc\", bytes: 1Mi}}\n  - {{image: \"r/b@sha256:bb\", error: timeout}}\n"
+        );
+        let loaded = load(&write(dir.path(), "p.yaml", &text)).unwrap();
+        let bytes: Vec<Option<u64>> = loaded.outcomes.iter().map(|o| o.0.bytes).collect();
+        assert_eq!(bytes, [Some(2 << 30), Some(1 << 20), None]);
     }
 
     #[test]

@@ -39,8 +39,11 @@ pub struct RunningPolicy {
     /// What the module says it is (its `info`).
     pub name: String,
     pub version: String,
-    /// `sha256:<hex>` of the module's bytes.
+    /// The digest the operator names it by ([`policy_digest`]): an artifact's manifest digest
+    /// (the one in `oci://…@sha256:…`), else the sha256 of the module's bytes.
     pub digest: String,
+    /// `sha256:<hex>` of the module's bytes (for an artifact: its layer's digest).
+    pub module_digest: String,
     /// Where it comes from: a file, `oci://REGISTRY/REPO@sha256:…`, or the embedded default.
     pub module: String,
     /// When the agent started deciding with it (RFC 3339).
@@ -48,6 +51,17 @@ pub struct RunningPolicy {
     /// Swapped in, and no reconcile with it has succeeded yet: a fallback there puts the
     /// previous module back, and the controller does not count the node as done with it.
     pub probation: bool,
+}
+
+/// The one digest a policy is named by wherever pinset reports it (statuses, pool counts,
+/// metrics labels, rollout targets): the one the operator wrote — the manifest digest of
+/// `oci://…@sha256:…`, the pinned sha256 of `FILE@sha256:…` — else the sha256 of the module's
+/// bytes (`content`, `sha256:<hex>`: a file named without one, the embedded default).
+pub fn policy_digest(reference: Option<&str>, content: &str) -> String {
+    match reference.and_then(|r| r.rsplit_once("@sha256:")) {
+        Some((_, hex)) => format!("sha256:{hex}"),
+        None => content.to_string(),
+    }
 }
 
 /// A module the node was asked to decide with and did not: it kept its running module.
@@ -208,6 +222,27 @@ pub fn cap(text: &str, max: usize) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_policy_is_named_by_the_digest_the_operator_wrote() {
+        let content = format!("sha256:{}", "c".repeat(64));
+        let oci = format!("oci://r.io/p@sha256:{}", "a".repeat(64));
+        assert_eq!(
+            policy_digest(Some(&oci), &content),
+            format!("sha256:{}", "a".repeat(64))
+        );
+        let file = format!("/p/a.wasm@sha256:{}", "b".repeat(64));
+        assert_eq!(
+            policy_digest(Some(&file), &content),
+            format!("sha256:{}", "b".repeat(64))
+        );
+        assert_eq!(policy_digest(Some("/p/a.wasm"), &content), content);
+        assert_eq!(
+            policy_digest(None, &content),
+            content,
+            "the embedded default"
+        );
+    }
 
     #[test]
     fn capped_text_says_how_much_was_left_out_within_the_limit() {

@@ -242,6 +242,10 @@ pub struct MachineConfigPoolStatus {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 64))]
     pub policies: Vec<PoolPolicy>,
+    /// pinset's addition: what this status was computed from, so that a reader can tell
+    /// whether it speaks of the change just made (`pinset rollout status` waits for it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed: Option<PoolObserved>,
     /// OpenShift's machine-config fields, written by its controller; kept.
     #[serde(flatten)]
     pub machine_config: PoolMachineConfigStatus,
@@ -295,6 +299,27 @@ pub struct PoolPolicy {
     #[schemars(length(max = 256))]
     pub version: String,
     pub nodes: u32,
+}
+
+/// The objects a pool's status was computed from, as `observedGeneration` says it for one
+/// object: a change made after them is not in the status yet.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PoolObserved {
+    /// The pool's `metadata.generation`.
+    pub generation: i64,
+    /// The PolicyConfiguration the controller follows, by name (absent: it follows none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 253))]
+    pub policy_configuration: Option<String>,
+    /// That PolicyConfiguration's `metadata.generation` (absent: it did not exist).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub policy_configuration_generation: Option<i64>,
+    /// What keeps the configured node policy out of the target for now (its signature being
+    /// checked); absent when the target holds it or it is refused (then the pool is Degraded).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 1024))]
+    pub pending: Option<String>,
 }
 
 /// Where the pool's rollout stands: node counts against the target, and the fleet policy's
@@ -377,6 +402,13 @@ pub struct PoolSynchronizerStatus {
         name = "Fallback",
         type_ = "string",
         json_path = ".status.conditions[?(@.type==\"PinnedImageSetsPolicyFallback\")].status",
+        priority = 1
+    ),
+    printcolumn(
+        name = "Policy",
+        type_ = "string",
+        json_path = ".status.policy.module",
+        description = "The node policy module it decides with, as the configuration names it",
         priority = 1
     ),
     printcolumn(
@@ -536,9 +568,14 @@ pub struct NodePolicy {
     pub name: String,
     #[schemars(length(max = 256))]
     pub version: String,
-    /// `sha256:<64 hex digits>` of the module.
+    /// `sha256:<64 hex digits>`: the digest the configuration names the module by (an OCI
+    /// artifact's manifest digest, a file's sha256), else the sha256 of its bytes.
     #[schemars(length(max = 71))]
     pub digest: String,
+    /// `sha256:<64 hex digits>` of the module's bytes (an artifact's layer).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 71))]
+    pub module_digest: Option<String>,
     /// A file, `oci://REGISTRY/REPO@sha256:…`, or the embedded default.
     #[schemars(length(max = 1024))]
     pub module: String,
@@ -660,7 +697,7 @@ pub struct PolicyConfig {
     pub verify: Option<Verify>,
     /// The module of each pool, by pool name; pools not listed decide with the embedded default.
     #[serde(default)]
-    #[schemars(length(max = 256))]
+    #[schemars(extend("maxProperties" = 256))]
     pub pools: std::collections::BTreeMap<String, ModuleRef>,
     /// The controller's fleet policy (`pinset:fleet/rollout`), over its `--fleet-policy` flags.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -674,7 +711,7 @@ pub struct FleetConfig {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub module: Option<ModuleRef>,
     #[serde(default)]
-    #[schemars(length(max = 256))]
+    #[schemars(extend("maxProperties" = 256))]
     pub pools: std::collections::BTreeMap<String, ModuleRef>,
 }
 
@@ -693,11 +730,14 @@ pub struct ModuleRef {
     /// `oci://REGISTRY/REPOSITORY@sha256:<64 hex>` (pinned by digest: a tag is refused), or an
     /// absolute path of a file on the node.
     #[schemars(length(min = 1, max = 1024))]
-    #[schemars(regex(pattern = r"^(oci://[^@\s]+@sha256:[0-9a-f]{64}|/\S+)$"))]
+    #[schemars(extend("x-kubernetes-validations" = [{
+        "rule": "self.startsWith('/') || (self.startsWith('oci://') && self.contains('@sha256:') && !self.contains(' '))",
+        "message": "must be oci://REGISTRY/REPOSITORY@sha256:<64 hex digits> or an absolute file path: a module is named by digest, because a tag can move after the module is checked (`pinset policy push` prints the digest)"
+    }]))]
     pub module: String,
     /// A file's sha256: any other bytes are refused.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(regex(pattern = r"^[0-9a-f]{64}$"))]
+    #[schemars(length(min = 64, max = 64), regex(pattern = r"^[0-9a-f]{64}$"))]
     pub sha256: Option<String>,
     /// This pool's keys instead of the configuration's (`keys: []`: no signature required).
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -158,6 +158,7 @@ pub fn node_report(n: &MachineConfigNode) -> NodeReport {
             name: p.name.clone(),
             version: p.version.clone(),
             digest: p.digest.clone(),
+            module_digest: p.module_digest.clone().unwrap_or_else(|| p.digest.clone()),
             module: p.module.clone(),
             since: p.since.0.to_string(),
             probation: p.probation,

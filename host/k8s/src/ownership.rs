@@ -74,7 +74,7 @@ pub fn owner(meta: &ObjectMeta) -> Owner {
 #[derive(Debug, thiserror::Error)]
 pub enum OwnershipError {
     #[error(
-        "CRD {crd} belongs to OpenShift ({evidence}): this cluster's Machine Config Operator pins images itself and pinset must not run beside it. Use OpenShift's own PinnedImageSet (machineconfiguration.openshift.io/v1) and remove pinset's controller and agent (kubectl delete -k deploy/base); see README, \"pinset and OpenShift\""
+        "CRD {crd} belongs to OpenShift ({evidence}): this cluster's Machine Config Operator pins images itself and pinset must not run beside it. Use OpenShift's own PinnedImageSet (machineconfiguration.openshift.io/v1) and remove pinset's controller and agent (kubectl delete -k deploy/base); see docs/openshift.md"
     )]
     OpenShift { crd: String, evidence: String },
 }

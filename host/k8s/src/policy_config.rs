@@ -196,6 +196,20 @@ impl ConfigSource {
         Ok(config)
     }
 
+    /// The PolicyConfiguration followed, by name, and its `metadata.generation` now (`None`
+    /// when it does not exist); `None` for a configuration read once. Read it before
+    /// [`ConfigSource::current`] when a status will claim it: the status then never names a
+    /// generation newer than the configuration it was computed from.
+    pub fn observed(&self) -> Option<(String, Option<i64>)> {
+        match self {
+            ConfigSource::Fixed(_) => None,
+            ConfigSource::Watched { name, store, .. } => {
+                let object = store.get(&ObjectRef::new(name));
+                Some((name.clone(), object.and_then(|o| o.metadata.generation)))
+            }
+        }
+    }
+
     /// Follow the PolicyConfiguration `name`: its cache, filled before this returns (or after
     /// [`FIRST_LIST`], or when `shutdown` fires), and `on_change` called on each change of it.
     pub async fn watch(

@@ -5,10 +5,14 @@
 //!
 //! The nodes say how far the rollout is; the pool's status (the controller's) adds the fleet
 //! policy's reason and whether the pool is Degraded, and is believed only when it speaks of
-//! the target the objects show now.
+//! the objects as they are now, as `kubectl rollout status` follows `observedGeneration`: the
+//! selection and the target the objects show, the pool's generation and the generation of the
+//! PolicyConfiguration the controller follows. Until then the rollout is Progressing, never
+//! Complete: a change just made is not judged by the status of the one before it.
 
 use crate::api::{
-    CONDITION_DEGRADED, MachineConfigNode, MachineConfigPool, PinnedImageSet, PoolRollout,
+    CONDITION_DEGRADED, MachineConfigNode, MachineConfigPool, PinnedImageSet, PolicyConfiguration,
+    PoolRollout,
 };
 use crate::convert::{self, ConvertError};
 use futures::StreamExt;
@@ -42,7 +46,8 @@ pub struct RolloutStatus {
     pub failed: u32,
     pub waiting: u32,
     pub paused: bool,
-    /// The pool's status (the controller's) speaks of this target.
+    /// The pool's status (the controller's) speaks of this target and of the current
+    /// generations of the pool and the PolicyConfiguration.
     pub observed: bool,
     /// The fleet policy that decided last, and why, when the status speaks of this target.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -97,60 +102,70 @@ pub enum RolloutError {
     NotPaused { pool: String },
 }
 
-/// Where `mcp`'s rollout stands, from every PinnedImageSet and MachineConfigNode there is (the
-/// pool's own are picked here). `now_ms`: milliseconds since the Unix epoch.
-pub fn read<'a>(
+/// The objects a rollout is read from, all of their kind there are (the pool's own are picked).
+pub struct Objects<'a, S, N, P> {
+    pub sets: S,
+    pub nodes: N,
+    pub policies: P,
+    _life: std::marker::PhantomData<&'a ()>,
+}
+
+impl<'a, S, N, P> Objects<'a, S, N, P>
+where
+    S: IntoIterator<Item = &'a PinnedImageSet>,
+    N: IntoIterator<Item = &'a MachineConfigNode>,
+    P: IntoIterator<Item = &'a PolicyConfiguration>,
+{
+    pub fn new(sets: S, nodes: N, policies: P) -> Self {
+        Self {
+            sets,
+            nodes,
+            policies,
+            _life: std::marker::PhantomData,
+        }
+    }
+}
+
+/// Where `mcp`'s rollout stands, from every PinnedImageSet, MachineConfigNode and
+/// PolicyConfiguration there is. `now_ms`: milliseconds since the Unix epoch.
+pub fn read<'a, S, N, P>(
     mcp: &MachineConfigPool,
-    sets: impl IntoIterator<Item = &'a PinnedImageSet>,
-    nodes: impl IntoIterator<Item = &'a MachineConfigNode>,
+    objects: Objects<'a, S, N, P>,
     now_ms: u64,
-) -> Result<RolloutStatus, ConvertError> {
-    let name = mcp.name_any();
-    let sets: BTreeMap<String, &PinnedImageSet> =
-        sets.into_iter().map(|s| (s.name_any(), s)).collect();
-    let labelled = sets.iter().map(|(n, s)| (n.as_str(), s.labels()));
-    // The selection the controller makes (and writes to spec.pinnedImageSets).
-    let (selected, too_many) = match pool::select_labelled(&convert::pool(mcp)?, labelled) {
-        Ok(names) => (names.unwrap_or_default(), None),
-        Err(e @ PoolError::TooManySets { .. }) => (Vec::new(), Some(e.to_string())),
-    };
-    let mut target = convert::target_sets(&selected, |n| sets.get(n).copied());
-    target.extend(policy_entries(mcp));
-    let members: Vec<rollout::Member> = nodes
-        .into_iter()
-        .filter(|n| n.spec.pool.name == name)
-        .map(|n| convert::member(n, &convert::node_report(n)))
-        .collect();
-    let annotations = mcp.annotations();
-    let (paused, pause_note) = rollout::paused(annotations);
-    // The pool's ceiling changes what may be granted, not where nodes stand: not needed here.
-    let request = rollout::request(
-        &name,
-        annotations,
-        None,
-        rollout::target(&target),
-        &members,
-        now_ms,
-    );
+) -> Result<RolloutStatus, ConvertError>
+where
+    S: IntoIterator<Item = &'a PinnedImageSet>,
+    N: IntoIterator<Item = &'a MachineConfigNode>,
+    P: IntoIterator<Item = &'a PolicyConfiguration>,
+{
+    let (request, selected, too_many) = request_of(mcp, objects.sets, objects.nodes, now_ms)?;
     let counts = rollout::counts(&request);
     let label = rollout::target_label(&request.target);
-    let observed = observed(mcp, &selected, &label);
+    let unobserved = unobserved(mcp, &selected, &label, objects.policies);
+    let observed = unobserved.is_none();
+    let pending = mcp.status.as_ref().and_then(|s| s.observed.as_ref());
+    let pending = pending.and_then(|o| o.pending.clone()).filter(|_| observed);
+    let (paused, pause_note) = rollout::paused(mcp.annotations());
     let standing = match too_many {
         // No selection, so no target the nodes could be complete against.
         Some(why) => Standing::Degraded(why),
         None => {
             let degraded = observed.then(|| degraded_message(mcp)).flatten();
-            rollout::standing(&counts, paused, degraded.as_deref())
+            match rollout::standing(&counts, paused, degraded.as_deref()) {
+                // Complete only for the change the status has seen, with nothing left out.
+                Standing::Complete if !observed || pending.is_some() => Standing::Progressing,
+                standing => standing,
+            }
         }
     };
-    let message = message(&standing, pause_note, observed, &label);
+    let message = message(&standing, pause_note, unobserved.or(pending));
     let last_decision = mcp.status.as_ref().and_then(|s| s.rollout.clone());
     let (policy, reason) = match last_decision.filter(|_| observed) {
         Some(PoolRollout { policy, reason, .. }) => (Some(policy), Some(reason)),
         None => (None, None),
     };
     Ok(RolloutStatus {
-        pool: name,
+        pool: mcp.name_any(),
         target: label,
         standing,
         message,
@@ -168,6 +183,49 @@ pub fn read<'a>(
     })
 }
 
+/// The pool's rollout request as the controller makes it — its selection of sets (and whether
+/// it selects too many), the node policy entries it wrote, its nodes — and the selection.
+fn request_of<'a>(
+    mcp: &MachineConfigPool,
+    sets: impl IntoIterator<Item = &'a PinnedImageSet>,
+    nodes: impl IntoIterator<Item = &'a MachineConfigNode>,
+    now_ms: u64,
+) -> Result<
+    (
+        pinset_policy_sdk::RolloutRequest,
+        Vec<String>,
+        Option<String>,
+    ),
+    ConvertError,
+> {
+    let name = mcp.name_any();
+    let sets: BTreeMap<String, &PinnedImageSet> =
+        sets.into_iter().map(|s| (s.name_any(), s)).collect();
+    let labelled = sets.iter().map(|(n, s)| (n.as_str(), s.labels()));
+    // The selection the controller makes (and writes to spec.pinnedImageSets).
+    let (selected, too_many) = match pool::select_labelled(&convert::pool(mcp)?, labelled) {
+        Ok(names) => (names.unwrap_or_default(), None),
+        Err(e @ PoolError::TooManySets { .. }) => (Vec::new(), Some(e.to_string())),
+    };
+    let mut target = convert::target_sets(&selected, |n| sets.get(n).copied());
+    target.extend(policy_entries(mcp));
+    let members: Vec<rollout::Member> = nodes
+        .into_iter()
+        .filter(|n| n.spec.pool.name == name)
+        .map(|n| convert::member(n, &convert::node_report(n)))
+        .collect();
+    // The pool's ceiling changes what may be granted, not where nodes stand: not needed here.
+    let request = rollout::request(
+        &name,
+        mcp.annotations(),
+        None,
+        rollout::target(&target),
+        &members,
+        now_ms,
+    );
+    Ok((request, selected, too_many))
+}
+
 /// The node policy entries of the target the controller last wrote for `mcp`: a policy change
 /// rolls out as one (the controller reads the PolicyConfiguration; this command follows it).
 fn policy_entries(mcp: &MachineConfigPool) -> Vec<(String, i64, u32)> {
@@ -182,9 +240,15 @@ fn policy_entries(mcp: &MachineConfigPool) -> Vec<(String, i64, u32)> {
         .collect()
 }
 
-/// The pool's status speaks of `target`: the controller wrote the selection the objects show
-/// (`selected`) and a rollout status for that target.
-fn observed(mcp: &MachineConfigPool, selected: &[String], target: &str) -> bool {
+/// What the pool's status has not seen yet (`None`: it speaks of the objects as they are): the
+/// controller wrote the selection the objects show (`selected`), a rollout status for `target`,
+/// and computed it from the pool's generation and the PolicyConfiguration's now.
+fn unobserved<'a>(
+    mcp: &MachineConfigPool,
+    selected: &[String],
+    target: &str,
+    policies: impl IntoIterator<Item = &'a PolicyConfiguration>,
+) -> Option<String> {
     let written: Vec<&str> = mcp
         .spec
         .pinned_image_sets
@@ -192,25 +256,47 @@ fn observed(mcp: &MachineConfigPool, selected: &[String], target: &str) -> bool 
         .flatten()
         .map(|s| s.name.as_str())
         .collect();
-    let status_target = mcp.status.as_ref().and_then(|s| s.rollout.as_ref());
-    written == selected && status_target.map_or("", |r| r.target.as_str()) == target
+    let status = mcp.status.as_ref();
+    let status_target = status.and_then(|s| s.rollout.as_ref());
+    if written != selected || status_target.map_or("", |r| r.target.as_str()) != target {
+        return Some(format!(
+            "the pool's status does not show target {target:?} yet (is the controller running?)"
+        ));
+    }
+    let generation = mcp.metadata.generation.unwrap_or_default();
+    let Some(seen) = status.and_then(|s| s.observed.as_ref()) else {
+        return Some("the controller has not reported on this pool yet".into());
+    };
+    if seen.generation < generation {
+        return Some(format!(
+            "waiting for the controller to observe the pool's generation {generation} (it has seen {})",
+            seen.generation
+        ));
+    }
+    let name = seen.policy_configuration.as_deref()?;
+    let now = policies
+        .into_iter()
+        .find(|p| p.name_any() == name)
+        .and_then(|p| p.metadata.generation);
+    (now != seen.policy_configuration_generation).then(|| {
+        let now = now.map_or("deleted".to_string(), |g| format!("at generation {g}"));
+        format!("waiting for the controller to observe PolicyConfiguration {name} ({now})")
+    })
 }
 
-/// Why the rollout is Degraded or Paused, or what it waits for.
+/// Why the rollout is Degraded or Paused, or what it waits for (`waiting`: the status has not
+/// seen the change yet, or the target leaves something configured out for now).
 fn message(
     standing: &Standing,
     pause_note: Option<String>,
-    observed: bool,
-    target: &str,
+    waiting: Option<String>,
 ) -> Option<String> {
     match standing {
         Standing::Degraded(why) => Some(why.clone()),
         Standing::Paused => {
             Some(pause_note.unwrap_or_else(|| format!("paused by {PAUSED_ANNOTATION}")))
         }
-        Standing::Progressing if !observed => Some(format!(
-            "the pool's status does not show target {target:?} yet (is the controller running?)"
-        )),
+        Standing::Progressing => waiting,
         _ => None,
     }
 }
@@ -289,13 +375,18 @@ pub async fn follow(
         crate::watcher_config(),
     );
     let (nodes, nodes_events) = crate::cached_watch(
-        Api::<MachineConfigNode>::all(client),
+        Api::<MachineConfigNode>::all(client.clone()),
+        crate::watcher_config(),
+    );
+    let (policies, policies_events) = crate::cached_watch(
+        Api::<PolicyConfiguration>::all(client),
         crate::watcher_config(),
     );
     let mut events = futures::stream::select_all([
         labelled(pools_events, "MachineConfigPool"),
         labelled(sets_events, "PinnedImageSets"),
         labelled(nodes_events, "MachineConfigNodes"),
+        labelled(policies_events, "PolicyConfigurations"),
     ]);
     let mut lists = Lists::default();
     let mut last: Option<RolloutStatus> = None;
@@ -314,13 +405,13 @@ pub async fn follow(
         let mcp = pools
             .get(&ObjectRef::new(pool))
             .ok_or_else(|| RolloutError::NotFound { pool: pool.into() })?;
-        let (sets, nodes) = (sets.state(), nodes.state());
-        let status = read(
-            &mcp,
+        let (sets, nodes, policies) = (sets.state(), nodes.state(), policies.state());
+        let objects = Objects::new(
             sets.iter().map(AsRef::as_ref),
             nodes.iter().map(AsRef::as_ref),
-            crate::now_ms(),
-        )?;
+            policies.iter().map(AsRef::as_ref),
+        );
+        let status = read(&mcp, objects, crate::now_ms())?;
         if last.as_ref() == Some(&status) {
             continue;
         }
@@ -362,7 +453,7 @@ struct Lists(std::collections::BTreeSet<&'static str>);
 
 impl Lists {
     fn ready(&self) -> bool {
-        self.0.len() == 3
+        self.0.len() == 4
     }
 
     /// Note one event of the watches. An error before every list has arrived ends the follow
@@ -452,8 +543,17 @@ mod tests {
         .unwrap()
     }
 
+    fn at(
+        mcp: &MachineConfigPool,
+        sets: &[PinnedImageSet],
+        nodes: &[MachineConfigNode],
+    ) -> Result<RolloutStatus, ConvertError> {
+        read(mcp, Objects::new(sets, nodes, &[]), 0)
+    }
+
     fn status(target: &str, degraded: Option<&str>) -> Value {
         json!({
+            "observed": {"generation": 0},
             "conditions": [{
                 "type": CONDITION_DEGRADED,
                 "status": if degraded.is_some() { "True" } else { "False" },
@@ -479,7 +579,7 @@ mod tests {
         let nodes = [on_it, node("n1", "worker", Some(2), None, Some(2))];
         let target = format!("apps@2,{entry}@1");
         let p = pool(json!({}), &["apps"], status(&target, None));
-        let s = read(&p, &sets, &nodes, 0).unwrap();
+        let s = at(&p, &sets, &nodes).unwrap();
         assert_eq!(s.target, target);
         assert!(s.observed, "{s:?}");
         assert_eq!((s.done, s.waiting), (1, 1), "{s:?}");
@@ -496,7 +596,7 @@ mod tests {
             node("m0", "master", Some(1), None, None),
         ];
         let p = pool(json!({}), &["apps"], status("apps@2", None));
-        let s = read(&p, &sets, &nodes, 0).unwrap();
+        let s = at(&p, &sets, &nodes).unwrap();
         assert_eq!((s.target.as_str(), s.nodes), ("apps@2", 3), "{s:?}");
         assert_eq!(
             (s.done, s.pulling, s.waiting, s.failed, s.granted),
@@ -528,7 +628,7 @@ mod tests {
             &["apps"],
             status("apps@1", Some("canary n0 failed")),
         );
-        let s = read(&stale, &sets, &nodes, 0).unwrap();
+        let s = at(&stale, &sets, &nodes).unwrap();
         assert_eq!(
             (s.standing.clone(), s.observed, s.reason),
             (Standing::Progressing, false, None)
@@ -536,7 +636,7 @@ mod tests {
         assert!(s.message.unwrap().contains("\"apps@2\""));
         // Nor does a pool whose spec does not list the selection yet (a set just created).
         let unwritten = pool(json!({}), &[], status("apps@2", None));
-        assert!(!read(&unwritten, &sets, &nodes, 0).unwrap().observed);
+        assert!(!at(&unwritten, &sets, &nodes).unwrap().observed);
     }
 
     #[test]
@@ -548,7 +648,7 @@ mod tests {
         ];
         let why = "canary n0 failed: q.io/x/i1: manifest unknown";
         let held = pool(json!({}), &["apps"], status("apps@2", Some(why)));
-        let s = read(&held, &sets, &failed, 0).unwrap();
+        let s = at(&held, &sets, &failed).unwrap();
         assert_eq!(s.standing, Standing::Degraded(why.into()));
         assert_eq!(
             s.members[0].error.as_deref(),
@@ -566,7 +666,7 @@ mod tests {
             &["apps"],
             status("apps@2", None),
         );
-        let s = read(&paused, &sets, &waiting, 0).unwrap();
+        let s = at(&paused, &sets, &waiting).unwrap();
         assert_eq!((s.standing.clone(), s.paused), (Standing::Paused, true));
         assert!(
             s.message.unwrap().contains("\"yes\""),
@@ -574,18 +674,86 @@ mod tests {
         );
 
         let done = [node("n0", "worker", Some(2), None, Some(2))];
-        let s = read(&paused, &sets, &done, 0).unwrap();
+        let s = at(&paused, &sets, &done).unwrap();
         assert_eq!(
             s.standing,
             Standing::Complete,
             "nothing left to pull, paused or not"
         );
-        // A pool without sets or nodes has nothing to roll out.
-        let empty = pool(json!({}), &[], Value::Null);
-        let s = read(&empty, &[], &[], 0).unwrap();
+        // A pool without sets or nodes has nothing to roll out, once the controller said so.
+        let unseen = pool(json!({}), &[], Value::Null);
+        let s = at(&unseen, &[], &[]).unwrap();
+        assert_eq!((s.standing, s.observed), (Standing::Progressing, false));
+        let empty = pool(json!({}), &[], json!({"observed": {"generation": 0}}));
+        let s = at(&empty, &[], &[]).unwrap();
         assert_eq!(
             (s.standing, s.target.as_str(), s.observed),
             (Standing::Complete, "", true)
+        );
+    }
+
+    fn policy_configuration(generation: i64) -> PolicyConfiguration {
+        serde_json::from_value(json!({
+            "apiVersion": "pinset.io/v1alpha1", "kind": "PolicyConfiguration",
+            "metadata": {"name": "cluster", "generation": generation},
+            "spec": {"pools": {}}
+        }))
+        .unwrap()
+    }
+
+    /// Right after a change, the status the controller wrote for the objects before it must not
+    /// be read as the outcome: a pool edited, a PolicyConfiguration changed (or deleted), a
+    /// module still being checked, a module refused while every node is at the old target.
+    #[test]
+    fn a_change_the_controller_has_not_observed_is_progressing_never_complete() {
+        let sets = [set("apps", "worker", 2, 3)];
+        let done = [node("n0", "worker", Some(2), None, Some(2))];
+        let mut seen = status("apps@2", None);
+        seen["observed"] = json!({"generation": 4, "policyConfiguration": "cluster",
+                                  "policyConfigurationGeneration": 7});
+        let mut p = pool(json!({}), &["apps"], seen.clone());
+        p.metadata.generation = Some(4);
+        let read_with = |p: &MachineConfigPool, policies: &[PolicyConfiguration]| {
+            read(p, Objects::new(&sets, &done, policies), 0).unwrap()
+        };
+        let s = read_with(&p, &[policy_configuration(7)]);
+        assert_eq!((s.standing.clone(), s.observed), (Standing::Complete, true));
+
+        let s = read_with(&p, &[policy_configuration(8)]);
+        assert_eq!(
+            (s.standing.clone(), s.observed),
+            (Standing::Progressing, false)
+        );
+        let why = s.message.unwrap();
+        assert!(
+            why.contains("PolicyConfiguration cluster (at generation 8)"),
+            "{why}"
+        );
+        let s = read_with(&p, &[]);
+        assert!(s.message.unwrap().contains("deleted"));
+
+        p.metadata.generation = Some(5);
+        let s = read_with(&p, &[policy_configuration(7)]);
+        assert_eq!(s.standing, Standing::Progressing);
+        assert!(s.message.unwrap().contains("generation 5 (it has seen 4)"));
+
+        p.metadata.generation = Some(4);
+        let mut checking = seen.clone();
+        checking["observed"]["pending"] = json!("checking the signature of node policy oci://r/p");
+        p.status = serde_json::from_value(checking).unwrap();
+        let s = read_with(&p, &[policy_configuration(7)]);
+        assert_eq!((s.standing, s.observed), (Standing::Progressing, true));
+        assert!(s.message.unwrap().starts_with("checking the signature"));
+
+        let refused = "node policy oci://r/p refused (Unsigned): no cosign signature";
+        let mut degraded = status("apps@2", Some(refused));
+        degraded["observed"] = seen["observed"].clone();
+        p.status = serde_json::from_value(degraded).unwrap();
+        let s = read_with(&p, &[policy_configuration(7)]);
+        assert_eq!(
+            s.standing,
+            Standing::Degraded(refused.into()),
+            "every node at the target"
         );
     }
 
@@ -595,7 +763,7 @@ mod tests {
             .map(|i| set(&format!("s{i:03}"), "worker", 1, 1))
             .collect();
         let nodes = [node("n0", "worker", None, None, None)];
-        let s = read(&pool(json!({}), &[], Value::Null), &sets, &nodes, 0).unwrap();
+        let s = at(&pool(json!({}), &[], Value::Null), &sets, &nodes).unwrap();
         assert!(
             matches!(&s.standing, Standing::Degraded(why) if why.contains("101")),
             "{s:?}"
@@ -605,7 +773,7 @@ mod tests {
             "matchExpressions": [{"key": "role", "operator": "Near", "values": ["x"]}]
         }))
         .unwrap();
-        let e = read(&bad, &sets, &nodes, 0).unwrap_err().to_string();
+        let e = at(&bad, &sets, &nodes).unwrap_err().to_string();
         assert!(
             e.contains("MachineConfigPool worker") && e.contains("Near"),
             "{e}"

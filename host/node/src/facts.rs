@@ -5,9 +5,9 @@
 use crate::cri::client::CriError;
 use crate::cri::proto;
 use crate::reconcile::Reconciler;
-use pinset_registry::size::{Cached, ImageSize, Sizer};
 use pinset_core::desired::{Desired, NodeInfo};
 use pinset_policy_sdk::{self as sdk, AdmissionRequest, DiskFacts, Images, NodeFacts};
+use pinset_registry::size::{Cached, ImageSize, Sizer};
 use std::collections::{HashMap, HashSet};
 use std::path::Path;
 use std::sync::Arc;

@@ -1,10 +1,10 @@
 //! Pulls through CRI, with the credentials of the image's registry.
 
 use crate::cri::client::CriClient;
-use crate::executor::{PullFailure, Puller};
 use crate::cri::proto::AuthConfig;
-use pinset_registry::auth::Credentials;
+use crate::executor::{PullFailure, Puller};
 use pinset_core::reference::ImageRef;
+use pinset_registry::auth::Credentials;
 use std::sync::Arc;
 
 /// The executor's [`Puller`] over CRI `PullImage`.

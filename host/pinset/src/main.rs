@@ -54,6 +54,14 @@ struct Args {
         default_value = "text"
     )]
     log_format: cli::logging::LogFormat,
+    /// The registries file (`insecureRegistries`, `auth`), for images and policies alike;
+    /// default: $PINSET_REGISTRIES, else ~/.config/pinset/registries.yaml when it exists.
+    #[arg(long, global = true, value_name = "FILE")]
+    registries: Option<std::path::PathBuf>,
+    /// A registry (`host[:port]`) to speak plain HTTP to, for images and policies alike (added
+    /// to the registries file's); repeatable.
+    #[arg(long, global = true, value_name = "HOST")]
+    insecure_registry: Vec<String>,
     #[command(subcommand)]
     command: Command,
 }
@@ -99,7 +107,7 @@ enum Command {
         /// `spec.rolloutGrant.maxPulls`), over the policy's concurrency, as the agent applies it.
         #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=64))]
         max_pulls: Option<u32>,
-        /// text for people; json or yaml for scripts (fields: see the README).
+        /// text for people; json or yaml for scripts (fields: docs/node.md).
         #[arg(long, short = 'o', value_enum, default_value = "text")]
         output: cli::plan::Output,
         #[command(flatten)]
@@ -148,6 +156,9 @@ enum Command {
     /// artifact on stdout; exit 65 with the reason on stderr when the module is not valid.
     #[command(name = pinset_policy::COMPILE_SUBCOMMAND, hide = true)]
     CompilePolicy,
+    /// Print the command-line reference (Markdown, from this parser: docs/cli.md).
+    #[command(hide = true)]
+    Reference,
     /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
     Completion {
         #[arg(value_enum)]
@@ -168,6 +179,7 @@ fn main() -> ExitCode {
 }
 
 fn run(args: Args) -> Result<ExitCode> {
+    cli::sources::init(args.registries.as_deref(), &args.insecure_registry)?;
     let rt = || {
         tokio::runtime::Builder::new_multi_thread()
             .enable_all()
@@ -218,6 +230,11 @@ fn run(args: Args) -> Result<ExitCode> {
         Command::Set(cmd) => rt()?.block_on(cli::set::run(cmd)),
         Command::Crds => Ok(cli::kube::crds()),
         Command::CompilePolicy => cli::policy::compile_child(),
+        Command::Reference => {
+            use clap::CommandFactory;
+            print!("{}", cli::reference::markdown(Args::command()));
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Completion { shell } => {
             use clap::CommandFactory;
             let mut command = Args::command();

@@ -4,23 +4,48 @@ use super::{NativePolicy, PolicyError, PolicyInstance, PolicyModule, synth};
 use pinset_policy_sdk::{AdmissionRequest, Pressure, PullOutcome};
 use std::time::{Duration, Instant};
 
-/// Median and 99th percentile of a set of samples.
+/// Median and 99th percentile of a set of samples, and how much the median itself moves
+/// within the run.
 #[derive(Clone, Copy, Debug)]
 pub struct Stats {
     pub median: Duration,
     pub p99: Duration,
+    /// The spread (largest − smallest) of the medians of [`BLOCKS`] consecutive blocks of the
+    /// samples: what the machine's noise does to a median over this run. A difference between
+    /// two runs smaller than their noise says nothing.
+    pub noise: Duration,
 }
 
+/// Blocks of samples a run's noise is estimated over.
+pub const BLOCKS: usize = 5;
+
 impl Stats {
-    pub fn of(mut samples: Vec<Duration>) -> Self {
+    /// `samples` in the order they were taken (the noise is over consecutive blocks).
+    pub fn of(samples: Vec<Duration>) -> Self {
         assert!(!samples.is_empty(), "no samples");
-        samples.sort_unstable();
-        let at = |q: f64| samples[((samples.len() - 1) as f64 * q).round() as usize];
+        let block = samples.len().div_ceil(BLOCKS);
+        let medians: Vec<Duration> = samples
+            .chunks(block)
+            .map(|b| median(&mut b.to_vec()))
+            .collect();
+        let noise = match (medians.iter().max(), medians.iter().min()) {
+            (Some(hi), Some(lo)) => *hi - *lo,
+            _ => Duration::ZERO,
+        };
+        let mut sorted = samples;
+        sorted.sort_unstable();
+        let at = |q: f64| sorted[((sorted.len() - 1) as f64 * q).round() as usize];
         Stats {
             median: at(0.5),
             p99: at(0.99),
+            noise,
         }
     }
+}
+
+fn median(samples: &mut [Duration]) -> Duration {
+    samples.sort_unstable();
+    samples[(samples.len() - 1) / 2]
 }
 
 /// What a row's second column measured.

@@ -110,6 +110,13 @@ impl Guarded {
         self
     }
 
+    /// No warning per failure: the caller reports the failures itself (a smoke test, whose
+    /// failure is the refusal of a module that never decided anything).
+    pub fn without_warnings(mut self) -> Self {
+        self.guard.quiet();
+        self
+    }
+
     /// Ask the primary policy, check its answer, fall back to the reference policy on failure.
     fn decide<T>(
         &mut self,

@@ -13,7 +13,7 @@ pub fn smoke_test(
     request: &AdmissionRequest,
     pressure: &Pressure,
 ) -> Result<PolicyInfo, Fallback> {
-    let mut guarded = Guarded::new(Box::new(module.instance()));
+    let mut guarded = Guarded::new(Box::new(module.instance())).without_warnings();
     let info = guarded.info();
     let node = &request.node;
     guarded.admit(request);
@@ -38,7 +38,9 @@ pub fn smoke_test(
 /// grant on the pool's current `request`, within its limits and valid. The fallback, naming
 /// the module and the hook, is the error.
 pub fn fleet_smoke_test(module: &FleetModule, request: &RolloutRequest) -> Result<(), Fallback> {
-    let decided = GuardedFleet::new(Box::new(module.instance())).grant(request);
+    let decided = GuardedFleet::new(Box::new(module.instance()))
+        .without_warnings()
+        .grant(request);
     match decided.fallback {
         Some(fallback) => Err(fallback),
         None => Ok(()),

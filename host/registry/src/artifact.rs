@@ -10,8 +10,8 @@ use crate::auth::Credentials;
 use crate::client::{Client, RegistryError};
 use crate::limits::{CONFIG, Limit, MODULE, MODULE_REQUEST, SMALL_REQUEST};
 use crate::mirrors::Endpoint;
-pub use crate::oci::{Descriptor, manifest_json, sha256_digest};
 use crate::oci::{DOCKER_LIST, ImageManifest, OCI_INDEX, OCI_MANIFEST};
+pub use crate::oci::{Descriptor, manifest_json, sha256_digest};
 use bytes::Bytes;
 use pinset_core::reference::ImageRef;
 use pinset_core::refusal::Refusal;
@@ -310,7 +310,11 @@ impl Artifacts {
         }
         let fetched = self
             .client
-            .manifest(&reference.endpoint(), reference.version_text(), SMALL_REQUEST)
+            .manifest(
+                &reference.endpoint(),
+                reference.version_text(),
+                SMALL_REQUEST,
+            )
             .await
             .map_err(|e| ArtifactError::of(reference, "resolving the tag", e))?;
         Ok(reference.at(&fetched.digest))
@@ -378,7 +382,11 @@ impl Artifacts {
     ) -> Result<Option<(ImageManifest, String)>, ArtifactError> {
         let fetched = match self
             .client
-            .manifest(&reference.endpoint(), reference.version_text(), SMALL_REQUEST)
+            .manifest(
+                &reference.endpoint(),
+                reference.version_text(),
+                SMALL_REQUEST,
+            )
             .await
         {
             Ok(fetched) => fetched,
@@ -387,7 +395,10 @@ impl Artifacts {
                 let served = why.split_whitespace().find(|w| w.starts_with("sha256:"));
                 return Err(ArtifactError::WrongDigest {
                     reference: reference.to_string(),
-                    served: served.unwrap_or("other content").trim_end_matches(',').to_string(),
+                    served: served
+                        .unwrap_or("other content")
+                        .trim_end_matches(',')
+                        .to_string(),
                 });
             }
             Err(e) => return Err(ArtifactError::of(reference, "reading the manifest", e)),
@@ -451,7 +462,12 @@ impl Artifacts {
     async fn config(&self, at: &ArtifactRef, manifest: &ImageManifest) -> Option<WasmConfig> {
         let bytes = self
             .client
-            .blob(&at.endpoint(), &manifest.config.digest, CONFIG, SMALL_REQUEST)
+            .blob(
+                &at.endpoint(),
+                &manifest.config.digest,
+                CONFIG,
+                SMALL_REQUEST,
+            )
             .await
             .inspect_err(|e| tracing::debug!(error = %e, "artifact config unreadable"))
             .ok()?;
@@ -478,7 +494,9 @@ impl Artifacts {
                     why,
                 })
             }
-            Err(e @ RegistryError::NotFound { .. }) => Err(ArtifactError::of(at, "reading a blob", e)),
+            Err(e @ RegistryError::NotFound { .. }) => {
+                Err(ArtifactError::of(at, "reading a blob", e))
+            }
             Err(e) if e.transient() => Err(ArtifactError::of(at, "reading a blob", e)),
             Err(e) => Err(ArtifactError::Layer {
                 reference: at.to_string(),

@@ -138,7 +138,10 @@ impl Client {
             Some(token) => bearer(request.clone(), token),
             None => request.clone(),
         };
-        let answer = self.http.send(&endpoint.tls, first, limit, deadline).await?;
+        let answer = self
+            .http
+            .send(&endpoint.tls, first, limit, deadline)
+            .await?;
         if answer.status != StatusCode::UNAUTHORIZED {
             return Ok(answer);
         }
@@ -148,9 +151,8 @@ impl Client {
                 service,
                 scope,
             }) => {
-                let scope = scope.unwrap_or_else(|| {
-                    format!("repository:{}:{actions}", endpoint.repository)
-                });
+                let scope = scope
+                    .unwrap_or_else(|| format!("repository:{}:{actions}", endpoint.repository));
                 let token = self
                     .token(endpoint, &realm, service.as_deref(), &scope)
                     .await?;
@@ -163,7 +165,10 @@ impl Client {
             },
             None => return Ok(answer),
         };
-        Ok(self.http.send(&endpoint.tls, retry, limit, deadline).await?)
+        Ok(self
+            .http
+            .send(&endpoint.tls, retry, limit, deadline)
+            .await?)
     }
 
     fn remember(&self, key: (String, String, String), token: &str) {
@@ -206,7 +211,9 @@ impl Client {
         query.extend(service.map(|s| ("service", s)));
         let mut request = Request::get(with_query(realm, &query));
         if self.realm_trusted(endpoint, realm)
-            && let Some(c) = self.credentials.lookup(&endpoint.auth_host, &endpoint.repository)
+            && let Some(c) = self
+                .credentials
+                .lookup(&endpoint.auth_host, &endpoint.repository)
         {
             request = basic(request, c);
         } else if self
@@ -251,8 +258,8 @@ fn bearer(request: Request, token: &str) -> Request {
 }
 
 fn basic(request: Request, c: &Credential) -> Request {
-    let pair = base64::engine::general_purpose::STANDARD
-        .encode(format!("{}:{}", c.username, c.password));
+    let pair =
+        base64::engine::general_purpose::STANDARD.encode(format!("{}:{}", c.username, c.password));
     request.header(header::AUTHORIZATION, &format!("Basic {pair}"))
 }
 
@@ -304,7 +311,11 @@ fn same_domain(a: &str, b: &str) -> bool {
 pub fn with_query(url: &str, query: &[(&str, &str)]) -> String {
     let mut out = url.to_string();
     for (i, (key, value)) in query.iter().enumerate() {
-        let sep = if i == 0 && !url.contains('?') { '?' } else { '&' };
+        let sep = if i == 0 && !url.contains('?') {
+            '?'
+        } else {
+            '&'
+        };
         out.push(sep);
         out.push_str(key);
         out.push('=');
@@ -420,24 +431,39 @@ mod tests {
         let c = Client::new(vec!["10.0.0.1:5000".into()], Arc::default());
         let hub = endpoint("registry-1.docker.io", Scheme::Https);
         assert!(c.realm_trusted(&hub, "https://auth.docker.io/token"));
-        assert!(!c.realm_trusted(&hub, "http://auth.docker.io/token"), "plain HTTP");
-        assert!(!c.realm_trusted(&hub, "https://evil.example/token"), "another domain");
+        assert!(
+            !c.realm_trusted(&hub, "http://auth.docker.io/token"),
+            "plain HTTP"
+        );
+        assert!(
+            !c.realm_trusted(&hub, "https://evil.example/token"),
+            "another domain"
+        );
         let quay = endpoint("quay.io", Scheme::Https);
         assert!(c.realm_trusted(&quay, "https://quay.io/v2/auth"));
         assert!(!c.realm_trusted(&quay, "https://quay.io.evil.example/v2/auth"));
         // A registry configured insecure may take them over plain HTTP, on its own host.
         let local = endpoint("10.0.0.1:5000", Scheme::Https);
         assert!(c.realm_trusted(&local, "http://10.0.0.1:5001/token"));
-        assert!(!c.realm_trusted(&local, "http://10.0.0.2/token"), "another address");
+        assert!(
+            !c.realm_trusted(&local, "http://10.0.0.2/token"),
+            "another address"
+        );
     }
 
     #[test]
     fn queries_are_percent_encoded() {
         assert_eq!(
-            with_query("https://a/t", &[("scope", "repository:x/y:pull,push"), ("service", "a b")]),
+            with_query(
+                "https://a/t",
+                &[("scope", "repository:x/y:pull,push"), ("service", "a b")]
+            ),
             "https://a/t?scope=repository%3Ax%2Fy%3Apull%2Cpush&service=a%20b"
         );
-        assert_eq!(with_query("https://a/t?x=1", &[("s", "v")]), "https://a/t?x=1&s=v");
+        assert_eq!(
+            with_query("https://a/t?x=1", &[("s", "v")]),
+            "https://a/t?x=1&s=v"
+        );
         assert_eq!(host_of("https://user@Auth.Example:443/t?x"), "auth.example");
     }
 }
@@ -453,7 +479,13 @@ mod hostile {
         let endpoint = Endpoint::source(&hostile.addr, "a/b");
         let url = endpoint.manifest_url("http", "v1");
         client
-            .send(&endpoint, Request::get(url), "pull", MANIFEST, Duration::from_secs(10))
+            .send(
+                &endpoint,
+                Request::get(url),
+                "pull",
+                MANIFEST,
+                Duration::from_secs(10),
+            )
             .await
     }
 
@@ -463,15 +495,25 @@ mod hostile {
         let answer = ask(&hostile).await.unwrap();
         assert_eq!(answer.status, StatusCode::UNAUTHORIZED);
         let paths: Vec<String> = hostile.seen().into_iter().map(|s| s.path).collect();
-        assert_eq!(paths.len(), 3, "the request, the token, the request again: {paths:?}");
-        assert!(paths[1].starts_with("/token?scope=repository%3Aa%2Fb%3Apull"), "{paths:?}");
+        assert_eq!(
+            paths.len(),
+            3,
+            "the request, the token, the request again: {paths:?}"
+        );
+        assert!(
+            paths[1].starts_with("/token?scope=repository%3Aa%2Fb%3Apull"),
+            "{paths:?}"
+        );
     }
 
     #[tokio::test]
     async fn an_endless_token_is_cut_at_the_token_cap() {
         let hostile = Hostile::start(Misbehaviour::HugeToken);
         let e = ask(&hostile).await.unwrap_err();
-        assert!(e.to_string().contains("token is larger than 65536 bytes"), "{e}");
+        assert!(
+            e.to_string().contains("token is larger than 65536 bytes"),
+            "{e}"
+        );
         assert!(!e.transient());
     }
 }

@@ -37,7 +37,10 @@ impl Client {
                 .send(endpoint, build(scheme), actions, limit, deadline)
                 .await
             {
-                Err(RegistryError::Http(e @ HttpError::Unreachable { .. })) => {
+                // The next scheme may answer (an insecure endpoint: TLS first, then plain HTTP).
+                Err(RegistryError::Http(
+                    e @ (HttpError::Unreachable { .. } | HttpError::PlainHttp { .. }),
+                )) => {
                     last = Some(RegistryError::Http(e));
                 }
                 other => return other,
@@ -56,8 +59,7 @@ impl Client {
     ) -> Result<Fetched, RegistryError> {
         let accept = MANIFEST_TYPES.join(", ");
         let build = |scheme: &str| {
-            Request::get(endpoint.manifest_url(scheme, reference))
-                .header(header::ACCEPT, &accept)
+            Request::get(endpoint.manifest_url(scheme, reference)).header(header::ACCEPT, &accept)
         };
         let answer = self
             .on_endpoint(endpoint, build, "pull", MANIFEST, deadline)

@@ -107,6 +107,14 @@ pub enum HttpError {
         what: &'static str,
         max: u64,
     },
+    /// A TLS request answered in plain HTTP: the registry is one without TLS, not marked
+    /// insecure (no outage: asking again will not help). The message names the fix.
+    #[error("{method} {url}: {why}")]
+    PlainHttp {
+        method: String,
+        url: String,
+        why: String,
+    },
     /// An answer pinset will not follow (a redirect loop, a downgrade to plain HTTP, a bad URL).
     #[error("{method} {url}: {why}")]
     Refused {
@@ -152,8 +160,12 @@ impl Http {
             }),
         };
         match &result {
-            Ok(a) => tracing::debug!(%method, %url, status = a.status.as_u16(), bytes = a.body.len(), took = ?started.elapsed(), "registry answered"),
-            Err(e) => tracing::debug!(%method, %url, error = %e, took = ?started.elapsed(), "registry request failed"),
+            Ok(a) => {
+                tracing::debug!(%method, %url, status = a.status.as_u16(), bytes = a.body.len(), took = ?started.elapsed(), "registry answered")
+            }
+            Err(e) => {
+                tracing::debug!(%method, %url, error = %e, took = ?started.elapsed(), "registry request failed")
+            }
         }
         result
     }
@@ -201,11 +213,10 @@ impl Http {
         let built = builder
             .body(Full::new(request.body.clone()))
             .map_err(|e| refused(request, format!("not a request: {e}")))?;
-        client.request(built).await.map_err(|e| HttpError::Unreachable {
-            method: request.method.to_string(),
-            url: request.url.clone(),
-            why: crate::causes(&e),
-        })
+        client
+            .request(built)
+            .await
+            .map_err(|e| unreachable(request, crate::causes(&e)))
     }
 
     /// The client for these TLS settings.
@@ -444,10 +455,38 @@ mod danger {
         }
 
         fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
-            self.0
-                .signature_verification_algorithms
-                .supported_schemes()
+            self.0.signature_verification_algorithms.supported_schemes()
         }
+    }
+}
+
+/// A request that got no answer. A registry that answers TLS in plain HTTP is no outage
+/// ([`HttpError::PlainHttp`]), named with what marks it insecure.
+fn unreachable(request: &Request, why: String) -> HttpError {
+    let plain = [
+        "InvalidContentType",
+        "corrupt message",
+        "wrong version number",
+    ];
+    let host = request
+        .url
+        .parse::<http::Uri>()
+        .ok()
+        .and_then(|u| u.authority().map(|a| a.to_string()));
+    match host {
+        Some(host) if plain.iter().any(|p| why.contains(p)) => HttpError::PlainHttp {
+            method: request.method.to_string(),
+            url: request.url.clone(),
+            why: format!(
+                "{why}: {host} answers in plain HTTP, not TLS; if that registry is meant to be reached so, mark it insecure: {}",
+                crate::sources::Sources::fix_for(&host)
+            ),
+        },
+        _ => HttpError::Unreachable {
+            method: request.method.to_string(),
+            url: request.url.clone(),
+            why,
+        },
     }
 }
 
@@ -476,7 +515,11 @@ mod tests {
                 "{e}"
             );
             assert!(!e.transient());
-            assert!(started.elapsed() < Duration::from_secs(5), "{:?}", started.elapsed());
+            assert!(
+                started.elapsed() < Duration::from_secs(5),
+                "{:?}",
+                started.elapsed()
+            );
         }
     }
 
@@ -487,7 +530,11 @@ mod tests {
         let e = get(&hostile, Duration::from_secs(2)).await.unwrap_err();
         assert!(matches!(e, HttpError::Deadline { .. }), "{e}");
         assert!(e.transient());
-        assert!(started.elapsed() < Duration::from_secs(3), "{:?}", started.elapsed());
+        assert!(
+            started.elapsed() < Duration::from_secs(3),
+            "{:?}",
+            started.elapsed()
+        );
     }
 
     #[tokio::test]
@@ -500,8 +547,14 @@ mod tests {
 
     #[test]
     fn redirects_resolve_against_the_url_that_answered() {
-        assert_eq!(absolute("http://a:1/v2/x/blobs/d", "/store/d"), "http://a:1/store/d");
-        assert_eq!(absolute("http://a:1/v2/x/blobs/d", "https://s3/d?sig"), "https://s3/d?sig");
+        assert_eq!(
+            absolute("http://a:1/v2/x/blobs/d", "/store/d"),
+            "http://a:1/store/d"
+        );
+        assert_eq!(
+            absolute("http://a:1/v2/x/blobs/d", "https://s3/d?sig"),
+            "https://s3/d?sig"
+        );
         assert_eq!(authority("https://r.io:5000/v2/"), "https://r.io:5000");
     }
 }

@@ -28,6 +28,7 @@ pub mod oci;
 pub mod policy_source;
 pub mod signature;
 pub mod size;
+pub mod sources;
 
 pub use client::{Client, RegistryError};
 

@@ -57,7 +57,8 @@ impl Descriptor {
 
     /// The size, when it is one a descriptor can have (not negative).
     pub fn checked_size(&self) -> Result<u64, String> {
-        u64::try_from(self.size).map_err(|_| format!("{}: a negative size ({})", self.digest, self.size))
+        u64::try_from(self.size)
+            .map_err(|_| format!("{}: a negative size ({})", self.digest, self.size))
     }
 }
 
@@ -175,7 +176,12 @@ mod tests {
         let Manifest::Image(m) = Manifest::parse(image).unwrap() else {
             panic!("an image manifest")
         };
-        assert!(m.layers[0].checked_size().unwrap_err().contains("negative size (-1)"));
+        assert!(
+            m.layers[0]
+                .checked_size()
+                .unwrap_err()
+                .contains("negative size (-1)")
+        );
         let index = br#"{"schemaVersion":2,"manifests":[{"digest":"sha256:c","size":3,"platform":{"architecture":"amd64","os":"linux"}}]}"#;
         let Manifest::Index(i) = Manifest::parse(index).unwrap() else {
             panic!("an index")

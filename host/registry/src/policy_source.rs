@@ -291,7 +291,10 @@ pub struct Pruned {
 /// then the most recently used others while the cache stays within `max_bytes`; the rest is
 /// removed. The agent prunes at start and after each swap. A file it cannot read is left.
 pub fn prune(dir: &Path, keep: &[&str], max_bytes: u64) -> std::io::Result<Pruned> {
-    let keep: Vec<&str> = keep.iter().map(|k| k.trim_start_matches("sha256:")).collect();
+    let keep: Vec<&str> = keep
+        .iter()
+        .map(|k| k.trim_start_matches("sha256:"))
+        .collect();
     let mut entries = cache_entries(dir)?;
     entries.extend(cache_entries(&dir.join("compiled"))?);
     // Kept first, then newest first.
@@ -429,26 +432,44 @@ mod tests {
     fn the_cache_keeps_what_is_named_then_the_newest_within_its_bound() {
         let dir = tempfile::tempdir().unwrap();
         let put = |hex: char, ext: &str, size: usize, age: u64| {
-            let path = dir.path().join(format!("{}.{ext}", hex.to_string().repeat(64)));
+            let path = dir
+                .path()
+                .join(format!("{}.{ext}", hex.to_string().repeat(64)));
             std::fs::write(&path, vec![0u8; size]).unwrap();
             let when = std::time::SystemTime::now() - std::time::Duration::from_secs(age);
-            std::fs::File::options().append(true).open(&path).unwrap().set_modified(when).unwrap();
+            std::fs::File::options()
+                .append(true)
+                .open(&path)
+                .unwrap()
+                .set_modified(when)
+                .unwrap();
         };
         put('a', "wasm", 1000, 300); // old, but running: kept
         put('a', "json", 10, 300);
         put('b', "wasm", 1000, 10); // newest: kept within the bound
         put('c', "wasm", 1000, 100); // older: removed
         std::fs::create_dir(dir.path().join("compiled")).unwrap();
-        let compiled = dir.path().join("compiled").join(format!("{}-00ff.cwasm", "c".repeat(64)));
+        let compiled = dir
+            .path()
+            .join("compiled")
+            .join(format!("{}-00ff.cwasm", "c".repeat(64)));
         std::fs::write(&compiled, vec![0u8; 500]).unwrap();
         let old = std::time::SystemTime::now() - std::time::Duration::from_secs(200);
-        std::fs::File::options().append(true).open(&compiled).unwrap().set_modified(old).unwrap();
+        std::fs::File::options()
+            .append(true)
+            .open(&compiled)
+            .unwrap()
+            .set_modified(old)
+            .unwrap();
         let pruned = prune(dir.path(), &[&format!("sha256:{}", "a".repeat(64))], 2100).unwrap();
         assert_eq!(pruned.kept_bytes, 2010);
         assert!(dir.path().join(format!("{}.wasm", "a".repeat(64))).exists());
         assert!(dir.path().join(format!("{}.wasm", "b".repeat(64))).exists());
         assert!(!dir.path().join(format!("{}.wasm", "c".repeat(64))).exists());
-        assert!(!compiled.exists(), "an old compiled module past the bound goes too");
+        assert!(
+            !compiled.exists(),
+            "an old compiled module past the bound goes too"
+        );
         assert_eq!(pruned.removed, 2);
     }
 }

@@ -73,7 +73,9 @@ pub fn layers_of(manifest: &ImageManifest) -> Result<Vec<(String, u64)>, String>
             .checked_add(size)
             .filter(|t| *t <= MAX_IMAGE_BYTES)
             .ok_or_else(|| {
-                format!("its layers add up to more than {MAX_IMAGE_BYTES} bytes (1 TiB): not believed")
+                format!(
+                    "its layers add up to more than {MAX_IMAGE_BYTES} bytes (1 TiB): not believed"
+                )
             })?;
         layers.push((layer.digest.clone(), size));
     }
@@ -200,7 +202,10 @@ pub struct RegistrySizer {
 }
 
 impl RegistrySizer {
-    pub fn new(insecure_registries: Vec<String>, credentials: Arc<crate::auth::Credentials>) -> Self {
+    pub fn new(
+        insecure_registries: Vec<String>,
+        credentials: Arc<crate::auth::Credentials>,
+    ) -> Self {
         Self::with_client(Arc::new(Client::new(insecure_registries, credentials)))
     }
 
@@ -362,7 +367,9 @@ impl RegistrySizer {
                 Manifest::Index(index) => {
                     digest = index
                         .for_this_platform()
-                        .ok_or_else(|| answer("the index has no manifest for this platform".into()))?
+                        .ok_or_else(|| {
+                            answer("the index has no manifest for this platform".into())
+                        })?
                         .to_string();
                 }
             }
@@ -432,15 +439,55 @@ mod tests {
     #[test]
     fn targets_follow_the_reference_normalisation() {
         let table = [
-            ("quay.io/openshift-release-dev/ocp-v4.0-art-dev", "quay.io", "openshift-release-dev/ocp-v4.0-art-dev", "quay.io"),
-            ("127.0.0.1:5000/pinset/a", "127.0.0.1:5000", "pinset/a", "127.0.0.1:5000"),
+            (
+                "quay.io/openshift-release-dev/ocp-v4.0-art-dev",
+                "quay.io",
+                "openshift-release-dev/ocp-v4.0-art-dev",
+                "quay.io",
+            ),
+            (
+                "127.0.0.1:5000/pinset/a",
+                "127.0.0.1:5000",
+                "pinset/a",
+                "127.0.0.1:5000",
+            ),
             ("localhost:5000/a", "localhost:5000", "a", "localhost:5000"),
-            ("registry.example.com/a/b/c", "registry.example.com", "a/b/c", "registry.example.com"),
-            ("docker.io/library/busybox", "docker.io", "library/busybox", "registry-1.docker.io"),
-            ("docker.io/busybox", "docker.io", "library/busybox", "registry-1.docker.io"),
-            ("library/busybox", "docker.io", "library/busybox", "registry-1.docker.io"),
-            ("busybox", "docker.io", "library/busybox", "registry-1.docker.io"),
-            ("someone/tool", "docker.io", "someone/tool", "registry-1.docker.io"),
+            (
+                "registry.example.com/a/b/c",
+                "registry.example.com",
+                "a/b/c",
+                "registry.example.com",
+            ),
+            (
+                "docker.io/library/busybox",
+                "docker.io",
+                "library/busybox",
+                "registry-1.docker.io",
+            ),
+            (
+                "docker.io/busybox",
+                "docker.io",
+                "library/busybox",
+                "registry-1.docker.io",
+            ),
+            (
+                "library/busybox",
+                "docker.io",
+                "library/busybox",
+                "registry-1.docker.io",
+            ),
+            (
+                "busybox",
+                "docker.io",
+                "library/busybox",
+                "registry-1.docker.io",
+            ),
+            (
+                "someone/tool",
+                "docker.io",
+                "someone/tool",
+                "registry-1.docker.io",
+            ),
         ];
         for (name, registry, repository, host) in table {
             let full = format!("{name}@sha256:{D}");
@@ -524,7 +571,10 @@ mod tests {
         );
         assert!(text.to_lowercase().contains("refused"), "{text}");
         let again = sizer.fetch(&endpoint(&addr), DIGEST).await.unwrap_err();
-        assert!(again.to_string().contains("skipped: it did not answer"), "{again}");
+        assert!(
+            again.to_string().contains("skipped: it did not answer"),
+            "{again}"
+        );
     }
 
     /// A port that accepts and never answers, and a request given up by its caller's deadline:

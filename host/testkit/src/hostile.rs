@@ -115,18 +115,40 @@ fn serve(mut stream: TcpStream, how: &Misbehaviour, log: &Mutex<Vec<Seen>>, me: 
     log.lock().unwrap().push(seen.clone());
     let token_path = seen.path.starts_with("/token");
     let _ = match how {
-        Misbehaviour::EndlessBody => endless(&mut stream, "HTTP/1.1 200 OK\r\nContent-Type: application/vnd.oci.image.manifest.v1+json\r\nTransfer-Encoding: chunked\r\n\r\n"),
-        Misbehaviour::HugeLength => endless(&mut stream, "HTTP/1.1 200 OK\r\nContent-Type: application/vnd.oci.image.manifest.v1+json\r\nContent-Length: 1099511627776\r\n\r\n"),
+        Misbehaviour::EndlessBody => endless(
+            &mut stream,
+            "HTTP/1.1 200 OK\r\nContent-Type: application/vnd.oci.image.manifest.v1+json\r\nTransfer-Encoding: chunked\r\n\r\n",
+        ),
+        Misbehaviour::HugeLength => endless(
+            &mut stream,
+            "HTTP/1.1 200 OK\r\nContent-Type: application/vnd.oci.image.manifest.v1+json\r\nContent-Length: 1099511627776\r\n\r\n",
+        ),
         Misbehaviour::Trickle => trickle(&mut stream),
         Misbehaviour::HugeToken if token_path => endless(
             &mut stream,
             "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n",
         ),
-        Misbehaviour::AuthLoop if token_path => answer(&mut stream, "200 OK", "application/json", br#"{"token":"t"}"#, ""),
-        Misbehaviour::HugeToken | Misbehaviour::AuthLoop => challenge(&mut stream, &format!("http://{me}/token")),
+        Misbehaviour::AuthLoop if token_path => answer(
+            &mut stream,
+            "200 OK",
+            "application/json",
+            br#"{"token":"t"}"#,
+            "",
+        ),
+        Misbehaviour::HugeToken | Misbehaviour::AuthLoop => {
+            challenge(&mut stream, &format!("http://{me}/token"))
+        }
         Misbehaviour::Realm(realm) => challenge(&mut stream, realm),
-        Misbehaviour::RedirectLoop => answer(&mut stream, "302 Found", "text/plain", b"", &format!("Location: {}\r\n", seen.path)),
-        Misbehaviour::Serve { content_type, body } => answer(&mut stream, "200 OK", content_type, body, ""),
+        Misbehaviour::RedirectLoop => answer(
+            &mut stream,
+            "302 Found",
+            "text/plain",
+            b"",
+            &format!("Location: {}\r\n", seen.path),
+        ),
+        Misbehaviour::Serve { content_type, body } => {
+            answer(&mut stream, "200 OK", content_type, body, "")
+        }
     };
 }
 
@@ -146,10 +168,14 @@ fn answer(
 }
 
 fn challenge(stream: &mut TcpStream, realm: &str) -> std::io::Result<()> {
-    let header = format!(
-        "WWW-Authenticate: Bearer realm=\"{realm}\",service=\"hostile\"\r\n"
-    );
-    answer(stream, "401 Unauthorized", "application/json", b"{}", &header)
+    let header = format!("WWW-Authenticate: Bearer realm=\"{realm}\",service=\"hostile\"\r\n");
+    answer(
+        stream,
+        "401 Unauthorized",
+        "application/json",
+        b"{}",
+        &header,
+    )
 }
 
 /// `head`, then chunks of `{"a":"aaaa…` for as long as the reader takes them.

@@ -301,7 +301,10 @@ pub async fn push_image(
     layers: &[Vec<u8>],
 ) -> (String, ImageManifest) {
     let endpoint = Endpoint::source(registry, repo);
-    let diff_ids: Vec<String> = layers.iter().map(|l| format!("\"{}\"", sha256(l))).collect();
+    let diff_ids: Vec<String> = layers
+        .iter()
+        .map(|l| format!("\"{}\"", sha256(l)))
+        .collect();
     let config = format!(
         r#"{{"architecture":"{arch}","os":"linux","config":{{"Cmd":["/data"]}},"rootfs":{{"type":"layers","diff_ids":[{}]}}}}"#,
         diff_ids.join(",")
@@ -356,7 +359,13 @@ pub async fn push_index(
     }))
     .unwrap();
     client
-        .push_manifest(&Endpoint::source(registry, repo), "index", OCI_INDEX, index.into(), PUSH)
+        .push_manifest(
+            &Endpoint::source(registry, repo),
+            "index",
+            OCI_INDEX,
+            index.into(),
+            PUSH,
+        )
         .await
         .unwrap_or_else(|e| panic!("push index {registry}/{repo}: {e}"))
 }

@@ -91,8 +91,8 @@ fn canary(rollout: &Rollout) -> Grant {
     if let Some(failed) = nodes.iter().find(|n| n.granted && n.phase == Phase::Failed) {
         let waiting = rollout.count(Phase::Waiting);
         return Grant::hold(format!(
-            "canary node {} failed: {}; holding the other {waiting} node(s) until it succeeds \
-             or the sets change",
+            "canary node {} failed: {}; the other {waiting} node(s) wait until it succeeds or \
+             the target changes (the set fixed, or another node policy module configured)",
             failed.name,
             failed.error().unwrap_or("see its MachineConfigNode")
         ));

@@ -174,7 +174,10 @@ mod tests {
         });
         assert!(checks.running(&a) && !checks.due(&a));
         woken.changed().await.unwrap();
-        assert!(checks.finished(&a), "the outcome is there when the agent is woken");
+        assert!(
+            checks.finished(&a),
+            "the outcome is there when the agent is woken"
+        );
         let Some(Outcome::Recheck(Err((kind, _)))) = checks.take(&a) else {
             panic!("the outcome")
         };

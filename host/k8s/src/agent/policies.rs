@@ -13,10 +13,10 @@ use crate::policy_config::{ModuleRef, PolicyConfig};
 use pinset_core::refusal::Refusal;
 use pinset_core::rollout::{RolloutGrant, policy_set};
 use pinset_core::status::{NodeStatus, RejectedPolicy, RunningPolicy};
-use pinset_registry::policy_source::Fetcher;
-use pinset_registry::signature::VerifyingKey;
 use pinset_policy::{Limits, LoadError, PolicyModule, WasmRuntime};
 use pinset_policy_sdk::{AdmissionRequest, Pressure};
+use pinset_registry::policy_source::Fetcher;
+use pinset_registry::signature::VerifyingKey;
 
 /// Fetches, verifies and compiles node policy modules; holds the embedded default.
 pub struct Loader {
@@ -41,7 +41,9 @@ impl Loader {
                 tracing::info!(cache = %dir.display(), removed = p.removed, kept_bytes = p.kept_bytes, "policy cache pruned")
             }
             Ok(_) => {}
-            Err(e) => tracing::warn!(cache = %dir.display(), error = %e, "cannot prune the policy cache"),
+            Err(e) => {
+                tracing::warn!(cache = %dir.display(), error = %e, "cannot prune the policy cache")
+            }
         }
     }
 
@@ -73,10 +75,12 @@ impl Loaded {
             Ok(info) => (info.name, info.version),
             Err(e) => (format!("(no info: {e})"), String::new()),
         };
+        let content = format!("sha256:{}", module.sha256());
         let running = RunningPolicy {
             name,
             version,
-            digest: format!("sha256:{}", module.sha256()),
+            digest: pinset_core::status::policy_digest(reference.as_deref(), &content),
+            module_digest: content,
             module: reference
                 .clone()
                 .unwrap_or_else(|| pinset_policy::EMBEDDED_DEFAULT_NAME.to_string()),
@@ -226,8 +230,14 @@ impl NodePolicy {
         std::iter::once(&self.running)
             .chain(previous)
             .flat_map(|l| {
-                let manifest = l.reference.as_ref().and_then(|r| r.rsplit_once('@')).map(|(_, d)| d.to_string());
-                manifest.into_iter().chain([l.running.digest.clone()])
+                let manifest = l
+                    .reference
+                    .as_ref()
+                    .and_then(|r| r.rsplit_once('@'))
+                    .map(|(_, d)| d.to_string());
+                manifest
+                    .into_iter()
+                    .chain([l.running.module_digest.clone()])
             })
             .collect()
     }
@@ -387,7 +397,8 @@ pub async fn fetch(
     let keys = keys_of(wanted)?;
     let source = Source::parse(&m.module).map_err(|e| (e.refusal(), e.to_string()))?;
     if let (Source::File(_), false) = (&source, keys.is_empty()) {
-        let why = "a signature is required and a file carries none: reference a signed oci:// artifact";
+        let why =
+            "a signature is required and a file carries none: reference a signed oci:// artifact";
         return Err((Refusal::NotAPolicy, format!("{}: {why}", m.module)));
     }
     loader
@@ -424,10 +435,22 @@ pub fn prove(
     };
     let module = loader
         .runtime
-        .load_as(&fetched.name, &fetched.bytes, m.sha256.as_deref(), loader.limits)
+        .load_as(
+            &fetched.name,
+            &fetched.bytes,
+            m.sha256.as_deref(),
+            loader.limits,
+        )
         .map_err(|e| (Refusal::NotAPolicy, e.to_string()))?;
-    pinset_policy::smoke_test(&module, request, pressure)
-        .map_err(|f| (Refusal::SmokeTestFailed, format!("smoke test on the node's facts: {f}")))?;
+    pinset_policy::smoke_test(&module, request, pressure).map_err(|f| {
+        // The status names the module once, beside this cause: the error's own prefix goes.
+        let own = format!("policy {}: ", fetched.name);
+        let cause = f.message.strip_prefix(&own).unwrap_or(&f.message);
+        (
+            Refusal::SmokeTestFailed,
+            format!("smoke test on the node's facts: {cause}"),
+        )
+    })?;
     Ok(Loaded::new(module, Some(m.reference()), &now()))
 }
 
@@ -494,10 +517,7 @@ mod tests {
             default,
             limits: Limits::default(),
             fetcher: Fetcher {
-                artifacts: pinset_registry::artifact::Artifacts::new(
-                    vec![],
-                    Default::default(),
-                ),
+                artifacts: pinset_registry::artifact::Artifacts::new(vec![], Default::default()),
                 cache: None,
                 max_bytes: 1 << 20,
             },
@@ -575,14 +595,21 @@ mod tests {
         let oci = format!("oci://r.io/p@sha256:{}", "a".repeat(64));
         let c = config(&format!("pools:\n  infra: {{module: {oci:?}}}\n"));
         let wanted = Wanted::of(&c, &["infra".to_string()], None);
-        let result = node.refuse(&CheckKey::of(&wanted), Refusal::RegistryAway, "r.io: refused".into());
+        let result = node.refuse(
+            &CheckKey::of(&wanted),
+            Refusal::RegistryAway,
+            "r.io: refused".into(),
+        );
         assert_eq!(result, SwapResult::Waiting);
         let mut status = NodeStatus::default();
         node.report(&wanted, &mut status);
         assert_eq!(status.policy_rejected, None, "no verdict on the module");
         assert_eq!(status.policy_refused, None, "and no refusal");
         let said = status.policy_waiting.unwrap();
-        assert!(said.contains("waiting for the registry of") && said.contains(&oci), "{said}");
+        assert!(
+            said.contains("waiting for the registry of") && said.contains(&oci),
+            "{said}"
+        );
     }
 
     #[test]
@@ -630,7 +657,10 @@ mod tests {
         let loader = loader();
         let mut node = NodePolicy::new(loader.default_loaded());
         let v2 = Loaded::new(loader.default.clone(), Some("/p/v2.wasm".into()), "t");
-        assert_eq!(node.accept(v2.clone(), &key("/p/v2.wasm")), SwapResult::Swapped);
+        assert_eq!(
+            node.accept(v2.clone(), &key("/p/v2.wasm")),
+            SwapResult::Swapped
+        );
         let wanted = Wanted {
             module: ModuleRef::from_reference("/p/v2.wasm"),
             granted: true,
@@ -638,7 +668,10 @@ mod tests {
         };
         let mut status = NodeStatus::default();
         node.report(&wanted, &mut status);
-        assert!(status.policy.clone().unwrap().probation, "not done with it yet");
+        assert!(
+            status.policy.clone().unwrap().probation,
+            "not done with it yet"
+        );
         // A reconcile that failed does not end the probation.
         assert_eq!(node.after_reconcile(false, &["order: trap".into()]), None);
         assert_eq!(
@@ -649,8 +682,14 @@ mod tests {
         assert!(node.refused_for_good(&key("/p/v2.wasm")), "not tried again");
         node.report(&wanted, &mut status);
         let rejected = status.policy_rejected.clone().unwrap();
-        assert_eq!((rejected.module.as_str(), rejected.reason.as_str()), ("/p/v2.wasm", "FellBack"));
-        assert!(rejected.cause.contains("first reconcile: order: trap"), "{rejected:?}");
+        assert_eq!(
+            (rejected.module.as_str(), rejected.reason.as_str()),
+            ("/p/v2.wasm", "FellBack")
+        );
+        assert!(
+            rejected.cause.contains("first reconcile: order: trap"),
+            "{rejected:?}"
+        );
         // Past its probation, a fallback is the module's to answer for, not a swap's.
         node.accept(v2, &key("/p/v2.wasm"));
         assert_eq!(node.after_reconcile(true, &[]), None);
@@ -664,10 +703,28 @@ mod tests {
     fn a_module_no_longer_trusted_is_retired_for_the_default() {
         let loader = loader();
         let mut node = NodePolicy::new(loader.default_loaded());
-        let v2 = Loaded::new(loader.default.clone(), Some("oci://r/p@sha256:2".into()), "t");
-        node.accept(v2, &CheckKey { module: Some("oci://r/p@sha256:2".into()), keys: "old".into() });
-        let now = CheckKey { module: Some("oci://r/p@sha256:2".into()), keys: "new".into() };
-        node.retire(loader.default_loaded(), &now, Refusal::SignatureRefused, "signed by another key".into());
+        let v2 = Loaded::new(
+            loader.default.clone(),
+            Some("oci://r/p@sha256:2".into()),
+            "t",
+        );
+        node.accept(
+            v2,
+            &CheckKey {
+                module: Some("oci://r/p@sha256:2".into()),
+                keys: "old".into(),
+            },
+        );
+        let now = CheckKey {
+            module: Some("oci://r/p@sha256:2".into()),
+            keys: "new".into(),
+        };
+        node.retire(
+            loader.default_loaded(),
+            &now,
+            Refusal::SignatureRefused,
+            "signed by another key".into(),
+        );
         assert_eq!(node.running().reference, None);
         assert!(node.refused_for_good(&now));
     }
@@ -675,7 +732,10 @@ mod tests {
     #[test]
     fn key_fingerprints_ignore_order() {
         let (a, b) = ("A".to_string(), "B".to_string());
-        assert_eq!(fingerprint(&[a.clone(), b.clone()]), fingerprint(&[b, a.clone()]));
+        assert_eq!(
+            fingerprint(&[a.clone(), b.clone()]),
+            fingerprint(&[b, a.clone()])
+        );
         assert_ne!(fingerprint(std::slice::from_ref(&a)), fingerprint(&[]));
         assert_eq!(fingerprint(&[]), "");
     }

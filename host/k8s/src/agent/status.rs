@@ -335,6 +335,7 @@ pub fn node_status(status: &NodeStatus, previous: &[Condition]) -> MachineConfig
             name: cap(&p.name, 256),
             version: cap(&p.version, 256),
             digest: p.digest.clone(),
+            module_digest: Some(p.module_digest.clone()),
             module: cap(&p.module, 1024),
             since: time(&p.since),
             probation: p.probation,

@@ -30,7 +30,12 @@ impl<S: Sizer + 'static, B: PinBackend> Agent<S, B> {
     }
 
     /// What `config` asks of this node of `pools`, under its grant when it needs one.
-    pub(super) fn wanted(&self, rounds: &Rounds, config: &PolicyConfig, pools: &[String]) -> Wanted {
+    pub(super) fn wanted(
+        &self,
+        rounds: &Rounds,
+        config: &PolicyConfig,
+        pools: &[String],
+    ) -> Wanted {
         let needs_grant = matches!(rounds.policy_source, ConfigSource::Watched { .. });
         let grant = watch::grant_of(&self.config, &rounds.caches.own).filter(|_| needs_grant);
         Wanted::of(config, pools, grant.as_ref())
@@ -69,7 +74,12 @@ impl<S: Sizer + 'static, B: PinBackend> Agent<S, B> {
     /// Before a reconcile: take what a finished check found, or start the check that is due —
     /// of the running module when the trusted keys changed, else of the module the
     /// configuration and the grant ask for. Returns at once: the checks run in the background.
-    pub(super) async fn swap_policy(&self, rounds: &mut Rounds, node: &NodeInfo, desired: &Desired) {
+    pub(super) async fn swap_policy(
+        &self,
+        rounds: &mut Rounds,
+        node: &NodeInfo,
+        desired: &Desired,
+    ) {
         let config = self.policy_config(rounds);
         let wanted = self.wanted(rounds, &config, &desired.pools);
         let recheck = Self::recheck(rounds, &wanted);
@@ -94,7 +104,8 @@ impl<S: Sizer + 'static, B: PinBackend> Agent<S, B> {
                 });
             }
             None if rounds.policy.should_try(&wanted) && !rounds.policy.refused_for_good(&key) => {
-                self.start_candidate(rounds, key, wanted, node, desired).await;
+                self.start_candidate(rounds, key, wanted, node, desired)
+                    .await;
             }
             None => rounds.checks.cancel(),
         }
@@ -129,7 +140,10 @@ impl<S: Sizer + 'static, B: PinBackend> Agent<S, B> {
             })
             .await;
             Outcome::Candidate(proved.unwrap_or_else(|e| {
-                Err((pinset_core::refusal::Refusal::NotAPolicy, format!("the check failed: {e}")))
+                Err((
+                    pinset_core::refusal::Refusal::NotAPolicy,
+                    format!("the check failed: {e}"),
+                ))
             }))
         });
     }

@@ -194,7 +194,8 @@ async fn check(
     };
     let source = Source::parse(&m.module).map_err(|e| (e.refusal(), e.to_string()))?;
     if let (Source::File(_), false) = (&source, keys.is_empty()) {
-        let why = "a signature is required and a file carries none: reference a signed oci:// artifact";
+        let why =
+            "a signature is required and a file carries none: reference a signed oci:// artifact";
         return Err((Refusal::NotAPolicy, why.into()));
     }
     let fetched = loader
@@ -206,10 +207,19 @@ async fn check(
     tokio::task::spawn_blocking(move || {
         let module = loader
             .runtime
-            .load_as::<pinset_policy::Fleet>(&fetched.name, &fetched.bytes, pin.as_deref(), loader.limits)
+            .load_as::<pinset_policy::Fleet>(
+                &fetched.name,
+                &fetched.bytes,
+                pin.as_deref(),
+                loader.limits,
+            )
             .map_err(|e| (Refusal::NotAPolicy, e.to_string()))?;
-        pinset_policy::fleet_smoke_test(&module, &request)
-            .map_err(|f| (Refusal::SmokeTestFailed, format!("smoke test on the pool's rollout: {f}")))?;
+        pinset_policy::fleet_smoke_test(&module, &request).map_err(|f| {
+            (
+                Refusal::SmokeTestFailed,
+                format!("smoke test on the pool's rollout: {f}"),
+            )
+        })?;
         Ok(module)
     })
     .await

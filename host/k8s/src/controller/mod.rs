@@ -163,9 +163,18 @@ impl Context {
     /// signature check says now, when it names one. Never waits on a registry. The last
     /// configuration read when the current one cannot be read.
     fn node_policy(&self, pool: &str) -> Option<(String, node_policy::Gate)> {
+        let generation = self.policy_observed().and_then(|(_, g)| g);
+        self.signatures.configuration_at(generation);
         let config = self.policy_config();
         let m = config.pools.get(pool)?;
         Some((m.reference(), self.signatures.check(&config, pool, m)))
+    }
+
+    /// The PolicyConfiguration followed and its generation (see [`ConfigSource::observed`]).
+    ///
+    /// [`ConfigSource::observed`]: crate::policy_config::ConfigSource::observed
+    fn policy_observed(&self) -> Option<(String, Option<i64>)> {
+        self.node_policies.as_ref()?.observed()
     }
 
     /// The policy configuration now; the last one read when it cannot be read (said).

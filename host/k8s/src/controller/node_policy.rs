@@ -9,8 +9,9 @@
 //! *and the keys trusted now*: other keys are another check. A registry the controller cannot
 //! reach is no verdict — the check is left to the nodes, which verify every module they fetch
 //! anyway — and is asked again on the recheck schedule, as is a module not found or unsigned
-//! ([`Refusal::recheck_after`]: 30 s doubling to 5 min); every other refusal stands until the
-//! module's digest or the keys change.
+//! ([`Refusal::recheck_after`]: 30 s doubling to 5 min), and at once when the
+//! PolicyConfiguration changes (a new generation: the operator may have just signed it); every
+//! other refusal stands until the module's digest or the keys change.
 
 use crate::api::MachineConfigPool;
 use crate::policy_config::{ModuleRef, PolicyConfig, fingerprint};
@@ -57,6 +58,8 @@ pub struct SignatureGate {
     verdicts: Arc<Mutex<HashMap<Key, Verdict>>>,
     /// Where a pool is asked to be reconciled again when its check ends.
     triggers: Mutex<Option<UnboundedSender<ObjectRef<MachineConfigPool>>>>,
+    /// The PolicyConfiguration generation the verdicts were looked up under.
+    generation: Mutex<Option<i64>>,
 }
 
 impl SignatureGate {
@@ -66,7 +69,29 @@ impl SignatureGate {
             artifacts,
             verdicts: Arc::default(),
             triggers: Mutex::new(None),
+            generation: Mutex::new(None),
         }
+    }
+
+    /// The PolicyConfiguration is at `generation` now: when that is a change, the refusals
+    /// that are rechecked on a schedule (not found, unsigned, registry away) are forgotten, so
+    /// the next look checks again at once.
+    pub(super) fn configuration_at(&self, generation: Option<i64>) {
+        let mut seen = self.generation.lock().expect("gate generation");
+        if *seen == generation {
+            return;
+        }
+        *seen = generation;
+        self.verdicts
+            .lock()
+            .expect("verdicts lock")
+            .retain(|_, v| match v {
+                Verdict::Done {
+                    result: Err((kind, _)),
+                    ..
+                } => !kind.rechecked(),
+                _ => true,
+            });
     }
 
     /// Reconcile a pool again through `triggers` when its check ends.
@@ -221,7 +246,10 @@ mod tests {
         assert_eq!(kind, Refusal::NotAPolicy);
         assert!(why.contains("file carries none"), "{why}");
         let unsigned_ok = config("/p/a.wasm", false);
-        assert_eq!(gate.check(&unsigned_ok, "w", &unsigned_ok.pools["w"]), Gate::Pass);
+        assert_eq!(
+            gate.check(&unsigned_ok, "w", &unsigned_ok.pools["w"]),
+            Gate::Pass
+        );
     }
 
     /// The registry is asked in the background, and does not answer (its port refuses
@@ -243,7 +271,11 @@ mod tests {
             true,
         );
         assert_eq!(gate.check(&oci, "w", &oci.pools["w"]), Gate::Checking);
-        assert_eq!(gate.check(&oci, "w", &oci.pools["w"]), Gate::Checking, "one check");
+        assert_eq!(
+            gate.check(&oci, "w", &oci.pools["w"]),
+            Gate::Checking,
+            "one check"
+        );
         let again = rx.recv().await.unwrap();
         assert_eq!(again.name, "w");
         assert_eq!(gate.check(&oci, "w", &oci.pools["w"]), Gate::Pass);
@@ -252,6 +284,48 @@ mod tests {
             &format!("oci://127.0.0.1:{port}/p@sha256:{}", "a".repeat(64)),
             true,
         );
-        assert_eq!(gate.check(&rotated, "w", &rotated.pools["w"]), Gate::Checking);
+        assert_eq!(
+            gate.check(&rotated, "w", &rotated.pools["w"]),
+            Gate::Checking
+        );
+    }
+
+    /// A module refused as not found is looked at again as soon as the PolicyConfiguration
+    /// changes, not only on the recheck schedule.
+    #[tokio::test]
+    async fn a_new_configuration_generation_rechecks_a_refusal_at_once() {
+        let gate = SignatureGate::new(None);
+        let oci = config(
+            &format!("oci://r.example/p@sha256:{}", "b".repeat(64)),
+            true,
+        );
+        let key = (oci.pools["w"].reference(), "k".to_string());
+        let refused = Verdict::Done {
+            result: Err((Refusal::Unsigned, "no cosign signature".into())),
+            attempt: 1,
+            at: Instant::now(),
+        };
+        gate.verdicts.lock().unwrap().insert(key.clone(), refused);
+        gate.configuration_at(Some(1));
+        assert!(
+            gate.known(&key).is_none(),
+            "the first generation seen is a change"
+        );
+        let refused = Verdict::Done {
+            result: Err((Refusal::Unsigned, "no cosign signature".into())),
+            attempt: 1,
+            at: Instant::now(),
+        };
+        gate.verdicts.lock().unwrap().insert(key.clone(), refused);
+        gate.configuration_at(Some(1));
+        assert!(
+            matches!(gate.known(&key), Some(Gate::Refused(Refusal::Unsigned, _))),
+            "the same generation: the refusal stands until its recheck"
+        );
+        gate.configuration_at(Some(2));
+        assert!(
+            gate.known(&key).is_none(),
+            "a new generation: checked again"
+        );
     }
 }

@@ -6,7 +6,7 @@ use super::status_lane::{PoolStatus, StatusLane};
 use super::{Context, ControllerError, RESYNC, observed};
 use crate::api::{
     CONDITION_DEGRADED, CONDITION_POLICY_FALLBACK, MachineConfigPool, MachineConfigPoolStatus,
-    PoolSynchronizerStatus, SYNCHRONIZER,
+    PoolObserved, PoolSynchronizerStatus, SYNCHRONIZER,
 };
 use crate::{condition, convert};
 use kube::ResourceExt;
@@ -34,7 +34,7 @@ async fn reconcile_pool(
     let core_pool = match convert::pool(mcp) {
         Ok(p) => p,
         Err(e) => {
-            submit_status(ctx, mcp, Report::failed(e.to_string()));
+            submit_status(ctx, mcp, Report::failed(ctx, mcp, e.to_string()));
             return Ok(Action::await_change());
         }
     };
@@ -62,7 +62,9 @@ async fn reconcile_pool(
     let wanted: Vec<(String, i64)> = target.iter().map(|(n, g, _)| (n.clone(), *g)).collect();
     // A change of the pool's node policy rolls out as one more entry of its target.
     let mut target = target;
-    let policy_refused = node_policy_entry(ctx, &name, &mut target);
+    // Read before the configuration itself: the status never claims a newer one than it used.
+    let policy_observed = ctx.policy_observed();
+    let (policy_refused, pending) = node_policy_entry(ctx, &name, &mut target);
     let members: Vec<_> = ctx
         .nodes
         .state()
@@ -89,33 +91,58 @@ async fn reconcile_pool(
         rollout,
         refused: pool::policy_refusals(&name, &reports),
         policies: Some(policy_counts(&name, &reports)),
+        observed: Some(observed_from(mcp, policy_observed, pending)),
     };
     submit_status(ctx, mcp, report);
     Ok(Action::requeue(RESYNC))
 }
 
-/// Add the pool's node policy to its `target` when its signature check passed; why it must not
-/// be rolled out when it was refused. While the check runs (in the background) the module stays
-/// out of the target: the pool is reconciled again when its verdict is in.
+/// What the pool's status is computed from: its generation, the PolicyConfiguration's.
+fn observed_from(
+    mcp: &MachineConfigPool,
+    policy: Option<(String, Option<i64>)>,
+    pending: Option<String>,
+) -> PoolObserved {
+    let (policy_configuration, policy_configuration_generation) = match policy {
+        Some((name, generation)) => (Some(name), generation),
+        None => (None, None),
+    };
+    PoolObserved {
+        generation: mcp.metadata.generation.unwrap_or_default(),
+        policy_configuration,
+        policy_configuration_generation,
+        pending: pending.map(|p| pinset_core::status::cap(&p, 1024)),
+    }
+}
+
+/// Add the pool's node policy to its `target` when its signature check passed. Else why it must
+/// not be rolled out (refused), or what it waits for (pending): while the check runs (in the
+/// background) the module stays out of the target, and the pool is reconciled again when its
+/// verdict is in.
 fn node_policy_entry(
     ctx: &Context,
     pool: &str,
     target: &mut Vec<(String, i64, u32)>,
-) -> Option<String> {
-    match ctx.node_policy(pool)? {
-        (reference, Gate::Pass) => {
+) -> (Option<String>, Option<String>) {
+    match ctx.node_policy(pool) {
+        None => (None, None),
+        Some((reference, Gate::Pass)) => {
             target.push((pinset_core::rollout::policy_set(&reference), 1, 0));
-            None
+            (None, None)
         }
-        (reference, Gate::Checking) => {
+        Some((reference, Gate::Checking)) => {
             tracing::debug!(pool, module = %reference, "node policy signature being checked");
-            None
+            let pending = format!("checking the signature of node policy {reference}");
+            (None, Some(pending))
         }
-        (reference, Gate::Refused(kind, why)) => Some(format!(
-            "node policy {reference} (PolicyConfiguration) refused ({}): {why}; {}; no node is granted it, each keeps its module",
-            kind.reason(),
-            kind.action()
-        )),
+        Some((reference, Gate::Refused(kind, why))) => {
+            let refused = format!(
+                "node policy {reference} refused ({}): {why}; {}; every node keeps its module",
+                kind.reason(),
+                kind.action()
+            );
+            (Some(refused), None)
+        }
     }
 }
 
@@ -129,16 +156,20 @@ pub(super) struct Report<'a> {
     refused: Option<String>,
     /// Nodes per node policy module (`None` when not looked at: kept as it is).
     policies: Option<Vec<crate::api::PoolPolicy>>,
+    /// What it was computed from (`None`: kept as it is).
+    observed: Option<PoolObserved>,
 }
 
 impl Report<'_> {
-    fn failed(degraded: String) -> Self {
+    /// The pool cannot be reconciled as it is now: Degraded, for its current generation.
+    fn failed(ctx: &Context, mcp: &MachineConfigPool, degraded: String) -> Self {
         Report {
             sync: None,
             degraded: Some(degraded),
             rollout: None,
             refused: None,
             policies: None,
+            observed: Some(observed_from(mcp, ctx.policy_observed(), None)),
         }
     }
 }
@@ -184,7 +215,7 @@ async fn write_selection(
                 ctx.metrics.count_api_write_conflict("pool_spec");
             } else {
                 // Say why on the pool too; the error itself is retried with backoff.
-                submit_status(ctx, mcp, Report::failed(err.to_string()));
+                submit_status(ctx, mcp, Report::failed(ctx, mcp, err.to_string()));
             }
             return Err(err);
         }
@@ -243,10 +274,12 @@ fn submit_status(ctx: &Arc<Context>, mcp: &MachineConfigPool, report: Report<'_>
         .policies
         .clone()
         .unwrap_or_else(|| status.policies.clone());
+    let observed = report.observed.clone().or_else(|| status.observed.clone());
     if entry.as_ref() == old_entry
         && same_conds
         && rollout == status.rollout
         && policies == status.policies
+        && observed == status.observed
     {
         return;
     }
@@ -262,6 +295,7 @@ fn submit_status(ctx: &Arc<Context>, mcp: &MachineConfigPool, report: Report<'_>
             conditions,
             rollout,
             policies,
+            observed,
             // OpenShift's fields are not pinset's to write (server-side apply leaves them).
             machine_config: Default::default(),
         },

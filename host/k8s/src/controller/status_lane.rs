@@ -18,10 +18,10 @@ use super::{Context, ControllerError, FIELD_MANAGER};
 use crate::api::{MachineConfigPool, MachineConfigPoolStatus};
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::reflector::ObjectRef;
+use prometheus_client::metrics::gauge::Gauge;
 use serde_json::json;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-use prometheus_client::metrics::gauge::Gauge;
 use tokio::sync::{Semaphore, mpsc};
 
 /// Status writes and Event batches in flight at once.

@@ -9,11 +9,14 @@ pub mod plan;
 pub mod policy;
 pub mod policy_bench;
 pub mod policy_oci;
+pub mod reference;
 pub mod report;
 pub mod rollout;
 pub mod scaffold;
 pub mod set;
 pub mod simulate;
+pub mod sources;
+pub mod terminal;
 
 use anyhow::Context;
 use pinset_policy::{CompiledModule, Compiler, Limits, PolicyModule, WasmRuntime};
@@ -79,7 +82,10 @@ impl FetchOpts {
 
     /// How modules named by `oci://` are fetched: from this registry, through this cache, no
     /// larger than `max_bytes`.
-    pub fn fetcher(&self, max_bytes: u64) -> anyhow::Result<pinset_registry::policy_source::Fetcher> {
+    pub fn fetcher(
+        &self,
+        max_bytes: u64,
+    ) -> anyhow::Result<pinset_registry::policy_source::Fetcher> {
         Ok(pinset_registry::policy_source::Fetcher {
             artifacts: self.policy_registry.artifacts()?,
             cache: self.policy_cache.clone(),
@@ -113,19 +119,22 @@ impl FetchOpts {
 /// How pinset reaches a registry for policy artifacts.
 #[derive(clap::Args, Clone, Debug, Default)]
 pub struct RegistryOpts {
-    /// Registry credentials for policy artifacts (a `config.json`, as for images).
+    /// Registry credentials for policy artifacts (a `config.json`, as for images); default: the
+    /// registries file's `auth`.
     #[arg(long, value_name = "FILE")]
     pub policy_auth: Option<PathBuf>,
-    /// A registry (`host[:port]`) to speak plain HTTP to for policy artifacts; repeatable.
+    /// Another name for `--insecure-registry`, which covers policies too; repeatable.
     #[arg(long, value_name = "HOST")]
     pub policy_insecure_registry: Vec<String>,
 }
 
 impl RegistryOpts {
     pub fn artifacts(&self) -> anyhow::Result<pinset_registry::artifact::Artifacts> {
-        let credentials = pinset_node::config::credentials(self.policy_auth.as_deref())?;
+        let sources = sources::get();
+        let credentials =
+            pinset_node::config::credentials(sources.auth(self.policy_auth.as_deref()).as_deref())?;
         Ok(pinset_registry::artifact::Artifacts::new(
-            self.policy_insecure_registry.clone(),
+            sources.insecure(&self.policy_insecure_registry),
             credentials,
         ))
     }

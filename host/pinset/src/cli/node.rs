@@ -15,11 +15,11 @@ use pinset_node::cri::client::{STANDARD_ENDPOINTS, find_endpoint};
 use pinset_node::executor::Event;
 use pinset_node::pin::AnyPins;
 use pinset_node::pin::crio::{self, Reload};
-use pinset_registry::mirrors::MirrorSource;
-use pinset_registry::size::{Cached, RegistrySizer};
 use pinset_node::{NodeConfig, ReconcileError, Reconciler, Report};
 use pinset_policy::{Guarded, PolicyModule};
 use pinset_policy_sdk::fmt_bytes;
+use pinset_registry::mirrors::MirrorSource;
+use pinset_registry::size::{Cached, RegistrySizer};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -75,13 +75,10 @@ pub struct RuntimeOpts {
 /// registries and the node's mirror configuration.
 #[derive(clap::Args, Clone, Debug)]
 pub struct RegistryAccess {
-    /// Registry credentials (kubelet config.json; missing or empty: none).
+    /// Registry credentials (kubelet config.json; missing or empty: none); default: the
+    /// registries file's `auth`.
     #[arg(long, value_name = "FILE")]
     pub auth: Option<PathBuf>,
-    /// A registry (`host[:port]`) to speak plain HTTP to (loopback test registries);
-    /// repeatable.
-    #[arg(long, value_name = "HOST")]
-    pub insecure_registry: Vec<String>,
     /// CRI-O's registries.conf to go through (its drop-ins: FILE.d/*.conf). Default on a
     /// CRI-O node: $CONTAINERS_REGISTRIES_CONF, else /etc/containers/registries.conf.
     #[arg(long, value_name = "FILE")]
@@ -93,6 +90,16 @@ pub struct RegistryAccess {
 }
 
 impl RegistryAccess {
+    /// The credentials file: `--auth`, else the registries file's.
+    pub fn auth(&self) -> Option<PathBuf> {
+        super::sources::get().auth(self.auth.as_deref())
+    }
+
+    /// The registries spoken to over plain HTTP (`--insecure-registry` and the file's).
+    pub fn insecure(&self) -> Vec<String> {
+        super::sources::get().insecure_registries.clone()
+    }
+
     /// The mirror configuration flags name.
     pub fn mirrors(&self) -> MirrorFlags {
         MirrorFlags {
@@ -132,9 +139,9 @@ impl SizingOpts {
         if self.no_sizing {
             return Ok(None);
         }
-        let credentials = pinset_node::config::credentials(self.registry.auth.as_deref())?;
+        let credentials = pinset_node::config::credentials(self.registry.auth().as_deref())?;
         Ok(Some(pinset_node::config::sizer(
-            &self.registry.insecure_registry,
+            &self.registry.insecure(),
             credentials,
             source,
             self.budget(),
@@ -433,8 +440,8 @@ impl RuntimeOpts {
             },
             crio_dropin_dir: self.crio_dropin_dir.clone(),
             crio_reload: Reload::from_flag(self.crio_reload.as_deref()),
-            auth: self.sizing.registry.auth.clone(),
-            insecure_registries: self.sizing.registry.insecure_registry.clone(),
+            auth: self.sizing.registry.auth(),
+            insecure_registries: self.sizing.registry.insecure(),
             sizing: !self.sizing.no_sizing,
             mirrors: self.sizing.mirrors(),
             sizing_budget: self.sizing.budget(),

@@ -1,6 +1,6 @@
 //! `pinset plan`: the policy's decisions for one node, without pulling — as text for people or
 //! as a document (`-o json|yaml`) for scripts. The document's fields are described on
-//! [`PlanReport`] and in the README.
+//! [`PlanReport`] and in docs/node.md.
 
 use super::node::{Inputs, SizingOpts, desired_state};
 use super::{PolicyOpts, load_policy};
@@ -13,9 +13,9 @@ use pinset_node::Reconciler;
 use pinset_node::config::PinKind;
 use pinset_node::cri::client::{CriClient, CriConfig};
 use pinset_node::facts::{self, Facts, Unsized};
-use pinset_registry::size::{Cached, RegistrySizer};
 use pinset_policy::Guarded;
 use pinset_policy_sdk::{DiskFacts, Verdict, fmt_bytes};
+use pinset_registry::size::{Cached, RegistrySizer};
 use serde::Serialize;
 use std::process::ExitCode;
 use std::sync::Arc;

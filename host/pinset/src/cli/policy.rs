@@ -19,12 +19,18 @@ pub enum Format {
 #[derive(Subcommand, Debug)]
 pub enum PolicyCommand {
     /// Run scenario files (or directories of them) against a policy; non-zero exit on failure.
+    /// Every field of both scenario formats, its unit and default: docs/scenarios.md, or
+    /// `--reference`.
     Test {
         #[command(flatten)]
         policy: PolicyOpts,
         /// Scenario files (YAML) or directories holding them.
-        #[arg(required = true, value_name = "SCENARIO")]
+        #[arg(required_unless_present = "reference", value_name = "SCENARIO")]
         scenarios: Vec<PathBuf>,
+        /// Print the scenario reference (Markdown: every field of node and fleet scenarios,
+        /// its unit and default, with an example of each) and exit.
+        #[arg(long)]
+        reference: bool,
         /// text for people, json for scripts.
         #[arg(long, short = 'o', value_enum, default_value = "text")]
         output: Format,
@@ -100,10 +106,17 @@ pub fn compile_child() -> Result<ExitCode> {
 pub fn run(cmd: PolicyCommand) -> Result<ExitCode> {
     match cmd {
         PolicyCommand::Test {
+            reference: true, ..
+        } => {
+            print!("{}", pinset_core::scenario_reference::markdown());
+            Ok(ExitCode::SUCCESS)
+        }
+        PolicyCommand::Test {
             policy,
             scenarios,
             output,
             junit,
+            ..
         } => test(&policy, &scenarios, output, junit.as_deref()),
         PolicyCommand::Bench { policy, mut args } => {
             args.iterations = args.iterations.max(1);

@@ -7,21 +7,25 @@ use pinset_registry::signature::SigningKey;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-/// How these commands reach a registry: credentials and insecure registries as for images.
+/// How these commands reach a registry: credentials as for images; the registries spoken to
+/// over plain HTTP are `--insecure-registry` and the registries file's.
 #[derive(clap::Args, Clone, Debug)]
 pub struct OciOpts {
-    /// Registry credentials (a `config.json`: `auths.<registry>.auth`).
+    /// Registry credentials (a `config.json`: `auths.<registry>.auth`); default: the registries
+    /// file's `auth`.
     #[arg(long, value_name = "FILE")]
     pub auth: Option<PathBuf>,
-    /// A registry (`host[:port]`) to speak plain HTTP to; repeatable.
-    #[arg(long, value_name = "HOST")]
-    pub insecure_registry: Vec<String>,
 }
 
 impl OciOpts {
     fn artifacts(&self) -> Result<Artifacts> {
-        let credentials = pinset_node::config::credentials(self.auth.as_deref())?;
-        Ok(Artifacts::new(self.insecure_registry.clone(), credentials))
+        let sources = super::sources::get();
+        let credentials =
+            pinset_node::config::credentials(sources.auth(self.auth.as_deref()).as_deref())?;
+        Ok(Artifacts::new(
+            sources.insecure_registries.clone(),
+            credentials,
+        ))
     }
 }
 
@@ -63,7 +67,8 @@ pub struct SignArgs {
     /// The pushed module: REGISTRY/REPOSITORY@sha256:HEX (a tag is resolved to its digest).
     #[arg(value_name = "REF")]
     pub reference: String,
-    /// cosign's private key (`cosign.key`; its password in $COSIGN_PASSWORD).
+    /// cosign's private key (`cosign.key`; its password in $COSIGN_PASSWORD, else asked on the
+    /// terminal).
     #[arg(long, value_name = "FILE")]
     pub key: PathBuf,
     #[command(flatten)]
@@ -87,6 +92,10 @@ pub struct KeygenArgs {
     /// Write PREFIX.key and PREFIX.pub.
     #[arg(long, default_value = "cosign", value_name = "PREFIX")]
     pub output_key_prefix: PathBuf,
+    /// Write the private key with an empty password. Without it, the password is
+    /// $COSIGN_PASSWORD or asked on the terminal, and an empty one is refused (as cosign does).
+    #[arg(long)]
+    pub allow_empty_password: bool,
 }
 
 fn rt() -> Result<tokio::runtime::Runtime> {
@@ -171,19 +180,59 @@ fn write_whole(path: &Path, bytes: &[u8]) -> Result<()> {
         .with_context(|| format!("writing {}", path.display()))
 }
 
-fn password() -> Vec<u8> {
-    std::env::var("COSIGN_PASSWORD")
-        .unwrap_or_default()
-        .into_bytes()
+/// The private key's password, as cosign takes it: `$COSIGN_PASSWORD` when it is set (even
+/// empty), else asked on the terminal (`/dev/tty`, not echoed), else none (`None`).
+fn password(prompt: &str, confirm: bool) -> Result<Option<Vec<u8>>> {
+    if let Ok(p) = std::env::var("COSIGN_PASSWORD") {
+        return Ok(Some(p.into_bytes()));
+    }
+    let Some(tty) = super::terminal::Tty::open() else {
+        return Ok(None);
+    };
+    let first = tty.ask_hidden(prompt)?;
+    if confirm && tty.ask_hidden("Enter password for private key again: ")? != first {
+        anyhow::bail!("the passwords differ");
+    }
+    Ok(Some(first.into_bytes()))
+}
+
+/// `keygen`'s password: an empty one only when asked for (`--allow-empty-password`), as cosign.
+fn new_password(allow_empty: bool) -> Result<Vec<u8>> {
+    let password = password("Enter password for private key: ", true)?;
+    match password {
+        Some(p) if !p.is_empty() => Ok(p),
+        _ if allow_empty => Ok(Vec::new()),
+        Some(_) => anyhow::bail!(
+            "the password is empty: a private key is written encrypted; give a password \
+             ($COSIGN_PASSWORD or the terminal's prompt), or --allow-empty-password"
+        ),
+        None => anyhow::bail!(
+            "no password: $COSIGN_PASSWORD is unset and there is no terminal to ask on; set it, \
+             or pass --allow-empty-password for a key without one"
+        ),
+    }
+}
+
+/// `sign`'s key, decrypted with its password; the error says where the password came from.
+fn signing_key(path: &Path) -> Result<SigningKey> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let password = password("Enter password for private key: ", false)?;
+    let tried = password.clone().unwrap_or_default();
+    SigningKey::from_pem(&text, &tried).with_context(|| match password {
+        Some(_) => format!("private key {}", path.display()),
+        None => format!(
+            "private key {} (tried an empty password: $COSIGN_PASSWORD is unset and there is \
+             no terminal to ask on)",
+            path.display()
+        ),
+    })
 }
 
 /// `policy sign`
 pub fn sign(args: &SignArgs) -> Result<ExitCode> {
     let reference = ArtifactRef::parse(&args.reference)?;
-    let text = std::fs::read_to_string(&args.key)
-        .with_context(|| format!("reading {}", args.key.display()))?;
-    let key = SigningKey::from_pem(&text, &password())
-        .with_context(|| format!("private key {}", args.key.display()))?;
+    let key = signing_key(&args.key)?;
     let artifacts = args.oci.artifacts()?;
     let signature = rt()?.block_on(artifacts.sign(&reference, &key))?;
     eprintln!("signed {reference} with {}", key.public().fingerprint());
@@ -215,7 +264,7 @@ pub fn keygen(args: &KeygenArgs) -> Result<ExitCode> {
     for path in [&private, &public] {
         anyhow::ensure!(!path.exists(), "{} exists: not overwritten", path.display());
     }
-    let (pem, key) = SigningKey::generate(&password())?;
+    let (pem, key) = SigningKey::generate(&new_password(args.allow_empty_password)?)?;
     write_private(&private, pem.as_bytes())?;
     write_whole(&public, key.public().to_pem().as_bytes())?;
     eprintln!(

@@ -86,7 +86,11 @@ pub fn bench_json(
         "instances": pinset_policy::instance_strategy(),
         "rows": rows.iter().map(|r| json!({
             "hook": r.what,
-            "wasm": {"medianUs": us(r.wasm.median), "p99Us": us(r.wasm.p99)},
+            "wasm": {
+                "medianUs": us(r.wasm.median),
+                "p99Us": us(r.wasm.p99),
+                "noiseUs": us(r.wasm.noise),
+            },
             "native": {"medianUs": us(r.native.median), "p99Us": us(r.native.p99)},
             "baseline": r.baseline.as_str(),
             "ratio": r.ratio(),

@@ -69,8 +69,8 @@ async fn from_images(args: &FromImagesArgs) -> Result<ExitCode> {
     if wanted.is_empty() {
         bail!("no image: give IMAGEs or --file LIST");
     }
-    let credentials = pinset_node::config::credentials(args.registry.auth.as_deref())?;
-    let sizer = RegistrySizer::new(args.registry.insecure_registry.clone(), credentials)
+    let credentials = pinset_node::config::credentials(args.registry.auth().as_deref())?;
+    let sizer = RegistrySizer::new(args.registry.insecure(), credentials)
         .with_mirrors(args.registry.mirrors().offline()?);
     pinset_registry::size::Sizer::refresh(&sizer)?;
     let answers = futures::future::join_all(wanted.iter().map(|w| sizer.resolve(&w.target))).await;
@@ -269,7 +269,6 @@ mod tests {
             output: SetOutput::Yaml,
             registry: RegistryAccess {
                 auth: None,
-                insecure_registry: Vec::new(),
                 registries_conf: None,
                 registry_config_path: None,
             },

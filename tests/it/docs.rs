@@ -1,0 +1,73 @@
+//! The manual is true to the code: its generated pages are current, the README stays a short
+//! front page, and every page the book's summary names exists and links only to files that do.
+
+use crate::support::{self, pinset};
+
+#[test]
+fn the_command_line_reference_is_current() {
+    let (code, page, err) = pinset(&["reference"]);
+    assert_eq!(code, 0, "{err}");
+    let written = std::fs::read_to_string(support::workspace().join("docs/cli.md")).unwrap();
+    assert!(
+        written == page,
+        "docs/cli.md is stale: regenerate it with `pinset reference > docs/cli.md`"
+    );
+    for command in [
+        "## `pinset node`",
+        "## `pinset policy push`",
+        "## `pinset rollout status`",
+    ] {
+        assert!(page.contains(command), "{command} missing");
+    }
+    assert!(
+        !page.contains("[env: PINSET_LOG=warn]"),
+        "a value of this environment leaked"
+    );
+}
+
+#[test]
+fn the_readme_is_a_front_page_and_the_book_links_hold() {
+    let root = support::workspace();
+    let readme = std::fs::read_to_string(root.join("README.md")).unwrap();
+    assert!(
+        readme.lines().count() <= 150,
+        "README.md: {} lines",
+        readme.lines().count()
+    );
+    let summary = std::fs::read_to_string(root.join("docs/SUMMARY.md")).unwrap();
+    let mut pages = vec![root.join("README.md")];
+    for link in links(&summary) {
+        let page = root.join("docs").join(&link);
+        assert!(
+            page.exists(),
+            "docs/SUMMARY.md names {link}, which does not exist"
+        );
+        pages.push(page);
+    }
+    for page in pages {
+        let text = std::fs::read_to_string(&page).unwrap();
+        let dir = page.parent().unwrap();
+        for link in links(&text) {
+            let path = link.split('#').next().unwrap();
+            if path.is_empty() || link.contains("://") {
+                continue;
+            }
+            assert!(
+                dir.join(path).exists(),
+                "{}: a link to {link}, which does not exist",
+                page.display()
+            );
+        }
+    }
+}
+
+/// The targets of `[text](target)` links in `markdown`.
+fn links(markdown: &str) -> Vec<String> {
+    markdown
+        .split("](")
+        .skip(1)
+        .filter_map(|rest| rest.split(')').next())
+        .filter(|t| !t.contains(' '))
+        .map(str::to_string)
+        .collect()
+}
