@@ -111,6 +111,8 @@ fn plan_survives_every_misbehaving_registry() {
             run.max_rss_kib
         );
         assert!(run.took < Duration::from_secs(20), "{what}: {:?}", run.took);
+
+        eprintln!("{what}: peak RSS {} KiB, {:?}", run.max_rss_kib, run.took);
     }
 }
 
@@ -137,6 +139,8 @@ fn set_from_images_refuses_every_misbehaving_registry() {
             run.max_rss_kib
         );
         assert!(run.took < Duration::from_secs(40), "{what}: {:?}", run.took);
+
+        eprintln!("{what}: peak RSS {} KiB, {:?}", run.max_rss_kib, run.took);
     }
 }
 
@@ -187,6 +191,7 @@ fn policy_pull_and_verify_refuse_every_misbehaving_registry() {
                 "{what}: {:?}",
                 run.took
             );
+            eprintln!("{what}: {}: peak RSS {} KiB, {:?}", args[1], run.max_rss_kib, run.took);
             assert!(!out.exists(), "{what}: nothing written");
         }
     }
