@@ -191,7 +191,10 @@ fn policy_pull_and_verify_refuse_every_misbehaving_registry() {
                 "{what}: {:?}",
                 run.took
             );
-            eprintln!("{what}: {}: peak RSS {} KiB, {:?}", args[1], run.max_rss_kib, run.took);
+            eprintln!(
+                "{what}: {}: peak RSS {} KiB, {:?}",
+                args[1], run.max_rss_kib, run.took
+            );
             assert!(!out.exists(), "{what}: nothing written");
         }
     }

@@ -2114,16 +2114,12 @@ async fn follow_policy_rollout(
     }
 }
 
-/// `pinset rollout status worker -o json` started right after `change` landed, with no pause
-/// between them (as a pipeline runs them): (exit code, the last status, stderr).
-async fn status_after(
-    change: impl Future<Output = Instant>,
-    kubeconfig: &str,
-) -> (i32, serde_json::Value, String) {
-    change.await;
+/// `pinset rollout status worker --timeout 90s -o json` as `kubeconfig`, started now:
+/// (exit code, stdout, stderr).
+fn follow_worker(kubeconfig: &str) -> tokio::task::JoinHandle<(i32, String, String)> {
     let kc = kubeconfig.to_string();
-    let (code, out, err) = tokio::task::spawn_blocking(move || {
-        support::pinset(&[
+    tokio::task::spawn_blocking(move || {
+        let args = [
             "rollout",
             "status",
             "worker",
@@ -2131,12 +2127,19 @@ async fn status_after(
             "90s",
             "-o",
             "json",
-            "--kubeconfig",
-            &kc,
-        ])
+        ];
+        support::pinset(&[&args[..], &["--kubeconfig", &kc]].concat())
     })
-    .await
-    .unwrap();
+}
+
+/// `pinset rollout status worker -o json` started right after `change` landed, with no pause
+/// between them (as a pipeline runs them): (exit code, the last status, stderr).
+async fn status_after(
+    change: impl Future<Output = Instant>,
+    kubeconfig: &str,
+) -> (i32, serde_json::Value, String) {
+    change.await;
+    let (code, out, err) = follow_worker(kubeconfig).await.unwrap();
     let status = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}\n{err}"));
     (code, status, err)
 }
@@ -2342,20 +2345,7 @@ async fn a_pool_policy_change_rolls_out_canary_first_and_a_bad_one_is_held() {
     let follower = std::cell::RefCell::new(None);
     let change = async {
         let at = releases.configure(&client, &releases.v3, fleet).await;
-        let kc = operator.clone();
-        *follower.borrow_mut() = Some(tokio::task::spawn_blocking(move || {
-            support::pinset(&[
-                "rollout",
-                "status",
-                "worker",
-                "--timeout",
-                "90s",
-                "-o",
-                "json",
-                "--kubeconfig",
-                &kc,
-            ])
-        }));
+        *follower.borrow_mut() = Some(follow_worker(&operator));
         at
     };
     let (canary, to_canary, to_pool) =

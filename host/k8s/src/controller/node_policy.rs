@@ -300,23 +300,21 @@ mod tests {
             true,
         );
         let key = (oci.pools["w"].reference(), "k".to_string());
-        let refused = Verdict::Done {
-            result: Err((Refusal::Unsigned, "no cosign signature".into())),
-            attempt: 1,
-            at: Instant::now(),
+        let refuse = || {
+            let refused = Verdict::Done {
+                result: Err((Refusal::Unsigned, "no cosign signature".into())),
+                attempt: 1,
+                at: Instant::now(),
+            };
+            gate.verdicts.lock().unwrap().insert(key.clone(), refused);
         };
-        gate.verdicts.lock().unwrap().insert(key.clone(), refused);
+        refuse();
         gate.configuration_at(Some(1));
         assert!(
             gate.known(&key).is_none(),
             "the first generation seen is a change"
         );
-        let refused = Verdict::Done {
-            result: Err((Refusal::Unsigned, "no cosign signature".into())),
-            attempt: 1,
-            at: Instant::now(),
-        };
-        gate.verdicts.lock().unwrap().insert(key.clone(), refused);
+        refuse();
         gate.configuration_at(Some(1));
         assert!(
             matches!(gate.known(&key), Some(Gate::Refused(Refusal::Unsigned, _))),
