@@ -10,7 +10,7 @@
 //! registry configured insecure). Any other realm is asked for an anonymous token.
 
 use crate::auth::{Credential, Credentials};
-use crate::http::{Answer, Http, HttpError, Request, authority};
+use crate::http::{Answer, Http, HttpError, Request, Sink, authority};
 use crate::limits::{Limit, SMALL_REQUEST, TOKEN};
 use crate::mirrors::{Endpoint, Scheme};
 use base64::Engine;
@@ -128,6 +128,20 @@ impl Client {
         limit: Limit,
         deadline: Duration,
     ) -> Result<Answer, RegistryError> {
+        self.send_to(endpoint, request, actions, limit, deadline, None)
+            .await
+    }
+
+    /// [`Client::send`], a successful answer's body streamed to `sink` ([`Http::send_to`]).
+    pub async fn send_to(
+        &self,
+        endpoint: &Endpoint,
+        request: Request,
+        actions: &str,
+        limit: Limit,
+        deadline: Duration,
+        mut sink: Option<&mut dyn Sink>,
+    ) -> Result<Answer, RegistryError> {
         let key = (
             endpoint.host.clone(),
             endpoint.repository.clone(),
@@ -140,7 +154,7 @@ impl Client {
         };
         let answer = self
             .http
-            .send(&endpoint.tls, first, limit, deadline)
+            .send_to(&endpoint.tls, first, limit, deadline, sink.as_mut().map(|s| &mut **s as &mut dyn Sink))
             .await?;
         if answer.status != StatusCode::UNAUTHORIZED {
             return Ok(answer);
@@ -167,7 +181,7 @@ impl Client {
         };
         Ok(self
             .http
-            .send(&endpoint.tls, retry, limit, deadline)
+            .send_to(&endpoint.tls, retry, limit, deadline, sink)
             .await?)
     }
 

@@ -5,7 +5,8 @@
 //! runtime's order, the next scheme only when the previous got no answer at all.
 
 use crate::client::{Client, RegistryError};
-use crate::http::{Answer, HttpError, Request};
+use crate::http::{Answer, HttpError, Request, Sink};
+use sha2::Digest;
 use crate::limits::{Limit, MANIFEST, UPLOAD_ANSWER};
 use crate::mirrors::Endpoint;
 use crate::oci::{MANIFEST_TYPES, sha256_digest};
@@ -106,6 +107,46 @@ impl Client {
         Ok(answer.body)
     }
 
+    /// The blob `digest` of `endpoint`'s repository, `size` bytes as its descriptor says,
+    /// streamed into `sink` as it arrives — never held whole. The bytes are counted against
+    /// `size` (a registry sending more is cut there) and hashed; a digest that does not match is
+    /// an error once the stream ends, so whatever `sink` made of them must not be used then.
+    pub async fn blob_into(
+        &self,
+        endpoint: &Endpoint,
+        digest: &str,
+        size: u64,
+        limit: Limit,
+        deadline: Duration,
+        sink: &mut dyn Sink,
+    ) -> Result<(), RegistryError> {
+        let mut checked = Checked {
+            sink,
+            hash: sha2::Sha256::new(),
+            read: 0,
+        };
+        let mut last = None;
+        for scheme in self.schemes(endpoint) {
+            let request = Request::get(endpoint.url(scheme, &format!("blobs/{digest}")));
+            let limit = limit.at_most(size.min(limit.max_bytes));
+            match self
+                .send_to(endpoint, request, "pull", limit, deadline, Some(&mut checked))
+                .await
+            {
+                // Another scheme, only when this one gave nothing to the sink.
+                Err(RegistryError::Http(
+                    e @ (HttpError::Unreachable { .. } | HttpError::PlainHttp { .. }),
+                )) if checked.read == 0 => last = Some(RegistryError::Http(e)),
+                Err(e) => return Err(e),
+                Ok(answer) if !answer.status.is_success() => {
+                    return Err(RegistryError::status("GET", &answer));
+                }
+                Ok(answer) => return checked.verify(digest, size, &answer.url),
+            }
+        }
+        Err(last.expect("every endpoint has a scheme"))
+    }
+
     /// Push `bytes` as a blob of `endpoint`'s repository (one upload: POST, then PUT); its
     /// digest.
     pub async fn push_blob(
@@ -184,5 +225,42 @@ fn absolute(base: &str, location: &str) -> String {
         location.to_string()
     } else {
         format!("{}{location}", crate::http::authority(base))
+    }
+}
+
+/// A sink that counts and hashes what it passes on.
+struct Checked<'a> {
+    sink: &'a mut dyn Sink,
+    hash: sha2::Sha256,
+    read: u64,
+}
+
+impl Sink for Checked<'_> {
+    fn take(&mut self, chunk: &[u8]) -> Result<(), String> {
+        self.read += chunk.len() as u64;
+        self.hash.update(chunk);
+        self.sink.take(chunk)
+    }
+}
+
+impl Checked<'_> {
+    fn verify(self, digest: &str, size: u64, url: &str) -> Result<(), RegistryError> {
+        let answer = |why: String| RegistryError::Answer {
+            url: url.to_string(),
+            why,
+        };
+        if self.read != size {
+            return Err(answer(format!(
+                "the blob is {} bytes, not the {size} of its descriptor",
+                self.read
+            )));
+        }
+        let actual = format!("sha256:{:x}", self.hash.finalize());
+        if actual != digest {
+            return Err(answer(format!(
+                "the registry served bytes of digest {actual}"
+            )));
+        }
+        Ok(())
     }
 }

@@ -81,6 +81,13 @@ impl Answer {
     }
 }
 
+/// Where a successful answer's body goes when it is not kept whole (a layer of hundreds of MiB):
+/// each chunk as it arrives, still within the answer's cap and deadline.
+pub trait Sink: Send {
+    /// Take the next chunk of the body; an error stops the reading and refuses the answer.
+    fn take(&mut self, chunk: &[u8]) -> Result<(), String>;
+}
+
 /// Why a request got no usable answer. [`HttpError::transient`] tells a registry that is away
 /// (worth asking again later) from one that answered something pinset refuses.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -149,9 +156,23 @@ impl Http {
         limit: Limit,
         deadline: Duration,
     ) -> Result<Answer, HttpError> {
+        self.send_to(tls, request, limit, deadline, None).await
+    }
+
+    /// [`Http::send`], a successful answer's body given to `sink` chunk by chunk (the
+    /// answer's `body` is then empty) instead of kept.
+    pub async fn send_to(
+        &self,
+        tls: &Tls,
+        request: Request,
+        limit: Limit,
+        deadline: Duration,
+        sink: Option<&mut dyn Sink>,
+    ) -> Result<Answer, HttpError> {
         let (method, url) = (request.method.to_string(), request.url.clone());
         let started = std::time::Instant::now();
-        let result = match tokio::time::timeout(deadline, self.follow(tls, request, limit)).await {
+        let followed = self.follow(tls, request, limit, sink);
+        let result = match tokio::time::timeout(deadline, followed).await {
             Ok(answer) => answer,
             Err(_) => Err(HttpError::Deadline {
                 method: method.clone(),
@@ -176,6 +197,7 @@ impl Http {
         tls: &Tls,
         mut request: Request,
         limit: Limit,
+        sink: Option<&mut dyn Sink>,
     ) -> Result<Answer, HttpError> {
         let origin = authority(&request.url);
         for _ in 0..=REDIRECTS {
@@ -189,7 +211,7 @@ impl Http {
                 request = next;
                 continue;
             }
-            return read(response, &request, limit).await;
+            return read(response, &request, limit, sink).await;
         }
         Err(refused(
             &request,
@@ -311,11 +333,13 @@ fn absolute(base: &str, location: &str) -> String {
     }
 }
 
-/// The answer with its body: a success within `limit`, anything else cut at its own cap.
+/// The answer with its body: a success within `limit` (given to `sink` when there is one),
+/// anything else cut at its own cap.
 async fn read(
     response: hyper::Response<hyper::body::Incoming>,
     request: &Request,
     limit: Limit,
+    mut sink: Option<&mut dyn Sink>,
 ) -> Result<Answer, HttpError> {
     let (parts, mut body) = response.into_parts();
     let success = parts.status.is_success();
@@ -334,6 +358,7 @@ async fn read(
         return Err(too_large());
     }
     let mut out = BytesMut::new();
+    let mut read: u64 = 0;
     while let Some(frame) = body.frame().await {
         let frame = frame.map_err(|e| HttpError::Unreachable {
             method: request.method.to_string(),
@@ -343,6 +368,15 @@ async fn read(
         let Ok(data) = frame.into_data() else {
             continue;
         };
+        if success && let Some(sink) = sink.as_deref_mut() {
+            read += data.len() as u64;
+            if read > cap.max_bytes {
+                return Err(too_large());
+            }
+            sink.take(&data)
+                .map_err(|why| refused(request, format!("its body: {why}")))?;
+            continue;
+        }
         let room = (cap.max_bytes as usize).saturating_sub(out.len());
         if data.len() > room {
             if success {

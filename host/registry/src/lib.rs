@@ -12,7 +12,8 @@
 //! - [`mirrors`]: `registries.conf` and `hosts.toml`, read as the runtime reads them;
 //! - [`size`]: image sizes through the mirrors, validated, under a sizing budget;
 //! - [`artifact`], [`signature`]: policy modules as OCI artifacts and their cosign signatures;
-//! - [`policy_source`]: where a module comes from (a file, or an artifact through the node cache).
+//! - [`policy_source`]: where a module comes from (a file, or an artifact through the node cache);
+//! - [`release`], [`tar`]: a release payload's image list, its layers streamed, never held.
 //!
 //! Depends on the core only; the node, the controller and the CLI use it.
 
@@ -26,9 +27,11 @@ pub mod limits;
 pub mod mirrors;
 pub mod oci;
 pub mod policy_source;
+pub mod release;
 pub mod signature;
 pub mod size;
 pub mod sources;
+pub mod tar;
 
 pub use client::{Client, RegistryError};
 

@@ -61,6 +61,18 @@ pub const UPLOAD_ANSWER: Limit = Limit {
     max_bytes: 64 * KIB,
 };
 
+/// A layer of a release payload, streamed (never held): the most read of one. Real ones are
+/// tens of MiB; the release files in them are far smaller ([`RELEASE_FILE`]).
+pub const LAYER: Limit = Limit {
+    what: "layer",
+    max_bytes: 1 << 30,
+};
+/// A file read out of a release layer (`image-references`: ~200 KiB for ~200 images).
+pub const RELEASE_FILE: Limit = Limit {
+    what: "release file",
+    max_bytes: 16 * MIB,
+};
+
 /// Connecting (TCP and TLS) to an endpoint.
 pub const CONNECT: Duration = Duration::from_secs(3);
 /// One request whose answer is small (a manifest, a token, a config, a signature), headers and
@@ -68,6 +80,8 @@ pub const CONNECT: Duration = Duration::from_secs(3);
 pub const SMALL_REQUEST: Duration = Duration::from_secs(10);
 /// One request carrying or returning a module (up to [`MODULE`]).
 pub const MODULE_REQUEST: Duration = Duration::from_secs(60);
+/// One release layer, streamed (up to [`LAYER`]): cut past this whatever the pace.
+pub const LAYER_REQUEST: Duration = Duration::from_secs(300);
 /// Redirects followed for one request (blobs are often served from storage elsewhere).
 pub const REDIRECTS: usize = 5;
 /// A whole policy fetch — manifest, token, module, signature — in the agent or the controller:

@@ -244,7 +244,7 @@ impl RegistrySizer {
         target: &Target,
     ) -> Result<(ImageManifest, String), SizeError> {
         match self.first_answer(target, Ask::PlatformManifest).await? {
-            (Answer::Manifest(m), endpoint) => Ok((*m, endpoint)),
+            (Answer::Manifest(m), endpoint) => Ok((*m, endpoint.name())),
             (Answer::Digest(_), _) => unreachable!("asked for a manifest"),
         }
     }
@@ -253,6 +253,12 @@ impl RegistrySizer {
     /// serves it as a manifest (an index for a multi-platform tag: its own digest), and that
     /// endpoint's name.
     pub async fn resolve(&self, target: &Target) -> Result<(String, String), SizeError> {
+        let (digest, endpoint) = self.resolve_at(target).await?;
+        Ok((digest, endpoint.name()))
+    }
+
+    /// [`RegistrySizer::resolve`], with the endpoint that answered (to read more there).
+    pub async fn resolve_at(&self, target: &Target) -> Result<(String, Endpoint), SizeError> {
         match self.first_answer(target, Ask::Digest).await? {
             (Answer::Digest(d), endpoint) => Ok((d, endpoint)),
             (Answer::Manifest(_), _) => unreachable!("asked for a digest"),
@@ -324,7 +330,7 @@ impl RegistrySizer {
         &self,
         target: &Target,
         what: Ask,
-    ) -> Result<(Answer, String), SizeError> {
+    ) -> Result<(Answer, Endpoint), SizeError> {
         let endpoints = self.mirrors().endpoints(target);
         let error = |unreachable: bool, why: String| SizeError {
             image: target.full(),
@@ -339,7 +345,7 @@ impl RegistrySizer {
         let mut failures = Vec::new();
         for endpoint in &endpoints {
             match self.ask(endpoint, &target.reference, what).await {
-                Ok(answer) => return Ok((answer, endpoint.name())),
+                Ok(answer) => return Ok((answer, endpoint.clone())),
                 Err(e) => failures.push(e),
             }
         }
@@ -349,7 +355,7 @@ impl RegistrySizer {
     }
 
     /// The manifest at one endpoint, an index resolved to this platform there.
-    async fn platform_manifest(
+    pub async fn platform_manifest(
         &self,
         endpoint: &Endpoint,
         digest: &str,
