@@ -28,6 +28,7 @@ pub mod objects;
 pub mod ownership;
 pub mod policy_config;
 pub mod rollout_status;
+pub mod workloads;
 
 use std::path::{Path, PathBuf};
 
