@@ -49,13 +49,20 @@ fn object(doc: &Document, value: &Value, at: &str, out: &mut Read) -> Result<(),
     };
     let pod_spec = match kind {
         "List" => {
-            for (i, item) in array(doc, value, "items", &join("items"))?.iter().enumerate() {
+            for (i, item) in array(doc, value, "items", &join("items"))?
+                .iter()
+                .enumerate()
+            {
                 object(doc, item, &format!("{}[{i}]", join("items")), out)?;
             }
             return Ok(());
         }
         "Pod" => Some("spec"),
-        "Deployment" | "ReplicaSet" | "ReplicationController" | "StatefulSet" | "DaemonSet"
+        "Deployment"
+        | "ReplicaSet"
+        | "ReplicationController"
+        | "StatefulSet"
+        | "DaemonSet"
         | "Job" => Some("spec.template.spec"),
         "CronJob" => Some("spec.jobTemplate.spec.template.spec"),
         "PodTemplate" => Some("template.spec"),
@@ -82,7 +89,13 @@ fn object(doc: &Document, value: &Value, at: &str, out: &mut Read) -> Result<(),
 }
 
 /// A ClusterServiceVersion: its related images and its install deployments' pods.
-fn csv(doc: &Document, value: &Value, at: &str, owner: &str, out: &mut Read) -> Result<(), YamlError> {
+fn csv(
+    doc: &Document,
+    value: &Value,
+    at: &str,
+    owner: &str,
+    out: &mut Read,
+) -> Result<(), YamlError> {
     let join = |field: &str| {
         if at.is_empty() {
             field.to_string()
@@ -120,7 +133,13 @@ fn csv(doc: &Document, value: &Value, at: &str, owner: &str, out: &mut Read) -> 
 }
 
 /// A pod spec's images.
-fn pod(doc: &Document, spec: &Value, at: &str, owner: &str, out: &mut Read) -> Result<(), YamlError> {
+fn pod(
+    doc: &Document,
+    spec: &Value,
+    at: &str,
+    owner: &str,
+    out: &mut Read,
+) -> Result<(), YamlError> {
     for list in ["initContainers", "containers", "ephemeralContainers"] {
         let items = array(doc, spec, list, &format!("{at}.{list}"))?;
         for (i, c) in items.iter().enumerate() {
@@ -163,7 +182,12 @@ fn field<'a>(value: &'a Value, path: &str) -> Option<&'a Value> {
 }
 
 /// `value[name]` as an array: absent or null is empty; another type is an error at `path`.
-fn array<'a>(doc: &Document, value: &'a Value, name: &str, path: &str) -> Result<&'a [Value], YamlError> {
+fn array<'a>(
+    doc: &Document,
+    value: &'a Value,
+    name: &str,
+    path: &str,
+) -> Result<&'a [Value], YamlError> {
     match value.get(name) {
         None | Some(Value::Null) => Ok(&[]),
         Some(Value::Array(items)) => Ok(items),
@@ -172,7 +196,12 @@ fn array<'a>(doc: &Document, value: &'a Value, name: &str, path: &str) -> Result
 }
 
 /// `value[name]` as a non-empty string: absent, null or empty is none; another type an error.
-fn string(doc: &Document, value: &Value, name: &str, path: &str) -> Result<Option<String>, YamlError> {
+fn string(
+    doc: &Document,
+    value: &Value,
+    name: &str,
+    path: &str,
+) -> Result<Option<String>, YamlError> {
     match value.get(name) {
         None | Some(Value::Null) => Ok(None),
         Some(Value::String(s)) if s.trim().is_empty() => Ok(None),
@@ -238,14 +267,19 @@ spec:
             ]
         );
         assert_eq!(reads[2].skipped, ["ConfigMap"]);
-        assert_eq!(reads[0].used[0].object, "Deployment/web init container migrate");
+        assert_eq!(
+            reads[0].used[0].object,
+            "Deployment/web init container migrate"
+        );
         assert_eq!(reads[2].used[0].path, "items[0].spec.containers[0].image");
     }
 
     #[test]
     fn a_field_of_the_wrong_type_is_an_error_at_its_place() {
-        let e = read("kind: Pod\nmetadata: {name: p}\nspec:\n  containers:\n  - name: c\n    image: 3\n")
-            .unwrap_err();
+        let e = read(
+            "kind: Pod\nmetadata: {name: p}\nspec:\n  containers:\n  - name: c\n    image: 3\n",
+        )
+        .unwrap_err();
         assert_eq!((e.line, e.col), (6, 5), "{e}");
         assert!(e.to_string().contains("expected a string"), "{e}");
         let e = read("kind: Pod\nspec:\n  containers: {a: 1}\n").unwrap_err();

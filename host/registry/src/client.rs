@@ -154,7 +154,13 @@ impl Client {
         };
         let answer = self
             .http
-            .send_to(&endpoint.tls, first, limit, deadline, sink.as_mut().map(|s| &mut **s as &mut dyn Sink))
+            .send_to(
+                &endpoint.tls,
+                first,
+                limit,
+                deadline,
+                sink.as_mut().map(|s| &mut **s as &mut dyn Sink),
+            )
             .await?;
         if answer.status != StatusCode::UNAUTHORIZED {
             return Ok(answer);

@@ -6,12 +6,12 @@
 
 use crate::client::{Client, RegistryError};
 use crate::http::{Answer, HttpError, Request, Sink};
-use sha2::Digest;
 use crate::limits::{Limit, MANIFEST, UPLOAD_ANSWER};
 use crate::mirrors::Endpoint;
 use crate::oci::{MANIFEST_TYPES, sha256_digest};
 use bytes::Bytes;
 use http::{Method, StatusCode, header};
+use sha2::Digest;
 use std::time::Duration;
 
 /// A manifest as served, with the digest of its bytes.
@@ -130,7 +130,14 @@ impl Client {
             let request = Request::get(endpoint.url(scheme, &format!("blobs/{digest}")));
             let limit = limit.at_most(size.min(limit.max_bytes));
             match self
-                .send_to(endpoint, request, "pull", limit, deadline, Some(&mut checked))
+                .send_to(
+                    endpoint,
+                    request,
+                    "pull",
+                    limit,
+                    deadline,
+                    Some(&mut checked),
+                )
                 .await
             {
                 // Another scheme, only when this one gave nothing to the sink.

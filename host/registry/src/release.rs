@@ -111,13 +111,14 @@ async fn files(
     let mut out = std::collections::BTreeMap::new();
     let mut above: Vec<Found> = Vec::new();
     for layer in layers.iter().rev() {
-        let found = read_layer(sizer, endpoint, layer)
-            .await
-            .map_err(|why| ReleaseError::Layer {
-                release: release.to_string(),
-                layer: layer.digest.clone(),
-                why,
-            })?;
+        let found =
+            read_layer(sizer, endpoint, layer)
+                .await
+                .map_err(|why| ReleaseError::Layer {
+                    release: release.to_string(),
+                    layer: layer.digest.clone(),
+                    why,
+                })?;
         for file in [IMAGE_REFERENCES, RELEASE_METADATA] {
             let hidden = above.iter().any(|f| f.hides(file));
             if !out.contains_key(file)
@@ -170,7 +171,7 @@ async fn read_layer(
 /// A layer's bytes on their way to the tar reader.
 enum Decode {
     Gzip(Box<flate2::write::GzDecoder<TarFiles>>),
-    Plain(TarFiles),
+    Plain(Box<TarFiles>),
 }
 
 impl Decode {
@@ -182,7 +183,7 @@ impl Decode {
         if media_type.ends_with("gzip") {
             Ok(Decode::Gzip(Box::new(flate2::write::GzDecoder::new(tar))))
         } else if media_type.ends_with(".tar") || media_type.ends_with("tar") {
-            Ok(Decode::Plain(tar))
+            Ok(Decode::Plain(Box::new(tar)))
         } else {
             Err(format!(
                 "media type {media_type:?}: pinset reads tar layers, plain or gzip"
@@ -193,7 +194,7 @@ impl Decode {
     fn finish(self) -> Result<Found, String> {
         let tar = match self {
             Decode::Gzip(gz) => gz.finish().map_err(|e| format!("gzip: {e}"))?,
-            Decode::Plain(tar) => tar,
+            Decode::Plain(tar) => *tar,
         };
         tar.finish().map_err(|e| e.to_string())
     }
@@ -247,10 +248,12 @@ pub fn image_stream(bytes: &[u8]) -> Result<(String, Vec<Component>), String> {
             return Err(format!("tag {}: no from", tag.name));
         };
         if from.kind != "DockerImage" {
-            return Err(format!("tag {}: from.kind {:?}, not DockerImage", tag.name, from.kind));
+            return Err(format!(
+                "tag {}: from.kind {:?}, not DockerImage",
+                tag.name, from.kind
+            ));
         }
-        ImageRef::parse(&from.name)
-            .map_err(|e| format!("tag {}: {}: {e}", tag.name, from.name))?;
+        ImageRef::parse(&from.name).map_err(|e| format!("tag {}: {}: {e}", tag.name, from.name))?;
         out.push(Component {
             name: tag.name,
             image: from.name,

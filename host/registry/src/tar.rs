@@ -39,10 +39,16 @@ enum State {
 /// What an entry's data is for.
 enum Entry {
     Skip,
-    Keep { path: String, data: Vec<u8> },
+    Keep {
+        path: String,
+        data: Vec<u8>,
+    },
     /// A pax extended header (`x`) or a GNU long name (`L`): read, then applied to the next
     /// header.
-    Meta { kind: u8, data: Vec<u8> },
+    Meta {
+        kind: u8,
+        data: Vec<u8>,
+    },
 }
 
 /// A tar stream's wanted files, read as the stream is written in.
@@ -303,7 +309,9 @@ fn keep(entry: &mut Entry, bytes: &[u8], wanted: &BTreeMap<String, u64>) -> Resu
 }
 
 fn whiteout(path: &str) -> bool {
-    path.rsplit('/').next().is_some_and(|n| n.starts_with(".wh."))
+    path.rsplit('/')
+        .next()
+        .is_some_and(|n| n.starts_with(".wh."))
 }
 
 /// A path as layers write it (`./a/b`, `/a/b`, `a/b/`) made plain (`a/b`).
@@ -329,7 +337,13 @@ impl Header {
         let sum: u64 = block
             .iter()
             .enumerate()
-            .map(|(i, &b)| if (148..156).contains(&i) { 32 } else { b as u64 })
+            .map(|(i, &b)| {
+                if (148..156).contains(&i) {
+                    32
+                } else {
+                    b as u64
+                }
+            })
             .sum();
         if stored != sum {
             return Err(bad("fails its checksum"));
@@ -459,7 +473,10 @@ mod tests {
         let mut files = wanted();
         files.feed(&tar[..700]).unwrap();
         let e = files.finish().unwrap_err();
-        assert!(e.to_string().contains("ends inside release-manifests/image-references"));
+        assert!(
+            e.to_string()
+                .contains("ends inside release-manifests/image-references")
+        );
     }
 
     /// A pax `path` record and a GNU long name name the entry after them.
@@ -483,8 +500,7 @@ mod tests {
         files.feed(&pax).unwrap();
         let found = files.finish().unwrap();
         assert_eq!(
-            found.files["release-manifests/image-references"],
-            b"two",
+            found.files["release-manifests/image-references"], b"two",
             "the later entry of the same path wins, as on a file system"
         );
     }
