@@ -40,13 +40,7 @@ fn object(doc: &Document, value: &Value, at: &str, out: &mut Read) -> Result<(),
         .pointer("/metadata/name")
         .and_then(Value::as_str)
         .unwrap_or("");
-    let join = |field: &str| {
-        if at.is_empty() {
-            field.to_string()
-        } else {
-            format!("{at}.{field}")
-        }
-    };
+    let join = |field: &str| join(at, field);
     let pod_spec = match kind {
         "List" => {
             for (i, item) in array(doc, value, "items", &join("items"))?
@@ -96,13 +90,7 @@ fn csv(
     owner: &str,
     out: &mut Read,
 ) -> Result<(), YamlError> {
-    let join = |field: &str| {
-        if at.is_empty() {
-            field.to_string()
-        } else {
-            format!("{at}.{field}")
-        }
-    };
+    let join = |field: &str| join(at, field);
     let related = field(value, "spec").map_or(Ok(&[][..]), |spec| {
         array(doc, spec, "relatedImages", &join("spec.relatedImages"))
     })?;
@@ -174,6 +162,15 @@ fn pod(
         }
     }
     Ok(())
+}
+
+/// `field` under the path `at` (the document's root when empty).
+fn join(at: &str, field: &str) -> String {
+    if at.is_empty() {
+        field.to_string()
+    } else {
+        format!("{at}.{field}")
+    }
 }
 
 /// The value at a dotted path of plain field names.

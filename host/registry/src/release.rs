@@ -182,7 +182,7 @@ impl Decode {
         ]);
         if media_type.ends_with("gzip") {
             Ok(Decode::Gzip(Box::new(flate2::write::GzDecoder::new(tar))))
-        } else if media_type.ends_with(".tar") || media_type.ends_with("tar") {
+        } else if media_type.ends_with("tar") {
             Ok(Decode::Plain(Box::new(tar)))
         } else {
             Err(format!(
