@@ -1614,16 +1614,58 @@ async fn objects_written_for_openshift_keep_every_field() {
         e.contains("machineCount must be greater than or equal to updatedMachineCount"),
         "{e}"
     );
-    let back = json!({"status": {"poolSynchronizersStatus": [{
-        "poolSynchronizerType": "PinnedImageSets", "machineCount": 3, "updatedMachineCount": 2,
-        "readyMachineCount": 2, "availableMachineCount": 2, "unavailableMachineCount": 1, "observedGeneration": 2
-    }]}});
-    let e = pools
-        .patch_status("worker", &PatchParams::default(), &Patch::Merge(back))
-        .await
-        .unwrap_err()
-        .to_string();
-    assert!(e.contains("observedGeneration must not decrease"), "{e}");
+    // OpenShift's verdicts, case for case: the observed generation (3 now) moves back only to
+    // zero, and no more nodes are ready than available.
+    let synchronizer = |available: i64, generation: i64| {
+        json!({"status": {"poolSynchronizersStatus": [{
+            "poolSynchronizerType": "PinnedImageSets", "machineCount": 3, "updatedMachineCount": 2,
+            "readyMachineCount": 2, "availableMachineCount": available, "unavailableMachineCount": 1,
+            "observedGeneration": generation
+        }]}})
+    };
+    let write = |status: serde_json::Value| {
+        let pools = pools.clone();
+        async move {
+            pools
+                .patch_status("worker", &PatchParams::default(), &Patch::Merge(status))
+                .await
+                .map(|_| ())
+                .map_err(|e| e.to_string())
+        }
+    };
+    let e = write(synchronizer(2, 2)).await.unwrap_err();
+    assert!(
+        e.contains("observedGeneration must not move backwards except to zero"),
+        "{e}"
+    );
+    let e = write(synchronizer(1, 3)).await.unwrap_err();
+    assert!(
+        e.contains("availableMachineCount must be greater than or equal to readyMachineCount"),
+        "{e}"
+    );
+    write(synchronizer(2, 0)).await.expect("back to zero");
+    write(synchronizer(2, 1)).await.expect("on from zero");
+    let e = write(synchronizer(-1, 1)).await.unwrap_err();
+    assert!(e.contains("availableMachineCount: Invalid value"), "{e}");
+
+    // A pool names its sets as OpenShift does: DNS subdomains only.
+    for (name, ok) in [
+        ("release-4.17.3", true),
+        ("Release_4", false),
+        ("-a", false),
+    ] {
+        let spec = json!({"spec": {"pinnedImageSets": [{"name": name}]}});
+        let got = pools
+            .patch("worker", &PatchParams::default(), &Patch::Merge(spec))
+            .await;
+        assert_eq!(got.is_ok(), ok, "{name}: {got:?}");
+        if let Err(e) = got {
+            assert!(
+                e.to_string().contains("spec.pinnedImageSets[0].name"),
+                "{e}"
+            );
+        }
+    }
 
     // A node named unlike its node: refused, saying why.
     let nodes = raw(&c.client, "MachineConfigNode", "machineconfignodes");

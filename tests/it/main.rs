@@ -25,3 +25,4 @@ mod policy_sandbox;
 mod policy_scaffold;
 mod policy_scenarios;
 mod registry_sizing;
+mod releases;

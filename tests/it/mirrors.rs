@@ -5,7 +5,7 @@
 //! `registries.conf` with a drop-in; `pinset set from-images` and `pinset plan` through the
 //! mirror. The source's connections and access log prove it was never asked.
 
-use crate::support;
+use crate::support::{self, Dark};
 
 use pinset_core::desired::{self, PinnedImageSet, ROLE_LABEL};
 use pinset_core::reference::ImageRef;
@@ -14,36 +14,8 @@ use pinset_node::facts;
 use pinset_registry::mirrors::MirrorSource;
 use pinset_registry::size::{Cached, RegistrySizer, Sizer};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
-
-/// A registry whose link is down: it accepts connections and never answers. Counts them.
-struct Dark {
-    addr: String,
-    accepted: Arc<AtomicUsize>,
-}
-
-impl Dark {
-    fn start() -> Dark {
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let addr = listener.local_addr().unwrap().to_string();
-        let accepted = Arc::new(AtomicUsize::new(0));
-        let count = accepted.clone();
-        std::thread::spawn(move || {
-            let mut held = Vec::new();
-            for stream in listener.incoming().flatten() {
-                count.fetch_add(1, Ordering::SeqCst);
-                held.push(stream);
-            }
-        });
-        Dark { addr, accepted }
-    }
-
-    fn connections(&self) -> usize {
-        self.accepted.load(Ordering::SeqCst)
-    }
-}
 
 /// Two images on `mirror`: `team/a` under its own path, `team/b` under `remap/` — with their
 /// digests and compressed sizes.

@@ -163,3 +163,30 @@ impl SimNode {
         ]
     }
 }
+
+/// A registry whose link is down: it accepts connections and never answers. Counts them.
+pub struct Dark {
+    pub addr: String,
+    accepted: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl Dark {
+    pub fn start() -> Dark {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let accepted = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let count = accepted.clone();
+        std::thread::spawn(move || {
+            let mut held = Vec::new();
+            for stream in listener.incoming().flatten() {
+                count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                held.push(stream);
+            }
+        });
+        Dark { addr, accepted }
+    }
+
+    pub fn connections(&self) -> usize {
+        self.accepted.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}

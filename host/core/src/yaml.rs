@@ -163,6 +163,45 @@ impl Document {
         }
     }
 
+    /// The value at `path` (`items[3]`) as a document of its own, its places kept: what a
+    /// `List`'s item is to a reader of objects.
+    pub fn item(&self, path: &str) -> Option<Document> {
+        let value = self.pointer(path)?.clone();
+        let places = self
+            .places
+            .iter()
+            .filter_map(|(p, at)| {
+                let rest = p.strip_prefix(path)?;
+                let rest = match rest.strip_prefix('.') {
+                    Some(field) => field,
+                    None if rest.starts_with('[') => rest,
+                    None => return None,
+                };
+                Some((rest.to_string(), *at))
+            })
+            .collect();
+        Some(Document {
+            value,
+            start: self.place_of(path),
+            places,
+        })
+    }
+
+    /// The value at a field path (`a.b[0].c`; field names without '.' or '[').
+    fn pointer(&self, path: &str) -> Option<&serde_json::Value> {
+        let mut v = &self.value;
+        for part in path.split('.') {
+            let (field, indices) = part.split_once('[').map_or((part, ""), |(f, i)| (f, i));
+            if !field.is_empty() {
+                v = v.get(field)?;
+            }
+            for index in indices.split('[').filter(|i| !i.is_empty()) {
+                v = v.get(index.trim_end_matches(']').parse::<usize>().ok()?)?;
+            }
+        }
+        Some(v)
+    }
+
     /// An error at `path` of this document.
     pub fn error(&self, path: &str, message: impl Into<String>) -> YamlError {
         let (line, col) = self.place_of(path);
@@ -355,6 +394,20 @@ mod tests {
         assert_eq!(v["s"], "1e11");
         assert_eq!(v["b"], true);
         assert!(v["n"].is_null());
+    }
+
+    #[test]
+    fn a_lists_item_is_a_document_whose_places_are_the_lists() {
+        let text =
+            "kind: List\nitems:\n- kind: A\n  spec:\n    x: [1, 2]\n- kind: B\n  spec:\n    y: 2\n";
+        let list = &documents(text).unwrap()[0];
+        let b = list.item("items[1]").unwrap();
+        assert_eq!(b.value["kind"], "B");
+        assert_eq!(b.start, (6, 3));
+        assert_eq!(b.place_of("spec.y"), (8, 5));
+        let a = list.item("items[0]").unwrap();
+        assert_eq!(a.error("spec.x[1]", "no").line, 5);
+        assert!(list.item("items[2]").is_none() && list.item("nope").is_none());
     }
 }
 

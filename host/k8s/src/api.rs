@@ -222,7 +222,13 @@ pub struct PoolConfiguration {
 
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
 pub struct SetRef {
-    #[schemars(length(min = 1, max = 253))]
+    /// A PinnedImageSet's name: a DNS subdomain (RFC 1123), as OpenShift requires.
+    #[schemars(
+        length(min = 1, max = 253),
+        regex(
+            pattern = r"^([a-zA-Z0-9]|[a-zA-Z0-9][a-zA-Z0-9\-]{0,61}[a-zA-Z0-9])(\.([a-zA-Z0-9]|[a-zA-Z0-9][a-zA-Z0-9\-]{0,61}[a-zA-Z0-9]))*$"
+        )
+    )]
     pub name: String,
 }
 
@@ -343,8 +349,9 @@ pub struct PoolRollout {
     pub reason: String,
 }
 
-/// Node counts of one synchronizer of a pool. No count exceeds the pool's machines, and the
-/// observed generation never goes back (OpenShift's rules).
+/// Node counts of one synchronizer of a pool. No count is negative or exceeds the pool's
+/// machines, no more nodes are ready than available, and the observed generation never goes
+/// back except to zero (OpenShift's rules, verdict for verdict).
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 #[schemars(extend("x-kubernetes-validations" = [
@@ -352,21 +359,31 @@ pub struct PoolRollout {
     {"rule": "self.machineCount >= self.readyMachineCount", "message": "machineCount must be greater than or equal to readyMachineCount"},
     {"rule": "self.machineCount >= self.availableMachineCount", "message": "machineCount must be greater than or equal to availableMachineCount"},
     {"rule": "self.machineCount >= self.unavailableMachineCount", "message": "machineCount must be greater than or equal to unavailableMachineCount"},
-    {"rule": "!has(oldSelf.observedGeneration) || !has(self.observedGeneration) || self.observedGeneration >= oldSelf.observedGeneration", "message": "observedGeneration must not decrease"}
+    {"rule": "self.availableMachineCount >= self.readyMachineCount", "message": "availableMachineCount must be greater than or equal to readyMachineCount"}
 ]))]
 pub struct PoolSynchronizerStatus {
     pub pool_synchronizer_type: String,
     /// Nodes in the pool.
+    #[schemars(range(min = 0))]
     pub machine_count: i64,
     /// Nodes with every set of the pool at its current generation, pulled and pinned.
+    #[schemars(range(min = 0))]
     pub updated_machine_count: i64,
     /// Updated nodes that are not degraded.
+    #[schemars(range(min = 0))]
     pub ready_machine_count: i64,
+    #[schemars(range(min = 0))]
     pub available_machine_count: i64,
     /// Nodes whose PinnedImageSetsDegraded condition is True.
+    #[schemars(range(min = 0))]
     pub unavailable_machine_count: i64,
-    /// The pool generation these counts were computed for.
+    /// The pool generation these counts were computed for: it never moves back, except to zero
+    /// (OpenShift's rule: a synchronizer that starts over).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0))]
+    #[schemars(extend("x-kubernetes-validations" = [
+        {"rule": "self >= oldSelf || (self == 0 && oldSelf > 0)", "message": "observedGeneration must not move backwards except to zero"}
+    ]))]
     pub observed_generation: Option<i64>,
 }
 
@@ -617,7 +634,12 @@ pub struct NodeState {
     }
 ]))]
 pub struct NodeSetStatus {
-    #[schemars(length(min = 1, max = 253))]
+    #[schemars(
+        length(min = 1, max = 253),
+        regex(
+            pattern = r"^([a-zA-Z0-9]|[a-zA-Z0-9][a-zA-Z0-9\-]{0,61}[a-zA-Z0-9])(\.([a-zA-Z0-9]|[a-zA-Z0-9][a-zA-Z0-9\-]{0,61}[a-zA-Z0-9]))*$"
+        )
+    )]
     pub name: String,
     #[schemars(range(min = 1))]
     #[schemars(extend("x-kubernetes-validations" = [

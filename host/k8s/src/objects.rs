@@ -61,19 +61,25 @@ struct HeadMeta {
 pub fn load(paths: &[PathBuf], fields: Fields) -> Result<Objects, ObjectError> {
     let mut out = Objects::default();
     for path in paths {
-        if path.is_dir() {
-            let files = pinset_core::yaml_files(path).map_err(|source| ObjectError::Read {
-                path: path.clone(),
-                source,
-            })?;
-            for f in files {
-                load_file(&f, fields, &mut out)?;
-            }
-        } else {
-            load_file(path, fields, &mut out)?;
-        }
+        load_path(path, fields, &mut out)?;
     }
     Ok(out)
+}
+
+/// Read every object of `path` (a file or a directory) into `out`.
+pub fn load_path(path: &Path, fields: Fields, out: &mut Objects) -> Result<(), ObjectError> {
+    if path.is_dir() {
+        let files = pinset_core::yaml_files(path).map_err(|source| ObjectError::Read {
+            path: path.into(),
+            source,
+        })?;
+        for f in files {
+            load_file(&f, fields, out)?;
+        }
+        Ok(())
+    } else {
+        load_file(path, fields, out)
+    }
 }
 
 pub fn load_file(path: &Path, fields: Fields, out: &mut Objects) -> Result<(), ObjectError> {
@@ -95,62 +101,95 @@ pub fn parse(
         error,
     };
     for doc in yaml::documents(text).map_err(parse_err)? {
-        // Other kinds, and documents without a kind or a name, are not pinset's.
-        let Ok((head, _)) = doc.typed::<Head>(doc.value.clone(), Fields::Lenient) else {
-            continue;
-        };
-        let (Some(kind), Some(meta)) = (head.kind, head.metadata) else {
-            continue;
-        };
-        let invalid = |why: String| ObjectError::Invalid {
-            path: path.into(),
-            line: doc.start.0,
-            col: doc.start.1,
-            kind: kind.clone(),
-            name: meta.name.clone(),
-            why,
-        };
-        let mut value = doc.value.clone();
-        if kind != "Node"
-            && let Some(map) = value.as_object_mut()
-        {
-            // kube's derived types take apiVersion and kind from the type, not the document:
-            // they were read above and are not unknown fields.
-            map.remove("apiVersion");
-            map.remove("kind");
-        }
-        let mut warned = Vec::new();
-        let mut typed = Typed {
-            doc: &doc,
-            fields,
-            path,
-            warned: &mut warned,
-        };
-        match kind.as_str() {
-            "PinnedImageSet" => {
-                let set: PinnedImageSet = typed.read(value)?;
-                out.sets.push(convert::set(&set));
-            }
-            "MachineConfigPool" => {
-                // A pool without a spec selects nothing, as in the API.
-                if let Some(map) = value.as_object_mut() {
-                    map.entry("spec").or_insert_with(|| serde_json::json!({}));
-                }
-                let pool: MachineConfigPool = typed.read(value)?;
-                out.pools
-                    .push(convert::pool(&pool).map_err(|e| invalid(e.to_string()))?);
-            }
-            "Node" => {
-                quantities_as_strings(&mut value);
-                let node: Node = typed.read(value)?;
-                out.nodes
-                    .push(convert::node(&node).map_err(|e| invalid(e.to_string()))?);
-            }
-            _ => {}
-        }
-        out.warnings
-            .extend(warned.iter().map(|w| format!("{}:{w}", path.display())));
+        object(&doc, path, fields, out)?;
     }
+    Ok(())
+}
+
+/// One object of a document; a `List`'s items one by one (what `pinset set -o json` prints
+/// for several sets, as kubectl does).
+fn object(
+    doc: &yaml::Document,
+    path: &Path,
+    fields: Fields,
+    out: &mut Objects,
+) -> Result<(), ObjectError> {
+    if doc.value.get("kind").and_then(|k| k.as_str()) == Some("List") {
+        let n = doc.value["items"].as_array().map_or(0, Vec::len);
+        for i in 0..n {
+            if let Some(item) = doc.item(&format!("items[{i}]")) {
+                object(&item, path, fields, out)?;
+            }
+        }
+        return Ok(());
+    }
+    // Other kinds, and documents without a kind or a name, are not pinset's.
+    let Ok((head, _)) = doc.typed::<Head>(doc.value.clone(), Fields::Lenient) else {
+        return Ok(());
+    };
+    let (Some(kind), Some(meta)) = (head.kind, head.metadata) else {
+        return Ok(());
+    };
+    known(doc, &kind, &meta.name, path, fields, out)
+}
+
+/// A document of a kind pinset reads (`kind`, named `name`), else nothing.
+fn known(
+    doc: &yaml::Document,
+    kind: &str,
+    name: &str,
+    path: &Path,
+    fields: Fields,
+    out: &mut Objects,
+) -> Result<(), ObjectError> {
+    let invalid = |why: String| ObjectError::Invalid {
+        path: path.into(),
+        line: doc.start.0,
+        col: doc.start.1,
+        kind: kind.to_string(),
+        name: name.to_string(),
+        why,
+    };
+    let mut value = doc.value.clone();
+    if kind != "Node"
+        && let Some(map) = value.as_object_mut()
+    {
+        // kube's derived types take apiVersion and kind from the type, not the document:
+        // they were read above and are not unknown fields.
+        map.remove("apiVersion");
+        map.remove("kind");
+    }
+    let mut warned = Vec::new();
+    let mut typed = Typed {
+        doc,
+        fields,
+        path,
+        warned: &mut warned,
+    };
+    match kind {
+        "PinnedImageSet" => {
+            let set: PinnedImageSet = typed.read(value)?;
+            out.sets.push(convert::set(&set));
+        }
+        "MachineConfigPool" => {
+            // A pool without a spec selects nothing, as in the API.
+            if let Some(map) = value.as_object_mut() {
+                map.entry("spec").or_insert_with(|| serde_json::json!({}));
+            }
+            let pool: MachineConfigPool = typed.read(value)?;
+            out.pools
+                .push(convert::pool(&pool).map_err(|e| invalid(e.to_string()))?);
+        }
+        "Node" => {
+            quantities_as_strings(&mut value);
+            let node: Node = typed.read(value)?;
+            out.nodes
+                .push(convert::node(&node).map_err(|e| invalid(e.to_string()))?);
+        }
+        _ => {}
+    }
+    out.warnings
+        .extend(warned.iter().map(|w| format!("{}:{w}", path.display())));
     Ok(())
 }
 
@@ -298,6 +337,40 @@ metadata: {name: ignored}
             e.starts_with("s.yaml:3:8: spec.pinnedImages: invalid type"),
             "{e}"
         );
+    }
+
+    /// `pinset set … -o json` prints several sets as a `List`, as kubectl does: read item by
+    /// item, an item's error at its own line.
+    #[test]
+    fn a_lists_items_are_read_one_by_one() {
+        let d = "sha256:86d26e7ebcccd6f07a75db5b1e56283b25c2ee1c6a755d6ffc5a4d59beb9c504";
+        let list = format!(
+            r#"{{"apiVersion": "v1", "kind": "List", "items": [
+  {{"apiVersion": "machineconfiguration.openshift.io/v1", "kind": "PinnedImageSet",
+   "metadata": {{"name": "r-1"}}, "spec": {{"pinnedImages": [{{"name": "q.io/a@{d}"}}]}}}},
+  {{"apiVersion": "machineconfiguration.openshift.io/v1", "kind": "PinnedImageSet",
+   "metadata": {{"name": "r-2"}}, "spec": {{"pinnedImages": [{{"name": "q.io/b@{d}"}}]}}}}
+]}}"#
+        );
+        let mut o = Objects::default();
+        parse(&list, Path::new("-"), Fields::Strict, &mut o).unwrap();
+        let names: Vec<&str> = o.sets.iter().map(|s| s.name.as_str()).collect();
+        assert_eq!(names, ["r-1", "r-2"]);
+        let bad = list.replacen(
+            "\"spec\": {\"pinnedImages\"",
+            "\"spec\": {\"pinnedImage\"",
+            2,
+        );
+        let bad = bad.replacen("\"pinnedImage\"", "\"pinnedImages\"", 1);
+        let e = parse(
+            &bad,
+            Path::new("-"),
+            Fields::Strict,
+            &mut Objects::default(),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.starts_with("-:5:"), "{e}");
     }
 
     #[test]

@@ -32,6 +32,9 @@ pub enum Misbehaviour {
     Realm(String),
     /// `200` with this body (a manifest, by any digest it is asked for: a lying registry).
     Serve { content_type: String, body: Vec<u8> },
+    /// The first misbehaviour whose key the request's path contains (`/manifests/`,
+    /// `/blobs/`): an honest manifest over a hostile blob. `200 {}` when none does (`/v2/`).
+    Routes(Vec<(String, Misbehaviour)>),
 }
 
 /// What one request carried.
@@ -113,43 +116,56 @@ fn serve(mut stream: TcpStream, how: &Misbehaviour, log: &Mutex<Vec<Seen>>, me: 
         return;
     };
     log.lock().unwrap().push(seen.clone());
+    let _ = respond(&mut stream, how, &seen, me);
+}
+
+fn respond(
+    stream: &mut TcpStream,
+    how: &Misbehaviour,
+    seen: &Seen,
+    me: &str,
+) -> std::io::Result<()> {
     let token_path = seen.path.starts_with("/token");
-    let _ = match how {
+    match how {
         Misbehaviour::EndlessBody => endless(
-            &mut stream,
+            stream,
             "HTTP/1.1 200 OK\r\nContent-Type: application/vnd.oci.image.manifest.v1+json\r\nTransfer-Encoding: chunked\r\n\r\n",
         ),
         Misbehaviour::HugeLength => endless(
-            &mut stream,
+            stream,
             "HTTP/1.1 200 OK\r\nContent-Type: application/vnd.oci.image.manifest.v1+json\r\nContent-Length: 1099511627776\r\n\r\n",
         ),
-        Misbehaviour::Trickle => trickle(&mut stream),
+        Misbehaviour::Trickle => trickle(stream),
         Misbehaviour::HugeToken if token_path => endless(
-            &mut stream,
+            stream,
             "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n",
         ),
         Misbehaviour::AuthLoop if token_path => answer(
-            &mut stream,
+            stream,
             "200 OK",
             "application/json",
             br#"{"token":"t"}"#,
             "",
         ),
         Misbehaviour::HugeToken | Misbehaviour::AuthLoop => {
-            challenge(&mut stream, &format!("http://{me}/token"))
+            challenge(stream, &format!("http://{me}/token"))
         }
-        Misbehaviour::Realm(realm) => challenge(&mut stream, realm),
+        Misbehaviour::Realm(realm) => challenge(stream, realm),
         Misbehaviour::RedirectLoop => answer(
-            &mut stream,
+            stream,
             "302 Found",
             "text/plain",
             b"",
             &format!("Location: {}\r\n", seen.path),
         ),
         Misbehaviour::Serve { content_type, body } => {
-            answer(&mut stream, "200 OK", content_type, body, "")
+            answer(stream, "200 OK", content_type, body, "")
         }
-    };
+        Misbehaviour::Routes(routes) => match routes.iter().find(|(k, _)| seen.path.contains(k)) {
+            Some((_, how)) => respond(stream, how, seen, me),
+            None => answer(stream, "200 OK", "application/json", b"{}", ""),
+        },
+    }
 }
 
 fn answer(

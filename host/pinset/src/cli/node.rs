@@ -29,7 +29,8 @@ use tokio_util::sync::CancellationToken;
 /// The objects a node works from.
 #[derive(clap::Args, Clone, Debug)]
 pub struct Inputs {
-    /// PinnedImageSet YAML files or directories (MachineConfigPools found there count too).
+    /// PinnedImageSet YAML or JSON files or directories, or - for standard input (`pinset set
+    /// … | pinset plan --sets - …`; MachineConfigPools found there count too).
     #[arg(long, required = true, num_args = 1.., value_name = "PATH")]
     pub sets: Vec<PathBuf>,
     /// MachineConfigPool YAML files or directories; default: the standard master and worker pools.
@@ -156,6 +157,20 @@ pub enum PinKind {
     Containerd,
 }
 
+/// The objects of files, directories and `-` (standard input, read once).
+fn load_objects(paths: &[PathBuf], fields: Fields) -> Result<Objects> {
+    let mut out = Objects::default();
+    for path in paths {
+        if path.as_os_str() == "-" {
+            let text = std::io::read_to_string(std::io::stdin()).context("-: standard input")?;
+            objects::parse(&text, path, fields, &mut out)?;
+        } else {
+            objects::load_path(path, fields, &mut out)?;
+        }
+    }
+    Ok(out)
+}
+
 /// Read the objects and compute this node's desired state.
 pub fn desired_state(inputs: &Inputs) -> Result<(NodeInfo, Desired)> {
     let fields = if inputs.lenient {
@@ -163,9 +178,9 @@ pub fn desired_state(inputs: &Inputs) -> Result<(NodeInfo, Desired)> {
     } else {
         Fields::Strict
     };
-    let mut objects: Objects = objects::load(&inputs.sets, fields)?;
+    let mut objects: Objects = load_objects(&inputs.sets, fields)?;
     super::warn_if_empty("--sets", &inputs.sets, objects.sets.len(), "PinnedImageSet");
-    let more = objects::load(&inputs.pools, fields)?;
+    let more = load_objects(&inputs.pools, fields)?;
     if !inputs.pools.is_empty() {
         super::warn_if_empty(
             "--pools",
