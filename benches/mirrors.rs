@@ -34,19 +34,6 @@ fn desired_of(refs: &[String]) -> Desired {
     desired::desired(&node, &desired::standard_pools(), &[set])
 }
 
-/// A loopback port that accepts connections and never answers.
-fn dark() -> (String, std::thread::JoinHandle<()>) {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let addr = listener.local_addr().unwrap().to_string();
-    let held = std::thread::spawn(move || {
-        let mut held = Vec::new();
-        for stream in listener.incoming().flatten() {
-            held.push(stream);
-        }
-    });
-    (addr, held)
-}
-
 /// One round of sizing `d` with a fresh cache: (time, images sized, images left).
 async fn round(sizer: RegistrySizer, d: &Desired, budget: Duration) -> (Duration, usize, usize) {
     let cached = Arc::new(Cached::new(sizer).with_budget(budget));
@@ -60,15 +47,13 @@ async fn round(sizer: RegistrySizer, d: &Desired, budget: Duration) -> (Duration
 
 #[tokio::main]
 async fn main() {
-    let repeats: usize = std::env::var("REPEATS")
-        .ok()
-        .and_then(|r| r.parse().ok())
-        .unwrap_or(5);
+    let repeats = support::repeats();
     let Some(registry) = support::Registry::start() else {
         eprintln!("docker-registry is not installed: run `bash scripts/test.sh` once");
         return;
     };
-    let (dark, _held) = dark();
+    let dark_source = support::Dark::start();
+    let dark = dark_source.addr.clone();
     eprintln!("pushing {IMAGES} images to {}", registry.host);
     let direct = support::push_images(&registry, "m", IMAGES, 2_048, 7_000).await;
     let via_mirror: Vec<String> = direct

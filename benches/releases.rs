@@ -13,21 +13,11 @@
 #[path = "../tests/it/support.rs"]
 mod support;
 
-use pinset_registry::mirrors::Endpoint;
-use pinset_registry::oci::{Descriptor, ImageManifest, OCI_CONFIG, OCI_MANIFEST};
 use pinset_registry::tar::write::archive;
-use std::io::Write;
 use std::time::{Duration, Instant};
+use support::{GZIP_LAYER, gzip};
 
 const COMPONENTS: usize = 200;
-const GZIP_LAYER: &str = "application/vnd.oci.image.layer.v1.tar+gzip";
-const PUSH: Duration = Duration::from_secs(600);
-
-fn gzip(data: &[u8]) -> Vec<u8> {
-    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
-    gz.write_all(data).unwrap();
-    gz.finish().unwrap()
-}
 
 /// The `release-manifests/` layer of a release of `COMPONENTS` images named through `source`.
 fn manifests_layer(source: &str) -> Vec<u8> {
@@ -54,37 +44,20 @@ fn manifests_layer(source: &str) -> Vec<u8> {
 
 /// Push a release whose base layer holds `payload` bytes, above its manifests; its tag.
 async fn push_release(registry: &support::Registry, source: &str, payload: usize) -> String {
-    let client = registry.client();
-    let endpoint = Endpoint::source(&registry.host, "ocp/release");
     let base = gzip(&archive(&[(
         "usr/share/payload.bin",
         &support::random_bytes(payload as u64, payload),
     )]));
-    let layers = [manifests_layer(source), base];
-    let config =
-        br#"{"architecture":"amd64","os":"linux","rootfs":{"type":"layers","diff_ids":[]}}"#;
-    for blob in layers.iter().map(Vec::as_slice).chain([&config[..]]) {
-        client
-            .push_blob(&endpoint, blob.to_vec().into(), PUSH)
-            .await
-            .unwrap();
-    }
-    let manifest = ImageManifest {
-        schema_version: 2,
-        media_type: Some(OCI_MANIFEST.into()),
-        config: Descriptor::of(OCI_CONFIG, config),
-        layers: layers
-            .iter()
-            .map(|l| Descriptor::of(GZIP_LAYER, l))
-            .collect(),
-        annotations: None,
-    };
+    let layers = [(GZIP_LAYER, manifests_layer(source)), (GZIP_LAYER, base)];
     let tag = format!("payload-{}m", payload >> 20);
-    let body = serde_json::to_vec(&manifest).unwrap();
-    client
-        .push_manifest(&endpoint, &tag, OCI_MANIFEST, body.into(), PUSH)
-        .await
-        .unwrap();
+    support::push_layers(
+        &registry.client(),
+        &registry.host,
+        "ocp/release",
+        &tag,
+        &layers,
+    )
+    .await;
     tag
 }
 
@@ -126,10 +99,7 @@ fn median(mut v: Vec<f64>) -> f64 {
 
 #[tokio::main]
 async fn main() {
-    let repeats: usize = std::env::var("REPEATS")
-        .ok()
-        .and_then(|r| r.parse().ok())
-        .unwrap_or(5);
+    let repeats = support::repeats();
     let mirror =
         support::Registry::start().expect("docker-registry (bash scripts/test.sh installs it)");
     let dark = support::Dark::start();

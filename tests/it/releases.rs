@@ -9,26 +9,13 @@
 //! (a 2 GiB layer, a body that never ends): one clear error, nothing printed. And
 //! `pinset set from-manifests` on rendered manifests and an operator bundle's CSV.
 
-use crate::support::{self, Dark};
+use crate::support::{self, Dark, GZIP_LAYER, TAR_LAYER, gzip, push_layers};
 
-use pinset_registry::mirrors::Endpoint;
-use pinset_registry::oci::{Descriptor, ImageManifest, OCI_CONFIG, OCI_MANIFEST};
+use pinset_registry::oci::{OCI_CONFIG, OCI_MANIFEST};
 use pinset_registry::tar::write::archive;
 use pinset_testkit::hostile::{Hostile, Misbehaviour};
 use std::collections::BTreeMap;
-use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::time::Duration;
-
-const GZIP_LAYER: &str = "application/vnd.oci.image.layer.v1.tar+gzip";
-const TAR_LAYER: &str = "application/vnd.oci.image.layer.v1.tar";
-const PUSH: Duration = Duration::from_secs(60);
-
-fn gzip(data: &[u8]) -> Vec<u8> {
-    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
-    gz.write_all(data).unwrap();
-    gz.finish().unwrap()
-}
 
 /// `image-references` naming `components` (tag name, image), and `release-metadata`.
 fn release_manifests(version: &str, previous: &[&str], components: &[(&str, String)]) -> Vec<u8> {
@@ -60,41 +47,6 @@ fn release_manifests(version: &str, previous: &[&str], components: &[(&str, Stri
             b"kind: Deployment\n",
         ),
     ])
-}
-
-/// Push an image of `layers` (media type, bytes) tagged `tag`; its manifest digest.
-async fn push_layers(
-    client: &pinset_registry::Client,
-    registry: &str,
-    repo: &str,
-    tag: &str,
-    layers: &[(&str, Vec<u8>)],
-) -> String {
-    let endpoint = Endpoint::source(registry, repo);
-    let config =
-        br#"{"architecture":"amd64","os":"linux","rootfs":{"type":"layers","diff_ids":[]}}"#;
-    for blob in layers
-        .iter()
-        .map(|(_, b)| b.as_slice())
-        .chain([&config[..]])
-    {
-        client
-            .push_blob(&endpoint, blob.to_vec().into(), PUSH)
-            .await
-            .unwrap_or_else(|e| panic!("push a blob to {registry}/{repo}: {e}"));
-    }
-    let manifest = ImageManifest {
-        schema_version: 2,
-        media_type: Some(OCI_MANIFEST.into()),
-        config: Descriptor::of(OCI_CONFIG, config),
-        layers: layers.iter().map(|(t, l)| Descriptor::of(t, l)).collect(),
-        annotations: None,
-    };
-    let body = serde_json::to_vec(&manifest).unwrap();
-    client
-        .push_manifest(&endpoint, tag, OCI_MANIFEST, body.into(), PUSH)
-        .await
-        .unwrap_or_else(|e| panic!("push {registry}/{repo}:{tag}: {e}"))
 }
 
 /// Two releases on a mirror of a dark source, and what they hold.

@@ -5,7 +5,10 @@
 
 pub use pinset_testkit::*;
 
+use pinset_registry::mirrors::Endpoint;
+use pinset_registry::oci::{Descriptor, ImageManifest, OCI_CONFIG, OCI_MANIFEST};
 use std::process::Command;
+use std::time::Duration;
 
 /// The `pinset` binary cargo built for these tests.
 pub const PINSET: &str = env!("CARGO_BIN_EXE_pinset");
@@ -189,4 +192,60 @@ impl Dark {
     pub fn connections(&self) -> usize {
         self.accepted.load(std::sync::atomic::Ordering::SeqCst)
     }
+}
+
+pub const GZIP_LAYER: &str = "application/vnd.oci.image.layer.v1.tar+gzip";
+pub const TAR_LAYER: &str = "application/vnd.oci.image.layer.v1.tar";
+
+/// What a fixture push may take (a bench pushes 256 MiB layers).
+const PUSH_RELEASE: Duration = Duration::from_secs(600);
+
+/// `data` gzipped (the fast level: fixtures, not archives).
+pub fn gzip(data: &[u8]) -> Vec<u8> {
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    std::io::Write::write_all(&mut gz, data).unwrap();
+    gz.finish().unwrap()
+}
+
+/// Push an image of `layers` (media type, bytes) tagged `tag`; its manifest digest.
+pub async fn push_layers(
+    client: &pinset_registry::Client,
+    registry: &str,
+    repo: &str,
+    tag: &str,
+    layers: &[(&str, Vec<u8>)],
+) -> String {
+    let endpoint = Endpoint::source(registry, repo);
+    let config =
+        br#"{"architecture":"amd64","os":"linux","rootfs":{"type":"layers","diff_ids":[]}}"#;
+    for blob in layers
+        .iter()
+        .map(|(_, b)| b.as_slice())
+        .chain([&config[..]])
+    {
+        client
+            .push_blob(&endpoint, blob.to_vec().into(), PUSH_RELEASE)
+            .await
+            .unwrap_or_else(|e| panic!("push a blob to {registry}/{repo}: {e}"));
+    }
+    let manifest = ImageManifest {
+        schema_version: 2,
+        media_type: Some(OCI_MANIFEST.into()),
+        config: Descriptor::of(OCI_CONFIG, config),
+        layers: layers.iter().map(|(t, l)| Descriptor::of(t, l)).collect(),
+        annotations: None,
+    };
+    let body = serde_json::to_vec(&manifest).unwrap();
+    client
+        .push_manifest(&endpoint, tag, OCI_MANIFEST, body.into(), PUSH_RELEASE)
+        .await
+        .unwrap_or_else(|e| panic!("push {registry}/{repo}:{tag}: {e}"))
+}
+
+/// The benches' repetitions: `REPEATS`, default 5.
+pub fn repeats() -> usize {
+    std::env::var("REPEATS")
+        .ok()
+        .and_then(|r| r.parse().ok())
+        .unwrap_or(5)
 }

@@ -151,11 +151,11 @@ impl Registry {
     }
 
     fn wait_ready(&self) {
-        let deadline = Instant::now() + Duration::from_secs(10);
+        let deadline = Instant::now() + Duration::from_secs(30);
         while std::net::TcpStream::connect(&self.host).is_err() {
             assert!(
                 Instant::now() < deadline,
-                "docker-registry did not listen on {} within 10 s",
+                "docker-registry did not listen on {} within 30 s",
                 self.host
             );
             std::thread::sleep(Duration::from_millis(20));
@@ -472,8 +472,10 @@ impl Containerd {
 
     /// Until containerd's CRI image service answers: its socket accepts connections before the
     /// CRI plugin has started, and calls until then fail with "server is not initialized yet".
+    /// A minute: a deadline, not a wait — on two cores with four tests starting their beds at
+    /// once, 15 s left little margin.
     fn wait_ready(&self) {
-        let deadline = Instant::now() + Duration::from_secs(15);
+        let deadline = Instant::now() + Duration::from_secs(60);
         let endpoint = self.endpoint();
         // On a thread of its own: this may be called from inside a test's async runtime.
         let answered = std::thread::spawn(move || {
@@ -487,7 +489,7 @@ impl Containerd {
         .expect("the readiness probe does not panic");
         if let Err(last) = answered {
             panic!(
-                "containerd's CRI did not answer on {} within 15 s ({last}): {}",
+                "containerd's CRI did not answer on {} within 60 s ({last}): {}",
                 self.socket.display(),
                 self.log()
             );
