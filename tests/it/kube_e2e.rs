@@ -323,9 +323,8 @@ impl Cluster {
     /// The requests the authorizer refused (none, when the manifests grant what pinset needs).
     fn refused(&self) -> Vec<String> {
         self.authorizer
-            .decisions()
+            .unexpected_refusals()
             .iter()
-            .filter(|d| d.allowed_by.is_none())
             .map(|d| d.request.describe())
             .collect()
     }
@@ -2833,6 +2832,7 @@ async fn a_rule_missing_from_the_manifests_is_a_clear_refusal_retried_until_gran
         "a refusal is not an outage"
     );
     // An operator never bound to pinset-rollout: the command says who may not do what.
+    cluster.authorizer.may_refuse("bob");
     let bob = cluster
         .server
         .kubeconfig_as("bob", &["system:authenticated"]);

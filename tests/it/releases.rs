@@ -56,6 +56,8 @@ struct Fixture {
     hosts: tempfile::TempDir,
     /// The releases' digests: 4.17.2, 4.17.3.
     releases: [String; 2],
+    /// The digest of an index of both, 4.17.3 for this platform (tag `index`).
+    index: String,
     /// Component images by name, as the releases name them (through the dark source).
     images: BTreeMap<&'static str, String>,
 }
@@ -121,6 +123,13 @@ impl Fixture {
             push_layers(&client, &host, "ocp/release", "4.17.2", &r1).await,
             push_layers(&client, &host, "ocp/release", "4.17.3", &r2).await,
         ];
+        // A multi-platform release: this platform's entry is 4.17.3, the other's 4.17.2.
+        let mut platforms = Vec::new();
+        for (arch, digest) in [(support::arch(), &releases[1]), (other, &releases[0])] {
+            let size = support::manifest_size(&client, &host, "ocp/release", digest).await;
+            platforms.push((arch, digest.clone(), size));
+        }
+        let index = support::push_index(&client, &host, "ocp/release", &platforms).await;
         let hosts = tempfile::tempdir().unwrap();
         let dir = hosts.path().join(&dark.addr);
         std::fs::create_dir(&dir).unwrap();
@@ -134,6 +143,7 @@ impl Fixture {
             dark,
             hosts,
             releases,
+            index,
             images,
         })
     }
@@ -255,6 +265,17 @@ async fn a_release_is_read_through_the_mirror_with_its_delta_and_upgrade_path() 
         annotations["pinset.io/source"].contains(&format!("{} (4.17.3)", f.by_digest(1))),
         "{annotations:?}"
     );
+
+    // The multi-platform release: its index pinned (every node pulls its own platform), the
+    // payload read from this platform's image.
+    let (code, out, err) = f
+        .pinset(&["set", "from-release", &f.release("index")])
+        .await;
+    assert_eq!(code, 0, "{err}");
+    let [(_, images, _)] = sets_of(&out).try_into().unwrap();
+    let index = format!("{}/ocp/release@{}", f.dark.addr, f.index);
+    assert_eq!(images[0], index);
+    assert_eq!(images[1..], want[1..], "this platform's release, 4.17.3");
 
     let since = ["set", "from-release", &f.release("4.17.3"), "--since"];
     let (code, out, err) = f

@@ -158,31 +158,13 @@ impl Metrics {
                 Histogram::new(exponential_buckets(1e-4, 4.0, 14))
             }),
         );
-        let reconcile_errors = kind_counter(
-            r,
-            "reconcile_errors",
-            "Reconciles that ended in an error (kind: node, pool, set)",
-        );
-        let api_writes = kind_counter(
-            r,
-            "api_writes",
-            "Writes to the Kubernetes API (kind: the object and part written)",
-        );
-        let api_write_conflicts = kind_counter(
-            r,
-            "api_write_conflicts",
-            "Writes to the Kubernetes API refused because the object changed since it was read (kind: as api_writes)",
-        );
-        let pin_drift = kind_counter(
-            r,
-            "pin_drift",
-            "Pins found lost behind pinset's back and repaired (kind: image-deleted, pin-removed, dropin-deleted, dropin-edited)",
-        );
-        let watch_interruptions = kind_counter(
-            r,
-            "watch_interruptions",
-            "Watches interrupted and resumed (kind: MachineConfigPool, PinnedImageSet, MachineConfigNode)",
-        );
+        let [
+            reconcile_errors,
+            api_writes,
+            api_write_conflicts,
+            pin_drift,
+            watch_interruptions,
+        ] = Self::register_kind_counters(r);
         let (node_sets, last_success, build_info) = Self::register_gauges(&mut registry);
         let rollout = Self::register_rollout(&mut registry);
         Self {
@@ -208,6 +190,43 @@ impl Metrics {
                 rollout,
             }),
         }
+    }
+
+    /// The counters labelled by kind: reconcile errors, API writes and their conflicts, pin
+    /// drift, watch interruptions.
+    fn register_kind_counters(r: &mut Registry) -> [Family<KindLabels, Counter>; 5] {
+        let reconcile_errors = kind_counter(
+            r,
+            "reconcile_errors",
+            "Reconciles that ended in an error (kind: node, pool, set)",
+        );
+        let api_writes = kind_counter(
+            r,
+            "api_writes",
+            "Writes to the Kubernetes API (kind: the object and part written)",
+        );
+        let api_write_conflicts = kind_counter(
+            r,
+            "api_write_conflicts",
+            "Writes to the Kubernetes API refused because the object changed since it was read (kind: as api_writes)",
+        );
+        let pin_drift = kind_counter(
+            r,
+            "pin_drift",
+            "Pins found lost behind pinset's back and repaired (kind: image-deleted, pin-removed, dropin-deleted, dropin-edited)",
+        );
+        let watch_interruptions = kind_counter(
+            r,
+            "watch_interruptions",
+            "Watches interrupted and resumed (kind: MachineConfigPool, PinnedImageSet, MachineConfigNode)",
+        );
+        [
+            reconcile_errors,
+            api_writes,
+            api_write_conflicts,
+            pin_drift,
+            watch_interruptions,
+        ]
     }
 
     fn register_policy(r: &mut Registry) -> PolicyMetrics {

@@ -259,6 +259,8 @@ pub struct Authorizer {
     pub url: String,
     rbac: Arc<Mutex<Rbac>>,
     decisions: Arc<Mutex<Vec<Decision>>>,
+    /// Users a test has refused on purpose: their refusals, whenever they land, are expected.
+    refusable: Arc<Mutex<Vec<String>>>,
 }
 
 impl Authorizer {
@@ -278,6 +280,7 @@ impl Authorizer {
             url,
             rbac,
             decisions,
+            refusable: Default::default(),
         }
     }
 
@@ -288,6 +291,21 @@ impl Authorizer {
 
     pub fn decisions(&self) -> Vec<Decision> {
         self.decisions.lock().unwrap().clone()
+    }
+
+    /// Every refusal of `user` is expected, however late it lands: a command refused on
+    /// purpose stops at its first refusal while its other requests may still be in flight.
+    pub fn may_refuse(&self, user: &str) {
+        self.refusable.lock().unwrap().push(user.to_string());
+    }
+
+    /// The refusals no test asked for.
+    pub fn unexpected_refusals(&self) -> Vec<Decision> {
+        let refusable = self.refusable.lock().unwrap().clone();
+        self.decisions()
+            .into_iter()
+            .filter(|d| d.allowed_by.is_none() && !refusable.contains(&d.request.user))
+            .collect()
     }
 
     /// Forget the refusals recorded so far (a test that provoked them on purpose).

@@ -390,27 +390,7 @@ impl<S: Sizer + 'static, B: PinBackend> Agent<S, B> {
         self.swap_policy(rounds, node, desired).await;
         let started = Instant::now();
         let result = self.reconcile(rounds, node, desired, shutdown).await;
-        let succeeded = matches!(&result, Ok(r) if !r.cancelled);
-        if let Some(r) = rounds
-            .policy
-            .after_reconcile(succeeded, &rounds.status.policy_fallbacks)
-        {
-            self.metrics.count_policy_swap(r.as_str());
-        }
-        let pool = desired.pools.first().map(String::as_str);
-        let config = rounds.last_config.clone();
-        let wanted = self.wanted(rounds, &config, &desired.pools);
-        rounds.policy.report(&wanted, &mut rounds.status);
-        self.metrics
-            .set_policy_info(pool.unwrap_or(""), &rounds.policy.running().running);
-        let ok = matches!(&result, Ok(r) if !r.cancelled) && rounds.status.degraded.is_none();
-        self.metrics
-            .observe_reconcile("node", started.elapsed(), ok);
-        if !matches!(&result, Ok(r) if r.cancelled) {
-            self.metrics.observe_node_sets(&rounds.status);
-            self.metrics
-                .observe_rollout_waiting(rounds.status.waiting.len());
-        }
+        self.account(rounds, desired, &result, started);
         let cancelled = match &result {
             Ok(r) => r.cancelled,
             Err(e) => {
@@ -441,6 +421,37 @@ impl<S: Sizer + 'static, B: PinBackend> Agent<S, B> {
             true => wait,
             false => wait.min(self.config.retry_min),
         })
+    }
+
+    /// After a reconcile: the policy's probation settled, its state reported, the metrics.
+    fn account(
+        &self,
+        rounds: &mut Rounds,
+        desired: &Desired,
+        result: &Result<Report, ReconcileError>,
+        started: Instant,
+    ) {
+        let succeeded = matches!(result, Ok(r) if !r.cancelled);
+        if let Some(r) = rounds
+            .policy
+            .after_reconcile(succeeded, &rounds.status.policy_fallbacks)
+        {
+            self.metrics.count_policy_swap(r.as_str());
+        }
+        let pool = desired.pools.first().map(String::as_str);
+        let config = rounds.last_config.clone();
+        let wanted = self.wanted(rounds, &config, &desired.pools);
+        rounds.policy.report(&wanted, &mut rounds.status);
+        self.metrics
+            .set_policy_info(pool.unwrap_or(""), &rounds.policy.running().running);
+        let ok = succeeded && rounds.status.degraded.is_none();
+        self.metrics
+            .observe_reconcile("node", started.elapsed(), ok);
+        if !matches!(result, Ok(r) if r.cancelled) {
+            self.metrics.observe_node_sets(&rounds.status);
+            self.metrics
+                .observe_rollout_waiting(rounds.status.waiting.len());
+        }
     }
 
     /// After a failure, back off (doubling up to `retry_max`, with jitter); after a success,

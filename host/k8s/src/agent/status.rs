@@ -352,20 +352,7 @@ pub fn node_status(status: &NodeStatus, previous: &[Condition]) -> MachineConfig
         pinned_image_sets: status
             .sets
             .values()
-            .map(|s| NodeSetStatus {
-                name: s.name.clone(),
-                desired_generation: s.desired_generation.max(1),
-                current_generation: s.current_generation,
-                last_failed_generation: s.last_failed_generation,
-                last_failed_generation_error: s.last_failed_generation.map(|_| {
-                    cap(
-                        s.last_failed_generation_error
-                            .as_deref()
-                            .unwrap_or_default(),
-                        per_set,
-                    )
-                }),
-            })
+            .map(|s| node_set_status(s, per_set))
             .collect(),
         pinned_image_progress: Some(NodeProgress {
             images_done: p.images_done,
@@ -383,6 +370,20 @@ pub fn node_status(status: &NodeStatus, previous: &[Condition]) -> MachineConfig
         // OpenShift's daemon's fields are not the agent's to write (server-side apply leaves
         // them).
         ..Default::default()
+    }
+}
+
+/// One set's status on the node, its error capped at `max_error` characters.
+fn node_set_status(s: &SetStatus, max_error: usize) -> NodeSetStatus {
+    NodeSetStatus {
+        name: s.name.clone(),
+        desired_generation: s.desired_generation.max(1),
+        current_generation: s.current_generation,
+        last_failed_generation: s.last_failed_generation,
+        last_failed_generation_error: s.last_failed_generation.map(|_| {
+            let error = s.last_failed_generation_error.as_deref();
+            cap(error.unwrap_or_default(), max_error)
+        }),
     }
 }
 

@@ -28,13 +28,13 @@ use crate::api::{MachineConfigNode, MachineConfigPool, PinnedImageSet};
 use crate::convert;
 use crate::metrics::Metrics;
 use crate::watcher_config;
-use futures::StreamExt;
+use futures::{Stream, StreamExt};
 use kube::api::Api;
-use kube::runtime::WatchStreamExt;
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -90,6 +90,21 @@ impl ControllerError {
 /// readiness and labels (a NotReady node frees its rollout slot). Progress updates are not in
 /// it, nor the grants this controller writes.
 type NodeChange = (pinset_core::pool::NodeReport, Option<crate::api::NodeState>);
+
+fn set_change(s: &PinnedImageSet) -> (Option<i64>, BTreeMap<String, String>) {
+    (s.metadata.generation, s.labels().clone())
+}
+
+type PoolChange = (
+    Option<i64>,
+    BTreeMap<String, String>,
+    BTreeMap<String, String>,
+);
+
+fn pool_change(p: &MachineConfigPool) -> PoolChange {
+    let m = &p.metadata;
+    (m.generation, p.labels().clone(), p.annotations().clone())
+}
 
 fn node_change(n: &MachineConfigNode) -> NodeChange {
     (
@@ -246,15 +261,10 @@ pub async fn run(
     // A pool cares about a set's labels and spec (its generation), not its status; about a
     // node's report, not its progress; about its own spec, labels and annotations (the rollout
     // ceiling), not the status this controller writes.
-    let set_change = |s: &PinnedImageSet| (s.metadata.generation, s.labels().clone());
     let (sets_reader, sets_stream) =
         watch::cached_changes(sets_api.clone(), set_change, metrics.clone());
     let (nodes_reader, nodes_stream) =
         watch::cached_changes(nodes_api, node_change, metrics.clone());
-    let pool_change = |p: &MachineConfigPool| {
-        let m = &p.metadata;
-        (m.generation, p.labels().clone(), p.annotations().clone())
-    };
     let (pools_reader, pools_stream) =
         watch::cached_changes(pools_api, pool_change, metrics.clone());
     let (set_triggers, set_trigger_rx) = mpsc::unbounded_channel();
@@ -262,15 +272,9 @@ pub async fn run(
     let (synced_tx, synced) = tokio::sync::watch::channel(false);
     let (node_policies, signatures) = match node_policies {
         Some((name, gate)) => {
-            let source = follow_node_policies(
-                &client,
-                name,
-                &pools_reader,
-                &pool_triggers,
-                &metrics,
-                &shutdown,
-            )
-            .await;
+            let (pools, triggers) = (&pools_reader, &pool_triggers);
+            let source =
+                follow_node_policies(&client, name, pools, triggers, &metrics, &shutdown).await;
             (Some(source), gate)
         }
         None => (None, SignatureGate::new(None)),
@@ -282,7 +286,7 @@ pub async fn run(
         last_node_policies: Mutex::new(Default::default()),
         signatures,
         client,
-        pools: pools_reader.clone(),
+        pools: pools_reader,
         sets: sets_reader,
         nodes: nodes_reader,
         status_lane: status_lane::StatusLane::new(
@@ -297,22 +301,38 @@ pub async fn run(
         failures: Mutex::new(HashMap::new()),
         synced,
     });
-    let node_to_pool =
-        |n: MachineConfigNode| Some(ObjectRef::<MachineConfigPool>::new(&n.spec.pool.name));
-    let stop = shutdown.clone();
-    let pools = Controller::for_stream(pools_stream, pools_reader.clone())
-        .with_config(limits(POOL_CONCURRENCY))
-        .trigger_backoff(watch::OwnBackoffOnly)
-        .watches_stream(sets_stream, set_to_pools(pools_reader))
-        .watches_stream(nodes_stream, node_to_pool)
-        .reconcile_on(tokio_stream::wrappers::UnboundedReceiverStream::new(
-            pool_trigger_rx,
-        ))
-        .graceful_shutdown_on(async move { stop.cancelled().await })
-        .run(pool::reconcile, error_policy, ctx.clone())
-        .for_each(watch::log_outcome);
+    let watched = (pools_stream, sets_stream, nodes_stream);
+    let pools = run_pools(watched, pool_trigger_rx, ctx.clone(), shutdown.clone());
     let sets = run_sets(sets_api, set_trigger_rx, ctx.clone(), shutdown);
     tokio::join!(pools, sets, announce_ready(ctx, synced_tx, ready));
+}
+
+/// The pool reconciler: a pool's own changes, its sets' and its nodes', and the triggers of
+/// the other parts (a set's status lane, a policy's change) reconcile it.
+async fn run_pools(
+    (pools, sets, nodes): (
+        impl Stream<Item = Result<MachineConfigPool, watcher::Error>> + Send + 'static,
+        impl Stream<Item = Result<PinnedImageSet, watcher::Error>> + Send + 'static,
+        impl Stream<Item = Result<MachineConfigNode, watcher::Error>> + Send + 'static,
+    ),
+    triggers: mpsc::UnboundedReceiver<ObjectRef<MachineConfigPool>>,
+    ctx: Arc<Context>,
+    stop: CancellationToken,
+) {
+    let node_to_pool =
+        |n: MachineConfigNode| Some(ObjectRef::<MachineConfigPool>::new(&n.spec.pool.name));
+    Controller::for_stream(pools, ctx.pools.clone())
+        .with_config(limits(POOL_CONCURRENCY))
+        .trigger_backoff(watch::OwnBackoffOnly)
+        .watches_stream(sets, set_to_pools(ctx.pools.clone()))
+        .watches_stream(nodes, node_to_pool)
+        .reconcile_on(tokio_stream::wrappers::UnboundedReceiverStream::new(
+            triggers,
+        ))
+        .graceful_shutdown_on(async move { stop.cancelled().await })
+        .run(pool::reconcile, error_policy, ctx)
+        .for_each(watch::log_outcome)
+        .await
 }
 
 /// Follow the node policy configuration: a change reconciles every pool (its target changes).

@@ -65,29 +65,13 @@ async fn reconcile_pool(
     // Read before the configuration itself: the status never claims a newer one than it used.
     let policy_observed = ctx.policy_observed();
     let (policy_refused, pending) = node_policy_entry(ctx, &name, &mut target);
-    let members: Vec<_> = ctx
-        .nodes
-        .state()
-        .into_iter()
-        .filter(|n| n.spec.pool.name == name)
-        .collect();
-    let reports: Vec<_> = members.iter().map(|n| convert::node_report(n)).collect();
+    let (members, reports) = members(ctx, &name);
     let sync = pool::sync_status(&name, &wanted, &reports);
     let rollout = super::rollout::step(ctx, mcp, &target, &members, &reports).await?;
     let held = rollout.as_ref().and_then(|r| r.held.clone());
-    let degraded = match (failure, held, sync.degraded.clone()) {
-        (Some(f), _, _) => Some(f),
-        (None, Some(held), Some(d)) => Some(format!("{held}; {d}")),
-        (None, held, d) => held.or(d),
-    };
-    // A module refused before any grant: the pool cannot reach its configured policy.
-    let degraded = match (degraded, policy_refused) {
-        (Some(d), Some(p)) => Some(format!("{p}; {d}")),
-        (d, p) => p.or(d),
-    };
     let report = Report {
         sync: Some(&sync),
-        degraded,
+        degraded: degraded(failure, held, sync.degraded.clone(), policy_refused),
         rollout,
         refused: pool::policy_refusals(&name, &reports),
         policies: Some(policy_counts(&name, &reports)),
@@ -95,6 +79,44 @@ async fn reconcile_pool(
     };
     submit_status(ctx, mcp, report);
     Ok(Action::requeue(RESYNC))
+}
+
+/// The pool's MachineConfigNodes, and the reports read from them (same order).
+fn members(
+    ctx: &Context,
+    pool: &str,
+) -> (
+    Vec<Arc<crate::api::MachineConfigNode>>,
+    Vec<pinset_core::pool::NodeReport>,
+) {
+    let members: Vec<_> = ctx
+        .nodes
+        .state()
+        .into_iter()
+        .filter(|n| n.spec.pool.name == pool)
+        .collect();
+    let reports = members.iter().map(|n| convert::node_report(n)).collect();
+    (members, reports)
+}
+
+/// Why the pool is degraded, most fundamental first: a selection that failed, else a held
+/// rollout and the nodes' failures; a node policy module refused before any grant (the pool
+/// cannot reach its configured policy) is said first.
+fn degraded(
+    failure: Option<String>,
+    held: Option<String>,
+    nodes: Option<String>,
+    policy_refused: Option<String>,
+) -> Option<String> {
+    let degraded = match (failure, held, nodes) {
+        (Some(f), _, _) => Some(f),
+        (None, Some(held), Some(d)) => Some(format!("{held}; {d}")),
+        (None, held, d) => held.or(d),
+    };
+    match (degraded, policy_refused) {
+        (Some(d), Some(p)) => Some(format!("{p}; {d}")),
+        (d, p) => p.or(d),
+    }
 }
 
 /// What the pool's status is computed from: its generation, the PolicyConfiguration's.

@@ -132,10 +132,8 @@ pub(super) async fn step(
         .collect();
     ctx.decisions.overlay(&pool, &mut members);
     let annotations = mcp.annotations().clone();
-    let (max_pulling, bad_ceiling) = match rollout::max_pulling(&annotations, members.len()) {
-        Ok(m) => (m, None),
-        Err(e) => (None, Some(e)),
-    };
+    let (max_pulling, bad_ceiling) = rollout::max_pulling(&annotations, members.len())
+        .map_or_else(|e| (None, Some(e)), |m| (m, None));
     let (paused, bad_pause) = rollout::paused(&annotations);
     let mut request = rollout::request(
         &pool,
@@ -145,36 +143,11 @@ pub(super) async fn step(
         &members,
         crate::now_ms(),
     );
-    let (decided, fresh) = if paused {
-        // Not asked: a paused pool grants no one, whatever its policy would say.
-        let decided = Decided {
-            grant: rollout::paused_grant(&request),
-            policy: ctx.fleet.flagged(&pool).name().to_string(),
-            fallback: None,
-        };
-        (decided, false)
-    } else {
-        decide(ctx, &pool, &request).await
-    };
+    let (decided, fresh) = decide_unless_paused(ctx, &pool, &request, paused).await;
     if ctx.decisions.pause_changed(&pool, paused) {
         announce_pause(ctx, &pool, paused, &decided.grant.reason);
     }
-    let added = rollout::newly_granted(&request, &decided.grant.nodes);
-    // A wave's grants at once: each node starts as soon as its own lands. One that fails fails
-    // the reconcile; the ones written stand and are read back on the retry.
-    futures::future::try_join_all(
-        added
-            .iter()
-            .map(|&i| write_grant(ctx, &pool, &request, i, &decided)),
-    )
-    .await?;
-    for &i in &added {
-        request.nodes[i].granted = true;
-        request.nodes[i].phase = Phase::Pulling;
-    }
-    if !added.is_empty() {
-        ctx.metrics.count_rollout_wave(&pool);
-    }
+    let added = grant(ctx, &pool, &mut request, &decided).await?;
     let counts = rollout::counts(&request);
     ctx.metrics.observe_pool_rollout(&pool, &counts);
     ctx.metrics.observe_pool_paused(&pool, paused);
@@ -192,6 +165,48 @@ pub(super) async fn step(
         fallback: decided.fallback.as_ref().map(|f| f.message.clone()),
         held,
     }))
+}
+
+/// Write the grants `decided` adds, at once: each node starts as soon as its own lands. One
+/// that fails fails the reconcile; the ones written stand and are read back on the retry. The
+/// nodes granted, now marked so in `request`.
+async fn grant(
+    ctx: &Context,
+    pool: &str,
+    request: &mut RolloutRequest,
+    decided: &Decided,
+) -> Result<Vec<usize>, ControllerError> {
+    let added = rollout::newly_granted(request, &decided.grant.nodes);
+    let writes = added
+        .iter()
+        .map(|&i| write_grant(ctx, pool, request, i, decided));
+    futures::future::try_join_all(writes).await?;
+    for &i in &added {
+        request.nodes[i].granted = true;
+        request.nodes[i].phase = Phase::Pulling;
+    }
+    if !added.is_empty() {
+        ctx.metrics.count_rollout_wave(pool);
+    }
+    Ok(added)
+}
+
+/// A paused pool is not asked: it grants no one, whatever its policy would say.
+async fn decide_unless_paused(
+    ctx: &Context,
+    pool: &str,
+    request: &RolloutRequest,
+    paused: bool,
+) -> (Decided, bool) {
+    if !paused {
+        return decide(ctx, pool, request).await;
+    }
+    let decided = Decided {
+        grant: rollout::paused_grant(request),
+        policy: ctx.fleet.flagged(pool).name().to_string(),
+        fallback: None,
+    };
+    (decided, false)
 }
 
 /// The pool's last decision when its state has not changed since; else the policy's answer.

@@ -1,6 +1,6 @@
 //! `pinset set from-images NAME IMAGE… [--file LIST]`: a set from images as people name them.
 
-use super::{Common, Gathered, Wanted};
+use super::{Asked, Common, Gathered};
 use anyhow::{Context, Result, bail};
 use pinset_registry::mirrors::Target;
 use std::path::{Path, PathBuf};
@@ -36,11 +36,11 @@ pub async fn run(args: &FromImagesArgs) -> Result<ExitCode> {
 }
 
 /// The images of the arguments, then of `--file`, parsed.
-fn wanted(args: &FromImagesArgs) -> Result<Vec<Wanted>> {
+fn wanted(args: &FromImagesArgs) -> Result<Vec<Asked>> {
     let mut out = Vec::new();
     for given in &args.images {
         let target = Target::parse(given).map_err(anyhow::Error::msg)?;
-        out.push(Wanted {
+        out.push(Asked {
             given: given.clone(),
             target,
             found_in: None,
@@ -53,7 +53,7 @@ fn wanted(args: &FromImagesArgs) -> Result<Vec<Wanted>> {
 }
 
 /// A list of images, one per line; a bad line is an error at FILE:LINE.
-fn read_list(file: &Path) -> Result<Vec<Wanted>> {
+fn read_list(file: &Path) -> Result<Vec<Asked>> {
     let text = if file == Path::new("-") {
         std::io::read_to_string(std::io::stdin()).context("--file -: standard input")?
     } else {
@@ -70,7 +70,7 @@ fn read_list(file: &Path) -> Result<Vec<Wanted>> {
         }
         let target = Target::parse(line)
             .map_err(|why| anyhow::anyhow!("{}:{}: {why}", file.display(), n + 1))?;
-        out.push(Wanted {
+        out.push(Asked {
             given: line.to_string(),
             target,
             found_in: None,

@@ -2,7 +2,7 @@
 //! manifests run, read as `kubectl apply -f` reads them ([`pinset_k8s::workloads`]), tags
 //! resolved as `from-images` resolves them.
 
-use super::{Common, Gathered, Wanted};
+use super::{Asked, Common, Gathered};
 use anyhow::{Context, Result, bail};
 use pinset_registry::mirrors::Target;
 use std::collections::BTreeMap;
@@ -91,7 +91,7 @@ fn expand(path: &Path, recursive: bool) -> Result<Vec<(String, String)>> {
 }
 
 /// The images one text's workloads use; a bad document or image is an error at FILE:LINE:COL.
-fn read(label: &str, text: &str, skipped: &mut BTreeMap<String, usize>) -> Result<Vec<Wanted>> {
+fn read(label: &str, text: &str, skipped: &mut BTreeMap<String, usize>) -> Result<Vec<Asked>> {
     let docs = pinset_core::yaml::documents(text).map_err(|e| anyhow::anyhow!("{label}:{e}"))?;
     let mut out = Vec::new();
     for doc in &docs {
@@ -103,7 +103,7 @@ fn read(label: &str, text: &str, skipped: &mut BTreeMap<String, usize>) -> Resul
         for used in read.used {
             let target = Target::parse(&used.image)
                 .map_err(|why| anyhow::anyhow!("{label}:{}", doc.error(&used.path, why)))?;
-            out.push(Wanted {
+            out.push(Asked {
                 given: used.image,
                 target,
                 found_in: Some(used.object),

@@ -141,14 +141,14 @@ impl Gathered {
 
 /// One image to resolve: as it was given, what it names, and where it was found.
 #[derive(Debug)]
-pub struct Wanted {
+pub struct Asked {
     pub given: String,
     pub target: Target,
     /// Where it was found (an object of a manifest); `None`: given on the command line.
     pub found_in: Option<String>,
 }
 
-impl Wanted {
+impl Asked {
     fn origin(&self) -> Option<String> {
         match (&self.found_in, self.target.by_digest()) {
             (Some(found), true) => Some(found.clone()),
@@ -164,11 +164,11 @@ impl Wanted {
 /// images were asked.
 pub async fn resolve_all(
     sizer: &RegistrySizer,
-    wanted: &[Wanted],
+    wanted: &[Asked],
     into: &mut Gathered,
 ) -> Result<(Vec<String>, usize)> {
     let mut seen = std::collections::HashSet::new();
-    let unique: Vec<&Wanted> = wanted
+    let unique: Vec<&Asked> = wanted
         .iter()
         .filter(|w| seen.insert(w.given.as_str()))
         .collect();
