@@ -146,7 +146,8 @@ enum Command {
     /// resume it (as `kubectl rollout` does for a Deployment).
     #[command(subcommand)]
     Rollout(cli::rollout::RolloutCommand),
-    /// PinnedImageSets from images as people name them (tags resolved to digests).
+    /// Write PinnedImageSets from where the images are: images as people name them, a release
+    /// payload, rendered manifests and operator bundles (tags resolved to digests).
     #[command(subcommand)]
     Set(cli::set::SetCommand),
     /// Measure the node pipeline (use a release build).
@@ -178,21 +179,37 @@ fn main() -> ExitCode {
     }
 }
 
+/// The runtime of the commands that wait on the network or a runtime.
+fn rt() -> std::io::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+}
+
+/// `pinset reference`: the command-line reference, from this parser.
+fn reference() -> ExitCode {
+    use clap::CommandFactory;
+    print!("{}", cli::reference::markdown(Args::command()));
+    ExitCode::SUCCESS
+}
+
+/// `pinset completion SHELL`.
+fn completion(shell: clap_complete::Shell) -> ExitCode {
+    use clap::CommandFactory;
+    let mut command = Args::command();
+    clap_complete::generate(shell, &mut command, "pinset", &mut std::io::stdout());
+    ExitCode::SUCCESS
+}
+
 fn run(args: Args) -> Result<ExitCode> {
     cli::sources::init(args.registries.as_deref(), &args.insecure_registry)?;
-    let rt = || {
-        tokio::runtime::Builder::new_multi_thread()
-            .enable_all()
-            .build()
-    };
     match args.command {
         Command::Policy(cmd) => cli::policy::run(cmd),
         Command::Demo {
             policy,
             timeline_dir,
         } => {
-            let dir =
-                timeline_dir.unwrap_or_else(|| std::env::temp_dir().join("pinset-demo-timelines"));
+            let dir = timeline_dir.unwrap_or_else(cli::demo::default_timeline_dir);
             rt()?.block_on(cli::demo::demo(&policy, &dir))
         }
         Command::Node {
@@ -230,17 +247,8 @@ fn run(args: Args) -> Result<ExitCode> {
         Command::Set(cmd) => rt()?.block_on(cli::set::run(cmd)),
         Command::Crds => Ok(cli::kube::crds()),
         Command::CompilePolicy => cli::policy::compile_child(),
-        Command::Reference => {
-            use clap::CommandFactory;
-            print!("{}", cli::reference::markdown(Args::command()));
-            Ok(ExitCode::SUCCESS)
-        }
-        Command::Completion { shell } => {
-            use clap::CommandFactory;
-            let mut command = Args::command();
-            clap_complete::generate(shell, &mut command, "pinset", &mut std::io::stdout());
-            Ok(ExitCode::SUCCESS)
-        }
+        Command::Reference => Ok(reference()),
+        Command::Completion { shell } => Ok(completion(shell)),
         Command::Controller {
             cluster,
             controller,

@@ -55,14 +55,7 @@ async fn noop(
 ) -> Result<ExitCode> {
     let (_wasm, module) = load_policy(policy)?;
     let dir = tempfile::tempdir()?;
-    let (_server, sim, endpoint) = match endpoint {
-        Some(e) => (None, None, e),
-        None => {
-            let (server, sim) = simulated(n, dir.path()).await?;
-            let e = server.endpoint();
-            (Some(server), Some(sim), e)
-        }
-    };
+    let (_server, sim, endpoint) = runtime(endpoint, n, dir.path()).await?;
     let cri = CriClient::new(CriConfig {
         endpoint: endpoint.clone(),
         ..Default::default()
@@ -92,36 +85,51 @@ async fn noop(
     };
     // Warm up both paths (connection, caches, first pin write).
     reconcile(&mut status).await?;
-    for r in &present {
-        cri.image_status(r).await?;
-    }
-    let (mut ours, mut reference) = (Vec::new(), Vec::new());
+    statuses(&cri, &present).await?;
+    let (mut ours, mut reference, mut phases) = (Vec::new(), Vec::new(), Vec::new());
     let calls_before = sim.as_ref().map(|s| s.stats());
-    let mut phases = Vec::new();
     for _ in 0..repeat {
         let t = Instant::now();
         let report = reconcile(&mut status).await?;
         ours.push(t.elapsed());
         phases = report.phases;
-        if !report.outcome.pulled.is_empty() {
-            bail!(
-                "the no-op reconcile pulled {} image(s)",
-                report.outcome.pulled.len()
-            );
-        }
-        let t = Instant::now();
-        for r in &present {
-            if cri.image_status(r).await?.is_none() {
-                bail!("{r} vanished from the runtime during the benchmark");
-            }
-        }
-        reference.push(t.elapsed());
+        let pulled = report.outcome.pulled.len();
+        anyhow::ensure!(pulled == 0, "the no-op reconcile pulled {pulled} image(s)");
+        reference.push(statuses(&cri, &present).await?);
     }
     let calls = call_counts(sim.as_ref(), calls_before, repeat as u64, n);
     println!("no-op reconcile of {n} present images, {repeat} repetitions, runtime {endpoint}");
     print_noop(Stats::of(ours), Stats::of(reference), calls);
     print_phases_and_status(&phases, &status);
     Ok(ExitCode::SUCCESS)
+}
+
+/// The runtime measured: the one at `endpoint`, else a simulated one holding `n` images
+/// (kept serving while the server lives).
+async fn runtime(
+    endpoint: Option<String>,
+    n: usize,
+    dir: &Path,
+) -> Result<(Option<SimServer>, Option<SimulatedRuntime>, String)> {
+    Ok(match endpoint {
+        Some(e) => (None, None, e),
+        None => {
+            let (server, sim) = simulated(n, dir).await?;
+            let e = server.endpoint();
+            (Some(server), Some(sim), e)
+        }
+    })
+}
+
+/// The baseline: one ImageStatus per image, as a no-op reconcile needs at least; its time.
+async fn statuses(cri: &CriClient, present: &[String]) -> Result<std::time::Duration> {
+    let t = Instant::now();
+    for r in present {
+        if cri.image_status(r).await?.is_none() {
+            bail!("{r} vanished from the runtime during the benchmark");
+        }
+    }
+    Ok(t.elapsed())
 }
 
 /// The first `n` images of the runtime, by repo digest.

@@ -52,6 +52,11 @@ pub struct NodeRun {
     pub pinned: usize,
 }
 
+/// Where the demo draws its timelines unless told: in the system's temporary directory.
+pub fn default_timeline_dir() -> std::path::PathBuf {
+    std::env::temp_dir().join("pinset-demo-timelines")
+}
+
 pub async fn demo(policy: &PolicyOpts, timelines: &Path) -> Result<ExitCode> {
     let mut objects = Objects::default();
     objects::parse(
@@ -132,8 +137,7 @@ async fn run_node(
         desired.images.len(),
         server.endpoint()
     );
-    let mut status = NodeStatus::default();
-    let started = Instant::now();
+    let (mut status, started) = (NodeStatus::default(), Instant::now());
     let report = run_with_progress(
         &reconciler,
         &desired,
@@ -145,12 +149,27 @@ async fn run_node(
     )
     .await?;
     let makespan = started.elapsed();
-    let plan = report
-        .plan
-        .clone()
-        .unwrap_or_else(|| unreachable!("a finished reconcile has a plan"));
+    let Some(plan) = report.plan.clone() else {
+        unreachable!("a finished reconcile has a plan")
+    };
     println!("admission: {} — {}", plan.verdict(), plan.admission.reason);
     print!("{}", summary(&node.name, &report, &status));
+    let pinned = show_pins(&cri, &drop_in_dir).await?;
+    let stats = sim.stats();
+    server.shutdown().await;
+    Ok(NodeRun {
+        node: node.name.clone(),
+        concurrency: plan.concurrency,
+        pulled: report.outcome.pulled.len(),
+        max_in_flight: stats.max_in_flight,
+        makespan,
+        bytes: sim.used_bytes(),
+        pinned,
+    })
+}
+
+/// Show the drop-in written and what the runtime says is pinned; how many images are.
+async fn show_pins(cri: &CriClient, drop_in_dir: &Path) -> Result<usize> {
     let drop_in = std::fs::read_to_string(drop_in_dir.join(DROP_IN)).unwrap_or_default();
     println!(
         "CRI-O drop-in {}:\n{}",
@@ -163,17 +182,7 @@ async fn run_node(
         "runtime reports {pinned} of {} image(s) pinned",
         images.len()
     );
-    let stats = sim.stats();
-    server.shutdown().await;
-    Ok(NodeRun {
-        node: node.name.clone(),
-        concurrency: plan.concurrency,
-        pulled: report.outcome.pulled.len(),
-        max_in_flight: stats.max_in_flight,
-        makespan,
-        bytes: sim.used_bytes(),
-        pinned,
-    })
+    Ok(pinned)
 }
 
 /// The node's in-process CRI service: a registry of the desired images (a shared base layer and

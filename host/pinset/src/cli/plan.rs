@@ -15,6 +15,7 @@ use pinset_node::cri::client::{CriClient, CriConfig};
 use pinset_node::facts::{self, Facts, Unsized};
 use pinset_policy::Guarded;
 use pinset_policy_sdk::{DiskFacts, Verdict, fmt_bytes};
+use pinset_registry::mirrors::MirrorSource;
 use pinset_registry::size::{Cached, RegistrySizer};
 use serde::Serialize;
 use std::process::ExitCode;
@@ -156,6 +157,25 @@ pub struct Refused {
     pub error: String,
 }
 
+impl SetRef {
+    fn of(s: &pinset_core::desired::DesiredSet) -> SetRef {
+        SetRef {
+            name: s.name.clone(),
+            generation: s.generation,
+            images: s.images.len(),
+        }
+    }
+}
+
+impl Refused {
+    fn of(bad: &pinset_core::desired::InvalidSet) -> Refused {
+        Refused {
+            set: bad.set.clone(),
+            error: bad.error.to_string(),
+        }
+    }
+}
+
 #[derive(Serialize, Debug)]
 #[serde(rename_all = "camelCase")]
 pub struct AdmissionReport {
@@ -192,25 +212,7 @@ pub async fn plan_cmd(
     let (node, desired) = desired_state(inputs)?;
     let (_runtime, module) = load_policy(policy)?;
     let (facts, mirrors) = match cri {
-        // The reconcile's own facts phase: snapshot and disk, sizes of what is absent, through
-        // the mirrors of the runtime found there.
-        Some(endpoint) => {
-            let client = CriClient::new(CriConfig {
-                endpoint,
-                ..Default::default()
-            })?;
-            let runtime = client.version().await?.runtime_name;
-            let source = match PinKind::for_runtime(&runtime) {
-                Some(pin) => sizing.mirrors().for_runtime(pin, &client).await,
-                None => sizing.mirrors().offline()?,
-            };
-            let sizer = sizing.sizer(source.clone())?;
-            let mut reconciler = Reconciler::<RegistrySizer, ()>::new(client, ());
-            if let Some(sizer) = sizer {
-                reconciler = reconciler.with_sizer(sizer);
-            }
-            (reconciler.facts(&desired, &node).await?, source)
-        }
+        Some(endpoint) => runtime_facts(endpoint, sizing, &desired, &node).await?,
         None => {
             let source = sizing.mirrors().offline()?;
             let sizer = sizing.sizer(source.clone())?;
@@ -240,6 +242,31 @@ pub async fn plan_cmd(
     } else {
         ExitCode::FAILURE
     })
+}
+
+/// The reconcile's own facts phase on the runtime at `endpoint`: snapshot and disk, sizes of
+/// what is absent, through the mirrors of the runtime found there.
+async fn runtime_facts(
+    endpoint: String,
+    sizing: &SizingOpts,
+    desired: &Desired,
+    node: &NodeInfo,
+) -> Result<(Facts, MirrorSource)> {
+    let client = CriClient::new(CriConfig {
+        endpoint,
+        ..Default::default()
+    })?;
+    let runtime = client.version().await?.runtime_name;
+    let source = match PinKind::for_runtime(&runtime) {
+        Some(pin) => sizing.mirrors().for_runtime(pin, &client).await,
+        None => sizing.mirrors().offline()?,
+    };
+    let sizer = sizing.sizer(source.clone())?;
+    let mut reconciler = Reconciler::<RegistrySizer, ()>::new(client, ());
+    if let Some(sizer) = sizer {
+        reconciler = reconciler.with_sizer(sizer);
+    }
+    Ok((reconciler.facts(desired, node).await?, source))
 }
 
 /// Facts without a runtime: nothing present, disk unknown, sizes from the registries (unless
@@ -319,23 +346,8 @@ fn report(
             version: info.version,
             module: module.to_string(),
         },
-        sets: desired
-            .sets
-            .iter()
-            .map(|s| SetRef {
-                name: s.name.clone(),
-                generation: s.generation,
-                images: s.images.len(),
-            })
-            .collect(),
-        refused: desired
-            .invalid
-            .iter()
-            .map(|bad| Refused {
-                set: bad.set.clone(),
-                error: bad.error.to_string(),
-            })
-            .collect(),
+        sets: desired.sets.iter().map(SetRef::of).collect(),
+        refused: desired.invalid.iter().map(Refused::of).collect(),
         admission: AdmissionReport {
             verdict,
             admitted,
@@ -355,29 +367,7 @@ fn report(
 }
 
 fn print_text(r: &PlanReport) {
-    let p = &r.policy;
-    println!(
-        "node {}  pools {}  policy {} {} ({})",
-        r.node,
-        r.pools.join(", "),
-        p.name,
-        p.version,
-        p.module
-    );
-    for s in &r.sets {
-        println!(
-            "  set {} (generation {}): {} image(s)",
-            s.name, s.generation, s.images
-        );
-    }
-    for bad in &r.refused {
-        println!("  set {} refused: {}", bad.set, bad.error);
-    }
-    let verdict = match r.admission.admitted {
-        Some(n) => format!("{} ({n} image(s))", r.admission.verdict),
-        None => r.admission.verdict.to_string(),
-    };
-    println!("admission: {verdict} — {}", r.admission.reason);
+    print_head(r);
     println!(
         "pulls: {} of {} image(s) ({} present), {} known bytes, {} at once",
         r.pulls.len(),
@@ -424,4 +414,31 @@ fn print_text(r: &PlanReport) {
     for f in &r.fallbacks {
         println!("policy fallback: {f}");
     }
+}
+
+/// The node, its policy, its sets and the admission.
+fn print_head(r: &PlanReport) {
+    let p = &r.policy;
+    println!(
+        "node {}  pools {}  policy {} {} ({})",
+        r.node,
+        r.pools.join(", "),
+        p.name,
+        p.version,
+        p.module
+    );
+    for s in &r.sets {
+        println!(
+            "  set {} (generation {}): {} image(s)",
+            s.name, s.generation, s.images
+        );
+    }
+    for bad in &r.refused {
+        println!("  set {} refused: {}", bad.set, bad.error);
+    }
+    let verdict = match r.admission.admitted {
+        Some(n) => format!("{} ({n} image(s))", r.admission.verdict),
+        None => r.admission.verdict.to_string(),
+    };
+    println!("admission: {verdict} — {}", r.admission.reason);
 }
