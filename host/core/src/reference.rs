@@ -29,6 +29,18 @@ pub struct ImageRef {
     at: usize,
 }
 
+/// `host[:port]`: letters, digits, '.' and '-', and a port of digits when there is a ':'.
+fn host_ok(first: &str) -> bool {
+    let (host, port) = first.split_once(':').unwrap_or((first, ""));
+    let host_ok = !host.is_empty()
+        && host
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b".-".contains(&b));
+    let port_ok =
+        !first.contains(':') || (!port.is_empty() && port.bytes().all(|b| b.is_ascii_digit()));
+    host_ok && port_ok
+}
+
 impl ImageRef {
     pub fn parse(s: &str) -> Result<Self, RefError> {
         if s.len() > MAX_LEN {
@@ -62,18 +74,8 @@ impl ImageRef {
         let first = components[0];
         let has_host = components.len() > 1
             && (first.contains('.') || first.contains(':') || first == "localhost");
-        if has_host {
-            let (host, port) = first.split_once(':').unwrap_or((first, ""));
-            let host_ok = !host.is_empty()
-                && host
-                    .bytes()
-                    .all(|b| b.is_ascii_alphanumeric() || b".-".contains(&b));
-            if !host_ok
-                || (first.contains(':')
-                    && (port.is_empty() || !port.bytes().all(|b| b.is_ascii_digit())))
-            {
-                return Err(RefError::BadName(s.into()));
-            }
+        if has_host && !host_ok(first) {
+            return Err(RefError::BadName(s.into()));
         }
         let path = if has_host {
             &components[1..]

@@ -309,38 +309,7 @@ fn request_of(s: &Scenario) -> Result<AdmissionRequest, String> {
                 spec.name
             ));
         }
-        let mut layers = Vec::new();
-        let size = if !spec.layers.is_empty() {
-            let mut total = 0u64;
-            for layer in &spec.layers {
-                let (idx, size) = *layer_index
-                    .entry(layer.digest.as_str())
-                    .or_insert_with(|| (images.add_layer(layer.size.0), layer.size.0));
-                if size != layer.size.0 {
-                    return Err(format!(
-                        "layer {} has two sizes ({size} and {})",
-                        layer.digest, layer.size.0
-                    ));
-                }
-                layers.push(idx);
-                total += size;
-            }
-            if let Some(given) = spec.size
-                && given.0 != total
-            {
-                return Err(format!(
-                    "image {}: size {} differs from its layers' sum {total}",
-                    spec.name, given.0
-                ));
-            }
-            Some(total)
-        } else if let Some(size) = spec.size {
-            // One layer of its own.
-            layers.push(images.add_layer(size.0));
-            Some(size.0)
-        } else {
-            None
-        };
+        let (size, layers) = layers_of(spec, &mut images, &mut layer_index)?;
         let sets: Vec<&str> = if spec.sets.is_empty() {
             vec!["scenario"]
         } else {
@@ -349,6 +318,43 @@ fn request_of(s: &Scenario) -> Result<AdmissionRequest, String> {
         images.push(&spec.name, sets, spec.present, size, &layers);
     }
     Ok(AdmissionRequest { node, disk, images })
+}
+
+/// An image's size and its layers' indices in `images`: its layers (each digest one size,
+/// shared between images; their sum the image's size when both are given), else one layer of
+/// its own of its size, else unknown.
+fn layers_of<'a>(
+    spec: &'a ImageSpec,
+    images: &mut Images,
+    index: &mut HashMap<&'a str, (u32, u64)>,
+) -> Result<(Option<u64>, Vec<u32>), String> {
+    if spec.layers.is_empty() {
+        return Ok(match spec.size {
+            Some(size) => (Some(size.0), vec![images.add_layer(size.0)]),
+            None => (None, Vec::new()),
+        });
+    }
+    let (mut layers, mut total) = (Vec::new(), 0u64);
+    for layer in &spec.layers {
+        let (idx, size) = *index
+            .entry(layer.digest.as_str())
+            .or_insert_with(|| (images.add_layer(layer.size.0), layer.size.0));
+        if size != layer.size.0 {
+            return Err(format!(
+                "layer {} has two sizes ({size} and {})",
+                layer.digest, layer.size.0
+            ));
+        }
+        layers.push(idx);
+        total += size;
+    }
+    match spec.size {
+        Some(given) if given.0 != total => Err(format!(
+            "image {}: size {} differs from its layers' sum {total}",
+            spec.name, given.0
+        )),
+        _ => Ok((Some(total), layers)),
+    }
 }
 
 /// The result of one scenario.

@@ -196,37 +196,50 @@ async fn slot<P: Puller>(s: Arc<Shared<P>>, index: usize) {
             duration_ms: duration.as_millis() as u64,
             remaining,
         };
-        match result {
-            Ok(()) => {
-                tracing::debug!(image = %job.reference, bytes = job.bytes, ?duration, "pulled");
-                s.emit(Event::Pulled {
-                    reference: job.reference.clone(),
-                    bytes: job.bytes,
-                    duration,
-                });
-                s.outcome
-                    .lock()
-                    .expect("outcome lock")
-                    .pulled
-                    .push(job.reference.clone());
-            }
-            Err(f) => {
-                tracing::debug!(image = %job.reference, error = %f.message, "pull failed");
-                s.emit(Event::Failed {
-                    reference: job.reference.clone(),
-                    error: f.message.clone(),
-                });
-                let mut o = s.outcome.lock().expect("outcome lock");
-                o.failed.push((job.reference.clone(), f.message.clone()));
-                if f.no_space {
-                    o.no_space.get_or_insert(f.message);
-                    s.draining.store(true, Ordering::SeqCst);
-                    return;
-                }
-            }
-        }
-        if remaining == 0 || !throttle(&s, &outcome).await {
+        let drained = record(&s, &job, result, duration);
+        if drained || remaining == 0 || !throttle(&s, &outcome).await {
             return;
+        }
+    }
+}
+
+/// One pull's result, said and kept in the outcome; whether it filled the disk (the run then
+/// drains: no more pulls start).
+fn record<P: Puller>(
+    s: &Shared<P>,
+    job: &Job,
+    result: Result<(), PullFailure>,
+    duration: Duration,
+) -> bool {
+    let reference = job.reference.clone();
+    match result {
+        Ok(()) => {
+            tracing::debug!(image = %reference, bytes = job.bytes, ?duration, "pulled");
+            s.emit(Event::Pulled {
+                reference: reference.clone(),
+                bytes: job.bytes,
+                duration,
+            });
+            s.outcome
+                .lock()
+                .expect("outcome lock")
+                .pulled
+                .push(reference);
+            false
+        }
+        Err(f) => {
+            tracing::debug!(image = %reference, error = %f.message, "pull failed");
+            s.emit(Event::Failed {
+                reference: reference.clone(),
+                error: f.message.clone(),
+            });
+            let mut o = s.outcome.lock().expect("outcome lock");
+            o.failed.push((reference, f.message.clone()));
+            if f.no_space {
+                o.no_space.get_or_insert(f.message);
+                s.draining.store(true, Ordering::SeqCst);
+            }
+            f.no_space
         }
     }
 }

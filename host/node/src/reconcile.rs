@@ -180,19 +180,7 @@ impl<S: Sizer + 'static, B: PinBackend> Reconciler<S, B> {
         );
         let policy: SharedDecisions = Arc::new(Mutex::new(decisions));
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-        let run = executor::Run {
-            concurrency: plan.concurrency,
-            puller: CriPuller {
-                cri: self.cri.clone(),
-                credentials: self.credentials.clone(),
-            },
-            policy: policy.clone(),
-            node: facts.request.node.clone(),
-            pressure: Box::new(self.pressure),
-            backoff: self.backoff,
-            cancel: cancel.clone(),
-            events: Some(tx),
-        };
+        let run = self.run(&plan, &facts, policy.clone(), cancel.clone(), tx);
         let started = Instant::now();
         let outcome = self.pulls(jobs, run, rx, status, events).await;
         phases.push(("pulls", started.elapsed()));
@@ -215,6 +203,31 @@ impl<S: Sizer + 'static, B: PinBackend> Reconciler<S, B> {
         self.verify_pin_settle(desired, facts.snapshot, status, &mut report)
             .await?;
         Ok(report)
+    }
+
+    /// How the executor runs this reconcile's pulls: the plan's concurrency, the policy's
+    /// throttle, this reconciler's retries, its events into `events`.
+    fn run(
+        &self,
+        plan: &Plan,
+        facts: &Facts,
+        policy: SharedDecisions,
+        cancel: CancellationToken,
+        events: UnboundedSender<executor::Event>,
+    ) -> executor::Run<CriPuller> {
+        executor::Run {
+            concurrency: plan.concurrency,
+            puller: CriPuller {
+                cri: self.cri.clone(),
+                credentials: self.credentials.clone(),
+            },
+            policy,
+            node: facts.request.node.clone(),
+            pressure: Box::new(self.pressure),
+            backoff: self.backoff,
+            cancel,
+            events: Some(events),
+        }
     }
 
     /// Under a rollout grant: the sets it does not cover and that miss images wait (one

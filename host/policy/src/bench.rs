@@ -115,6 +115,24 @@ fn reconcile(
     Ok(())
 }
 
+/// One row's work, applied to either implementation.
+type Step<'a> = Box<dyn Fn(&mut dyn PolicyInstance) -> Result<(), PolicyError> + 'a>;
+
+/// One run of `step`, on `kept`, or on a new instance when `fresh` makes one (its making
+/// timed too: a fresh instance is what that row measures); its time.
+fn time_step(
+    step: &Step,
+    kept: &mut dyn PolicyInstance,
+    fresh: Option<&dyn Fn() -> Box<dyn PolicyInstance>>,
+) -> Result<std::time::Duration, PolicyError> {
+    let started = Instant::now();
+    match fresh {
+        Some(new) => step(new().as_mut())?,
+        None => step(kept)?,
+    }
+    Ok(started.elapsed())
+}
+
 /// Measure every row `iterations` times (after a short warm-up). `tick` is called after each row.
 pub fn run(
     module: &PolicyModule,
@@ -130,7 +148,6 @@ pub fn run(
     let warmup = (iterations / 10).max(3);
 
     // One closure per row, applied to either implementation. `fresh` makes a new instance.
-    type Step<'a> = Box<dyn Fn(&mut dyn PolicyInstance) -> Result<(), PolicyError> + 'a>;
     let reconcile = |p: &mut dyn PolicyInstance| reconcile(p, &request, &outcome, &pressure);
     let steps: [(Step, bool); 6] = [
         (Box::new(|p| p.admit(&request).map(drop)), false),
@@ -151,23 +168,11 @@ pub fn run(
     for (what, (step, fresh)) in ROWS.into_iter().zip(steps) {
         let mut wasm_samples = Vec::with_capacity(iterations);
         let mut native_samples = Vec::with_capacity(iterations);
+        let new_wasm = || Box::new(module.instance()) as Box<dyn PolicyInstance>;
+        let new_native = || Box::new(NativePolicy::reference()) as Box<dyn PolicyInstance>;
         for i in 0..warmup + iterations {
-            let started = Instant::now();
-            if fresh {
-                let mut instance = module.instance();
-                step(&mut instance)?;
-            } else {
-                step(&mut wasm)?;
-            }
-            let wasm_time = started.elapsed();
-            let started = Instant::now();
-            if fresh {
-                let mut instance = NativePolicy::reference();
-                step(&mut instance)?;
-            } else {
-                step(&mut native)?;
-            }
-            let native_time = started.elapsed();
+            let wasm_time = time_step(&step, &mut wasm, fresh.then_some(&new_wasm))?;
+            let native_time = time_step(&step, &mut native, fresh.then_some(&new_native))?;
             if i >= warmup {
                 wasm_samples.push(wasm_time);
                 native_samples.push(native_time);

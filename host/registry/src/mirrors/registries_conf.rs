@@ -306,42 +306,12 @@ fn registry(file: &Path, text: &str, at: usize, r: RegistryToml) -> Result<Regis
             format!("prefix {prefix:?}: a wildcard is only allowed as *.domain"),
         ));
     }
-    let mut mirrors = Vec::new();
-    for m in r.mirror {
-        let m_at = m.span().start;
-        let m = m.into_inner();
-        let pull_from = match m.pull_from_mirror.as_str() {
-            "" | "all" => PullFrom::All,
-            "digest-only" => PullFrom::DigestOnly,
-            "tag-only" => PullFrom::TagOnly,
-            other => {
-                return Err(err(
-                    m_at,
-                    format!("pull-from-mirror {other:?}: expected all, digest-only or tag-only"),
-                ));
-            }
-        };
-        if r.mirror_by_digest_only && !m.pull_from_mirror.is_empty() {
-            return Err(err(
-                m_at,
-                format!(
-                    "registry {prefix:?}: mirror-by-digest-only and a mirror's pull-from-mirror cannot both be set"
-                ),
-            ));
-        }
-        let location = checked_location(&m.location).map_err(|why| err(m_at, why))?;
-        if location.is_empty() {
-            return Err(err(
-                m_at,
-                format!("registry {prefix:?}: a mirror without a location"),
-            ));
-        }
-        mirrors.push(Mirror {
-            location,
-            insecure: m.insecure,
-            pull_from,
-        });
-    }
+    let by_digest_only = r.mirror_by_digest_only;
+    let mirrors = r
+        .mirror
+        .into_iter()
+        .map(|m| mirror(file, text, &prefix, by_digest_only, m))
+        .collect::<Result<Vec<_>, _>>()?;
     Ok(Registry {
         origin: format!("{}:{}", file.display(), super::line_of(text, at)),
         prefix,
@@ -350,6 +320,50 @@ fn registry(file: &Path, text: &str, at: usize, r: RegistryToml) -> Result<Regis
         blocked: r.blocked,
         mirror_by_digest_only: r.mirror_by_digest_only,
         mirrors,
+    })
+}
+
+/// One `[[registry.mirror]]` of the registry `prefix`, checked.
+fn mirror(
+    file: &Path,
+    text: &str,
+    prefix: &str,
+    by_digest_only: bool,
+    m: Spanned<MirrorToml>,
+) -> Result<Mirror, MirrorError> {
+    let err = |offset: usize, why: String| MirrorError::at(file, text, Some(offset), why);
+    let m_at = m.span().start;
+    let m = m.into_inner();
+    let pull_from = match m.pull_from_mirror.as_str() {
+        "" | "all" => PullFrom::All,
+        "digest-only" => PullFrom::DigestOnly,
+        "tag-only" => PullFrom::TagOnly,
+        other => {
+            return Err(err(
+                m_at,
+                format!("pull-from-mirror {other:?}: expected all, digest-only or tag-only"),
+            ));
+        }
+    };
+    if by_digest_only && !m.pull_from_mirror.is_empty() {
+        return Err(err(
+            m_at,
+            format!(
+                "registry {prefix:?}: mirror-by-digest-only and a mirror's pull-from-mirror cannot both be set"
+            ),
+        ));
+    }
+    let location = checked_location(&m.location).map_err(|why| err(m_at, why))?;
+    if location.is_empty() {
+        return Err(err(
+            m_at,
+            format!("registry {prefix:?}: a mirror without a location"),
+        ));
+    }
+    Ok(Mirror {
+        location,
+        insecure: m.insecure,
+        pull_from,
     })
 }
 
