@@ -47,5 +47,13 @@ PINSET_BINARY=target/release/pinset bash scripts/image.sh
 # Most tests wait on processes (registries, containerd, API servers, agents): four at a time keep
 # two cores busy (BENCHMARKS.md, "Build and CI time").
 step "cargo test --release --no-fail-fast (one failing test binary does not hide the others)"
-cargo test --workspace --release --locked --no-fail-fast -- --test-threads 4
+status=0
+cargo test --workspace --release --locked --no-fail-fast -- --test-threads 4 || status=$?
+# The tests of timing (marked #[ignore] so that no other test's load is theirs): alone.
+step "cargo test --release -- --ignored --test-threads 1 (the timing tests, alone)"
+cargo test --release --locked -p pinset --test it -- --ignored --test-threads 1 || status=$?
+if [ "$status" != 0 ]; then
+  echo "scripts/test.sh: tests failed (above)" >&2
+  exit "$status"
+fi
 step "done"

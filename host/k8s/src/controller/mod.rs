@@ -304,8 +304,14 @@ pub async fn run(
     let watched = (pools_stream, sets_stream, nodes_stream);
     let pools = run_pools(watched, pool_trigger_rx, ctx.clone(), shutdown.clone());
     let sets = run_sets(sets_api, set_trigger_rx, ctx.clone(), shutdown);
-    tokio::join!(pools, sets, announce_ready(ctx, synced_tx, ready));
+    tokio::join!(pools, sets, announce_ready(ctx.clone(), synced_tx, ready));
+    if !ctx.status_lane.settle(SETTLE).await {
+        tracing::warn!(waited = ?SETTLE, "stopping with status writes or Events still on their way");
+    }
 }
+
+/// How long a stopping controller waits for the writes and Events on their way.
+const SETTLE: Duration = Duration::from_secs(5);
 
 /// The pool reconciler: a pool's own changes, its sets' and its nodes', and the triggers of
 /// the other parts (a set's status lane, a policy's change) reconcile it.

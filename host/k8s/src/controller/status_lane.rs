@@ -167,6 +167,8 @@ pub(super) struct StatusLane {
     triggers: mpsc::UnboundedSender<ObjectRef<MachineConfigPool>>,
     /// `pinset_pool_status_writes_pending`, set after every change of the slots.
     pending: Gauge,
+    /// Every write and Event batch on its way, waited for at shutdown ([`StatusLane::settle`]).
+    tasks: tokio_util::task::TaskTracker,
 }
 
 impl StatusLane {
@@ -179,6 +181,7 @@ impl StatusLane {
             permits: Arc::new(Semaphore::new(LANE_WRITES)),
             triggers,
             pending,
+            tasks: tokio_util::task::TaskTracker::new(),
         }
     }
 
@@ -201,17 +204,27 @@ impl StatusLane {
     /// Write `status` in the background, after any status of its pool already on its way.
     pub fn submit(ctx: &Arc<Context>, status: PoolStatus) {
         if let Some(first) = ctx.status_lane.slots(|s| s.offer(status)) {
-            tokio::spawn(drain(ctx.clone(), first));
+            ctx.status_lane.tasks.spawn(drain(ctx.clone(), first));
         }
     }
 
     /// Run `work` (an Event batch) when a lane permit is free.
     pub fn background(&self, work: impl Future<Output = ()> + Send + 'static) {
         let permits = self.permits.clone();
-        tokio::spawn(async move {
+        self.tasks.spawn(async move {
             let _permit = permits.acquire_owned().await;
             work.await;
         });
+    }
+
+    /// At shutdown: the status writes and Events on their way land, within `deadline`; whether
+    /// they all did. (A pause lifted just before a stop is announced, not lost with the
+    /// process: a restarted controller cannot know it was ever paused.)
+    pub async fn settle(&self, deadline: std::time::Duration) -> bool {
+        self.tasks.close();
+        tokio::time::timeout(deadline, self.tasks.wait())
+            .await
+            .is_ok()
     }
 }
 
