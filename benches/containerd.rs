@@ -21,8 +21,8 @@ use pinset_node::Reconciler;
 use pinset_node::cri::client::{CriClient, CriConfig};
 use pinset_node::executor::Backoff;
 use pinset_node::pin::containerd::ContainerdPins;
-use pinset_policy::bench::Stats;
 use pinset_policy::{EMBEDDED_DEFAULT, Limits, PolicyModule, WasmRuntime};
+use pinset_policy_bench::Stats;
 
 use pinset_registry::size::RegistrySizer;
 use std::collections::BTreeMap;

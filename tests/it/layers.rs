@@ -117,3 +117,12 @@ fn nothing_test_only_is_built_into_the_binary() {
     );
     forbid("pinset-k8s", &["pinset-testkit", "pinset-cri-sim"]);
 }
+
+/// The agent and the controller (pinset-k8s, over the node and the policy layer) carry no
+/// benchmark machinery: `pinset policy bench` and the benches take it from its own crate.
+#[test]
+fn the_agent_and_the_controller_carry_no_benchmark() {
+    for krate in ["pinset-k8s", "pinset-node", "pinset-policy"] {
+        forbid(krate, &["pinset-policy-bench"]);
+    }
+}

@@ -14,7 +14,6 @@
 //! (CRI, registries, pins), Kubernetes or metrics: what a policy does is reported through the
 //! core's `Observer`; a call is synchronous and bounded by its deadline.
 
-pub mod bench;
 mod error;
 pub mod fleet;
 mod guard;

@@ -1,6 +1,7 @@
-//! Synthetic, deterministic policy inputs for benchmarks: a worker node and `n` absent images
-//! of 1–3 sets each, with layers drawn partly from a shared base pool (as real images share
-//! base layers) and partly of their own.
+//! Synthetic, deterministic policy inputs: a worker node and `n` absent images of 1–3 sets
+//! each, with layers drawn partly from a shared base pool (as real images share base layers)
+//! and partly of their own. The smoke test asks every new module these before it decides for
+//! a node (`smoke.rs`); the benchmarks (`pinset-policy-bench`) measure with them.
 
 use pinset_policy_sdk::{
     AdmissionRequest, DiskFacts, GIB, Images, NodeFacts, Pressure, PullOutcome,

@@ -6,7 +6,7 @@
 //! The gate is meant for shared machines, where the same module measured twice differs by tens
 //! of percent on a short row. A row regresses only when it is slower than the saved run by more
 //! than all of: `--max-regression` of the saved median, the noise of both runs (the spread of
-//! their block medians, [`pinset_policy::bench::Stats::noise`]), and `--regression-floor` in
+//! their block medians, [`pinset_policy_bench::Stats::noise`]), and `--regression-floor` in
 //! absolute time; and it must stay so when measured again: a run with a regressed row is
 //! repeated up to [`CONFIRM`] more times, each row keeping its fastest median.
 
@@ -14,7 +14,7 @@ use super::policy::{Format, Modules};
 use super::report;
 use anyhow::{Context, Result, bail};
 use indicatif::{ProgressBar, ProgressStyle};
-use pinset_policy::bench::{self, Baseline, Row};
+use pinset_policy_bench::{self as bench, Baseline, Row};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
@@ -317,7 +317,7 @@ fn us(d: Duration) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use pinset_policy::bench::Stats;
+    use pinset_policy_bench::Stats;
 
     fn row(what: &str, median_us: u64, noise_us: u64) -> Row {
         let s = Stats {

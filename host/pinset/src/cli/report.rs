@@ -2,7 +2,7 @@
 //! (JSON).
 
 use pinset_core::scenario::Outcome;
-use pinset_policy::bench::Row;
+use pinset_policy_bench::Row;
 use serde_json::json;
 use std::time::Duration;
 

@@ -1,6 +1,11 @@
-//! Per-hook latency of a Wasm policy against the native reference policy on the same inputs.
+//! Per-hook latency of a Wasm policy against the native reference policy on the same inputs
+//! ([`pinset_policy::synth`]'s), a floor module or a fleet: what `pinset policy bench` and the
+//! benchmarks measure with. A crate of its own: the agent and the controller do not carry it.
 
-use super::{NativePolicy, PolicyError, PolicyInstance, PolicyModule, synth};
+use pinset_policy::{
+    FleetInstance, FleetModule, NativeFleet, NativePolicy, PolicyError, PolicyInstance,
+    PolicyModule, synth,
+};
 use pinset_policy_sdk::{AdmissionRequest, Pressure, PullOutcome};
 use std::time::{Duration, Instant};
 
@@ -191,12 +196,7 @@ pub fn run(
 
 /// The fleet hook of `module` against the native default fleet policy, for a pool of `nodes`
 /// nodes ([`synth::fleet`]), each call in a fresh instance as the controller makes it.
-pub fn fleet(
-    module: &crate::FleetModule,
-    nodes: usize,
-    iterations: usize,
-) -> Result<Row, PolicyError> {
-    use crate::FleetInstance;
+pub fn fleet(module: &FleetModule, nodes: usize, iterations: usize) -> Result<Row, PolicyError> {
     let request = synth::fleet(nodes);
     let warmup = (iterations / 10).max(3);
     let (mut wasm, mut native) = (Vec::new(), Vec::new());
@@ -205,7 +205,7 @@ pub fn fleet(
         module.instance().grant(&request)?;
         let wasm_time = started.elapsed();
         let started = Instant::now();
-        crate::NativeFleet::reference().grant(&request)?;
+        NativeFleet::reference().grant(&request)?;
         let native_time = started.elapsed();
         if i >= warmup {
             wasm.push(wasm_time);
