@@ -25,6 +25,32 @@ fn the_command_line_reference_is_current() {
     );
 }
 
+/// The CRD and metrics references are the code's: regenerated, they are what is written.
+#[test]
+fn the_crd_and_metrics_references_are_current() {
+    for (page, file, must) in [
+        (
+            "crds",
+            "docs/reference/crds.md",
+            "`spec.pinnedImageSets[].name`",
+        ),
+        (
+            "metrics",
+            "docs/reference/metrics.md",
+            "`pinset_policy_swaps_total`",
+        ),
+    ] {
+        let (code, text, err) = pinset(&["reference", page]);
+        assert_eq!(code, 0, "{err}");
+        let written = std::fs::read_to_string(support::workspace().join(file)).unwrap();
+        assert!(
+            written == text,
+            "{file} is stale: regenerate it with `pinset reference {page} > {file}`"
+        );
+        assert!(text.contains(must), "{must} missing from {file}");
+    }
+}
+
 #[test]
 fn the_readme_is_a_front_page_and_the_book_links_hold() {
     let root = support::workspace();

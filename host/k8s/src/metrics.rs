@@ -2,6 +2,7 @@
 
 use pinset_core::decisions::{Hook, Observer};
 use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::TypedMetric;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
@@ -69,6 +70,9 @@ struct PolicyInfoLabels {
 
 struct Inner {
     registry: Registry,
+    /// Each metric's exposed name, type and help, as registered (families without series
+    /// included): the metrics reference.
+    descriptors: Vec<Descriptor>,
     policy_info: Family<PolicyInfoLabels, Gauge>,
     policy_swaps: Family<ResultLabels, Counter>,
     policy_call_seconds: Family<HookLabels, Histogram>,
@@ -113,17 +117,54 @@ type Gauges = (
     Family<BuildLabels, Gauge>,
 );
 
+/// One metric as `/metrics` exposes it: its name (with `_total` for counters), type and help.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Descriptor {
+    pub name: String,
+    pub kind: String,
+    pub help: String,
+}
+
+/// The registry, and what was registered in it.
+struct Described {
+    registry: Registry,
+    descriptors: Vec<Descriptor>,
+}
+
+impl Described {
+    fn new() -> Self {
+        Described {
+            registry: Registry::with_prefix("pinset"),
+            descriptors: Vec::new(),
+        }
+    }
+
+    fn register<M>(&mut self, name: &str, help: &str, metric: M)
+    where
+        M: prometheus_client::registry::Metric + TypedMetric,
+    {
+        let kind = format!("{:?}", M::TYPE).to_lowercase();
+        let suffix = if kind == "counter" { "_total" } else { "" };
+        self.descriptors.push(Descriptor {
+            name: format!("pinset_{name}{suffix}"),
+            kind,
+            help: format!("{help}."),
+        });
+        self.registry.register(name, help, metric);
+    }
+}
+
 /// `metric`, registered as `pinset_<name>`.
-fn registered<M>(registry: &mut Registry, name: &str, help: &str, metric: M) -> M
+fn registered<M>(registry: &mut Described, name: &str, help: &str, metric: M) -> M
 where
-    M: prometheus_client::registry::Metric + Clone,
+    M: prometheus_client::registry::Metric + TypedMetric + Clone,
 {
     registry.register(name, help, metric.clone());
     metric
 }
 
 /// A counter per `kind`, registered as `pinset_<name>_total`.
-fn kind_counter(registry: &mut Registry, name: &str, help: &str) -> Family<KindLabels, Counter> {
+fn kind_counter(registry: &mut Described, name: &str, help: &str) -> Family<KindLabels, Counter> {
     let family = Family::<KindLabels, Counter>::default();
     registry.register(name, help, family.clone());
     family
@@ -143,7 +184,7 @@ impl Default for Metrics {
 
 impl Metrics {
     pub fn new() -> Self {
-        let mut registry = Registry::with_prefix("pinset");
+        let mut registry = Described::new();
         let (policy_call_seconds, policy_fallbacks, policy_info, policy_swaps) =
             Self::register_policy(&mut registry);
         let (images_pulled, image_pull_failures, bytes_pulled, pull_seconds) =
@@ -169,7 +210,8 @@ impl Metrics {
         let rollout = Self::register_rollout(&mut registry);
         Self {
             inner: Arc::new(Inner {
-                registry,
+                descriptors: registry.descriptors,
+                registry: registry.registry,
                 policy_info,
                 policy_swaps,
                 policy_call_seconds,
@@ -194,7 +236,7 @@ impl Metrics {
 
     /// The counters labelled by kind: reconcile errors, API writes and their conflicts, pin
     /// drift, watch interruptions.
-    fn register_kind_counters(r: &mut Registry) -> [Family<KindLabels, Counter>; 5] {
+    fn register_kind_counters(r: &mut Described) -> [Family<KindLabels, Counter>; 5] {
         let reconcile_errors = kind_counter(
             r,
             "reconcile_errors",
@@ -229,7 +271,7 @@ impl Metrics {
         ]
     }
 
-    fn register_policy(r: &mut Registry) -> PolicyMetrics {
+    fn register_policy(r: &mut Described) -> PolicyMetrics {
         // 1 µs .. ~1 s.
         let call_seconds = registered(
             r,
@@ -260,7 +302,7 @@ impl Metrics {
         (call_seconds, fallbacks, info, swaps)
     }
 
-    fn register_rollout(r: &mut Registry) -> RolloutMetrics {
+    fn register_rollout(r: &mut Described) -> RolloutMetrics {
         let waiting = registered(
             r,
             "rollout_waiting",
@@ -300,7 +342,7 @@ impl Metrics {
         }
     }
 
-    fn register_pulls(r: &mut Registry) -> (Counter, Counter, Counter, Histogram) {
+    fn register_pulls(r: &mut Described) -> (Counter, Counter, Counter, Histogram) {
         let images_pulled = registered(
             r,
             "images_pulled",
@@ -334,7 +376,7 @@ impl Metrics {
         )
     }
 
-    fn register_gauges(registry: &mut Registry) -> Gauges {
+    fn register_gauges(registry: &mut Described) -> Gauges {
         let node_sets = Family::<StateLabels, Gauge>::default();
         registry.register(
             "node_sets",
@@ -562,6 +604,11 @@ impl Metrics {
     /// Pool statuses computed and not yet written (queued or in flight).
     pub fn pool_status_writes_pending(&self) -> i64 {
         self.inner.rollout.status_pending.get()
+    }
+
+    /// Every metric registered, in order: the metrics reference (`pinset reference metrics`).
+    pub fn descriptors(&self) -> &[Descriptor] {
+        &self.inner.descriptors
     }
 
     /// The text exposition of every metric.

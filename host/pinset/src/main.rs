@@ -157,9 +157,13 @@ enum Command {
     /// artifact on stdout; exit 65 with the reason on stderr when the module is not valid.
     #[command(name = pinset_policy::COMPILE_SUBCOMMAND, hide = true)]
     CompilePolicy,
-    /// Print the command-line reference (Markdown, from this parser: docs/cli.md).
+    /// Print a generated reference page (Markdown): the command line (docs/cli.md), the CRDs'
+    /// fields (docs/reference/crds.md) or the metrics (docs/reference/metrics.md).
     #[command(hide = true)]
-    Reference,
+    Reference {
+        #[arg(value_enum, default_value = "cli")]
+        page: cli::reference::Page,
+    },
     /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
     Completion {
         #[arg(value_enum)]
@@ -186,10 +190,18 @@ fn rt() -> std::io::Result<tokio::runtime::Runtime> {
         .build()
 }
 
-/// `pinset reference`: the command-line reference, from this parser.
-fn reference() -> ExitCode {
+/// `pinset reference [PAGE]`: a reference page generated from the code.
+fn reference(page: cli::reference::Page) -> ExitCode {
     use clap::CommandFactory;
-    print!("{}", cli::reference::markdown(Args::command()));
+    use cli::reference::Page;
+    print!(
+        "{}",
+        match page {
+            Page::Cli => cli::reference::markdown(Args::command()),
+            Page::Crds => cli::reference::crds_markdown(),
+            Page::Metrics => cli::reference::metrics_markdown(),
+        }
+    );
     ExitCode::SUCCESS
 }
 
@@ -247,7 +259,7 @@ fn run(args: Args) -> Result<ExitCode> {
         Command::Set(cmd) => rt()?.block_on(cli::set::run(cmd)),
         Command::Crds => Ok(cli::kube::crds()),
         Command::CompilePolicy => cli::policy::compile_child(),
-        Command::Reference => Ok(reference()),
+        Command::Reference { page } => Ok(reference(page)),
         Command::Completion { shell } => Ok(completion(shell)),
         Command::Controller {
             cluster,
