@@ -305,6 +305,11 @@ pub async fn run(
     let pools = run_pools(watched, pool_trigger_rx, ctx.clone(), shutdown.clone());
     let sets = run_sets(sets_api, set_trigger_rx, ctx.clone(), shutdown);
     tokio::join!(pools, sets, announce_ready(ctx.clone(), synced_tx, ready));
+    settle(&ctx).await;
+}
+
+/// Before the controller stops: the status writes and Events on their way land, for a while.
+async fn settle(ctx: &Context) {
     if !ctx.status_lane.settle(SETTLE).await {
         tracing::warn!(waited = ?SETTLE, "stopping with status writes or Events still on their way");
     }
