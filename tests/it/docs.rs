@@ -25,9 +25,9 @@ fn the_command_line_reference_is_current() {
     );
 }
 
-/// The CRD and metrics references are the code's: regenerated, they are what is written.
+/// The CRD, metrics and Events references are the code's: regenerated, they are what is written.
 #[test]
-fn the_crd_and_metrics_references_are_current() {
+fn the_crd_metrics_and_events_references_are_current() {
     for (page, file, must) in [
         (
             "crds",

@@ -158,7 +158,7 @@ enum Command {
     #[command(name = pinset_policy::COMPILE_SUBCOMMAND, hide = true)]
     CompilePolicy,
     /// Print a generated reference page (Markdown): the command line (docs/cli.md), the CRDs'
-    /// fields (docs/reference/crds.md) or the metrics (docs/reference/metrics.md).
+    /// fields, the metrics or the Events (docs/reference/).
     #[command(hide = true)]
     Reference {
         #[arg(value_enum, default_value = "cli")]
@@ -200,6 +200,7 @@ fn reference(page: cli::reference::Page) -> ExitCode {
             Page::Cli => cli::reference::markdown(Args::command()),
             Page::Crds => cli::reference::crds_markdown(),
             Page::Metrics => cli::reference::metrics_markdown(),
+            Page::Events => cli::reference::events_markdown(),
         }
     );
     ExitCode::SUCCESS

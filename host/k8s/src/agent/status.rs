@@ -7,6 +7,7 @@ use crate::api::{
     MachineConfigNodeStatus, NodeProgress, NodeSetStatus, NodeState,
 };
 use crate::condition;
+use crate::events;
 use crate::metrics::Metrics;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::api::Api;
@@ -56,21 +57,13 @@ impl Seen {
 /// The Events a finished reconcile is worth: sets pinned or failed at a generation not yet
 /// announced, pins lost and repaired, decisions a policy failed to make. A quiet resync is none.
 pub fn events(status: &NodeStatus, seen: &mut Seen) -> Vec<kube::runtime::events::Event> {
-    use kube::runtime::events::{Event, EventType};
-    let event = |type_, reason: &str, action: &str, note: String| Event {
-        type_,
-        reason: reason.into(),
-        note: Some(cap(&note, 1024)),
-        action: action.into(),
-        secondary: None,
-    };
     let mut out = Vec::new();
     for (name, set) in &status.sets {
         let (current, failed) = seen.sets.get(name).copied().unwrap_or_default();
         let g = Some(set.desired_generation);
         if set.current_generation == g && current != g {
             let note = format!("set {name} pinned at generation {}", set.desired_generation);
-            out.push(event(EventType::Normal, "SetPinned", "Pin", note));
+            out.push(events::SET_PINNED.event(&note));
         }
         if set.last_failed_generation == g && failed != g {
             let why = set
@@ -78,7 +71,7 @@ pub fn events(status: &NodeStatus, seen: &mut Seen) -> Vec<kube::runtime::events
                 .as_deref()
                 .unwrap_or("failed");
             let note = format!("set {name} generation {}: {why}", set.desired_generation);
-            out.push(event(EventType::Warning, "SetFailed", "Pull", note));
+            out.push(events::SET_FAILED.event(&note));
         }
     }
     out.extend(policy_events(status, seen));
@@ -89,32 +82,21 @@ pub fn events(status: &NodeStatus, seen: &mut Seen) -> Vec<kube::runtime::events
         .as_ref()
         .filter(|w| seen.sizing.as_ref() != Some(*w))
     {
-        out.push(event(
-            EventType::Warning,
-            "SizingIncomplete",
-            "Size",
-            cap(warning, 1024),
-        ));
+        out.push(events::SIZING_INCOMPLETE.event(warning));
     }
     *seen = Seen::of(status);
     if let Some(drift) = &status.pin_drift {
-        out.push(event(
-            EventType::Warning,
-            "PinsRepaired",
-            "Repair",
-            drift.clone(),
-        ));
+        out.push(events::PINS_REPAIRED.event(drift));
     }
     if !status.policy_fallbacks.is_empty() {
         let note = status.policy_fallbacks.join("; ");
-        out.push(event(EventType::Warning, "PolicyFallback", "Decide", note));
+        out.push(events::NODE_POLICY_FALLBACK.event(&note));
     }
     out
 }
 
 /// A node policy refused (`PolicyRejected`, once per refusal) or swapped in (`PolicySwapped`).
 fn policy_events(status: &NodeStatus, seen: &Seen) -> Vec<kube::runtime::events::Event> {
-    use kube::runtime::events::{Event, EventType};
     let mut out = Vec::new();
     // Once per cause: a module refused again for the same reason is not announced again.
     let refused = status
@@ -122,13 +104,7 @@ fn policy_events(status: &NodeStatus, seen: &Seen) -> Vec<kube::runtime::events:
         .as_ref()
         .filter(|w| seen.refused.as_ref() != Some(*w));
     if let Some(why) = refused {
-        out.push(Event {
-            type_: EventType::Warning,
-            reason: "PolicyRejected".into(),
-            note: Some(cap(why, 1024)),
-            action: "Swap".into(),
-            secondary: None,
-        });
+        out.push(events::POLICY_REJECTED.event(why));
     }
     // Once per cause too: a registry away is said as such, not as a refusal.
     let waiting = status
@@ -136,29 +112,15 @@ fn policy_events(status: &NodeStatus, seen: &Seen) -> Vec<kube::runtime::events:
         .as_ref()
         .filter(|w| seen.waiting.as_ref() != Some(*w));
     if let Some(why) = waiting {
-        out.push(Event {
-            type_: EventType::Normal,
-            reason: "PolicyWaiting".into(),
-            note: Some(cap(why, 1024)),
-            action: "Swap".into(),
-            secondary: None,
-        });
+        out.push(events::POLICY_WAITING.event(why));
     }
     let running = status.policy.as_ref();
     if let Some(p) = running.filter(|p| seen.policy.as_ref().is_some_and(|d| *d != p.digest)) {
-        out.push(Event {
-            type_: EventType::Normal,
-            reason: "PolicySwapped".into(),
-            note: Some(cap(
-                &format!(
-                    "deciding with {} ({} {}, {})",
-                    p.module, p.name, p.version, p.digest
-                ),
-                1024,
-            )),
-            action: "Swap".into(),
-            secondary: None,
-        });
+        let note = format!(
+            "deciding with {} ({} {}, {})",
+            p.module, p.name, p.version, p.digest
+        );
+        out.push(events::POLICY_SWAPPED.event(&note));
     }
     out
 }

@@ -12,7 +12,7 @@ use crate::api::{MachineConfigNode, MachineConfigPool, PoolRollout};
 use crate::convert;
 use kube::ResourceExt;
 use kube::api::Api;
-use kube::runtime::events::{Event, EventType};
+use kube::runtime::events::Event;
 use kube::runtime::reflector::ObjectRef;
 use pinset_core::pool::NodeReport;
 use pinset_core::rollout::{self, Counts, RolloutGrant};
@@ -322,34 +322,14 @@ fn announce(
             .iter()
             .map(|&i| request.nodes[i].name.as_str())
             .collect();
-        events.push(Event {
-            type_: EventType::Normal,
-            reason: "RolloutWave".into(),
-            note: Some(pinset_core::status::cap(
-                &format!("granted {}: {}", names.join(", "), decided.grant.reason),
-                1024,
-            )),
-            action: "Grant".into(),
-            secondary: None,
-        });
+        let note = format!("granted {}: {}", names.join(", "), decided.grant.reason);
+        events.push(crate::events::ROLLOUT_WAVE.event(&note));
     }
     if let Some(why) = held {
-        events.push(Event {
-            type_: EventType::Warning,
-            reason: "RolloutHeld".into(),
-            note: Some(pinset_core::status::cap(why, 1024)),
-            action: "Hold".into(),
-            secondary: None,
-        });
+        events.push(crate::events::ROLLOUT_HELD.event(why));
     }
     if let Some(f) = &decided.fallback {
-        events.push(Event {
-            type_: EventType::Warning,
-            reason: "PolicyFallback".into(),
-            note: Some(pinset_core::status::cap(&f.message, 1024)),
-            action: "Grant".into(),
-            secondary: None,
-        });
+        events.push(crate::events::POOL_POLICY_FALLBACK.event(&f.message));
     }
     record(ctx, pool, events);
 }
@@ -381,38 +361,25 @@ fn announce_policy(ctx: &Context, pool: &str, request: &RolloutRequest, counts: 
         request.nodes.len(),
         entry.name.trim_start_matches(rollout::POLICY_SET_PREFIX)
     );
-    let event = Event {
-        type_: EventType::Normal,
-        reason: "PolicyRolledOut".into(),
-        note: Some(pinset_core::status::cap(&note, 1024)),
-        action: "Rollout".into(),
-        secondary: None,
-    };
-    record(ctx, pool, vec![event]);
+    record(
+        ctx,
+        pool,
+        vec![crate::events::POLICY_ROLLED_OUT.event(&note)],
+    );
 }
 
 /// An Event when the pool's rollout is paused or resumed, in the status lane like [`announce`].
 fn announce_pause(ctx: &Context, pool: &str, paused: bool, reason: &str) {
-    let (reason_code, action, note) = if paused {
-        ("RolloutPaused", "Pause", reason.to_string())
+    let event = if paused {
+        crate::events::ROLLOUT_PAUSED.event(reason)
     } else {
-        (
-            "RolloutResumed",
-            "Resume",
-            format!(
-                "the pause ({}) is lifted: the fleet policy grants again",
-                rollout::PAUSED_ANNOTATION
-            ),
-        )
+        let note = format!(
+            "the pause ({}) is lifted: the fleet policy grants again",
+            rollout::PAUSED_ANNOTATION
+        );
+        crate::events::ROLLOUT_RESUMED.event(&note)
     };
-    let events = vec![Event {
-        type_: EventType::Normal,
-        reason: reason_code.into(),
-        note: Some(pinset_core::status::cap(&note, 1024)),
-        action: action.into(),
-        secondary: None,
-    }];
-    record(ctx, pool, events);
+    record(ctx, pool, vec![event]);
 }
 
 /// Record `events` on the pool in the status lane: behind the grants, which do not wait for them.

@@ -310,13 +310,7 @@ async fn write(
 
 /// A `PoolDegraded` Event on the pool that just turned Degraded.
 async fn announce_degraded(client: kube::Client, pool: &str, why: &str) {
-    let event = kube::runtime::events::Event {
-        type_: kube::runtime::events::EventType::Warning,
-        reason: "PoolDegraded".into(),
-        note: Some(pinset_core::status::cap(why, 1024)),
-        action: "Aggregate".into(),
-        secondary: None,
-    };
+    let event = crate::events::POOL_DEGRADED.event(why);
     crate::events::record::<MachineConfigPool>(client, FIELD_MANAGER, None, pool, &[event]).await;
 }
 

@@ -47,6 +47,8 @@ pub enum Page {
     Crds,
     /// Every Prometheus metric the agent and the controller serve (docs/reference/metrics.md).
     Metrics,
+    /// Every kind of Event the agent and the controller record (docs/reference/events.md).
+    Events,
 }
 
 /// The CRD reference: each kind's fields from its schema — type, bounds, rules, description.
@@ -193,6 +195,31 @@ pub fn metrics_markdown() -> String {
             d.name,
             d.kind,
             cell(&d.help)
+        ));
+    }
+    out
+}
+
+/// The Events reference: every kind of Event, from the one table the agent and the controller
+/// record from.
+pub fn events_markdown() -> String {
+    let mut out = String::from(
+        "# Events reference\n\n\
+         Generated from the table the agent and the controller record from (`pinset reference \
+         events > docs/reference/events.md`; a test keeps this page current). Events are \
+         `events.k8s.io/v1`, reported by `pinset-agent` (instance: the node) or \
+         `pinset-controller`: `kubectl get events --field-selector regarding.name=NAME`, or \
+         `kubectl describe` the object. Recording is best effort: a failure never stops the \
+         work.\n\n| reason | type | action | regarding | when |\n|---|---|---|---|---|\n",
+    );
+    for k in pinset_k8s::events::ALL {
+        let kind = if k.warning { "Warning" } else { "Normal" };
+        out.push_str(&format!(
+            "| `{}` | {kind} | {} | {} | {} |\n",
+            k.reason,
+            k.action,
+            k.regarding,
+            cell(k.when)
         ));
     }
     out
