@@ -500,9 +500,9 @@ fn a_bench_gate_passes_a_module_against_itself_under_load_and_fails_a_slower_run
         .collect();
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     hog.join().unwrap();
-    // A shared machine's bad moments still show: here 1 run in 80 (2026-12-06: 1, 0, 0 and 0 of
-    // 20 in four batches). A policy's CI reruns such a job; one that failed 4 times in 5 (before
-    // the noise was measured) is no gate.
+    // A shared machine's bad moments still show: here 4 runs in 160 (2026-12-06: 1, 0, 0, 0, 1,
+    // 1, 0, 1 of 20 in eight batches, the machine otherwise idle). A policy's CI reruns such a
+    // job; one that failed 4 times in 5 (before the noise was measured) is no gate.
     let regressed: Vec<&String> = runs
         .iter()
         .filter(|(c, _)| *c != 0)
