@@ -24,7 +24,7 @@ fn runtime() -> &'static WasmRuntime {
 
 fn fleet(stem: &str) -> FleetModule {
     runtime()
-        .load_file_as::<pinset_policy::Fleet>(&component(stem), None, Limits::default())
+        .load_file_as::<pinset_policy::FleetContract>(&component(stem), None, Limits::default())
         .unwrap_or_else(|e| panic!("{stem}: {e}"))
 }
 
@@ -56,7 +56,7 @@ fn node_only_fleet_only_and_both_modules_load_for_what_they_export() {
         .load_file(&node_only, None, Limits::default())
         .expect("a node-only module loads for the node");
     let err = runtime()
-        .load_file_as::<pinset_policy::Fleet>(&node_only, None, Limits::default())
+        .load_file_as::<pinset_policy::FleetContract>(&node_only, None, Limits::default())
         .err()
         .expect("a node-only module is no fleet policy");
     let msg = err.to_string();
@@ -99,7 +99,9 @@ fn node_only_fleet_only_and_both_modules_load_for_what_they_export() {
         )
         .unwrap();
     let node = runtime().bind::<pinset_policy::Node>(&compiled).unwrap();
-    let default = runtime().bind::<pinset_policy::Fleet>(&compiled).unwrap();
+    let default = runtime()
+        .bind::<pinset_policy::FleetContract>(&compiled)
+        .unwrap();
     assert_eq!(node.sha256(), compiled.sha256());
     assert_eq!(default.sha256(), compiled.sha256());
     let facts = pinset_policy::NodeFacts::default();
@@ -292,7 +294,7 @@ fn a_fleet_module_built_for_0_2_0_keeps_loading_and_a_0_2_1_module_can_hold() {
     failed.nodes[0].granted = true;
     failed.nodes[0].phase = Phase::Failed;
     let default = runtime()
-        .load_as::<pinset_policy::Fleet>(
+        .load_as::<pinset_policy::FleetContract>(
             pinset_policy::EMBEDDED_DEFAULT_NAME,
             pinset_policy::EMBEDDED_DEFAULT,
             None,

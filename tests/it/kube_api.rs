@@ -1432,7 +1432,11 @@ async fn the_controller_refuses_a_grant_over_the_ceiling_whatever_the_nodes_stat
     fleet.by_pool.insert(
         "worker".into(),
         runtime
-            .load_file_as::<pinset_policy::Fleet>(&hostile, None, pinset_policy::Limits::default())
+            .load_file_as::<pinset_policy::FleetContract>(
+                &hostile,
+                None,
+                pinset_policy::Limits::default(),
+            )
             .unwrap(),
     );
     let (stop, controller) = spawn_controller_with_fleet(&c.client, fleet);

@@ -14,7 +14,7 @@ const HOSTILE: &str = "target/wasm-policies/components/pinset_test_policy_hostil
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let path = std::env::args().nth(1).unwrap_or_else(|| HOSTILE.into());
-    let module = WasmRuntime::new()?.load_file_as::<pinset_policy::Fleet>(
+    let module = WasmRuntime::new()?.load_file_as::<pinset_policy::FleetContract>(
         path.as_ref(),
         None,
         Limits::default(),

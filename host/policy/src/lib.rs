@@ -35,9 +35,9 @@ pub use pinset_policy_sdk::{
 pub use smoke::{fleet_smoke_test, smoke_test};
 pub use wasm::{
     COMPILE_INVALID_MODULE, COMPILE_SUBCOMMAND, CONTRACT, CONTRACTS, CompiledModule, Compiler,
-    Contract, FLEET_CONTRACT, Fleet, FleetModule, Limits, MAX_LOG_BYTES, MAX_LOG_LINE_BYTES,
-    MAX_LOG_LINES, MAX_REASON_BYTES, Module, NO_WAITING, Node, PolicyModule, Role,
-    STDERR_CAPTURE_BYTES, WasmFleet, WasmInstance, WasmPolicy, WasmRuntime, bounded,
+    Contract, FLEET_CONTRACT, FleetContract, FleetModule, Limits, MAX_LOG_BYTES,
+    MAX_LOG_LINE_BYTES, MAX_LOG_LINES, MAX_REASON_BYTES, Module, NO_WAITING, Node, PolicyModule,
+    Role, STDERR_CAPTURE_BYTES, WasmFleet, WasmInstance, WasmPolicy, WasmRuntime, bounded,
     instance_strategy, precompile,
 };
 

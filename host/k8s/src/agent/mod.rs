@@ -13,7 +13,7 @@ mod status;
 mod swap;
 mod watch;
 
-pub use policies::{Loader, NodePolicy, Wanted};
+pub use policies::{Loader, NodePolicy, WantedPolicy};
 pub use status::node_status;
 pub use watch::desired_of;
 

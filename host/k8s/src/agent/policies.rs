@@ -101,7 +101,7 @@ fn now() -> String {
 
 /// What the configuration and the node's grant ask of it.
 #[derive(Clone, Debug, Default, PartialEq)]
-pub struct Wanted {
+pub struct WantedPolicy {
     pub pool: Option<String>,
     /// `None`: the embedded default.
     pub module: Option<ModuleRef>,
@@ -112,7 +112,7 @@ pub struct Wanted {
     pub granted: bool,
 }
 
-impl Wanted {
+impl WantedPolicy {
     /// For a node of `pools` (the first is its primary), under `grant` (`None`: no grant needed).
     pub fn of(config: &PolicyConfig, pools: &[String], grant: Option<&RolloutGrant>) -> Self {
         let pool = pools.first().cloned();
@@ -173,7 +173,7 @@ pub struct CheckKey {
 }
 
 impl CheckKey {
-    pub fn of(wanted: &Wanted) -> Self {
+    pub fn of(wanted: &WantedPolicy) -> Self {
         Self {
             module: wanted.reference(),
             keys: fingerprint(&wanted.keys),
@@ -248,7 +248,7 @@ impl NodePolicy {
     }
 
     /// The configuration and the grant ask for another module than the running one.
-    pub fn should_try(&self, wanted: &Wanted) -> bool {
+    pub fn should_try(&self, wanted: &WantedPolicy) -> bool {
         wanted.granted && wanted.reference() != self.running.reference
     }
 
@@ -348,7 +348,7 @@ impl NodePolicy {
 
     /// What the node's status says of its policy, for `wanted` (what is configured now: a
     /// refusal of a module no longer configured is no longer said).
-    pub fn report(&self, wanted: &Wanted, status: &mut NodeStatus) {
+    pub fn report(&self, wanted: &WantedPolicy, status: &mut NodeStatus) {
         let mut running = self.running.running.clone();
         running.probation = self.probation;
         status.policy = Some(running);
@@ -388,7 +388,7 @@ pub type Refusing = (Refusal, String);
 /// touches the network: the agent runs it in the background.
 pub async fn fetch(
     loader: &Loader,
-    wanted: &Wanted,
+    wanted: &WantedPolicy,
 ) -> Result<Option<pinset_registry::policy_source::Fetched>, Refusing> {
     use pinset_registry::policy_source::Source;
     let Some(m) = &wanted.module else {
@@ -409,7 +409,7 @@ pub async fn fetch(
         .map_err(|e| (e.refusal(), e.to_string()))
 }
 
-fn keys_of(wanted: &Wanted) -> Result<Vec<VerifyingKey>, Refusing> {
+fn keys_of(wanted: &WantedPolicy) -> Result<Vec<VerifyingKey>, Refusing> {
     wanted
         .keys
         .iter()
@@ -425,7 +425,7 @@ fn keys_of(wanted: &Wanted) -> Result<Vec<VerifyingKey>, Refusing> {
 /// `request`. Blocking.
 pub fn prove(
     loader: &Loader,
-    wanted: &Wanted,
+    wanted: &WantedPolicy,
     fetched: Option<pinset_registry::policy_source::Fetched>,
     request: &AdmissionRequest,
     pressure: &Pressure,
@@ -535,11 +535,14 @@ mod tests {
         let c = config(&format!("pools:\n  infra: {{module: {oci:?}}}\n"));
         let infra = ["infra".to_string()];
         let mut grant = RolloutGrant::default();
-        assert!(!Wanted::of(&c, &infra, Some(&grant)).granted);
-        assert!(Wanted::of(&c, &infra, None).granted, "no grant needed");
+        assert!(!WantedPolicy::of(&c, &infra, Some(&grant)).granted);
+        assert!(
+            WantedPolicy::of(&c, &infra, None).granted,
+            "no grant needed"
+        );
         grant.sets.insert(policy_set(&oci), 1);
-        assert!(Wanted::of(&c, &infra, Some(&grant)).granted);
-        let worker = Wanted::of(&c, &["worker".to_string()], Some(&RolloutGrant::default()));
+        assert!(WantedPolicy::of(&c, &infra, Some(&grant)).granted);
+        let worker = WantedPolicy::of(&c, &["worker".to_string()], Some(&RolloutGrant::default()));
         assert!(
             worker.granted && worker.module.is_none(),
             "the default needs no grant"
@@ -558,7 +561,7 @@ mod tests {
         let loader = loader();
         let mut node = NodePolicy::new(loader.default_loaded());
         let c = config("pools:\n  infra: {module: /nonexistent/p.wasm}\n");
-        let wanted = Wanted::of(&c, &["infra".to_string()], None);
+        let wanted = WantedPolicy::of(&c, &["infra".to_string()], None);
         assert!(node.should_try(&wanted));
         let (kind, why) = fetch(&loader, &wanted).await.unwrap_err();
         assert_eq!(kind, Refusal::NotFound, "{why}");
@@ -582,7 +585,7 @@ mod tests {
         );
         assert_eq!(status.policy_rejected.clone().unwrap().reason, "NotFound");
         // The configuration no longer names it: the refusal is no longer said.
-        let other = Wanted::of(&config("pools: {}\n"), &["infra".to_string()], None);
+        let other = WantedPolicy::of(&config("pools: {}\n"), &["infra".to_string()], None);
         node.report(&other, &mut status);
         assert_eq!(status.policy_rejected, None);
         assert_eq!(status.policy_refused, None);
@@ -594,7 +597,7 @@ mod tests {
         let mut node = NodePolicy::new(loader.default_loaded());
         let oci = format!("oci://r.io/p@sha256:{}", "a".repeat(64));
         let c = config(&format!("pools:\n  infra: {{module: {oci:?}}}\n"));
-        let wanted = Wanted::of(&c, &["infra".to_string()], None);
+        let wanted = WantedPolicy::of(&c, &["infra".to_string()], None);
         let result = node.refuse(
             &CheckKey::of(&wanted),
             Refusal::RegistryAway,
@@ -619,7 +622,7 @@ mod tests {
         node.set_config_error(Some(
             "policy configuration PolicyConfiguration cluster: pool infra: key 1: not a PEM".into(),
         ));
-        let wanted = Wanted::default();
+        let wanted = WantedPolicy::default();
         let mut status = NodeStatus::default();
         node.report(&wanted, &mut status);
         let said = status.policy_refused.clone().unwrap();
@@ -643,7 +646,7 @@ mod tests {
         let c = config(&format!(
             "verify: {{keys: [{key:?}]}}\npools:\n  infra: {{module: /p/a.wasm}}\n"
         ));
-        let wanted = Wanted::of(&c, &["infra".to_string()], None);
+        let wanted = WantedPolicy::of(&c, &["infra".to_string()], None);
         let (kind, why) = fetch(&loader, &wanted).await.unwrap_err();
         assert_eq!(kind, Refusal::NotAPolicy);
         assert!(
@@ -661,7 +664,7 @@ mod tests {
             node.accept(v2.clone(), &key("/p/v2.wasm")),
             SwapResult::Swapped
         );
-        let wanted = Wanted {
+        let wanted = WantedPolicy {
             module: ModuleRef::from_reference("/p/v2.wasm"),
             granted: true,
             ..Default::default()

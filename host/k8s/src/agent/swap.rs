@@ -3,7 +3,7 @@
 //! background, and its outcome taken by a later round. A round never waits on a registry.
 
 use super::checks::Outcome;
-use super::policies::{self, CheckKey, SwapResult, Wanted};
+use super::policies::{self, CheckKey, SwapResult, WantedPolicy};
 use super::{Agent, Rounds, watch};
 use crate::policy_config::{ConfigSource, PolicyConfig};
 use pinset_core::desired::{Desired, NodeInfo};
@@ -35,21 +35,21 @@ impl<S: Sizer + 'static, B: PinBackend> Agent<S, B> {
         rounds: &Rounds,
         config: &PolicyConfig,
         pools: &[String],
-    ) -> Wanted {
+    ) -> WantedPolicy {
         let needs_grant = matches!(rounds.policy_source, ConfigSource::Watched { .. });
         let grant = watch::grant_of(&self.config, &rounds.caches.own).filter(|_| needs_grant);
-        Wanted::of(config, pools, grant.as_ref())
+        WantedPolicy::of(config, pools, grant.as_ref())
     }
 
     /// The running module under the keys trusted now, when they are not the ones it was checked
     /// with: a check to make before anything else (a removed key stops what it vouched for).
-    fn recheck(rounds: &Rounds, wanted: &Wanted) -> Option<(CheckKey, Wanted)> {
+    fn recheck(rounds: &Rounds, wanted: &WantedPolicy) -> Option<(CheckKey, WantedPolicy)> {
         let running = rounds.policy.running().reference.clone()?;
         let keys = policies::fingerprint(&wanted.keys);
         if keys == rounds.policy.running_keys() {
             return None;
         }
-        let again = Wanted {
+        let again = WantedPolicy {
             module: crate::policy_config::ModuleRef::from_reference(&running),
             ..wanted.clone()
         };
@@ -117,7 +117,7 @@ impl<S: Sizer + 'static, B: PinBackend> Agent<S, B> {
         &self,
         rounds: &mut Rounds,
         key: CheckKey,
-        wanted: Wanted,
+        wanted: WantedPolicy,
         node: &NodeInfo,
         desired: &Desired,
     ) {

@@ -207,7 +207,7 @@ async fn check(
     tokio::task::spawn_blocking(move || {
         let module = loader
             .runtime
-            .load_as::<pinset_policy::Fleet>(
+            .load_as::<pinset_policy::FleetContract>(
                 &fetched.name,
                 &fetched.bytes,
                 pin.as_deref(),

@@ -43,7 +43,7 @@ pub enum Gate {
 type Key = (String, String);
 
 #[derive(Clone, Debug)]
-enum Verdict {
+enum Check {
     Running,
     Done {
         result: Result<(), (Refusal, String)>,
@@ -55,7 +55,7 @@ enum Verdict {
 /// What the controller found of each module's signature, by module and keys.
 pub struct SignatureGate {
     artifacts: Option<Artifacts>,
-    verdicts: Arc<Mutex<HashMap<Key, Verdict>>>,
+    verdicts: Arc<Mutex<HashMap<Key, Check>>>,
     /// Where a pool is asked to be reconciled again when its check ends.
     triggers: Mutex<Option<UnboundedSender<ObjectRef<MachineConfigPool>>>>,
     /// The PolicyConfiguration generation the verdicts were looked up under.
@@ -86,7 +86,7 @@ impl SignatureGate {
             .lock()
             .expect("verdicts lock")
             .retain(|_, v| match v {
-                Verdict::Done {
+                Check::Done {
                     result: Err((kind, _)),
                     ..
                 } => !kind.rechecked(),
@@ -130,9 +130,9 @@ impl SignatureGate {
     fn known(&self, key: &Key) -> Option<Gate> {
         let verdicts = self.verdicts.lock().expect("verdicts lock");
         match verdicts.get(key)? {
-            Verdict::Running => Some(Gate::Checking),
-            Verdict::Done { result: Ok(()), .. } => Some(Gate::Pass),
-            Verdict::Done {
+            Check::Running => Some(Gate::Checking),
+            Check::Done { result: Ok(()), .. } => Some(Gate::Pass),
+            Check::Done {
                 result: Err((kind, why)),
                 attempt,
                 at,
@@ -161,20 +161,20 @@ impl SignatureGate {
         let attempt = {
             let mut v = verdicts.lock().expect("verdicts lock");
             if v.len() >= VERDICTS {
-                v.retain(|_, verdict| matches!(verdict, Verdict::Running));
+                v.retain(|_, verdict| matches!(verdict, Check::Running));
             }
             let attempt = match v.get(&key) {
-                Some(Verdict::Done { attempt, .. }) => attempt + 1,
+                Some(Check::Done { attempt, .. }) => attempt + 1,
                 _ => 1,
             };
-            v.insert(key.clone(), Verdict::Running);
+            v.insert(key.clone(), Check::Running);
             attempt
         };
         let triggers = self.triggers.lock().expect("gate triggers").clone();
         tokio::spawn(async move {
             let result = verify(&artifacts, &at, &keys).await;
             report(&pool, &key.0, &result);
-            let done = Verdict::Done {
+            let done = Check::Done {
                 result,
                 attempt,
                 at: Instant::now(),
@@ -301,7 +301,7 @@ mod tests {
         );
         let key = (oci.pools["w"].reference(), "k".to_string());
         let refuse = || {
-            let refused = Verdict::Done {
+            let refused = Check::Done {
                 result: Err((Refusal::Unsigned, "no cosign signature".into())),
                 attempt: 1,
                 at: Instant::now(),

@@ -35,7 +35,7 @@ impl FleetTable {
         runtime: &pinset_policy::WasmRuntime,
     ) -> Result<Self, pinset_policy::LoadError> {
         Ok(Self {
-            default: runtime.load_as::<pinset_policy::Fleet>(
+            default: runtime.load_as::<pinset_policy::FleetContract>(
                 pinset_policy::EMBEDDED_DEFAULT_NAME,
                 pinset_policy::EMBEDDED_DEFAULT,
                 None,

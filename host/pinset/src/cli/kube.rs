@@ -168,7 +168,7 @@ fn fleet_table(
     let load = |arg: &str| -> Result<pinset_policy::FleetModule> {
         if arg.starts_with(pinset_registry::artifact::SCHEME) {
             let fetched = fetch.fetch(arg, limits.max_module_bytes as u64)?;
-            return Ok(runtime.load_as::<pinset_policy::Fleet>(
+            return Ok(runtime.load_as::<pinset_policy::FleetContract>(
                 &fetched.name,
                 &fetched.bytes,
                 None,
@@ -179,7 +179,7 @@ fn fleet_table(
             Some((f, h)) => (f, Some(h)),
             None => (arg, None),
         };
-        Ok(runtime.load_file_as::<pinset_policy::Fleet>(
+        Ok(runtime.load_file_as::<pinset_policy::FleetContract>(
             std::path::Path::new(file),
             sha256,
             limits,

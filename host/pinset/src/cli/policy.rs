@@ -180,7 +180,7 @@ fn info(opts: &PolicyOpts, output: super::plan::Output) -> Result<ExitCode> {
     }
     if let Some(f) = fleet {
         contracts.push((
-            pinset_policy::Fleet::ROLE.kind,
+            pinset_policy::FleetContract::ROLE.kind,
             f.interface(),
             fleet_info(f),
         ));
@@ -307,7 +307,10 @@ impl<'a> Modules<'a> {
     fn fleet(&mut self) -> Result<&pinset_policy::FleetModule> {
         if self.fleet.is_none() {
             let compiled = self.compiled()?;
-            self.fleet = Some(self.runtime.bind::<pinset_policy::Fleet>(&compiled)?);
+            self.fleet = Some(
+                self.runtime
+                    .bind::<pinset_policy::FleetContract>(&compiled)?,
+            );
         }
         Ok(self.fleet.as_ref().expect("loaded above"))
     }

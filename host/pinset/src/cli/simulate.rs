@@ -122,7 +122,7 @@ struct PolicyRef {
 pub fn run(args: &SimulateArgs) -> Result<ExitCode> {
     let sim = simulation(args)?;
     let runtime = pinset_policy::WasmRuntime::new()?;
-    let module = runtime.bind::<pinset_policy::Fleet>(&args.policy.compile(&runtime)?)?;
+    let module = runtime.bind::<pinset_policy::FleetContract>(&args.policy.compile(&runtime)?)?;
     let info = module
         .instance()
         .info()

@@ -71,12 +71,12 @@ pub struct Role {
 pub struct Node;
 
 /// The fleet contract (`wit/fleet/fleet.wit`): which nodes of a pool may pull now.
-pub struct Fleet;
+pub struct FleetContract;
 
 /// Every contract this pinset serves: (interface, role).
 pub const CONTRACTS: [(&str, Role); 2] = [
     (Node::INTERFACE, Node::ROLE),
-    (Fleet::INTERFACE, Fleet::ROLE),
+    (FleetContract::INTERFACE, FleetContract::ROLE),
 ];
 
 /// Where function `name` of `interface` (`package/interface@version`, as the module exports it)
@@ -145,7 +145,7 @@ mod tests {
             Some((0, 2))
         );
         assert_eq!(version_of("other:x/decisions@0.1.0", node), None);
-        let fleet = Fleet::INTERFACE;
+        let fleet = FleetContract::INTERFACE;
         assert_eq!(
             version_of("pinset:fleet/rollout@0.2.3", fleet),
             Some((0, 2))

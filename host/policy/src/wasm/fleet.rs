@@ -3,7 +3,7 @@
 //! a fresh instance.
 
 use super::bounded;
-use super::contract::{Contract, Fleet, Role, check, export_index, optional_export};
+use super::contract::{Contract, FleetContract, Role, check, export_index, optional_export};
 use super::fleet_bindings::pinset::fleet::types;
 use super::fleet_columns::Converted;
 use super::fleet_columns::RequestArg;
@@ -16,7 +16,7 @@ use wasmtime::Store;
 use wasmtime::component::{Component, ComponentExportIndex, Instance};
 
 /// The fleet contract's interface (and version) the controller calls.
-pub const FLEET_CONTRACT: &str = Fleet::INTERFACE;
+pub const FLEET_CONTRACT: &str = FleetContract::INTERFACE;
 
 /// Where the fleet contract's functions are among a module's exports, found once.
 #[derive(Clone, Copy)]
@@ -27,7 +27,7 @@ pub struct FleetExports {
     decide: Option<ComponentExportIndex>,
 }
 
-impl Contract for Fleet {
+impl Contract for FleetContract {
     const INTERFACE: &'static str = "pinset:fleet/rollout@0.2.1";
     const ROLE: Role = Role {
         kind: "fleet",
@@ -70,9 +70,9 @@ impl Contract for Fleet {
 }
 
 /// A fleet module's instance for one decision.
-pub type WasmFleet = WasmInstance<Fleet>;
+pub type WasmFleet = WasmInstance<FleetContract>;
 
-impl FleetInstance for WasmInstance<Fleet> {
+impl FleetInstance for WasmInstance<FleetContract> {
     fn grant_rollout(&mut self, rollout: &sdk::Rollout) -> Result<sdk::Grant, PolicyError> {
         let converted = Converted::of(rollout);
         let request = converted.request(rollout);

@@ -35,7 +35,7 @@ mod store;
 mod wasi;
 
 pub use compile::{COMPILE_INVALID_MODULE, COMPILE_SUBCOMMAND, Compiler, precompile};
-pub use contract::{CONTRACTS, Contract, Fleet, Node, Role};
+pub use contract::{CONTRACTS, Contract, FleetContract, Node, Role};
 pub use engine::{WasmRuntime, instance_strategy};
 pub use fleet::{FLEET_CONTRACT, WasmFleet};
 pub use instance::{MAX_REASON_BYTES, WasmInstance};

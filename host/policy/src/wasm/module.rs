@@ -3,7 +3,7 @@
 //! contract's version, its imports linked (pre-instantiation), its functions found. One path
 //! for every contract ([`Contract`]).
 
-use super::contract::{self, CONTRACTS, Contract, Fleet, Node};
+use super::contract::{self, CONTRACTS, Contract, FleetContract, Node};
 use super::engine::{Ticker, WasmRuntime};
 use super::instance::{WasmInstance, typecheck};
 use super::store::{Limits, State};
@@ -58,7 +58,7 @@ impl WasmRuntime {
         self.load_as(name, bytes, sha256, limits)
     }
 
-    /// Load a module of contract `C` from a file (`load_file_as::<Fleet>`).
+    /// Load a module of contract `C` from a file (`load_file_as::<FleetContract>`).
     pub fn load_file_as<C: Contract>(
         &self,
         path: &Path,
@@ -109,11 +109,14 @@ impl WasmRuntime {
         &self,
         compiled: &CompiledModule,
     ) -> Result<(Option<PolicyModule>, Option<FleetModule>), LoadError> {
-        let (node, fleet) = (self.bind::<Node>(compiled), self.bind::<Fleet>(compiled));
+        let (node, fleet) = (
+            self.bind::<Node>(compiled),
+            self.bind::<FleetContract>(compiled),
+        );
         match (node, fleet) {
             (Err(node), Err(fleet)) => {
                 let exports = exports(&self.engine, &compiled.component);
-                let built_for_fleet = contract::of_package(&exports, Fleet::INTERFACE)
+                let built_for_fleet = contract::of_package(&exports, FleetContract::INTERFACE)
                     && !contract::of_package(&exports, Node::INTERFACE);
                 Err(if built_for_fleet { fleet } else { node })
             }
@@ -310,7 +313,7 @@ pub struct Module<C: Contract> {
 /// A node policy module.
 pub type PolicyModule = Module<Node>;
 /// A fleet policy module.
-pub type FleetModule = Module<Fleet>;
+pub type FleetModule = Module<FleetContract>;
 
 impl<C: Contract> Clone for Module<C> {
     fn clone(&self) -> Self {
