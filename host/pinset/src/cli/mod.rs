@@ -259,6 +259,18 @@ pub fn warn_if_empty(flag: &str, paths: &[std::path::PathBuf], found: usize, kin
     }
 }
 
+/// The text of `path`, or of standard input for `-`; a failure names the input, after `flag`
+/// when the input is a flag's (`--file -: standard input`).
+pub fn read_input(path: &std::path::Path, flag: Option<&str>) -> anyhow::Result<String> {
+    let prefix = flag.map_or(String::new(), |f| format!("{f} "));
+    if path.as_os_str() == "-" {
+        std::io::read_to_string(std::io::stdin())
+            .with_context(|| format!("{prefix}-: standard input"))
+    } else {
+        std::fs::read_to_string(path).with_context(|| format!("{prefix}{}", path.display()))
+    }
+}
+
 /// An error and its causes on one line, each said once: a cause whose text a message already
 /// quotes (`"… : {source}"`) is not repeated after it.
 pub fn error_line(e: &anyhow::Error) -> String {

@@ -162,7 +162,7 @@ fn load_objects(paths: &[PathBuf], fields: Fields) -> Result<Objects> {
     let mut out = Objects::default();
     for path in paths {
         if path.as_os_str() == "-" {
-            let text = std::io::read_to_string(std::io::stdin()).context("-: standard input")?;
+            let text = super::read_input(path, None)?;
             objects::parse(&text, path, fields, &mut out)?;
         } else {
             objects::load_path(path, fields, &mut out)?;

@@ -1,7 +1,7 @@
 //! `pinset set from-images NAME IMAGE… [--file LIST]`: a set from images as people name them.
 
 use super::{Asked, Common, Gathered};
-use anyhow::{Context, Result, bail};
+use anyhow::{Result, bail};
 use pinset_registry::mirrors::Target;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -54,11 +54,7 @@ fn wanted(args: &FromImagesArgs) -> Result<Vec<Asked>> {
 
 /// A list of images, one per line; a bad line is an error at FILE:LINE.
 fn read_list(file: &Path) -> Result<Vec<Asked>> {
-    let text = if file == Path::new("-") {
-        std::io::read_to_string(std::io::stdin()).context("--file -: standard input")?
-    } else {
-        std::fs::read_to_string(file).with_context(|| format!("--file {}", file.display()))?
-    };
+    let text = crate::cli::read_input(file, Some("--file"))?;
     let mut out = Vec::new();
     for (n, line) in text.lines().enumerate() {
         let line = line

@@ -61,12 +61,11 @@ fn labels(sources: &[(String, String)]) -> String {
 /// The texts `path` names: a file, standard input, or a directory's manifests in name order.
 fn expand(path: &Path, recursive: bool) -> Result<Vec<(String, String)>> {
     if path == Path::new("-") {
-        let text = std::io::read_to_string(std::io::stdin()).context("-: standard input")?;
-        return Ok(vec![("-".into(), text)]);
+        return Ok(vec![("-".into(), crate::cli::read_input(path, None)?)]);
     }
     let meta = std::fs::metadata(path).with_context(|| path.display().to_string())?;
     if !meta.is_dir() {
-        let text = std::fs::read_to_string(path).with_context(|| path.display().to_string())?;
+        let text = crate::cli::read_input(path, None)?;
         return Ok(vec![(path.display().to_string(), text)]);
     }
     let mut entries: Vec<PathBuf> = std::fs::read_dir(path)
