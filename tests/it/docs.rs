@@ -70,6 +70,16 @@ fn the_readme_is_a_front_page_and_the_book_links_hold() {
         );
         pages.push(page);
     }
+    // Every page of the book is in its table of contents.
+    for entry in std::fs::read_dir(root.join("docs")).unwrap() {
+        let name = entry.unwrap().file_name().to_string_lossy().into_owned();
+        if name.ends_with(".md") && name != "SUMMARY.md" {
+            assert!(
+                links(&summary).contains(&name),
+                "docs/{name} is not in docs/SUMMARY.md"
+            );
+        }
+    }
     for page in pages {
         let text = std::fs::read_to_string(&page).unwrap();
         let dir = page.parent().unwrap();

@@ -5,8 +5,8 @@
 use crate::support;
 
 use pinset_policy::{
-    Decided, Described, FleetInstance, FleetModule, GuardedFleet, Hook, Limits, LoadError,
-    PolicyError, PolicyInstance, WasmRuntime,
+    Decided, Described, FleetContract, FleetInstance, FleetModule, Guarded, Hook, Limits,
+    LoadError, PolicyError, PolicyInstance, WasmRuntime,
 };
 use pinset_policy_sdk::{FleetNode, FleetPool, Phase, RolloutRequest};
 use std::path::PathBuf;
@@ -108,7 +108,7 @@ fn node_only_fleet_only_and_both_modules_load_for_what_they_export() {
     assert_eq!(node.instance().concurrency(&facts).unwrap(), 5);
     let request = pool(30, "", None);
     let wasm = default.instance().grant(&request).unwrap();
-    let native = pinset_policy::NativeFleet::reference()
+    let native = pinset_policy::Native::<FleetContract>::reference()
         .grant(&request)
         .unwrap();
     assert_eq!(wasm, native);
@@ -192,7 +192,7 @@ fn every_misbehaviour_is_contained(decide: impl Fn(RolloutRequest) -> (Decided, 
 fn decide_here(request: RolloutRequest) -> (Decided, Duration) {
     let hostile = fleet("pinset_test_policy_hostile");
     let started = Instant::now();
-    let decided = GuardedFleet::new(Box::new(hostile.instance())).grant(&request);
+    let decided = Guarded::of(&hostile).grant(&request);
     (decided, started.elapsed())
 }
 
@@ -284,7 +284,7 @@ fn a_trapped_fleet_call_leaves_the_module_usable() {
 fn a_fleet_module_built_for_0_2_0_keeps_loading_and_a_0_2_1_module_can_hold() {
     let old = fleet("pinset_test_policy_fleet_0_2_0");
     assert_eq!(old.instance().info().unwrap().name, "fleet-0.2.0");
-    let d = GuardedFleet::new(Box::new(old.instance())).grant(&pool(3, "", None));
+    let d = Guarded::of(&old).grant(&pool(3, "", None));
     assert_eq!(d.fallback, None, "{:?}", d.fallback);
     assert_eq!(d.grant.nodes, vec![0]);
     assert_eq!(d.grant.reason, "built for 0.2.0: the first node");
@@ -301,7 +301,7 @@ fn a_fleet_module_built_for_0_2_0_keeps_loading_and_a_0_2_1_module_can_hold() {
             Limits::default(),
         )
         .unwrap();
-    let d = GuardedFleet::new(Box::new(default.instance())).grant(&failed);
+    let d = Guarded::of(&default).grant(&failed);
     assert_eq!(d.fallback, None, "{:?}", d.fallback);
     let hold = d.grant.hold.expect("a failed canary holds the pool");
     assert!(hold.contains("canary node w-0 failed"), "{hold}");
@@ -314,10 +314,10 @@ fn a_fleet_module_built_for_0_2_0_keeps_loading_and_a_0_2_1_module_can_hold() {
 #[test]
 fn the_fleet_smoke_test_refuses_what_would_fall_back() {
     let hostile = fleet("pinset_test_policy_hostile");
-    pinset_policy::fleet_smoke_test(&hostile, &pool(3, "none", None)).unwrap();
+    pinset_policy::smoke_test(&hostile, &pool(3, "none", None)).unwrap();
     for mode in ["trap", "loop", "alloc", "all"] {
         let request = pool(3, mode, Some(1));
-        let fallback = pinset_policy::fleet_smoke_test(&hostile, &request).expect_err(mode);
+        let fallback = pinset_policy::smoke_test(&hostile, &request).expect_err(mode);
         assert_eq!(fallback.hook, pinset_policy::Hook::Grant, "{mode}");
         assert!(fallback.message.contains("hostile"), "{mode}: {fallback}");
     }

@@ -74,7 +74,7 @@ fn infinite_loop_hits_the_deadline_in_every_hook_and_falls_back() {
         "{msg}"
     );
 
-    let mut guarded = Guarded::new(Box::new(hostile().instance()));
+    let mut guarded = Guarded::of(hostile());
     assert_eq!(guarded.concurrency(&n), 5, "reference answer for a worker");
     let (outcome, pressure) = (PullOutcome::default(), Pressure::default());
     assert_eq!(
@@ -168,7 +168,7 @@ fn invalid_decisions_are_refused_and_replaced() {
     ];
     for (mode, hook) in cases {
         let r = request_for(mode);
-        let mut g = Guarded::new(Box::new(hostile().instance()));
+        let mut g = Guarded::of(hostile());
         let admission = g.admit(&r);
         let order = g.order(&r.node, &r.images);
         let concurrency = g.concurrency(&r.node);
@@ -268,7 +268,7 @@ fn a_module_without_wasi_imports_only_the_contract_and_decides_through_the_host(
     // 600 admissions of 500 images in one instance copy ~50 MB of columns into it, over the
     // 32 MiB memory cap unless the module's allocator starts over once a call's blocks are freed.
     let request = synth::request(500, 7);
-    let mut g = Guarded::new(Box::new(floor.instance()));
+    let mut g = Guarded::of(&floor);
     for _ in 0..600 {
         assert_eq!(g.admit(&request).verdict, Verdict::AdmitAll);
     }
@@ -555,7 +555,7 @@ fn a_module_over_the_size_limit_is_refused_before_it_is_read() {
 
 #[test]
 fn a_policy_that_waits_through_wasi_is_stopped_at_once() {
-    let mut g = Guarded::new(Box::new(hostile().instance()));
+    let mut g = Guarded::of(hostile());
     let n = node("sleep");
     let started = Instant::now();
     assert_eq!(g.concurrency(&n), 5, "the reference's answer");
@@ -579,7 +579,7 @@ fn the_smoke_test_refuses_every_misbehaviour_naming_the_hook() {
         request
     };
     let pressure = Pressure::default();
-    let info = pinset_policy::smoke_test(hostile(), &with_mode("none"), &pressure).unwrap();
+    let info = pinset_policy::smoke_test(hostile(), (&with_mode("none"), &pressure)).unwrap();
     assert_eq!(info.name, "hostile");
     for (mode, hook) in [
         ("trap-order", Hook::Order),
@@ -592,7 +592,7 @@ fn the_smoke_test_refuses_every_misbehaviour_naming_the_hook() {
     ] {
         let started = Instant::now();
         let fallback =
-            pinset_policy::smoke_test(hostile(), &with_mode(mode), &pressure).expect_err(mode);
+            pinset_policy::smoke_test(hostile(), (&with_mode(mode), &pressure)).expect_err(mode);
         assert_eq!(fallback.hook, hook, "{mode}: {fallback}");
         assert!(
             fallback.message.contains("hostile") && fallback.message.contains(hook.as_str()),

@@ -5,7 +5,7 @@ use crate::support;
 
 use pinset_core::scenario;
 use pinset_policy::{
-    Guarded, Limits, NativePolicy, PolicyInstance, PolicyModule, WasmRuntime, synth,
+    Guarded, Limits, Native, Node, PolicyInstance, PolicyModule, WasmRuntime, synth,
 };
 use pinset_policy_sdk::{GIB, Pressure, PullOutcome};
 use std::path::Path;
@@ -47,7 +47,7 @@ fn default_scenarios_pass_in_wasm_and_native() {
     let (count, failures) = run_dir(&dir, || Box::new(module.instance()));
     assert!(count >= 10, "only {count} scenarios");
     assert!(failures.is_empty(), "wasm:\n{}", failures.join("\n\n"));
-    let (_, failures) = run_dir(&dir, || Box::new(NativePolicy::reference()));
+    let (_, failures) = run_dir(&dir, || Box::new(Native::<Node>::reference()));
     assert!(failures.is_empty(), "native:\n{}", failures.join("\n\n"));
 }
 
@@ -106,7 +106,7 @@ fn embedded_default_matches_the_native_reference_on_synthetic_inputs() {
         request.node.ready = seed % 11 != 0;
         request.node.disk_pressure = seed % 13 == 0;
         let mut wasm = module.instance();
-        let mut native = NativePolicy::reference();
+        let mut native = Native::<Node>::reference();
         assert_eq!(
             wasm.admit(&request).unwrap(),
             native.admit(&request).unwrap(),

@@ -34,6 +34,26 @@ pub struct NodeInfo {
     pub allocatable_ephemeral_bytes: Option<u64>,
 }
 
+impl NodeInfo {
+    /// The node's facts as a policy is given them (`record node-facts`), for a node of `pools`:
+    /// the one place each fact is filled from what is known of the node — the agent, `pinset
+    /// plan` and `node`, the smoke test and the scenarios all go through it.
+    pub fn facts(&self, pools: &[String]) -> pinset_policy_sdk::NodeFacts {
+        let labels = self.labels.iter();
+        pinset_policy_sdk::NodeFacts {
+            name: self.name.clone(),
+            labels: labels.map(|(k, v)| (k.clone(), v.clone())).collect(),
+            pools: pools.to_vec(),
+            control_plane: pinset_policy_sdk::is_control_plane(
+                self.labels.keys().map(String::as_str),
+            ),
+            ready: self.ready,
+            disk_pressure: self.disk_pressure,
+            allocatable_ephemeral_bytes: self.allocatable_ephemeral_bytes,
+        }
+    }
+}
+
 /// The standard `master` and `worker` pools: sets by `machineconfiguration.openshift.io/role`,
 /// nodes by `node-role.kubernetes.io/<role>`.
 pub fn standard_pools() -> Vec<Pool> {

@@ -26,9 +26,7 @@ use crate::decisions::{Decisions, Hook};
 use crate::diff::Diff;
 use crate::plan;
 use crate::quantity::Bytes;
-use pinset_policy_sdk::{
-    self as sdk, AdmissionRequest, DiskFacts, Images, NodeFacts, Pressure, PullOutcome, Verdict,
-};
+use pinset_policy_sdk::{AdmissionRequest, DiskFacts, Images, Pressure, PullOutcome, Verdict};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
@@ -276,21 +274,14 @@ pub fn parse(path: &Path, text: &str) -> Result<Loaded, ScenarioError> {
 }
 
 fn request_of(s: &Scenario) -> Result<AdmissionRequest, String> {
-    let labels: Vec<(String, String)> = s
-        .node
-        .labels
-        .iter()
-        .map(|(k, v)| (k.clone(), v.clone()))
-        .collect();
-    let node = NodeFacts {
+    let node = crate::desired::NodeInfo {
         name: s.node.name.clone(),
-        control_plane: sdk::is_control_plane(labels.iter().map(|(k, _)| k.as_str())),
-        labels,
-        pools: s.node.pools.clone(),
+        labels: s.node.labels.clone(),
         ready: s.node.ready,
         disk_pressure: s.node.disk_pressure,
         allocatable_ephemeral_bytes: s.node.allocatable.map(|b| b.0),
-    };
+    }
+    .facts(&s.node.pools);
     let disk = DiskFacts {
         capacity_bytes: s.disk.capacity.map(|b| b.0),
         used_bytes: s.disk.used.map(|b| b.0),

@@ -27,6 +27,7 @@ pub mod metrics;
 pub mod objects;
 pub mod ownership;
 pub mod policy_config;
+pub mod policy_loader;
 pub mod rollout_status;
 pub mod workloads;
 

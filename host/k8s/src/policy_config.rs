@@ -239,35 +239,6 @@ impl ConfigSource {
     }
 }
 
-/// One module named by the configuration: fetched (a file, or an artifact through the registry
-/// and the node's cache, its signature checked against `keys`), then compiled and bound for
-/// contract `C`. Blocking: callers run it off the async runtime.
-pub fn load_module<C: pinset_policy::Contract>(
-    runtime: &pinset_policy::WasmRuntime,
-    limits: pinset_policy::Limits,
-    fetcher: &pinset_registry::policy_source::Fetcher,
-    m: &ModuleRef,
-    keys: &[VerifyingKey],
-) -> Result<pinset_policy::Module<C>, pinset_policy::LoadError> {
-    use pinset_registry::policy_source::{Source, fetch_blocking};
-    let fetch_error = |cause: String| pinset_policy::LoadError::Fetch {
-        module: m.module.clone(),
-        cause,
-    };
-    let source = Source::parse(&m.module).map_err(|e| fetch_error(e.to_string()))?;
-    if let Source::File(path) = &source {
-        // A file's size is checked before it is read.
-        return match keys.is_empty() {
-            true => runtime.load_file_as(path, m.sha256.as_deref(), limits),
-            false => Err(fetch_error(
-                "a signature is required and a file carries none: reference a signed oci:// artifact".into(),
-            )),
-        };
-    }
-    let fetched = fetch_blocking(fetcher, &source, keys).map_err(|e| fetch_error(e.to_string()))?;
-    runtime.load_as(&fetched.name, &fetched.bytes, m.sha256.as_deref(), limits)
-}
-
 /// The file of `--policy-config`, or an empty configuration, with `--pool-policy` flags over it.
 pub fn fixed(path: Option<&PathBuf>, flags: &[String]) -> Result<PolicyConfig, PolicyConfigError> {
     let mut config = match path {

@@ -303,7 +303,7 @@ async fn pull_with_retries<P: Puller>(s: &Shared<P>, job: &Job) -> Result<(), Pu
 #[cfg(test)]
 mod tests {
     use super::*;
-    use pinset_policy::{Guarded, NativePolicy};
+    use pinset_policy::{Guarded, Native, Node};
     use std::collections::HashMap;
     use std::sync::atomic::AtomicU32;
 
@@ -367,8 +367,8 @@ mod tests {
     }
 
     fn policy() -> SharedDecisions {
-        Arc::new(Mutex::new(Box::new(Guarded::new(Box::new(
-            NativePolicy::reference(),
+        Arc::new(Mutex::new(Box::new(Guarded::<Node>::new(Box::new(
+            Native::<Node>::reference(),
         )))))
     }
 

@@ -6,7 +6,7 @@ use crate::cri::client::CriError;
 use crate::cri::proto;
 use crate::reconcile::Reconciler;
 use pinset_core::desired::{Desired, NodeInfo};
-use pinset_policy_sdk::{self as sdk, AdmissionRequest, DiskFacts, Images, NodeFacts};
+use pinset_policy_sdk::{AdmissionRequest, DiskFacts, Images, NodeFacts};
 use pinset_registry::size::{Cached, ImageSize, Sizer};
 use std::collections::{HashMap, HashSet};
 use std::path::Path;
@@ -74,23 +74,6 @@ pub struct Facts {
     pub sizing: Sizing,
 }
 
-/// Node facts for the policy.
-pub fn node_facts(node: &NodeInfo, pools: &[String]) -> NodeFacts {
-    NodeFacts {
-        name: node.name.clone(),
-        labels: node
-            .labels
-            .iter()
-            .map(|(k, v)| (k.clone(), v.clone()))
-            .collect(),
-        pools: pools.to_vec(),
-        control_plane: sdk::is_control_plane(node.labels.keys().map(String::as_str)),
-        ready: node.ready,
-        disk_pressure: node.disk_pressure,
-        allocatable_ephemeral_bytes: node.allocatable_ephemeral_bytes,
-    }
-}
-
 /// Build the admission request from the desired state, what is present and the sizes.
 pub fn request(
     desired: &Desired,
@@ -139,7 +122,7 @@ impl<S: Sizer + 'static, B> Reconciler<S, B> {
         phases.push(("sizing", started.elapsed()));
         let request = request(
             desired,
-            node_facts(node, &desired.pools),
+            node.facts(&desired.pools),
             disk,
             &present,
             &sizing.sizes,

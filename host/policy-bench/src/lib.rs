@@ -3,7 +3,7 @@
 //! benchmarks measure with. A crate of its own: the agent and the controller do not carry it.
 
 use pinset_policy::{
-    FleetInstance, FleetModule, NativeFleet, NativePolicy, PolicyError, PolicyInstance,
+    FleetContract, FleetInstance, FleetModule, Native, Node, PolicyError, PolicyInstance,
     PolicyModule, synth,
 };
 use pinset_policy_sdk::{AdmissionRequest, Pressure, PullOutcome};
@@ -149,7 +149,7 @@ pub fn run(
     let (outcome, pressure) = synth::outcome(&request);
     let node = &request.node;
     let mut wasm = module.instance();
-    let mut native = NativePolicy::reference();
+    let mut native = Native::<Node>::reference();
     let warmup = (iterations / 10).max(3);
 
     // One closure per row, applied to either implementation. `fresh` makes a new instance.
@@ -174,7 +174,7 @@ pub fn run(
         let mut wasm_samples = Vec::with_capacity(iterations);
         let mut native_samples = Vec::with_capacity(iterations);
         let new_wasm = || Box::new(module.instance()) as Box<dyn PolicyInstance>;
-        let new_native = || Box::new(NativePolicy::reference()) as Box<dyn PolicyInstance>;
+        let new_native = || Box::new(Native::<Node>::reference()) as Box<dyn PolicyInstance>;
         for i in 0..warmup + iterations {
             let wasm_time = time_step(&step, &mut wasm, fresh.then_some(&new_wasm))?;
             let native_time = time_step(&step, &mut native, fresh.then_some(&new_native))?;
@@ -205,7 +205,7 @@ pub fn fleet(module: &FleetModule, nodes: usize, iterations: usize) -> Result<Ro
         module.instance().grant(&request)?;
         let wasm_time = started.elapsed();
         let started = Instant::now();
-        NativeFleet::reference().grant(&request)?;
+        Native::<FleetContract>::reference().grant(&request)?;
         let native_time = started.elapsed();
         if i >= warmup {
             wasm.push(wasm_time);

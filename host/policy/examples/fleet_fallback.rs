@@ -7,7 +7,7 @@
 //! cargo run --release -p pinset-policy --example fleet_fallback [HOSTILE.wasm]
 //! ```
 
-use pinset_policy::{GuardedFleet, Limits, WasmRuntime, synth};
+use pinset_policy::{Guarded, Limits, WasmRuntime, synth};
 use std::time::{Duration, Instant};
 
 const HOSTILE: &str = "target/wasm-policies/components/pinset_test_policy_hostile.wasm";
@@ -27,9 +27,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let mut samples: Vec<Duration> = (0..300)
             .map(|_| {
                 let started = Instant::now();
-                let decided = GuardedFleet::new(Box::new(module.instance()))
-                    .without_warnings()
-                    .grant(&request);
+                let decided = Guarded::of(&module).without_warnings().grant(&request);
                 assert!(decided.fallback.is_some(), "the answer was used");
                 started.elapsed()
             })

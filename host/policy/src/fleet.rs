@@ -1,14 +1,17 @@
-//! The host side of the fleet contract (`wit/fleet/fleet.wit`): a [`FleetInstance`] is a Wasm
-//! fleet module or the native default; [`GuardedFleet`] asks one, validates the answer
-//! ([`crate::validate::grant`]) and falls back to the native default fleet policy on any failure.
+//! The fleet contract (`wit/fleet/fleet.wit`) on pinset's side: the decision an instance
+//! answers ([`FleetInstance`]), the native policies' answers, the reference (the default fleet
+//! policy's source), the smoke test's question, and the guarded decision the controller asks
+//! ([`Guarded::grant`]), its answer validated by [`crate::validate::grant`].
 
-use crate::guard::Guard;
-use crate::{Described, Fallback, Hook, MAX_CONCURRENCY, Observer, PolicyError, validate};
+use crate::{
+    Described, Fallback, FleetContract, Guarded, Hook, Hooks, Native, PolicyError, WasmInstance,
+    validate,
+};
 use pinset_policy_default::DefaultFleet;
 use pinset_policy_sdk::{Fleet, Grant, PolicyInfo, Rollout, RolloutRequest};
-use std::sync::Arc;
 
-/// A fleet policy answering one decision. Calls may fail; the controller uses [`GuardedFleet`].
+/// A fleet policy answering one decision. Calls may fail; the controller uses
+/// [`Guarded::grant`].
 pub trait FleetInstance: Described {
     /// Which nodes of the pool may pull now, the request given as the columns both a module
     /// and the native policies read.
@@ -19,47 +22,31 @@ pub trait FleetInstance: Described {
     }
 }
 
-/// A fleet policy compiled into pinset. Its calls cannot fail.
-pub struct NativeFleet {
-    name: String,
-    fleet: Box<dyn Fleet + Send>,
-}
+impl Hooks for FleetContract {
+    type Native = dyn Fleet + Send;
+    type Instance = dyn FleetInstance;
+    /// The pool's current rollout request.
+    type Probe<'a> = &'a RolloutRequest;
+    const REFERENCE: &'static str = "builtin:default-fleet";
 
-impl NativeFleet {
-    pub fn new(name: impl Into<String>, fleet: impl Fleet + Send + 'static) -> Self {
-        Self {
-            name: name.into(),
-            fleet: Box::new(fleet),
-        }
+    fn reference() -> Box<Self::Native> {
+        Box::new(DefaultFleet)
     }
-
-    /// The default fleet policy's source compiled natively: the fallback of every failed fleet
-    /// decision.
-    pub fn reference() -> Self {
-        Self::new("builtin:default-fleet", DefaultFleet)
+    fn native_info(policy: &Self::Native) -> PolicyInfo {
+        policy.info()
     }
-}
-
-impl Described for NativeFleet {
-    fn name(&self) -> &str {
-        &self.name
+    fn boxed(instance: WasmInstance<Self>) -> Box<Self::Instance> {
+        Box::new(instance)
     }
-    fn info(&mut self) -> Result<PolicyInfo, PolicyError> {
-        Ok(self.fleet.info())
+    fn probe(guarded: &mut Guarded<Self>, request: Self::Probe<'_>) {
+        guarded.grant(request);
     }
 }
 
-impl FleetInstance for NativeFleet {
+impl FleetInstance for Native<FleetContract> {
     fn grant_rollout(&mut self, rollout: &Rollout) -> Result<Grant, PolicyError> {
-        Ok(self.fleet.grant(rollout))
+        Ok(self.policy().grant(rollout))
     }
-}
-
-/// A fleet decision whose answer is valid: the primary policy's when it is, else the native
-/// default's (with the failure).
-pub struct GuardedFleet {
-    primary: Box<dyn FleetInstance>,
-    guard: Guard,
 }
 
 /// A decision and how it was made.
@@ -72,65 +59,39 @@ pub struct Decided {
     pub fallback: Option<Fallback>,
 }
 
-impl GuardedFleet {
-    pub fn new(primary: Box<dyn FleetInstance>) -> Self {
-        Self {
-            primary,
-            guard: Guard::default(),
-        }
-    }
-
-    /// No warning per failure: the caller reports the failures ([`Decided::fallback`]) itself,
-    /// once (`pinset policy simulate`, which may meet the same failure at every decision).
-    pub fn without_warnings(mut self) -> Self {
-        self.guard.quiet();
-        self
-    }
-
-    pub fn with_observer(mut self, observer: Arc<dyn Observer>) -> Self {
-        self.guard.observe(observer);
-        self
-    }
-
+impl Guarded<FleetContract> {
     /// Which nodes of `request`'s pool may pull now. Never fails. The request's columns are
-    /// built once, for the primary policy and, when its answer is not used, the fallback.
+    /// built once, for the primary policy and, when its answer is not used, the reference.
     pub fn grant(&mut self, request: &RolloutRequest) -> Decided {
         let rollout = Rollout::from(request);
-        let primary = self.primary.as_mut();
-        let name = primary.name().to_string();
-        let answer = self.guard.ask(
-            &name,
+        let (grant, primary) = self.decide(
             Hook::Grant,
             Some(&request.pool.name),
-            || primary.grant_rollout(&rollout),
+            |p| p.grant_rollout(&rollout),
             |grant| validate::grant(grant, request),
+            |r| r.policy().grant(&rollout),
         );
-        if let Some(grant) = answer {
-            return Decided {
-                grant,
-                policy: name,
-                fallback: None,
-            };
-        }
-        let mut reference = NativeFleet::reference();
-        let grant = reference
-            .grant_rollout(&rollout)
-            .expect("the native default fleet policy cannot fail");
+        // The guard keeps the failure too: a smoke test reads it there.
+        let (policy, fallback) = match primary {
+            true => (self.name().to_string(), None),
+            false => (
+                self.reference_name().to_string(),
+                self.fallbacks().last().cloned(),
+            ),
+        };
         Decided {
             grant,
-            policy: reference.name().to_string(),
-            fallback: self.guard.take_fallbacks().pop(),
+            policy,
+            fallback,
         }
     }
 }
-
-/// Pulls at once a grant may allow on a node.
-pub const MAX_PULLS: u32 = MAX_CONCURRENCY;
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use pinset_policy_sdk::{FleetNode, FleetPool, Phase};
+    use std::sync::Arc;
 
     /// Answers `grant` whatever it is asked, keeping the columns it was asked with.
     struct Answer {
@@ -185,7 +146,8 @@ mod tests {
     #[test]
     fn a_valid_answer_is_used_and_an_invalid_one_falls_back_to_the_canary() {
         let all = Grant::new(vec![0, 1, 2], "everyone");
-        let d = GuardedFleet::new(Box::new(Answer::new(all.clone()))).grant(&request(3, None));
+        let d = Guarded::<FleetContract>::new(Box::new(Answer::new(all.clone())))
+            .grant(&request(3, None));
         assert_eq!((d.grant, d.fallback), (all.clone(), None));
 
         for (bad, why) in [
@@ -208,7 +170,8 @@ mod tests {
             ),
         ] {
             let max = (bad == all).then_some(1);
-            let d = GuardedFleet::new(Box::new(Answer::new(bad))).grant(&request(3, max));
+            let d =
+                Guarded::<FleetContract>::new(Box::new(Answer::new(bad))).grant(&request(3, max));
             let fallback = d.fallback.expect("fallback");
             assert!(fallback.message.contains(why), "{}", fallback.message);
             assert_eq!(d.grant.nodes, vec![0], "the default's canary");
@@ -223,11 +186,13 @@ mod tests {
         request.nodes[2].labels = vec![("zone".into(), "b".into())];
         let out_of_range = Answer::new(Grant::new(vec![99], "x"));
         let asked = out_of_range.asked.clone();
-        let d = GuardedFleet::new(Box::new(out_of_range)).grant(&request);
+        let d = Guarded::<FleetContract>::new(Box::new(out_of_range)).grant(&request);
         let asked = asked.lock().unwrap().take().expect("the module was asked");
         assert_eq!(asked, Rollout::from(&request));
         assert!(d.fallback.is_some());
-        let native = NativeFleet::reference().grant(&request).unwrap();
+        let native = Native::<FleetContract>::reference()
+            .grant(&request)
+            .unwrap();
         assert_eq!(d.grant, native);
         assert_eq!(
             d.grant.nodes,

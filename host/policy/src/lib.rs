@@ -1,13 +1,20 @@
-//! The host side of the policy contract (`wit/policy.wit`).
+//! The host side of the policy contracts: the node's (`wit/policy.wit`) and the fleet's
+//! (`wit/fleet/fleet.wit`).
 //!
-//! Every pull decision comes from a policy:
-//! - [`WasmPolicy`]: a sandboxed WebAssembly component implementing `wit/policy.wit`;
-//! - [`NativePolicy`]: a policy compiled into pinset (the reference policy is the default
-//!   policy's own source, so both have identical semantics);
-//! - [`Guarded`]: what the rest of pinset uses. It asks the primary policy, validates every
+//! Every decision comes from a policy, and everything but a contract's own hooks is written
+//! once, generic over the contract ([`Hooks`], over the Wasm side's [`Contract`]):
+//! - [`WasmInstance<C>`]: an instance of a sandboxed WebAssembly component ([`Module<C>`]);
+//! - [`Native<C>`]: a policy compiled into pinset (the references are the default policies' own
+//!   source, so both answer alike);
+//! - [`Guarded<C>`]: what the rest of pinset uses. It asks the primary policy, validates every
 //!   answer ([`validate`]), and on any failure (trap, deadline, memory cap, invalid decision)
-//!   answers with the native reference policy instead and records the fallback. It implements
-//!   the core's [`Decisions`](pinset_core::decisions::Decisions), which is all a reconcile sees.
+//!   answers with the native reference instead and records the fallback. `Guarded<Node>`
+//!   implements the core's [`Decisions`](pinset_core::decisions::Decisions), which is all a
+//!   reconcile sees; `Guarded<FleetContract>` answers the controller's grants;
+//! - [`smoke_test`]: the check a module passes before it decides for a node or a pool.
+//!
+//! Each contract's hooks are in its own file: `node.rs` ([`PolicyInstance`]) and `fleet.rs`
+//! ([`FleetInstance`]).
 //!
 //! May depend on: `pinset-core`, the SDK and the default policy's source (the native fallback),
 //! wasmtime (and wasmtime-wasi, which brings tokio along). Must not depend on the node's adapters
@@ -15,30 +22,33 @@
 //! core's `Observer`; a call is synchronous and bounded by its deadline.
 
 mod error;
-pub mod fleet;
+mod fleet;
 mod guard;
+mod hooks;
 mod native;
+mod node;
 mod smoke;
 pub mod synth;
 pub mod validate;
 mod wasm;
 
 pub use error::{LoadError, PolicyError};
-pub use fleet::{Decided, FleetInstance, GuardedFleet, NativeFleet};
+pub use fleet::{Decided, FleetInstance};
 pub use guard::Guarded;
-pub use native::NativePolicy;
+pub use hooks::Hooks;
+pub use native::Native;
+pub use node::PolicyInstance;
 pub use pinset_core::decisions::{Decisions, Fallback, Observer};
 pub use pinset_policy_sdk::{
     Admission, AdmissionRequest, DiskFacts, Image, Images, Level, NodeFacts, PolicyInfo, Pressure,
     PullOutcome, Verdict,
 };
-pub use smoke::{fleet_smoke_test, smoke_test};
+pub use smoke::smoke_test;
 pub use wasm::{
     COMPILE_INVALID_MODULE, COMPILE_SUBCOMMAND, CONTRACT, CONTRACTS, CompiledModule, Compiler,
     Contract, FLEET_CONTRACT, FleetContract, FleetModule, Limits, MAX_LOG_BYTES,
     MAX_LOG_LINE_BYTES, MAX_LOG_LINES, MAX_REASON_BYTES, Module, NO_WAITING, Node, PolicyModule,
-    Role, STDERR_CAPTURE_BYTES, WasmFleet, WasmInstance, WasmPolicy, WasmRuntime, bounded,
-    instance_strategy, precompile,
+    Role, STDERR_CAPTURE_BYTES, WasmInstance, WasmRuntime, bounded, instance_strategy, precompile,
 };
 
 pub use pinset_core::decisions::Hook;
@@ -53,24 +63,11 @@ pub trait Described: Send {
     fn info(&mut self) -> Result<PolicyInfo, PolicyError>;
 }
 
-/// One live instance of a node policy, answering the hooks of one reconcile. Calls may fail;
-/// callers other than tests and benchmarks use [`Guarded`], which never does.
-pub trait PolicyInstance: Described {
-    fn admit(&mut self, request: &AdmissionRequest) -> Result<Admission, PolicyError>;
-    fn order(&mut self, node: &NodeFacts, images: &Images) -> Result<Vec<u32>, PolicyError>;
-    fn concurrency(&mut self, node: &NodeFacts) -> Result<u32, PolicyError>;
-    /// The raw answer in milliseconds; [`Guarded::throttle`] validates and converts it.
-    fn throttle(
-        &mut self,
-        node: &NodeFacts,
-        outcome: &PullOutcome,
-        pressure: &Pressure,
-    ) -> Result<u64, PolicyError>;
-}
-
 /// Bounds every decision must respect.
 pub const MAX_CONCURRENCY: u32 = 64;
 pub const MAX_THROTTLE: Duration = Duration::from_secs(600);
+/// Pulls at once a fleet grant may allow on a node.
+pub const MAX_PULLS: u32 = MAX_CONCURRENCY;
 
 /// The default policy module, built from `policies/default` and embedded at build time.
 pub const EMBEDDED_DEFAULT: &[u8] =

@@ -1,59 +1,44 @@
-use super::{Described, PolicyError, PolicyInstance};
-use pinset_policy_default::DefaultPolicy;
-use pinset_policy_sdk::{
-    Admission, AdmissionRequest, Images, NodeFacts, Policy, PolicyInfo, Pressure, PullOutcome,
-};
+//! A policy compiled into pinset, for either contract: the reference policies (the default
+//! policies' own source, so the fallback and the embedded module answer alike) and the native
+//! policies of tests and benchmarks. Its calls cannot fail.
 
-/// A policy compiled into pinset. Its calls cannot fail.
-pub struct NativePolicy {
+use crate::{Described, Hooks, PolicyError};
+use pinset_policy_sdk::PolicyInfo;
+
+/// A policy of contract `C` compiled into pinset: `Native<Node>` implements
+/// [`crate::PolicyInstance`] over an SDK [`Policy`](pinset_policy_sdk::Policy),
+/// `Native<FleetContract>` implements [`crate::FleetInstance`] over an SDK
+/// [`Fleet`](pinset_policy_sdk::Fleet).
+pub struct Native<C: Hooks> {
     name: String,
-    policy: Box<dyn Policy + Send>,
+    policy: Box<C::Native>,
 }
 
-impl NativePolicy {
-    pub fn new(name: impl Into<String>, policy: impl Policy + Send + 'static) -> Self {
+impl<C: Hooks> Native<C> {
+    pub fn new(name: impl Into<String>, policy: Box<C::Native>) -> Self {
         Self {
             name: name.into(),
-            policy: Box::new(policy),
+            policy,
         }
     }
 
-    /// The reference policy: the default policy's source compiled natively. It is the fallback
-    /// for every failed Wasm decision.
+    /// The reference policy of the contract ([`Hooks::REFERENCE`]): the fallback of every
+    /// failed decision.
     pub fn reference() -> Self {
-        Self::new("builtin:default", DefaultPolicy)
+        Self::new(C::REFERENCE, C::reference())
     }
 
-    pub fn policy(&self) -> &dyn Policy {
+    /// The SDK policy it calls.
+    pub fn policy(&self) -> &C::Native {
         self.policy.as_ref()
     }
 }
 
-impl Described for NativePolicy {
+impl<C: Hooks> Described for Native<C> {
     fn name(&self) -> &str {
         &self.name
     }
     fn info(&mut self) -> Result<PolicyInfo, PolicyError> {
-        Ok(self.policy.info())
-    }
-}
-
-impl PolicyInstance for NativePolicy {
-    fn admit(&mut self, request: &AdmissionRequest) -> Result<Admission, PolicyError> {
-        Ok(self.policy.admit(request))
-    }
-    fn order(&mut self, node: &NodeFacts, images: &Images) -> Result<Vec<u32>, PolicyError> {
-        Ok(self.policy.order(node, images))
-    }
-    fn concurrency(&mut self, node: &NodeFacts) -> Result<u32, PolicyError> {
-        Ok(self.policy.concurrency(node))
-    }
-    fn throttle(
-        &mut self,
-        node: &NodeFacts,
-        outcome: &PullOutcome,
-        pressure: &Pressure,
-    ) -> Result<u64, PolicyError> {
-        Ok(self.policy.throttle(node, outcome, pressure))
+        Ok(C::native_info(&self.policy))
     }
 }

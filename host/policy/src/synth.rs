@@ -24,20 +24,20 @@ impl Rng {
 
 pub fn node(control_plane: bool) -> NodeFacts {
     let role = if control_plane { "master" } else { "worker" };
-    NodeFacts {
+    let labels = [
+        ("kubernetes.io/hostname".into(), format!("{role}-0")),
+        ("kubernetes.io/os".into(), "linux".into()),
+        (format!("node-role.kubernetes.io/{role}"), String::new()),
+        ("topology.kubernetes.io/zone".into(), "zone-a".into()),
+    ];
+    let node = pinset_core::desired::NodeInfo {
         name: format!("{role}-0.example.internal"),
-        labels: vec![
-            ("kubernetes.io/hostname".into(), format!("{role}-0")),
-            ("kubernetes.io/os".into(), "linux".into()),
-            (format!("node-role.kubernetes.io/{role}"), String::new()),
-            ("topology.kubernetes.io/zone".into(), "zone-a".into()),
-        ],
-        pools: vec![role.into()],
-        control_plane,
+        labels: labels.into_iter().collect(),
         ready: true,
         disk_pressure: false,
         allocatable_ephemeral_bytes: Some(100_000 * GIB),
-    }
+    };
+    node.facts(&[role.into()])
 }
 
 /// An admission request with `n` absent images.

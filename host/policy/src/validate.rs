@@ -76,12 +76,9 @@ pub fn grant(grant: &Grant, request: &RolloutRequest) -> Result<(), String> {
         }
     }
     if let Some(m) = grant.max_pulls
-        && !(1..=crate::fleet::MAX_PULLS).contains(&m)
+        && !(1..=crate::MAX_PULLS).contains(&m)
     {
-        return Err(format!(
-            "max-pulls {m} is outside 1..={}",
-            crate::fleet::MAX_PULLS
-        ));
+        return Err(format!("max-pulls {m} is outside 1..={}", crate::MAX_PULLS));
     }
     if grant.hold.is_some() && !grant.nodes.is_empty() {
         return Err(format!(

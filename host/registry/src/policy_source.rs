@@ -33,8 +33,11 @@ pub enum SourceError {
         path: PathBuf,
         source: std::io::Error,
     },
-    #[error("{reference}: signature required, but {why}")]
-    Unverifiable { reference: String, why: String },
+    /// Keys are configured, and a file carries no signature.
+    #[error("{}: a signature is required and a file carries none: reference a signed oci:// artifact", path.display())]
+    Unsigned { path: PathBuf },
+    #[error("policy module {}: {size} bytes, over the limit of {max} bytes (--policy-max-module-mib)", path.display())]
+    TooLarge { path: PathBuf, size: u64, max: u64 },
     #[error("policy cache {path}: {source}")]
     Cache {
         path: PathBuf,
@@ -53,7 +56,9 @@ impl SourceError {
             SourceError::Read { source, .. } if source.kind() == std::io::ErrorKind::NotFound => {
                 Refusal::NotFound
             }
-            SourceError::Read { .. } | SourceError::Unverifiable { .. } => Refusal::NotAPolicy,
+            SourceError::Read { .. }
+            | SourceError::Unsigned { .. }
+            | SourceError::TooLarge { .. } => Refusal::NotAPolicy,
             SourceError::Cache { .. } => Refusal::RegistryAway,
         }
     }
@@ -120,7 +125,7 @@ impl Fetcher {
         keys: &[VerifyingKey],
     ) -> Result<Fetched, SourceError> {
         match source {
-            Source::File(path) => read_file(path, keys),
+            Source::File(path) => read_file(path, keys, self.max_bytes),
             Source::Oci(reference) => {
                 let fetch = self.fetch_artifact(reference, keys);
                 match tokio::time::timeout(POLICY_FETCH, fetch).await {
@@ -231,17 +236,34 @@ impl Fetcher {
     }
 }
 
-fn read_file(path: &Path, keys: &[VerifyingKey]) -> Result<Fetched, SourceError> {
+/// A module file: refused when a signature is required (a file carries none), its size
+/// checked before a byte is read and its read bounded by `max_bytes` (a file may grow).
+fn read_file(path: &Path, keys: &[VerifyingKey], max_bytes: u64) -> Result<Fetched, SourceError> {
+    use std::io::Read as _;
     if !keys.is_empty() {
-        return Err(SourceError::Unverifiable {
-            reference: path.display().to_string(),
-            why: "a file carries no signature: reference a signed oci:// artifact".into(),
-        });
+        return Err(SourceError::Unsigned { path: path.into() });
     }
-    let bytes = std::fs::read(path).map_err(|source| SourceError::Read {
+    let read = |source| SourceError::Read {
         path: path.to_path_buf(),
         source,
-    })?;
+    };
+    let file = std::fs::File::open(path).map_err(read)?;
+    let too_large = |size| SourceError::TooLarge {
+        path: path.into(),
+        size,
+        max: max_bytes,
+    };
+    let size = file.metadata().map_err(read)?.len();
+    if size > max_bytes {
+        return Err(too_large(size));
+    }
+    let mut bytes = Vec::with_capacity(size as usize);
+    file.take(max_bytes + 1)
+        .read_to_end(&mut bytes)
+        .map_err(read)?;
+    if bytes.len() as u64 > max_bytes {
+        return Err(too_large(bytes.len() as u64));
+    }
     Ok(Fetched {
         name: path.display().to_string(),
         bytes,
@@ -258,7 +280,7 @@ pub fn fetch_blocking(
     keys: &[VerifyingKey],
 ) -> Result<Fetched, SourceError> {
     if let Source::File(path) = source {
-        return read_file(path, keys);
+        return read_file(path, keys, fetcher.max_bytes);
     }
     std::thread::scope(|scope| {
         scope
@@ -423,9 +445,25 @@ mod tests {
         .unwrap_err()
         .to_string();
         assert!(
-            e.contains("/x.wasm") && e.contains("signature required"),
+            e.contains("/x.wasm") && e.contains("a signature is required"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn a_file_over_the_limit_is_refused_before_it_is_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let fetcher = fetcher(dir.path());
+        let path = dir.path().join("big.wasm");
+        std::fs::write(&path, vec![0u8; fetcher.max_bytes as usize + 1]).unwrap();
+        let e = fetch_blocking(&fetcher, &Source::File(path.clone()), &[]).unwrap_err();
+        assert!(matches!(e, SourceError::TooLarge { size, max, .. }
+            if size == max + 1 && max == fetcher.max_bytes));
+        assert_eq!(e.refusal(), pinset_core::refusal::Refusal::NotAPolicy);
+        assert!(e.to_string().contains("--policy-max-module-mib"), "{e}");
+        std::fs::write(&path, vec![0u8; fetcher.max_bytes as usize]).unwrap();
+        let fetched = fetch_blocking(&fetcher, &Source::File(path), &[]).unwrap();
+        assert_eq!(fetched.bytes.len() as u64, fetcher.max_bytes);
     }
 
     #[test]

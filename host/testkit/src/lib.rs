@@ -628,7 +628,7 @@ pub fn default_policy() -> pinset_policy::PolicyModule {
 pub fn decisions(
     policy: &pinset_policy::PolicyModule,
 ) -> Box<dyn pinset_core::decisions::Decisions> {
-    Box::new(pinset_policy::Guarded::new(Box::new(policy.instance())))
+    Box::new(pinset_policy::Guarded::of(policy))
 }
 
 /// The decisions of one reconcile with the embedded default policy (compiled once).

@@ -15,16 +15,19 @@ pub fn log(level: types::Level, message: &str) {
     host::log(level, message);
 }
 
+/// A record of the contract moved into the SDK's struct of the same name, from the record's one
+/// list ([`crate::node_facts_fields!`] and its siblings). The pattern names every field without
+/// `..`: a field the WIT has and the list lacks, or the reverse, or a type that differs, fails to
+/// compile here.
+macro_rules! move_record {
+    ([$from:expr, $ty:ident] $($(#[$m:meta])* $name:ident: $owned:ty => $borrowed:ty, $wit:literal;)*) => {{
+        let wit::$ty { $($name),* } = $from;
+        types::$ty { $($name),* }
+    }};
+}
+
 fn node(n: wit::NodeFacts) -> types::NodeFacts {
-    types::NodeFacts {
-        name: n.name,
-        labels: n.labels,
-        pools: n.pools,
-        control_plane: n.control_plane,
-        ready: n.ready,
-        disk_pressure: n.disk_pressure,
-        allocatable_ephemeral_bytes: n.allocatable_ephemeral_bytes,
-    }
+    crate::node_facts_fields!(move_record, n, NodeFacts)
 }
 
 /// The contract's columns moved into an [`types::Images`] (from [`crate::image_columns!`]).
@@ -51,13 +54,10 @@ pub fn info<P: Policy + Default>() -> wit::PolicyInfo {
 }
 
 pub fn admit<P: Policy + Default>(r: wit::AdmissionRequest) -> wit::Admission {
+    let disk = r.disk;
     let request = types::AdmissionRequest {
         node: node(r.node),
-        disk: types::DiskFacts {
-            capacity_bytes: r.disk.capacity_bytes,
-            used_bytes: r.disk.used_bytes,
-            available_bytes: r.disk.available_bytes,
-        },
+        disk: crate::disk_facts_fields!(move_record, disk, DiskFacts),
         images: table(r.images),
     };
     let a = P::default().admit(&request);
@@ -85,17 +85,7 @@ pub fn throttle<P: Policy + Default>(
     o: wit::PullOutcome,
     p: wit::Pressure,
 ) -> u64 {
-    let outcome = types::PullOutcome {
-        reference: o.reference,
-        error: o.error,
-        bytes: o.bytes,
-        duration_ms: o.duration_ms,
-        remaining: o.remaining,
-    };
-    let pressure = types::Pressure {
-        io: p.io,
-        cpu: p.cpu,
-        memory: p.memory,
-    };
+    let outcome = crate::pull_outcome_fields!(move_record, o, PullOutcome);
+    let pressure = crate::pressure_fields!(move_record, p, Pressure);
     P::default().throttle(&node(n), &outcome, &pressure)
 }

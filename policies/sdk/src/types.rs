@@ -2,27 +2,106 @@
 
 use crate::prelude::*;
 
-/// Facts about the node the reconcile runs on.
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct NodeFacts {
-    pub name: String,
-    /// (key, value) pairs sorted by key.
-    pub labels: Vec<(String, String)>,
-    /// Pools of the node, primary first.
-    pub pools: Vec<String>,
-    pub control_plane: bool,
-    pub ready: bool,
-    pub disk_pressure: bool,
-    pub allocatable_ephemeral_bytes: Option<u64>,
+/// The fields of the node contract's records that the host lowers into a policy (`record
+/// node-facts`, `disk-facts`, `pressure` and `pull-outcome` in `wit/policy.wit`), each record
+/// listed once in the contract's order as `rust_name: OwnedType => BorrowedType, "wit-name";`
+/// (as [`image_columns!`] lists the images' columns). Generated from each list: the SDK's struct
+/// ([`NodeFacts`], [`DiskFacts`], [`Pressure`], [`PullOutcome`]), the guest glue that moves the
+/// contract's record into it, and the host's lowering of it into a policy's memory; both sides
+/// check at compile time that their bindings of the WIT have exactly these fields, of these
+/// types. Adding a node fact is a change to the WIT, to this list, and to the one place on the
+/// host that fills it (`host/node/src/facts.rs`): see docs/ARCHITECTURE.md, "A contract field in
+/// one place". `$callback` is a macro of the caller's, given `[ARGS] name: Owned => Borrowed,
+/// "wit-name"; …`.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! node_facts_fields {
+    ($callback:ident $(, $arg:tt)*) => {
+        $callback! { [$($arg),*]
+            name: String => str, "name";
+            /// (key, value) pairs sorted by key.
+            labels: Vec<(String, String)> => [(String, String)], "labels";
+            /// Pools of the node, primary first.
+            pools: Vec<String> => [String], "pools";
+            control_plane: bool => bool, "control-plane";
+            ready: bool => bool, "ready";
+            disk_pressure: bool => bool, "disk-pressure";
+            allocatable_ephemeral_bytes: Option<u64> => Option<u64>, "allocatable-ephemeral-bytes";
+        }
+    };
 }
 
-/// The filesystem holding the runtime's images.
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct DiskFacts {
-    pub capacity_bytes: Option<u64>,
-    pub used_bytes: Option<u64>,
-    pub available_bytes: Option<u64>,
+/// `record disk-facts`, listed once (see [`node_facts_fields!`]).
+#[doc(hidden)]
+#[macro_export]
+macro_rules! disk_facts_fields {
+    ($callback:ident $(, $arg:tt)*) => {
+        $callback! { [$($arg),*]
+            capacity_bytes: Option<u64> => Option<u64>, "capacity-bytes";
+            used_bytes: Option<u64> => Option<u64>, "used-bytes";
+            available_bytes: Option<u64> => Option<u64>, "available-bytes";
+        }
+    };
 }
+
+/// `record pressure`, listed once (see [`node_facts_fields!`]).
+#[doc(hidden)]
+#[macro_export]
+macro_rules! pressure_fields {
+    ($callback:ident $(, $arg:tt)*) => {
+        $callback! { [$($arg),*]
+            io: Option<f32> => Option<f32>, "io";
+            cpu: Option<f32> => Option<f32>, "cpu";
+            memory: Option<f32> => Option<f32>, "memory";
+        }
+    };
+}
+
+/// `record pull-outcome`, listed once (see [`node_facts_fields!`]).
+#[doc(hidden)]
+#[macro_export]
+macro_rules! pull_outcome_fields {
+    ($callback:ident $(, $arg:tt)*) => {
+        $callback! { [$($arg),*]
+            reference: String => str, "reference";
+            /// None on success.
+            error: Option<String> => Option<String>, "error";
+            bytes: Option<u64> => Option<u64>, "bytes";
+            duration_ms: u64 => u64, "duration-ms";
+            remaining: u32 => u32, "remaining";
+        }
+    };
+}
+
+/// A record's SDK struct, from its list.
+macro_rules! record_struct {
+    ([$ty:ident, $doc:literal $(, $derive:ident)*]
+     $($(#[$m:meta])* $name:ident: $owned:ty => $borrowed:ty, $wit:literal;)*) => {
+        #[doc = $doc]
+        #[derive(Clone, Debug, Default, PartialEq $(, $derive)*)]
+        pub struct $ty {
+            $($(#[$m])* pub $name: $owned,)*
+        }
+    };
+}
+
+crate::node_facts_fields!(
+    record_struct,
+    NodeFacts,
+    "Facts about the node the reconcile runs on."
+);
+crate::disk_facts_fields!(
+    record_struct,
+    DiskFacts,
+    "The filesystem holding the runtime's images."
+);
+crate::pressure_fields!(
+    record_struct,
+    Pressure,
+    "Pressure stall information, `some avg10` in percent.",
+    Copy
+);
+crate::pull_outcome_fields!(record_struct, PullOutcome, "The pull that just finished.");
 
 /// Entries `from .. to` of a compressed-sparse-row column for row `i`, clamped to `len`: a
 /// malformed column yields empty or shortened rows, never a panic.
@@ -301,25 +380,6 @@ impl Admission {
             reason: reason.into(),
         }
     }
-}
-
-/// Pressure stall information, `some avg10` in percent.
-#[derive(Clone, Copy, Debug, Default, PartialEq)]
-pub struct Pressure {
-    pub io: Option<f32>,
-    pub cpu: Option<f32>,
-    pub memory: Option<f32>,
-}
-
-/// The pull that just finished.
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct PullOutcome {
-    pub reference: String,
-    /// None on success.
-    pub error: Option<String>,
-    pub bytes: Option<u64>,
-    pub duration_ms: u64,
-    pub remaining: u32,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq)]

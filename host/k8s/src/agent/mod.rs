@@ -114,6 +114,9 @@ pub struct Agent<S, B> {
     pub reconciler: Reconciler<S, B>,
     /// Fetches, verifies and compiles policy modules (shared with blocking tasks).
     pub loader: Arc<Loader>,
+    /// The module a node decides with when the configuration names none: the embedded default
+    /// (or `--policy`).
+    pub default_policy: pinset_policy::PolicyModule,
     pub policy_settings: PolicySettings,
     pub metrics: Metrics,
     pub ready: Arc<AtomicBool>,
@@ -328,7 +331,7 @@ impl<S: Sizer + 'static, B: PinBackend> Agent<S, B> {
         ran: Option<(String, String)>,
     ) -> NodePolicy {
         let Some((reference, since)) = ran else {
-            return NodePolicy::new(self.loader.default_loaded());
+            return NodePolicy::new(policies::Loaded::default_of(&self.default_policy));
         };
         let (loader, config, at) = (self.loader.clone(), config.clone(), reference.clone());
         let restored = tokio::task::spawn_blocking(move || {
@@ -347,7 +350,8 @@ impl<S: Sizer + 'static, B: PinBackend> Agent<S, B> {
                 policy
             }
             Err((kind, cause)) => {
-                let mut policy = NodePolicy::new(self.loader.default_loaded());
+                let mut policy =
+                    NodePolicy::new(policies::Loaded::default_of(&self.default_policy));
                 let key = policies::CheckKey {
                     module: Some(reference),
                     keys: String::new(),
@@ -529,9 +533,7 @@ impl<S: Sizer + 'static, B: PinBackend> Agent<S, B> {
     /// The decisions of one reconcile: a fresh instance of the running module, guarded,
     /// reporting to the agent's metrics.
     fn decisions(&self, module: &pinset_policy::PolicyModule) -> Box<dyn Decisions> {
-        Box::new(
-            Guarded::new(Box::new(module.instance())).with_observer(Arc::new(self.metrics.clone())),
-        )
+        Box::new(Guarded::of(module).with_observer(Arc::new(self.metrics.clone())))
     }
 
     /// Resolves when the desired state differs from `desired` (a pool, a set, the node file).

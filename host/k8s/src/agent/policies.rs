@@ -10,54 +10,13 @@
 //! one; the node says which and why on its status, and keeps the module it ran last.
 
 use crate::policy_config::{ModuleRef, PolicyConfig};
+pub use crate::policy_loader::{Loader, Refusing};
 use pinset_core::refusal::Refusal;
 use pinset_core::rollout::{RolloutGrant, policy_set};
 use pinset_core::status::{NodeStatus, RejectedPolicy, RunningPolicy};
-use pinset_policy::{Limits, LoadError, PolicyModule, WasmRuntime};
+use pinset_policy::{Node, PolicyModule};
 use pinset_policy_sdk::{AdmissionRequest, Pressure};
-use pinset_registry::policy_source::Fetcher;
 use pinset_registry::signature::VerifyingKey;
-
-/// Fetches, verifies and compiles node policy modules; holds the embedded default.
-pub struct Loader {
-    pub runtime: WasmRuntime,
-    pub default: PolicyModule,
-    pub limits: Limits,
-    pub fetcher: Fetcher,
-    /// The most the node's policy cache keeps besides the modules in use (`--policy-cache-max-mib`).
-    pub cache_max_bytes: u64,
-}
-
-impl Loader {
-    /// Keep the node's policy cache within its bound, the digests in `keep` whatever their size
-    /// (see [`pinset_registry::policy_source::prune`]). Blocking (a directory listing).
-    pub fn prune(&self, keep: &[String]) {
-        let Some(dir) = &self.fetcher.cache else {
-            return;
-        };
-        let keep: Vec<&str> = keep.iter().map(String::as_str).collect();
-        match pinset_registry::policy_source::prune(dir, &keep, self.cache_max_bytes) {
-            Ok(p) if p.removed > 0 => {
-                tracing::info!(cache = %dir.display(), removed = p.removed, kept_bytes = p.kept_bytes, "policy cache pruned")
-            }
-            Ok(_) => {}
-            Err(e) => {
-                tracing::warn!(cache = %dir.display(), error = %e, "cannot prune the policy cache")
-            }
-        }
-    }
-
-    /// One module: fetched (file or artifact, signature checked against `keys`), compiled and
-    /// bound. Blocking: the agent calls it off the async runtime.
-    pub fn load(&self, m: &ModuleRef, keys: &[VerifyingKey]) -> Result<PolicyModule, LoadError> {
-        crate::policy_config::load_module(&self.runtime, self.limits, &self.fetcher, m, keys)
-    }
-
-    /// The embedded default, as a node status reports it.
-    pub fn default_loaded(&self) -> Loaded {
-        Loaded::new(self.default.clone(), None, &now())
-    }
-}
 
 /// A module a node can decide with, and what its status says of it.
 #[derive(Clone)]
@@ -69,6 +28,11 @@ pub struct Loaded {
 }
 
 impl Loaded {
+    /// The embedded default, as a node status reports it.
+    pub fn default_of(module: &PolicyModule) -> Self {
+        Self::new(module.clone(), None, &now())
+    }
+
     fn new(module: PolicyModule, reference: Option<String>, since: &str) -> Self {
         use pinset_policy::Described as _;
         let (name, version) = match module.instance().info() {
@@ -380,9 +344,6 @@ impl NodePolicy {
     }
 }
 
-/// Why a candidate was not taken: the kind, and the words.
-pub type Refusing = (Refusal, String);
-
 /// Fetch `wanted`'s module (a file, or an artifact through the registry and the node's cache,
 /// its signature checked), within [`pinset_registry::limits::POLICY_FETCH`]. The step that
 /// touches the network: the agent runs it in the background.
@@ -390,23 +351,11 @@ pub async fn fetch(
     loader: &Loader,
     wanted: &WantedPolicy,
 ) -> Result<Option<pinset_registry::policy_source::Fetched>, Refusing> {
-    use pinset_registry::policy_source::Source;
     let Some(m) = &wanted.module else {
         return Ok(None);
     };
     let keys = keys_of(wanted)?;
-    let source = Source::parse(&m.module).map_err(|e| (e.refusal(), e.to_string()))?;
-    if let (Source::File(_), false) = (&source, keys.is_empty()) {
-        let why =
-            "a signature is required and a file carries none: reference a signed oci:// artifact";
-        return Err((Refusal::NotAPolicy, format!("{}: {why}", m.module)));
-    }
-    loader
-        .fetcher
-        .fetch(&source, &keys)
-        .await
-        .map(Some)
-        .map_err(|e| (e.refusal(), e.to_string()))
+    loader.fetch(m, &keys).await.map(Some)
 }
 
 fn keys_of(wanted: &WantedPolicy) -> Result<Vec<VerifyingKey>, Refusing> {
@@ -422,35 +371,20 @@ fn keys_of(wanted: &WantedPolicy) -> Result<Vec<VerifyingKey>, Refusing> {
 }
 
 /// Compile `fetched` (the module `wanted` names) and smoke-test it on a node whose facts are
-/// `request`. Blocking.
+/// `request`; `default` when `wanted` names none. Blocking.
 pub fn prove(
     loader: &Loader,
+    default: &PolicyModule,
     wanted: &WantedPolicy,
     fetched: Option<pinset_registry::policy_source::Fetched>,
     request: &AdmissionRequest,
     pressure: &Pressure,
 ) -> Result<Loaded, Refusing> {
     let (Some(m), Some(fetched)) = (&wanted.module, fetched) else {
-        return Ok(loader.default_loaded());
+        return Ok(Loaded::default_of(default));
     };
-    let module = loader
-        .runtime
-        .load_as(
-            &fetched.name,
-            &fetched.bytes,
-            m.sha256.as_deref(),
-            loader.limits,
-        )
-        .map_err(|e| (Refusal::NotAPolicy, e.to_string()))?;
-    pinset_policy::smoke_test(&module, request, pressure).map_err(|f| {
-        // The status names the module once, beside this cause: the error's own prefix goes.
-        let own = format!("policy {}: ", fetched.name);
-        let cause = f.message.strip_prefix(&own).unwrap_or(&f.message);
-        (
-            Refusal::SmokeTestFailed,
-            format!("smoke test on the node's facts: {cause}"),
-        )
-    })?;
+    let on = "the node's facts";
+    let module = loader.prove::<Node>(m, &fetched, (request, pressure), on)?;
     Ok(Loaded::new(module, Some(m.reference()), &now()))
 }
 
@@ -476,45 +410,23 @@ pub fn restore(
         None => config.keys("", &m),
     }
     .map_err(|e| (Refusal::SignatureRefused, e.to_string()))?;
-    let module = loader
-        .load(&m, &keys)
-        .map_err(|e| (load_refusal(&e), e.to_string()))?;
+    let module = loader.load::<Node>(&m, &keys)?;
     Ok((
         Loaded::new(module, Some(reference.to_string()), since),
         fingerprint(&pems),
     ))
 }
 
-/// The kind of a load error: a fetch's own kind (its words say it), else not a policy.
-fn load_refusal(e: &LoadError) -> Refusal {
-    match e {
-        LoadError::Fetch { cause, .. } if cause.contains("the registry is away") => {
-            Refusal::RegistryAway
-        }
-        LoadError::Fetch { cause, .. } if cause.contains("no cosign signature") => {
-            Refusal::Unsigned
-        }
-        _ => Refusal::NotAPolicy,
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    use pinset_policy::{Limits, WasmRuntime};
+    use pinset_registry::policy_source::Fetcher;
+
     fn loader() -> Loader {
-        let runtime = WasmRuntime::new().unwrap();
-        let default = runtime
-            .load(
-                "d",
-                pinset_policy::EMBEDDED_DEFAULT,
-                None,
-                Limits::default(),
-            )
-            .unwrap();
         Loader {
-            runtime,
-            default,
+            runtime: WasmRuntime::new().unwrap(),
             limits: Limits::default(),
             fetcher: Fetcher {
                 artifacts: pinset_registry::artifact::Artifacts::new(vec![], Default::default()),
@@ -523,6 +435,20 @@ mod tests {
             },
             cache_max_bytes: 1 << 20,
         }
+    }
+
+    /// The embedded default, compiled once for the module's tests.
+    fn default() -> PolicyModule {
+        static DEFAULT: std::sync::OnceLock<PolicyModule> = std::sync::OnceLock::new();
+        DEFAULT
+            .get_or_init(|| {
+                let runtime = WasmRuntime::new().unwrap();
+                let embedded = pinset_policy::EMBEDDED_DEFAULT;
+                runtime
+                    .load("d", embedded, None, Limits::default())
+                    .unwrap()
+            })
+            .clone()
     }
 
     fn config(yaml: &str) -> PolicyConfig {
@@ -559,7 +485,7 @@ mod tests {
     #[tokio::test]
     async fn a_refused_candidate_leaves_the_running_module_and_says_why_while_it_is_configured() {
         let loader = loader();
-        let mut node = NodePolicy::new(loader.default_loaded());
+        let mut node = NodePolicy::new(Loaded::default_of(&default()));
         let c = config("pools:\n  infra: {module: /nonexistent/p.wasm}\n");
         let wanted = WantedPolicy::of(&c, &["infra".to_string()], None);
         assert!(node.should_try(&wanted));
@@ -593,8 +519,7 @@ mod tests {
 
     #[test]
     fn a_registry_away_is_waited_for_not_refused() {
-        let loader = loader();
-        let mut node = NodePolicy::new(loader.default_loaded());
+        let mut node = NodePolicy::new(Loaded::default_of(&default()));
         let oci = format!("oci://r.io/p@sha256:{}", "a".repeat(64));
         let c = config(&format!("pools:\n  infra: {{module: {oci:?}}}\n"));
         let wanted = WantedPolicy::of(&c, &["infra".to_string()], None);
@@ -617,8 +542,7 @@ mod tests {
 
     #[test]
     fn an_unreadable_configuration_keeps_the_running_module_and_says_why() {
-        let loader = loader();
-        let mut node = NodePolicy::new(loader.default_loaded());
+        let mut node = NodePolicy::new(Loaded::default_of(&default()));
         node.set_config_error(Some(
             "policy configuration PolicyConfiguration cluster: pool infra: key 1: not a PEM".into(),
         ));
@@ -657,9 +581,8 @@ mod tests {
 
     #[test]
     fn probation_ends_with_a_successful_reconcile_and_a_fallback_there_reverts_for_good() {
-        let loader = loader();
-        let mut node = NodePolicy::new(loader.default_loaded());
-        let v2 = Loaded::new(loader.default.clone(), Some("/p/v2.wasm".into()), "t");
+        let mut node = NodePolicy::new(Loaded::default_of(&default()));
+        let v2 = Loaded::new(default(), Some("/p/v2.wasm".into()), "t");
         assert_eq!(
             node.accept(v2.clone(), &key("/p/v2.wasm")),
             SwapResult::Swapped
@@ -704,13 +627,8 @@ mod tests {
 
     #[test]
     fn a_module_no_longer_trusted_is_retired_for_the_default() {
-        let loader = loader();
-        let mut node = NodePolicy::new(loader.default_loaded());
-        let v2 = Loaded::new(
-            loader.default.clone(),
-            Some("oci://r/p@sha256:2".into()),
-            "t",
-        );
+        let mut node = NodePolicy::new(Loaded::default_of(&default()));
+        let v2 = Loaded::new(default(), Some("oci://r/p@sha256:2".into()), "t");
         node.accept(
             v2,
             &CheckKey {
@@ -723,7 +641,7 @@ mod tests {
             keys: "new".into(),
         };
         node.retire(
-            loader.default_loaded(),
+            Loaded::default_of(&default()),
             &now,
             Refusal::SignatureRefused,
             "signed by another key".into(),

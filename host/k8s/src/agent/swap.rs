@@ -128,7 +128,7 @@ impl<S: Sizer + 'static, B: PinBackend> Agent<S, B> {
                 return;
             }
         };
-        let loader = self.loader.clone();
+        let (loader, default) = (self.loader.clone(), self.default_policy.clone());
         let pressure = pinset_node::os::pressure();
         rounds.checks.start(key, async move {
             let fetched = match policies::fetch(&loader, &wanted).await {
@@ -136,7 +136,7 @@ impl<S: Sizer + 'static, B: PinBackend> Agent<S, B> {
                 Err(refused) => return Outcome::Candidate(Err(refused)),
             };
             let proved = tokio::task::spawn_blocking(move || {
-                policies::prove(&loader, &wanted, fetched, &request, &pressure)
+                policies::prove(&loader, &default, &wanted, fetched, &request, &pressure)
             })
             .await;
             Outcome::Candidate(proved.unwrap_or_else(|e| {
@@ -174,7 +174,7 @@ impl<S: Sizer + 'static, B: PinBackend> Agent<S, B> {
             }
             Outcome::Recheck(Err((kind, cause))) => {
                 rounds.checks.refused(key, kind);
-                let default = self.loader.default_loaded();
+                let default = policies::Loaded::default_of(&self.default_policy);
                 rounds.policy.retire(default, key, kind, cause);
                 Some(SwapResult::Rejected)
             }
@@ -201,7 +201,7 @@ impl<S: Sizer + 'static, B: PinBackend> Agent<S, B> {
         let present = facts::Snapshot::of(&listed?).presence(desired);
         Ok(facts::request(
             desired,
-            facts::node_facts(node, &desired.pools),
+            node.facts(&desired.pools),
             disk?,
             &present,
             &vec![None; desired.images.len()],

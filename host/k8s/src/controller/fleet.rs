@@ -13,11 +13,11 @@
 use super::rollout::FleetTable;
 use crate::api::MachineConfigPool;
 use crate::policy_config::{ModuleRef, PolicyConfig, fingerprint};
+use crate::policy_loader::{Loader, Refusing};
 use kube::runtime::reflector::ObjectRef;
 use pinset_core::refusal::Refusal;
-use pinset_policy::{FleetModule, Limits, WasmRuntime};
+use pinset_policy::{FleetContract, FleetModule};
 use pinset_policy_sdk::RolloutRequest;
-use pinset_registry::policy_source::{Fetcher, Source};
 use pinset_registry::signature::VerifyingKey;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -26,13 +26,6 @@ use tokio::sync::mpsc::UnboundedSender;
 
 /// Modules remembered (per module and key set); the table starts over when full.
 const NAMED: usize = 64;
-
-/// What fetches and compiles the modules the configuration names.
-pub struct FleetLoader {
-    pub runtime: WasmRuntime,
-    pub limits: Limits,
-    pub fetcher: Fetcher,
-}
 
 /// One module under one key set.
 type Key = (String, String);
@@ -48,7 +41,7 @@ enum Checked {
 /// The modules of the flags, and those the configuration named (loaded, or why refused).
 pub struct FleetPolicies {
     flags: FleetTable,
-    loader: Option<Arc<FleetLoader>>,
+    loader: Option<Arc<Loader>>,
     named: Arc<Mutex<HashMap<Key, Checked>>>,
     triggers: Mutex<Option<UnboundedSender<ObjectRef<MachineConfigPool>>>>,
 }
@@ -61,7 +54,7 @@ pub(super) struct Chosen {
 
 impl FleetPolicies {
     /// `loader: None`: the configuration cannot name fleet modules (said when it does).
-    pub fn new(flags: FleetTable, loader: Option<FleetLoader>) -> Self {
+    pub fn new(flags: FleetTable, loader: Option<Loader>) -> Self {
         Self {
             flags,
             loader: loader.map(Arc::new),
@@ -183,44 +176,20 @@ impl FleetPolicies {
 
 /// Fetch (and verify) `m`, then compile and smoke-test it on a blocking thread.
 async fn check(
-    loader: Option<Arc<FleetLoader>>,
+    loader: Option<Arc<Loader>>,
     m: &ModuleRef,
     keys: &[VerifyingKey],
     request: RolloutRequest,
-) -> Result<FleetModule, (Refusal, String)> {
+) -> Result<FleetModule, Refusing> {
     let Some(loader) = loader else {
         let why = "this controller cannot fetch fleet modules";
         return Err((Refusal::NotAPolicy, why.into()));
     };
-    let source = Source::parse(&m.module).map_err(|e| (e.refusal(), e.to_string()))?;
-    if let (Source::File(_), false) = (&source, keys.is_empty()) {
-        let why =
-            "a signature is required and a file carries none: reference a signed oci:// artifact";
-        return Err((Refusal::NotAPolicy, why.into()));
-    }
-    let fetched = loader
-        .fetcher
-        .fetch(&source, keys)
-        .await
-        .map_err(|e| (e.refusal(), e.to_string()))?;
-    let pin = m.sha256.clone();
+    let fetched = loader.fetch(m, keys).await?;
+    let m = m.clone();
     tokio::task::spawn_blocking(move || {
-        let module = loader
-            .runtime
-            .load_as::<pinset_policy::FleetContract>(
-                &fetched.name,
-                &fetched.bytes,
-                pin.as_deref(),
-                loader.limits,
-            )
-            .map_err(|e| (Refusal::NotAPolicy, e.to_string()))?;
-        pinset_policy::fleet_smoke_test(&module, &request).map_err(|f| {
-            (
-                Refusal::SmokeTestFailed,
-                format!("smoke test on the pool's rollout: {f}"),
-            )
-        })?;
-        Ok(module)
+        let on = "the pool's rollout";
+        loader.prove::<FleetContract>(&m, &fetched, &request, on)
     })
     .await
     .unwrap_or_else(|e| Err((Refusal::NotAPolicy, format!("checking task failed: {e}"))))

@@ -20,7 +20,7 @@ mod set;
 mod status_lane;
 mod watch;
 
-pub use fleet::{FleetLoader, FleetPolicies};
+pub use fleet::FleetPolicies;
 pub use node_policy::SignatureGate;
 pub use rollout::FleetTable;
 

@@ -108,9 +108,9 @@ impl SignatureGate {
         };
         let at = match Source::parse(&m.module) {
             Err(e) => return Gate::Refused(e.refusal(), e.to_string()),
-            Ok(Source::File(_)) => {
-                let why = "a signature is required and a file carries none: reference a signed oci:// artifact";
-                return Gate::Refused(Refusal::NotAPolicy, why.into());
+            Ok(Source::File(path)) => {
+                let e = pinset_registry::policy_source::SourceError::Unsigned { path };
+                return Gate::Refused(e.refusal(), e.to_string());
             }
             Ok(Source::Oci(at)) => at,
         };

@@ -16,7 +16,7 @@ use kube::runtime::events::Event;
 use kube::runtime::reflector::ObjectRef;
 use pinset_core::pool::NodeReport;
 use pinset_core::rollout::{self, Counts, RolloutGrant};
-use pinset_policy::{Decided, FleetModule, GuardedFleet};
+use pinset_policy::{Decided, FleetContract, FleetModule, Guarded, Native};
 use pinset_policy_sdk::{Phase, RolloutRequest};
 use serde_json::json;
 use std::collections::{BTreeMap, HashMap};
@@ -223,15 +223,13 @@ async fn decide(ctx: &Context, pool: &str, request: &RolloutRequest) -> (Decided
     let metrics: Arc<dyn pinset_policy::Observer> = Arc::new(ctx.metrics.clone());
     let owned = request.clone();
     let mut decided = tokio::task::spawn_blocking(move || {
-        GuardedFleet::new(Box::new(module.instance()))
-            .with_observer(metrics)
-            .grant(&owned)
+        Guarded::of(&module).with_observer(metrics).grant(&owned)
     })
     .await
     .unwrap_or_else(|e| {
         // A panic in the host's own code: answer as the default policy would.
         tracing::error!(pool, error = %e, "fleet decision task failed");
-        GuardedFleet::new(Box::new(pinset_policy::NativeFleet::reference())).grant(request)
+        Guarded::<FleetContract>::new(Box::new(Native::reference())).grant(request)
     });
     if let Some(refused) = chosen.refused {
         // The configuration's module was refused: the pool's PolicyFallback condition says so.

@@ -9,7 +9,7 @@ use pinset_cri_sim::{SimConfig, SimServer, SimStats, SimulatedRuntime};
 use pinset_node::Reconciler;
 use pinset_node::cri::client::{CriClient, CriConfig};
 use pinset_node::pin::crio::CrioPins;
-use pinset_policy::{Guarded, PolicyModule};
+use pinset_policy::Guarded;
 use pinset_policy_bench::Stats;
 use pinset_registry::size::TableSizer;
 use std::path::Path;
@@ -71,7 +71,7 @@ async fn noop(
     );
     let mut status = NodeStatus::default();
     let reconcile = async |status: &mut NodeStatus| {
-        let decisions = Box::new(Guarded::new(Box::new(PolicyModule::instance(&module))));
+        let decisions = Box::new(Guarded::of(&module));
         reconciler
             .reconcile(
                 &desired,

@@ -142,7 +142,7 @@ async fn run_node(
         &reconciler,
         &desired,
         node,
-        Box::new(Guarded::new(Box::new(module.instance()))),
+        Box::new(Guarded::of(module)),
         &mut status,
         CancellationToken::new(),
         Some(timeline),

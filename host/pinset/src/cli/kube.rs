@@ -164,26 +164,13 @@ fn fleet_table(
     fetch: &super::FetchOpts,
     runtime: &pinset_policy::WasmRuntime,
 ) -> Result<controller::FleetTable> {
-    let limits = pinset_policy::Limits::default();
+    let loader = fetch.loader(runtime, pinset_policy::Limits::default())?;
+    let keys = fetch.keys()?;
     let load = |arg: &str| -> Result<pinset_policy::FleetModule> {
-        if arg.starts_with(pinset_registry::artifact::SCHEME) {
-            let fetched = fetch.fetch(arg, limits.max_module_bytes as u64)?;
-            return Ok(runtime.load_as::<pinset_policy::FleetContract>(
-                &fetched.name,
-                &fetched.bytes,
-                None,
-                limits,
-            )?);
-        }
-        let (file, sha256) = match arg.rsplit_once("@sha256:") {
-            Some((f, h)) => (f, Some(h)),
-            None => (arg, None),
-        };
-        Ok(runtime.load_file_as::<pinset_policy::FleetContract>(
-            std::path::Path::new(file),
-            sha256,
-            limits,
-        )?)
+        let m = pinset_k8s::policy_config::ModuleRef::from_reference(arg)
+            .ok_or_else(|| anyhow::anyhow!("no module named"))?;
+        (loader.load::<pinset_policy::FleetContract>(&m, &keys))
+            .map_err(|(_, why)| anyhow::anyhow!(why))
     };
     let mut default = None;
     let mut by_pool = std::collections::BTreeMap::new();
@@ -213,12 +200,7 @@ pub async fn controller(opts: &ClusterOpts, controller_opts: &ControllerOpts) ->
     let fetch = &controller_opts.fetch;
     let runtime = fetch.runtime(super::child_compiler()?)?;
     let flags = fleet_table(&controller_opts.fleet_policy, fetch, &runtime)?;
-    let limits = pinset_policy::Limits::default();
-    let loader = controller::FleetLoader {
-        fetcher: fetch.fetcher(limits.max_module_bytes as u64)?,
-        runtime,
-        limits,
-    };
+    let loader = fetch.loader(&runtime, pinset_policy::Limits::default())?;
     let gate = controller::SignatureGate::new(Some(loader.fetcher.artifacts.clone()));
     let fleet = controller::FleetPolicies::new(flags, Some(loader));
     pinset_node::os::release_free_memory();
@@ -258,7 +240,6 @@ pub async fn agent(
     };
     let loader = Arc::new(agent::Loader {
         runtime: wasm,
-        default,
         limits: policy.limits(),
         fetcher: policy.fetch.fetcher(policy.max_module_bytes())?,
         cache_max_bytes: policy.fetch.policy_cache_max_mib << 20,
@@ -286,6 +267,7 @@ pub async fn agent(
         config: cfg,
         reconciler,
         loader,
+        default_policy: default,
         policy_settings,
         metrics,
         ready,

@@ -19,6 +19,8 @@ pub mod sources;
 pub mod terminal;
 
 use anyhow::Context;
+use pinset_k8s::policy_config::ModuleRef;
+use pinset_k8s::policy_loader::Loader;
 use pinset_policy::{CompiledModule, Compiler, Limits, PolicyModule, WasmRuntime};
 use std::path::PathBuf;
 use std::time::Duration;
@@ -93,26 +95,20 @@ impl FetchOpts {
         })
     }
 
-    /// The bytes of `source` (a file or `oci://`), its signature checked when keys are given.
-    pub fn fetch(
-        &self,
-        source: &str,
-        max_bytes: u64,
-    ) -> anyhow::Result<pinset_registry::policy_source::Fetched> {
-        use pinset_registry::policy_source::{Source, fetch_blocking};
-        let parsed = Source::parse(source).with_context(|| format!("policy module {source}"))?;
-        if let Source::File(path) = &parsed {
-            let size = std::fs::metadata(path)
-                .with_context(|| format!("reading {}", path.display()))?
-                .len();
-            anyhow::ensure!(
-                size <= max_bytes,
-                "policy module {}: {size} bytes, over the limit of {max_bytes} bytes (--policy-max-module-mib)",
-                path.display(),
-            );
-        }
-        let keys = verifying_keys(&self.policy_verify_key)?;
-        Ok(fetch_blocking(&self.fetcher(max_bytes)?, &parsed, &keys)?)
+    /// What loads the modules this command names, through the same path as the agent's and
+    /// the controller's ([`pinset_k8s::policy_loader::Loader`]).
+    pub fn loader(&self, runtime: &WasmRuntime, limits: Limits) -> anyhow::Result<Loader> {
+        Ok(Loader {
+            runtime: runtime.clone(),
+            limits,
+            fetcher: self.fetcher(limits.max_module_bytes as u64)?,
+            cache_max_bytes: self.policy_cache_max_mib << 20,
+        })
+    }
+
+    /// The keys a module's signature must verify with (`--policy-verify-key`).
+    pub fn keys(&self) -> anyhow::Result<Vec<pinset_registry::signature::VerifyingKey>> {
+        verifying_keys(&self.policy_verify_key)
     }
 }
 
@@ -170,32 +166,24 @@ impl PolicyOpts {
     }
 
     /// Check and compile the chosen module (the embedded default when none is given), for
-    /// whichever contracts it is then loaded as.
+    /// whichever contracts it is then loaded as. A file over the size limit is not read; an
+    /// artifact comes through the registry and the cache, its signature checked when keys are
+    /// given.
     pub fn compile(&self, runtime: &WasmRuntime) -> anyhow::Result<CompiledModule> {
-        let compiled = match &self.policy {
-            Some(source) => {
-                let fetched = self.fetch(source)?;
-                runtime.compile_module(
-                    &fetched.name,
-                    &fetched.bytes,
-                    self.policy_sha256.as_deref(),
-                    self.limits(),
-                )?
-            }
-            None => runtime.compile_module(
-                pinset_policy::EMBEDDED_DEFAULT_NAME,
-                pinset_policy::EMBEDDED_DEFAULT,
-                None,
-                self.limits(),
-            )?,
+        let Some(source) = &self.policy else {
+            let name = pinset_policy::EMBEDDED_DEFAULT_NAME;
+            let embedded = pinset_policy::EMBEDDED_DEFAULT;
+            return Ok(runtime.compile_module(name, embedded, None, self.limits())?);
         };
-        Ok(compiled)
-    }
-
-    /// The module's bytes: a file, or an artifact through the registry and the cache, its
-    /// signature checked when keys are given. A file over the size limit is not read.
-    pub fn fetch(&self, source: &str) -> anyhow::Result<pinset_registry::policy_source::Fetched> {
-        self.fetch.fetch(source, self.max_module_bytes())
+        let m = ModuleRef {
+            module: source.clone(),
+            sha256: self.policy_sha256.clone(),
+            verify: None,
+        };
+        let loader = self.fetch.loader(runtime, self.limits())?;
+        let fetched = (loader.fetch_blocking(&m, &self.fetch.keys()?))
+            .map_err(|(_, why)| anyhow::anyhow!(why))?;
+        Ok(loader.compile(&m, &fetched)?)
     }
 
     pub fn max_module_bytes(&self) -> u64 {

@@ -476,7 +476,7 @@ async fn node_loop(
         let (node, desired) = desired_state(inputs)?;
         let cancel = CancellationToken::new();
         let watcher = watch.then(|| spawn_watcher(inputs, cancel.clone()));
-        let decisions = Box::new(Guarded::new(Box::new(policy.instance())));
+        let decisions = Box::new(Guarded::of(policy));
         let report = run_with_progress(
             reconciler,
             &desired,

@@ -13,7 +13,7 @@ use pinset_node::Reconciler;
 use pinset_node::config::PinKind;
 use pinset_node::cri::client::{CriClient, CriConfig};
 use pinset_node::facts::{self, Facts, Unsized};
-use pinset_policy::Guarded;
+use pinset_policy::{Guarded, Node};
 use pinset_policy_sdk::{DiskFacts, Verdict, fmt_bytes};
 use pinset_registry::mirrors::MirrorSource;
 use pinset_registry::size::{Cached, RegistrySizer};
@@ -52,7 +52,13 @@ fn positive_rate(text: &str) -> Result<f64, String> {
 /// The plan's pulls on `concurrency` slots in the policy's order: each takes its size at
 /// `rate` MiB/s (1 s when unknown), then the slot pauses for the policy's throttle (asked with
 /// that simulated outcome and the node's current pressure).
-fn simulate(node: &str, plan: &Plan, facts: &Facts, policy: &mut Guarded, rate: f64) -> Timeline {
+fn simulate(
+    node: &str,
+    plan: &Plan,
+    facts: &Facts,
+    policy: &mut Guarded<Node>,
+    rate: f64,
+) -> Timeline {
     let request = &facts.request;
     let mut free_at = vec![0.0_f64; plan.concurrency.max(1) as usize];
     let mut recorder = Recorder::default();
@@ -219,7 +225,7 @@ pub async fn plan_cmd(
             (offline_facts(&desired, &node, sizer.as_ref()).await, source)
         }
     };
-    let mut guarded = Guarded::new(Box::new(module.instance()));
+    let mut guarded = Guarded::of(&module);
     let plan = plan::make(&mut guarded, &facts.request, max_pulls);
     if let Some(path) = &sim.timeline {
         let t = simulate(&node.name, &plan, &facts, &mut guarded, sim.pull_rate_mib);
@@ -280,7 +286,7 @@ async fn offline_facts(
     let sizing = facts::sizes(sizer, desired, &present).await;
     let request = facts::request(
         desired,
-        facts::node_facts(node, &desired.pools),
+        node.facts(&desired.pools),
         DiskFacts::default(),
         &present,
         &sizing.sizes,
@@ -318,7 +324,7 @@ fn report(
     desired: &Desired,
     plan: &Plan,
     facts: &Facts,
-    policy: &mut Guarded,
+    policy: &mut Guarded<Node>,
     module: &str,
 ) -> PlanReport {
     let request = &facts.request;

@@ -4,7 +4,7 @@ use super::PolicyOpts;
 use anyhow::Result;
 use clap::Subcommand;
 use pinset_core::{fleet_scenario, scenario};
-use pinset_policy::{Decisions, Guarded, GuardedFleet, PolicyModule};
+use pinset_policy::{Guarded, PolicyModule};
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
@@ -142,7 +142,7 @@ pub fn run(cmd: PolicyCommand) -> Result<ExitCode> {
 }
 
 fn describe(module: &PolicyModule) -> String {
-    let mut probe = Guarded::new(Box::new(module.instance()));
+    let mut probe = Guarded::of(module);
     let info = probe.info();
     let note = if probe.fallbacks().is_empty() {
         ""
@@ -220,7 +220,7 @@ fn info(opts: &PolicyOpts, output: super::plan::Output) -> Result<ExitCode> {
 
 /// What a node policy says of itself (the reference's info if its hook fails).
 fn node_info(module: &PolicyModule) -> pinset_policy::PolicyInfo {
-    Guarded::new(Box::new(module.instance())).info()
+    Guarded::of(module).info()
 }
 
 fn test(
@@ -337,7 +337,7 @@ impl<'a> Modules<'a> {
             };
             let module = self.fleet()?;
             return Ok(fleet_scenario::run(&loaded, |request| {
-                let decided = GuardedFleet::new(Box::new(module.instance())).grant(request);
+                let decided = Guarded::of(module).grant(request);
                 (decided.grant, decided.fallback.is_some())
             }));
         }
@@ -347,7 +347,7 @@ impl<'a> Modules<'a> {
             Err(e) => return Ok(unreadable(file, e)),
         };
         // A fresh instance, as per reconcile.
-        let mut policy = Guarded::new(Box::new(module.instance()));
+        let mut policy = Guarded::of(module);
         Ok(scenario::run(&loaded, &mut policy))
     }
 

@@ -10,7 +10,7 @@ use super::plan::Output;
 use anyhow::{Context, Result, bail};
 use indicatif::{ProgressBar, ProgressStyle};
 use pinset_core::rollout_sim::{self, Run, SimNode, Simulation};
-use pinset_policy::{Described, GuardedFleet};
+use pinset_policy::{Described, Guarded};
 use pinset_policy_sdk::{FleetPool, MAX_PULLING_ANNOTATION, Target, TargetSet};
 use serde::Serialize;
 use std::collections::BTreeMap;
@@ -138,9 +138,7 @@ pub fn run(args: &SimulateArgs) -> Result<ExitCode> {
     bar.enable_steady_tick(Duration::from_millis(100));
     let run = rollout_sim::run(&sim, |request| {
         // Failures are reported once, in the summary, not as a warning per decision.
-        let decided = GuardedFleet::new(Box::new(module.instance()))
-            .without_warnings()
-            .grant(request);
+        let decided = Guarded::of(&module).without_warnings().grant(request);
         if let (Some(f), None) = (&decided.fallback, &first_fallback) {
             first_fallback = Some(f.message.clone());
         }

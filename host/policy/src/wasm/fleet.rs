@@ -9,7 +9,7 @@ use super::fleet_columns::Converted;
 use super::fleet_columns::RequestArg;
 use super::instance::{MAX_REASON_BYTES, WasmInstance, call};
 use super::store::State;
-use crate::fleet::FleetInstance;
+use crate::FleetInstance;
 use crate::{Hook, LoadError, PolicyError};
 use pinset_policy_sdk as sdk;
 use wasmtime::Store;
@@ -68,9 +68,6 @@ impl Contract for FleetContract {
         }
     }
 }
-
-/// A fleet module's instance for one decision.
-pub type WasmFleet = WasmInstance<FleetContract>;
 
 impl FleetInstance for WasmInstance<FleetContract> {
     fn grant_rollout(&mut self, rollout: &sdk::Rollout) -> Result<sdk::Grant, PolicyError> {

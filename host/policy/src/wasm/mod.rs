@@ -37,10 +37,9 @@ mod wasi;
 pub use compile::{COMPILE_INVALID_MODULE, COMPILE_SUBCOMMAND, Compiler, precompile};
 pub use contract::{CONTRACTS, Contract, FleetContract, Node, Role};
 pub use engine::{WasmRuntime, instance_strategy};
-pub use fleet::{FLEET_CONTRACT, WasmFleet};
+pub use fleet::FLEET_CONTRACT;
 pub use instance::{MAX_REASON_BYTES, WasmInstance};
 pub use module::{CONTRACT, CompiledModule, FleetModule, Module, PolicyModule};
-pub use node::WasmPolicy;
 pub use store::{Limits, MAX_LOG_BYTES, MAX_LOG_LINE_BYTES, MAX_LOG_LINES, STDERR_CAPTURE_BYTES};
 pub use wasi::NO_WAITING;
 

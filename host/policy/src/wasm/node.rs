@@ -38,66 +38,46 @@ macro_rules! images_arg {
 
 pinset_policy_sdk::image_columns!(images_arg);
 
-/// `record node-facts` of the contract, borrowed.
-#[derive(ComponentType, Lower, Clone, Copy)]
-#[component(record)]
-struct NodeArg<'a> {
-    name: &'a str,
-    labels: &'a [(String, String)],
-    pools: &'a [String],
-    #[component(name = "control-plane")]
-    control_plane: bool,
-    ready: bool,
-    #[component(name = "disk-pressure")]
-    disk_pressure: bool,
-    #[component(name = "allocatable-ephemeral-bytes")]
-    allocatable_ephemeral_bytes: Option<u64>,
-}
-
-impl<'a> NodeArg<'a> {
-    fn of(n: &'a sdk::NodeFacts) -> Self {
-        NodeArg {
-            name: &n.name,
-            labels: &n.labels,
-            pools: &n.pools,
-            control_plane: n.control_plane,
-            ready: n.ready,
-            disk_pressure: n.disk_pressure,
-            allocatable_ephemeral_bytes: n.allocatable_ephemeral_bytes,
+/// A record of the contract over the caller's borrowed SDK struct, generated from the SDK's one
+/// list of its fields ([`pinset_policy_sdk::node_facts_fields!`] and its siblings): a field added
+/// there is lowered here with nothing written on the host. `agrees` names every field of the
+/// host's bindings of the WIT without `..` and moves it into the SDK's struct: a field the WIT has
+/// and the list lacks, or the reverse, or a type that differs, fails to compile here.
+macro_rules! record_arg {
+    ([$arg:ident, $ty:ident] $($(#[$m:meta])* $name:ident: $owned:ty => $borrowed:ty, $wit:literal;)*) => {
+        #[derive(ComponentType, Lower, Clone, Copy)]
+        #[component(record)]
+        struct $arg<'a> {
+            $(#[component(name = $wit)] $name: &'a $borrowed,)*
         }
-    }
-}
 
-/// `record pull-outcome` of the contract, borrowed.
-#[derive(ComponentType, Lower, Clone, Copy)]
-#[component(record)]
-struct OutcomeArg<'a> {
-    reference: &'a str,
-    error: Option<&'a str>,
-    bytes: Option<u64>,
-    #[component(name = "duration-ms")]
-    duration_ms: u64,
-    remaining: u32,
-}
+        impl<'a> $arg<'a> {
+            fn of(r: &'a sdk::$ty) -> Self {
+                $arg {
+                    $($name: &r.$name,)*
+                }
+            }
 
-impl<'a> OutcomeArg<'a> {
-    fn of(o: &'a sdk::PullOutcome) -> Self {
-        OutcomeArg {
-            reference: &o.reference,
-            error: o.error.as_deref(),
-            bytes: o.bytes,
-            duration_ms: o.duration_ms,
-            remaining: o.remaining,
+            #[allow(dead_code)]
+            fn agrees(r: wit::$ty) -> sdk::$ty {
+                let wit::$ty { $($name),* } = r;
+                sdk::$ty { $($name),* }
+            }
         }
-    }
+    };
 }
+
+pinset_policy_sdk::node_facts_fields!(record_arg, NodeArg, NodeFacts);
+pinset_policy_sdk::disk_facts_fields!(record_arg, DiskArg, DiskFacts);
+pinset_policy_sdk::pressure_fields!(record_arg, PressureArg, Pressure);
+pinset_policy_sdk::pull_outcome_fields!(record_arg, OutcomeArg, PullOutcome);
 
 /// `record admission-request` of the contract, borrowed.
 #[derive(ComponentType, Lower, Clone, Copy)]
 #[component(record)]
 struct AdmissionRequestArg<'a> {
     node: NodeArg<'a>,
-    disk: &'a wit::DiskFacts,
+    disk: DiskArg<'a>,
     images: ImagesArg<'a>,
 }
 
@@ -150,25 +130,17 @@ impl Contract for Node {
         )?;
         check::<(Node, ImagesArg<'static>), Vec<u32>>(store, instance, "order", e.order)?;
         check::<(Node,), u32>(store, instance, "concurrency", e.concurrency)?;
-        check::<(Node, OutcomeArg<'static>, wit::Pressure), u64>(
+        check::<(Node, OutcomeArg<'static>, PressureArg<'static>), u64>(
             store, instance, "throttle", e.throttle,
         )
     }
 }
 
-/// A node policy module's instance for one reconcile.
-pub type WasmPolicy = WasmInstance<Node>;
-
 impl PolicyInstance for WasmInstance<Node> {
     fn admit(&mut self, request: &sdk::AdmissionRequest) -> Result<sdk::Admission, PolicyError> {
-        let disk = wit::DiskFacts {
-            capacity_bytes: request.disk.capacity_bytes,
-            used_bytes: request.disk.used_bytes,
-            available_bytes: request.disk.available_bytes,
-        };
         let arg = AdmissionRequestArg {
             node: NodeArg::of(&request.node),
-            disk: &disk,
+            disk: DiskArg::of(&request.disk),
             images: ImagesArg::of(&request.images),
         };
         let a: wit::Admission = self.call(Hook::Admit, |s, i, e| call(s, i, e.admit, (arg,)))?;
@@ -200,11 +172,7 @@ impl PolicyInstance for WasmInstance<Node> {
         pressure: &sdk::Pressure,
     ) -> Result<u64, PolicyError> {
         let (n, outcome) = (NodeArg::of(n), OutcomeArg::of(outcome));
-        let pressure = wit::Pressure {
-            io: pressure.io,
-            cpu: pressure.cpu,
-            memory: pressure.memory,
-        };
+        let pressure = PressureArg::of(pressure);
         self.call(Hook::Throttle, |s, i, e| {
             call(s, i, e.throttle, (n, outcome, pressure))
         })
