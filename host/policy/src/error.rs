@@ -66,9 +66,6 @@ pub enum LoadError {
         expected: String,
         actual: String,
     },
-    /// The module could not be fetched or its signature verified (an `oci://` artifact).
-    #[error("policy module {module}: {cause}")]
-    Fetch { module: String, cause: String },
     #[error("policy module {module}: --policy-sha256 {value:?} is not 64 hex digits")]
     BadSha256 { module: String, value: String },
     #[error("policy module {module}: not a valid WebAssembly component: {cause}")]
