@@ -11,7 +11,7 @@ cargo build --release --locked -p pinset
 # The floor module, built as the test bed builds every policy (its own target directory).
 floor_target=target/wasm-policies
 cargo build --release --locked --target wasm32-wasip2 -p pinset-test-policy-floor \
-  --target-dir "$floor_target"
+  --manifest-path tests/policies/Cargo.toml --target-dir "$floor_target"
 floor=$floor_target/wasm32-wasip2/release/pinset_test_policy_floor.wasm
 for n in 10 500 5000; do
   for r in $(seq 1 "$repeats"); do
