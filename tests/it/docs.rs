@@ -97,6 +97,35 @@ fn the_readme_is_a_front_page_and_the_book_links_hold() {
     }
 }
 
+#[test]
+fn man_pages_cover_every_visible_command_and_its_flags() {
+    let dir = tempfile::tempdir().unwrap();
+    let man1 = dir.path().join("man1");
+    let (code, _, err) = pinset(&["man", man1.to_str().unwrap()]);
+    assert_eq!(code, 0, "{err}");
+    assert!(err.contains("man pages in"), "{err}");
+    let page = |name: &str| std::fs::read_to_string(man1.join(name));
+    let plan = page("pinset-plan.1").expect("pinset-plan.1");
+    assert!(plan.contains(".TH pinset-plan 1"), "{plan}");
+    assert!(
+        plan.contains("\\-\\-sets"),
+        "the flags are in the page: {plan}"
+    );
+    let top = page("pinset.1").expect("pinset.1");
+    assert!(
+        top.contains("pinset\\-plan(1)"),
+        "subcommands are listed: {top}"
+    );
+    assert!(
+        page("pinset-policy-test.1").is_ok(),
+        "nested commands get a page"
+    );
+    assert!(
+        page("pinset-compile-policy.1").is_err(),
+        "hidden commands get none"
+    );
+}
+
 /// The targets of `[text](target)` links in `markdown`.
 fn links(markdown: &str) -> Vec<String> {
     markdown

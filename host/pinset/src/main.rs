@@ -169,6 +169,14 @@ enum Command {
         #[arg(value_enum)]
         shell: clap_complete::Shell,
     },
+    /// Write a man page for every command into DIR (`pinset.1`, `pinset-plan.1`,
+    /// `pinset-policy-test.1`, …), e.g. `pinset man ~/.local/share/man/man1`, then `man
+    /// pinset-plan`.
+    Man {
+        /// Where to write the pages (created when missing).
+        #[arg(value_name = "DIR")]
+        dir: std::path::PathBuf,
+    },
 }
 
 fn main() -> ExitCode {
@@ -206,6 +214,22 @@ fn reference(page: cli::reference::Page) -> ExitCode {
     ExitCode::SUCCESS
 }
 
+/// `pinset demo`: its timelines in `timeline_dir`, or the default directory.
+fn demo(policy: &PolicyOpts, timeline_dir: Option<std::path::PathBuf>) -> Result<ExitCode> {
+    let dir = timeline_dir.unwrap_or_else(cli::demo::default_timeline_dir);
+    rt()?.block_on(cli::demo::demo(policy, &dir))
+}
+
+/// `pinset man DIR`.
+fn man(dir: &std::path::Path) -> anyhow::Result<ExitCode> {
+    use anyhow::Context as _;
+    use clap::CommandFactory;
+    let written = cli::reference::man_pages(Args::command(), dir)
+        .with_context(|| format!("writing man pages into {}", dir.display()))?;
+    eprintln!("{} man pages in {}", written.len(), dir.display());
+    Ok(ExitCode::SUCCESS)
+}
+
 /// `pinset completion SHELL`.
 fn completion(shell: clap_complete::Shell) -> ExitCode {
     use clap::CommandFactory;
@@ -221,10 +245,7 @@ fn run(args: Args) -> Result<ExitCode> {
         Command::Demo {
             policy,
             timeline_dir,
-        } => {
-            let dir = timeline_dir.unwrap_or_else(cli::demo::default_timeline_dir);
-            rt()?.block_on(cli::demo::demo(&policy, &dir))
-        }
+        } => demo(&policy, timeline_dir),
         Command::Node {
             inputs,
             runtime,
@@ -262,6 +283,7 @@ fn run(args: Args) -> Result<ExitCode> {
         Command::CompilePolicy => cli::policy::compile_child(),
         Command::Reference { page } => Ok(reference(page)),
         Command::Completion { shell } => Ok(completion(shell)),
+        Command::Man { dir } => man(&dir),
         Command::Controller {
             cluster,
             controller,

@@ -224,3 +224,38 @@ pub fn events_markdown() -> String {
     }
     out
 }
+
+/// Man pages from the parser, one per visible command — `pinset.1`, `pinset-plan.1`,
+/// `pinset-policy-test.1`, … — written into `dir` (created when missing); the paths written.
+pub fn man_pages(
+    command: clap::Command,
+    dir: &std::path::Path,
+) -> std::io::Result<Vec<std::path::PathBuf>> {
+    std::fs::create_dir_all(dir)?;
+    let mut command = command;
+    command.build();
+    let mut written = Vec::new();
+    man_page(&command, dir, &mut written)?;
+    Ok(written)
+}
+
+/// `command`'s page as `NAME.1`, NAME its display name once built (`pinset-policy-test`), then
+/// its visible subcommands' pages.
+fn man_page(
+    command: &clap::Command,
+    dir: &std::path::Path,
+    written: &mut Vec<std::path::PathBuf>,
+) -> std::io::Result<()> {
+    let name = command.get_display_name().unwrap_or(command.get_name());
+    let mut roff = Vec::new();
+    clap_mangen::Man::new(command.clone()).render(&mut roff)?;
+    let path = dir.join(format!("{name}.1"));
+    std::fs::write(&path, roff)?;
+    written.push(path);
+    // clap's own `help` subcommand is `-h` on each page already.
+    let visible = |c: &&clap::Command| !c.is_hide_set() && c.get_name() != "help";
+    for sub in command.get_subcommands().filter(visible) {
+        man_page(sub, dir, written)?;
+    }
+    Ok(())
+}
