@@ -46,12 +46,20 @@ pub async fn run(args: &FromReleaseArgs) -> Result<ExitCode> {
         None => None,
     };
     let sizer = args.common.sizer()?;
-    let read = futures::future::join_all(targets.iter().map(|t| release::read(&sizer, t))).await;
+    // The releases and CURRENT are read at once.
+    let read = futures::future::join_all(targets.iter().map(|t| release::read(&sizer, t)));
+    let current = async {
+        match &since {
+            Some(target) => Some(read_current(&sizer, target).await),
+            None => None,
+        }
+    };
+    let (read, current) = tokio::join!(read, current);
     let mut releases = Vec::new();
     let mut failed = Vec::new();
-    for ((given, _), answer) in args.releases.iter().zip(&targets).zip(read) {
+    for ((given, target), answer) in args.releases.iter().zip(&targets).zip(read) {
         match answer {
-            Ok(r) => releases.push((given.as_str(), r)),
+            Ok(r) => releases.push(((given.as_str(), target.by_digest()), r)),
             Err(e) => failed.push(format!("{given}: {e}")),
         }
     }
@@ -67,8 +75,8 @@ pub async fn run(args: &FromReleaseArgs) -> Result<ExitCode> {
         .name
         .clone()
         .unwrap_or_else(|| default_name(&last.version));
-    if let Some(current) = &since {
-        let current = read_current(&sizer, current).await?;
+    if let Some(current) = current {
+        let current = current?;
         let had = digests(&current);
         let before = gathered.len();
         gathered.retain(|r| !had.contains(digest_of(r)));
@@ -99,11 +107,14 @@ async fn read_current(sizer: &RegistrySizer, target: &Target) -> Result<Release>
         .with_context(|| format!("--since {}", target.full()))
 }
 
+/// A release as it was given (the argument, and whether it names a digest) and as it was read.
+type Given<'a> = ((&'a str, bool), Release);
+
 /// Every release image, then every kept component of each release in turn, each image once.
-fn gather(releases: &[(&str, Release)], include: &[String], exclude: &[String]) -> Gathered {
+fn gather(releases: &[Given<'_>], include: &[String], exclude: &[String]) -> Gathered {
     let mut out = Gathered::default();
-    for (given, r) in releases {
-        let origin = match Target::parse(given).is_ok_and(|t| t.by_digest()) {
+    for ((given, by_digest), r) in releases {
+        let origin = match by_digest {
             true => format!("release {}", r.version),
             false => format!("release {} ({given})", r.version),
         };
@@ -134,7 +145,7 @@ fn digest_of(reference: &str) -> &str {
 }
 
 /// What the set was made from: each release by digest, with its version.
-fn describe(releases: &[(&str, Release)]) -> String {
+fn describe(releases: &[Given<'_>]) -> String {
     let each: Vec<String> = releases
         .iter()
         .map(|(_, r)| format!("release {} ({})", r.image, r.version))
@@ -247,8 +258,8 @@ mod tests {
         );
         let g = gather(
             &[
-                ("q.io/ocp/release:4.17.3", a),
-                ("q.io/ocp/release:4.18.1", b),
+                (("q.io/ocp/release:4.17.3", false), a),
+                (("q.io/ocp/release:4.18.1", false), b),
             ],
             &[],
             &["install*".into()],
@@ -269,7 +280,7 @@ mod tests {
     fn the_delta_keeps_what_current_does_not_have_under_any_name() {
         let current = release("4.17.2", 3, &[("etcd", 10), ("console", 30)]);
         let next = release("4.17.3", 1, &[("etcd", 10), ("console", 11)]);
-        let mut g = gather(&[("x", next)], &["*".into()], &[]);
+        let mut g = gather(&[(("x", false), next)], &["*".into()], &[]);
         // The same image through a mirror is the same image.
         let had = digests(&current);
         g.retain(|r| !had.contains(digest_of(r)));
