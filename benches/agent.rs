@@ -21,10 +21,7 @@ use std::time::{Duration, Instant};
 #[tokio::main]
 async fn main() {
     let _ = rustls::crypto::ring::default_provider().install_default();
-    let repeats: usize = std::env::var("REPEATS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(3);
+    let repeats = support::repeats_or(3);
     println!("agent: one set of 20 images × 8 MiB on a worker node");
     println!(
         "{:>3} {:>12} {:>10} {:>12} {:>12} {:>10}",

@@ -180,14 +180,6 @@ impl Fleet {
     }
 }
 
-/// Repetitions: `REPEATS`, 3 by default.
-pub fn repeats() -> usize {
-    std::env::var("REPEATS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(3)
-}
-
 /// `pinset controller` (release) as its own process, its metrics on a loopback port.
 pub struct Controller {
     child: Child,

@@ -77,10 +77,7 @@ async fn main() {
         support::skip_or_fail("containerd is not installed");
         return;
     }
-    let repeats: usize = std::env::var("REPEATS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(3);
+    let repeats = support::repeats_or(3);
     let parts = std::env::var("PARTS").unwrap_or_else(|_| "makespan,noop,cancel".into());
     let part = |name: &str| parts.split(',').any(|p| p.trim() == name);
     let wasm = WasmRuntime::new().unwrap();

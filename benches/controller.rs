@@ -79,7 +79,7 @@ async fn converged(client: &kube::Client) -> bool {
 
 #[tokio::main]
 async fn main() {
-    let repeats = cluster::repeats();
+    let repeats = support::repeats_or(3);
     println!(
         "controller: {} sets × {} images, {} pools ({}–{} sets each), {} nodes",
         FLEET.sets,

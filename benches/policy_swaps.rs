@@ -184,10 +184,7 @@ async fn start() -> Option<Bed> {
 #[tokio::main]
 async fn main() {
     let _ = rustls::crypto::ring::default_provider().install_default();
-    let repeats: usize = std::env::var("REPEATS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(3);
+    let repeats = support::repeats_or(3);
     println!("policy swaps: {SWAPS} changes of a pool's module on one agent");
     println!(
         "{:>3} {:>14} {:>11} {:>16} {:>17} {:>17} {:>12}",

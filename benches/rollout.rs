@@ -824,7 +824,7 @@ impl Row {
 
 #[tokio::main]
 async fn main() {
-    let repeats = cluster::repeats();
+    let repeats = support::repeats_or(3);
     println!(
         "rollout: {} pools × {} nodes, {} sets × {} images; set-{CHANGED:04} (every pool) gains an image",
         FLEET.pools, FLEET.nodes_per_pool, FLEET.sets, FLEET.images

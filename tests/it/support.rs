@@ -244,8 +244,13 @@ pub async fn push_layers(
 
 /// The benches' repetitions: `REPEATS`, default 5.
 pub fn repeats() -> usize {
+    repeats_or(5)
+}
+
+/// Repetitions of a benchmark: `REPEATS`, else `default`.
+pub fn repeats_or(default: usize) -> usize {
     std::env::var("REPEATS")
         .ok()
         .and_then(|r| r.parse().ok())
-        .unwrap_or(5)
+        .unwrap_or(default)
 }
