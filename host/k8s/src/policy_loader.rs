@@ -121,3 +121,84 @@ impl Loader {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use pinset_policy::{FleetContract, Node};
+
+    fn loader(max_bytes: u64) -> Loader {
+        Loader {
+            runtime: WasmRuntime::new().unwrap(),
+            limits: Limits::default(),
+            fetcher: Fetcher {
+                artifacts: pinset_registry::artifact::Artifacts::new(vec![], Default::default()),
+                cache: None,
+                max_bytes,
+            },
+            cache_max_bytes: 1 << 20,
+        }
+    }
+
+    fn file(dir: &std::path::Path, name: &str, bytes: &[u8]) -> ModuleRef {
+        let path = dir.join(name);
+        std::fs::write(&path, bytes).unwrap();
+        ModuleRef::from_reference(path.to_str().unwrap()).unwrap()
+    }
+
+    fn request() -> (
+        pinset_policy_sdk::AdmissionRequest,
+        pinset_policy_sdk::Pressure,
+    ) {
+        let node = pinset_core::desired::NodeInfo {
+            name: "w".into(),
+            ready: true,
+            allocatable_ephemeral_bytes: Some(100 << 30),
+            ..Default::default()
+        };
+        let request = pinset_policy_sdk::AdmissionRequest {
+            node: node.facts(&["worker".into()]),
+            ..Default::default()
+        };
+        (request, Default::default())
+    }
+
+    #[tokio::test]
+    async fn a_module_is_fetched_bound_and_proved_for_its_contract_and_refused_by_kind() {
+        let dir = tempfile::tempdir().unwrap();
+        let loader = loader(16 << 20);
+        let m = file(dir.path(), "default.wasm", pinset_policy::EMBEDDED_DEFAULT);
+        let fetched = loader.fetch(&m, &[]).await.unwrap();
+        let (request, pressure) = request();
+        let on = "the node's facts";
+        let module = loader.prove::<Node>(&m, &fetched, (&request, &pressure), on);
+        assert!(module.is_ok(), "the default passes its smoke test");
+        // The embedded default exports both contracts: bound as each.
+        assert!(loader.bind::<FleetContract>(&m, &fetched).is_ok());
+
+        let garbage = file(dir.path(), "garbage.wasm", b"not wasm");
+        let (kind, why) = loader.load::<Node>(&garbage, &[]).err().unwrap();
+        assert_eq!(kind, Refusal::NotAPolicy, "{why}");
+
+        let pinned = ModuleRef {
+            sha256: Some("0".repeat(64)),
+            ..m.clone()
+        };
+        let (kind, why) = loader.load::<Node>(&pinned, &[]).err().unwrap();
+        assert!(
+            kind == Refusal::NotAPolicy && why.contains("sha256"),
+            "{why}"
+        );
+
+        let missing = ModuleRef::from_reference("/nonexistent/p.wasm").unwrap();
+        let (kind, _) = loader.fetch(&missing, &[]).await.unwrap_err();
+        assert_eq!(kind, Refusal::NotFound, "may pass by itself: rechecked");
+
+        let small = self::loader(1024);
+        let (kind, why) = small.fetch(&m, &[]).await.unwrap_err();
+        assert!(
+            kind == Refusal::NotAPolicy && why.contains("over the limit"),
+            "{why}"
+        );
+    }
+}
