@@ -235,7 +235,7 @@ fn the_request_a_fleet_module_reads_is_the_one_the_host_was_given() {
     // A pool mid-rollout (labels in three zones, two sets, a failed node with its error, nodes
     // pulling for a while), plus the edges: a node without labels or sets, a non-ASCII name,
     // a set the node reports but the target lacks, and an empty error.
-    let mut request = pinset_policy::synth::fleet(300);
+    let mut request = pinset_policy_bench::synth::fleet(300);
     request.pool.annotations = vec![("pinset.test/hostile-fleet".into(), "echo".into())];
     request.nodes.push(FleetNode {
         name: "zz-knoten-ü".into(),

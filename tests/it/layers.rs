@@ -119,7 +119,8 @@ fn nothing_test_only_is_built_into_the_binary() {
 }
 
 /// The agent and the controller (pinset-k8s, over the node and the policy layer) carry no
-/// benchmark machinery: `pinset policy bench` and the benches take it from its own crate.
+/// benchmark machinery (the synthetic inputs included): `pinset policy bench`, the benches and
+/// the tests take it from its own crate.
 #[test]
 fn the_agent_and_the_controller_carry_no_benchmark() {
     for krate in ["pinset-k8s", "pinset-node", "pinset-policy"] {

@@ -6,8 +6,9 @@ use crate::support;
 
 use pinset_policy::{
     Compiler, Decisions, Guarded, Hook, Limits, LoadError, PolicyError, PolicyInstance,
-    PolicyModule, WasmRuntime, synth,
+    PolicyModule, WasmRuntime,
 };
+use pinset_policy_bench::synth;
 use pinset_policy_sdk::{NodeFacts, Pressure, PullOutcome, Verdict};
 use std::path::PathBuf;
 use std::sync::OnceLock;

@@ -4,9 +4,8 @@
 use crate::support;
 
 use pinset_core::scenario;
-use pinset_policy::{
-    Guarded, Limits, Native, Node, PolicyInstance, PolicyModule, WasmRuntime, synth,
-};
+use pinset_policy::{Guarded, Limits, Native, Node, PolicyInstance, PolicyModule, WasmRuntime};
+use pinset_policy_bench::synth;
 use pinset_policy_sdk::{GIB, Pressure, PullOutcome};
 use std::path::Path;
 use support::{pinset, workspace};

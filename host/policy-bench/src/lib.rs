@@ -1,10 +1,12 @@
 //! Per-hook latency of a Wasm policy against the native reference policy on the same inputs
-//! ([`pinset_policy::synth`]'s), a floor module or a fleet: what `pinset policy bench` and the
+//! ([`synth`]'s), a floor module or a fleet: what `pinset policy bench` and the
 //! benchmarks measure with. A crate of its own: the agent and the controller do not carry it.
+
+pub mod synth;
 
 use pinset_policy::{
     FleetContract, FleetInstance, FleetModule, Native, Node, PolicyError, PolicyInstance,
-    PolicyModule, synth,
+    PolicyModule,
 };
 use pinset_policy_sdk::{AdmissionRequest, Pressure, PullOutcome};
 use std::time::{Duration, Instant};

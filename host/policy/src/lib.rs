@@ -28,7 +28,6 @@ mod hooks;
 mod native;
 mod node;
 mod smoke;
-pub mod synth;
 pub mod validate;
 mod wasm;
 

@@ -32,8 +32,11 @@ mod tests {
         let module = runtime
             .load("d", crate::EMBEDDED_DEFAULT, None, Limits::default())
             .unwrap();
-        let request = crate::synth::request(50, 7);
-        let (_, pressure) = crate::synth::outcome(&request);
+        let mut request = pinset_policy_sdk::AdmissionRequest::default();
+        request.node.ready = true;
+        request.node.allocatable_ephemeral_bytes = Some(100 << 30);
+        (request.images).push("q.io/a@sha256:01", ["s"], false, Some(1_000), &[]);
+        let pressure = pinset_policy_sdk::Pressure::default();
         let info = smoke_test::<Node>(&module, (&request, &pressure)).unwrap();
         assert_eq!(info.name, "default");
     }

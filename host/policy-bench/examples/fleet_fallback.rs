@@ -1,13 +1,14 @@
 //! What a fleet decision costs when the module's answer is not used: the guard asks the module,
 //! finds its answer invalid and asks the native default fleet policy instead, for pools of 300
-//! and 3 000 nodes (`pinset_policy::synth::fleet`). Median of 300 decisions each.
+//! and 3 000 nodes (`pinset_policy_bench::synth::fleet`). Median of 300 decisions each.
 //!
 //! ```sh
 //! cargo test -p pinset --test fleet_sandbox   # builds the test modules (tests/policies/*)
-//! cargo run --release -p pinset-policy --example fleet_fallback [HOSTILE.wasm]
+//! cargo run --release -p pinset-policy-bench --example fleet_fallback [HOSTILE.wasm]
 //! ```
 
-use pinset_policy::{Guarded, Limits, WasmRuntime, synth};
+use pinset_policy::{Guarded, Limits, WasmRuntime};
+use pinset_policy_bench::synth;
 use std::time::{Duration, Instant};
 
 const HOSTILE: &str = "target/wasm-policies/components/pinset_test_policy_hostile.wasm";

@@ -1,7 +1,7 @@
 //! Synthetic, deterministic policy inputs: a worker node and `n` absent images of 1–3 sets
 //! each, with layers drawn partly from a shared base pool (as real images share base layers)
-//! and partly of their own. The smoke test asks every new module these before it decides for
-//! a node (`smoke.rs`); the benchmarks (`pinset-policy-bench`) measure with them.
+//! and partly of their own; pools of fleet nodes. `pinset policy bench`, the benchmarks and the
+//! tests measure and compare policies with them; nothing that runs on a node uses them.
 
 use pinset_policy_sdk::{
     AdmissionRequest, DiskFacts, GIB, Images, NodeFacts, Pressure, PullOutcome,
