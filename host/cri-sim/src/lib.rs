@@ -14,8 +14,6 @@ use pinset_node::cri::proto::{
     ImageStatusRequest, ImageStatusResponse, ListImagesRequest, ListImagesResponse,
     PullImageRequest, PullImageResponse, RemoveImageRequest, RemoveImageResponse, StatusRequest,
     StatusResponse, UInt64Value, VersionRequest, VersionResponse,
-    image_service_server::{ImageService, ImageServiceServer},
-    runtime_service_server::{RuntimeService, RuntimeServiceServer},
 };
 use pinset_node::pin::crio;
 use std::collections::{BTreeMap, HashMap, VecDeque};
@@ -23,6 +21,10 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tonic::{Request, Response, Status};
+
+mod grpc;
+use grpc::{Answer, Routed, Served, unary};
+use tonic::codegen::http;
 
 /// The pins of a drop-in: exact names, and glob patterns.
 #[derive(Default)]
@@ -256,8 +258,8 @@ impl SimulatedRuntime {
         let listener = tokio::net::UnixListener::bind(socket)?;
         let incoming = tokio_stream::wrappers::UnixListenerStream::new(listener);
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-        let service = ImageServiceServer::new(self.clone());
-        let runtime = RuntimeServiceServer::new(RuntimeInfo);
+        let service = Routed(Arc::new(self.clone()));
+        let runtime = Routed(Arc::new(RuntimeInfo));
         let task = tokio::spawn(async move {
             let _ = tonic::transport::Server::builder()
                 .add_service(service)
@@ -282,8 +284,23 @@ struct RuntimeInfo;
 /// The name the simulated runtime reports, as CRI-O does.
 pub const RUNTIME_NAME: &str = "cri-o";
 
-#[tonic::async_trait]
-impl RuntimeService for RuntimeInfo {
+impl Served for RuntimeInfo {
+    const NAME: &'static str = "runtime.v1.RuntimeService";
+
+    fn route(
+        self: Arc<Self>,
+        method: &str,
+        request: http::Request<tonic::body::Body>,
+    ) -> Option<Answer> {
+        Some(match method {
+            "Version" => unary(self, request, |s, r| async move { s.version(r).await }),
+            "Status" => unary(self, request, |s, r| async move { s.status(r).await }),
+            _ => return None,
+        })
+    }
+}
+
+impl RuntimeInfo {
     async fn version(
         &self,
         _request: Request<VersionRequest>,
@@ -441,8 +458,28 @@ impl SimulatedRuntime {
     }
 }
 
-#[tonic::async_trait]
-impl ImageService for SimulatedRuntime {
+impl Served for SimulatedRuntime {
+    const NAME: &'static str = "runtime.v1.ImageService";
+
+    fn route(
+        self: Arc<Self>,
+        method: &str,
+        request: http::Request<tonic::body::Body>,
+    ) -> Option<Answer> {
+        let r = request;
+        Some(match method {
+            "ListImages" => unary(self, r, |s, r| async move { s.list_images(r).await }),
+            "ImageStatus" => unary(self, r, |s, r| async move { s.image_status(r).await }),
+            "PullImage" => unary(self, r, |s, r| async move { s.pull_image(r).await }),
+            "RemoveImage" => unary(self, r, |s, r| async move { s.remove_image(r).await }),
+            "ImageFsInfo" => unary(self, r, |s, r| async move { s.image_fs_info(r).await }),
+            _ => return None,
+        })
+    }
+}
+
+/// The image service's methods, as CRI defines them.
+impl SimulatedRuntime {
     async fn list_images(
         &self,
         _request: Request<ListImagesRequest>,

@@ -1,8 +1,9 @@
 //! The container runtime, over CRI (`runtime.v1.ImageService`, gRPC on a unix socket).
 //!
 //! - [`client::CriClient`]: pinset's client, with connect and per-call timeouts and reconnects;
-//! - [`proto`]: the generated CRI image service (client and server: the `pinset-cri-sim` crate
-//!   serves it), [`containerd_proto`]: containerd's images API.
+//! - [`proto`]: the generated CRI image and runtime services' messages and clients (clients
+//!   only: the `pinset-cri-sim` crate routes its methods itself), [`containerd_proto`]:
+//!   containerd's images API.
 //!
 //! Both are generated from `proto/` by prost and tonic once and checked in (`generated/`), so a
 //! build compiles no protobuf compiler; `scripts/codegen` writes them, and its `--check` (run by
