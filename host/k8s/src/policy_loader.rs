@@ -35,6 +35,21 @@ fn not_a_policy(e: LoadError) -> Refusing {
 }
 
 impl Loader {
+    /// A loader for tests: no registry, no cache, modules up to `max_bytes`.
+    #[cfg(test)]
+    pub(crate) fn for_tests(max_bytes: u64) -> Self {
+        Loader {
+            runtime: WasmRuntime::new().unwrap(),
+            limits: Limits::default(),
+            fetcher: Fetcher {
+                artifacts: pinset_registry::artifact::Artifacts::new(vec![], Default::default()),
+                cache: None,
+                max_bytes,
+            },
+            cache_max_bytes: 1 << 20,
+        }
+    }
+
     /// The bytes of `m`, its signature checked when `keys` are given. Async: the step that
     /// touches the network, bounded in time and bytes.
     pub async fn fetch(&self, m: &ModuleRef, keys: &[VerifyingKey]) -> Result<Fetched, Refusing> {
@@ -57,7 +72,8 @@ impl Loader {
     /// (`pinset policy info`).
     pub fn compile(&self, m: &ModuleRef, fetched: &Fetched) -> Result<CompiledModule, LoadError> {
         let pin = m.sha256.as_deref();
-        (self.runtime).compile_module(&fetched.name, &fetched.bytes, pin, self.limits)
+        self.runtime
+            .compile_module(&fetched.name, &fetched.bytes, pin, self.limits)
     }
 
     /// `fetched` compiled and bound to contract `C`. Blocking (CPU).
@@ -127,19 +143,6 @@ mod tests {
     use super::*;
     use pinset_policy::{FleetContract, Node};
 
-    fn loader(max_bytes: u64) -> Loader {
-        Loader {
-            runtime: WasmRuntime::new().unwrap(),
-            limits: Limits::default(),
-            fetcher: Fetcher {
-                artifacts: pinset_registry::artifact::Artifacts::new(vec![], Default::default()),
-                cache: None,
-                max_bytes,
-            },
-            cache_max_bytes: 1 << 20,
-        }
-    }
-
     fn file(dir: &std::path::Path, name: &str, bytes: &[u8]) -> ModuleRef {
         let path = dir.join(name);
         std::fs::write(&path, bytes).unwrap();
@@ -166,7 +169,7 @@ mod tests {
     #[tokio::test]
     async fn a_module_is_fetched_bound_and_proved_for_its_contract_and_refused_by_kind() {
         let dir = tempfile::tempdir().unwrap();
-        let loader = loader(16 << 20);
+        let loader = Loader::for_tests(16 << 20);
         let m = file(dir.path(), "default.wasm", pinset_policy::EMBEDDED_DEFAULT);
         let fetched = loader.fetch(&m, &[]).await.unwrap();
         let (request, pressure) = request();
@@ -194,7 +197,7 @@ mod tests {
         let (kind, _) = loader.fetch(&missing, &[]).await.unwrap_err();
         assert_eq!(kind, Refusal::NotFound, "may pass by itself: rechecked");
 
-        let small = self::loader(1024);
+        let small = Loader::for_tests(1024);
         let (kind, why) = small.fetch(&m, &[]).await.unwrap_err();
         assert!(
             kind == Refusal::NotAPolicy && why.contains("over the limit"),

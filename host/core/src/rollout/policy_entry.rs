@@ -31,30 +31,30 @@ pub fn add_policy_states(
     running: Option<&str>,
     rejected: Option<(&str, &str)>,
 ) {
-    if let Some((module, cause)) = rejected {
+    let mut put = |module: &str, status: SetStatus| {
         let name = policy_set(module);
-        sets.insert(
-            name.clone(),
-            SetStatus {
-                name,
-                desired_generation: 1,
-                last_failed_generation: Some(1),
-                last_failed_generation_error: Some(format!("node policy {module}: {cause}")),
-                ..Default::default()
-            },
-        );
+        let status = SetStatus {
+            name: name.clone(),
+            desired_generation: 1,
+            ..status
+        };
+        sets.insert(name, status);
+    };
+    if let Some((module, cause)) = rejected {
+        let error = format!("node policy {module}: {cause}");
+        let failed = SetStatus {
+            last_failed_generation: Some(1),
+            last_failed_generation_error: Some(error),
+            ..Default::default()
+        };
+        put(module, failed);
     }
     if let Some(module) = running {
-        let name = policy_set(module);
-        sets.insert(
-            name.clone(),
-            SetStatus {
-                name,
-                desired_generation: 1,
-                current_generation: Some(1),
-                ..Default::default()
-            },
-        );
+        let current = SetStatus {
+            current_generation: Some(1),
+            ..Default::default()
+        };
+        put(module, current);
     }
 }
 

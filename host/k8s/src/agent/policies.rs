@@ -422,19 +422,9 @@ mod tests {
     use super::*;
 
     use pinset_policy::{Limits, WasmRuntime};
-    use pinset_registry::policy_source::Fetcher;
 
     fn loader() -> Loader {
-        Loader {
-            runtime: WasmRuntime::new().unwrap(),
-            limits: Limits::default(),
-            fetcher: Fetcher {
-                artifacts: pinset_registry::artifact::Artifacts::new(vec![], Default::default()),
-                cache: None,
-                max_bytes: 1 << 20,
-            },
-            cache_max_bytes: 1 << 20,
-        }
+        Loader::for_tests(1 << 20)
     }
 
     /// The embedded default, compiled once for the module's tests.

@@ -238,12 +238,7 @@ pub async fn agent(
             &agent_opts.pool_policy,
         )?),
     };
-    let loader = Arc::new(agent::Loader {
-        runtime: wasm,
-        limits: policy.limits(),
-        fetcher: policy.fetch.fetcher(policy.max_module_bytes())?,
-        cache_max_bytes: policy.fetch.policy_cache_max_mib << 20,
-    });
+    let loader = Arc::new(policy.fetch.loader(&wasm, policy.limits())?);
     pinset_node::os::release_free_memory();
     let client = pinset_k8s::client(opts.kubeconfig.as_deref()).await?;
     if !ownership::check(client.clone(), OWNERSHIP_RETRY, &shutdown).await? {

@@ -181,13 +181,11 @@ impl PolicyOpts {
             verify: None,
         };
         let loader = self.fetch.loader(runtime, self.limits())?;
-        let fetched = (loader.fetch_blocking(&m, &self.fetch.keys()?))
+        let keys = self.fetch.keys()?;
+        let fetched = loader
+            .fetch_blocking(&m, &keys)
             .map_err(|(_, why)| anyhow::anyhow!(why))?;
         Ok(loader.compile(&m, &fetched)?)
-    }
-
-    pub fn max_module_bytes(&self) -> u64 {
-        self.limits().max_module_bytes as u64
     }
 
     /// The module as reports name it before it is loaded.
