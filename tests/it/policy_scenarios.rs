@@ -499,9 +499,10 @@ fn a_bench_gate_passes_a_module_against_itself_under_load_and_fails_a_slower_run
         .collect();
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     hog.join().unwrap();
-    // A shared machine's bad moments still show: here 4 runs in 160 (2026-12-06: 1, 0, 0, 0, 1,
-    // 1, 0, 1 of 20 in eight batches, the machine otherwise idle). A policy's CI reruns such a
-    // job; one that failed 4 times in 5 (before the noise was measured) is no gate.
+    // Measured in batches of 20 on a machine of this kind running by half slower for minutes
+    // at a time (2026-12-06): 0 of 100 runs with the saved medians scaled by the machine's
+    // pace, 28 of 100 without (alternating, same minutes; BENCHMARKS.md). Two are tolerated:
+    // a policy's CI reruns such a job; one that fails 4 times in 5 is no gate.
     let regressed: Vec<&String> = runs
         .iter()
         .filter(|(c, _)| *c != 0)
