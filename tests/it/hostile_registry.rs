@@ -1,8 +1,9 @@
 //! A registry that misbehaves on purpose (`pinset_testkit::hostile`) driven through the commands
-//! that read registries: `plan` (a node's sizing), `set from-images` (tags), `policy pull` and
-//! `policy verify` (artifacts and signatures). Whatever the registry sends, each command stays
-//! under 128 MiB of memory and its documented deadline, and says what happened in one line;
-//! credentials never leave for another host.
+//! that read registries: `plan` and `node` (a node's sizing), `set from-images` (tags), `policy
+//! pull` and `policy verify` (artifacts and signatures). Whatever the registry sends, each
+//! command stays under 128 MiB of memory and its documented deadline, and says what happened in
+//! one line; credentials never leave for another host. The agent and the controller meet the
+//! same registry in `kube_e2e` (`a_hostile_policy_registry_stalls_neither_…`).
 
 use crate::support;
 use pinset_testkit::hostile::{Hostile, Misbehaviour};
@@ -113,6 +114,46 @@ fn plan_survives_every_misbehaving_registry() {
         assert!(run.took < Duration::from_secs(20), "{what}: {:?}", run.took);
 
         eprintln!("{what}: peak RSS {} KiB, {:?}", run.max_rss_kib, run.took);
+    }
+}
+
+/// `node` sizes before it pulls: an image of the hostile registry is left unsized, said naming
+/// the registry, within the sizing budget and in bounded memory — and the set is still pulled
+/// and pinned (sizing informs admission; the runtime pulls).
+#[test]
+fn node_pins_its_set_whatever_the_sizing_registry_sends() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    for (what, how) in misbehaviours() {
+        let hostile = Hostile::start(how);
+        let image = format!("{}/team/app@{}", hostile.addr, digest());
+        let node = support::SimNode::start(&rt, std::slice::from_ref(&image), "", |_| {});
+        node.write_set("apps", None, std::slice::from_ref(&image));
+        let mut args = node.node_args();
+        args.retain(|a| a != "--no-sizing");
+        args.extend(
+            ["--insecure-registry", &hostile.addr, "--sizing-budget", "8"].map(String::from),
+        );
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let run = measured(&args);
+        assert_eq!(run.code, 0, "{what}: {}", run.err);
+        assert!(
+            run.err.contains(&hostile.addr) && run.err.contains("unsized"),
+            "{what}: the image left unsized is said: {}",
+            run.err
+        );
+        let drop_in = node.dropins.join(pinset_node::pin::crio::DROP_IN);
+        let pinned = std::fs::read_to_string(&drop_in).unwrap_or_default();
+        assert!(pinned.contains(&image), "{what}: pinned: {pinned}");
+        assert!(
+            run.max_rss_kib < MAX_RSS_KIB,
+            "{what}: {} KiB",
+            run.max_rss_kib
+        );
+        assert!(run.took < Duration::from_secs(20), "{what}: {:?}", run.took);
+        eprintln!(
+            "{what}: node: peak RSS {} KiB, {:?}",
+            run.max_rss_kib, run.took
+        );
     }
 }
 

@@ -17,12 +17,7 @@ fn image(n: usize) -> String {
 }
 
 fn set(name: &str, images: &[String]) -> serde_json::Value {
-    json!({
-        "apiVersion": "machineconfiguration.openshift.io/v1",
-        "kind": "PinnedImageSet",
-        "metadata": {"name": name, "labels": {"machineconfiguration.openshift.io/role": "worker"}},
-        "spec": {"pinnedImages": images.iter().map(|n| json!({"name": n})).collect::<Vec<_>>()}
-    })
+    support::set_json(name, "worker", images)
 }
 
 async fn create_err(api: &Api<PinnedImageSet>, obj: serde_json::Value) -> String {
@@ -237,18 +232,7 @@ async fn the_server_validates_sets_and_node_status() {
 }
 
 fn pool(name: &str, roles: &[&str]) -> MachineConfigPool {
-    serde_json::from_value(json!({
-        "apiVersion": "machineconfiguration.openshift.io/v1",
-        "kind": "MachineConfigPool",
-        "metadata": {"name": name},
-        "spec": {
-            "machineConfigSelector": {"matchExpressions": [
-                {"key": "machineconfiguration.openshift.io/role", "operator": "In", "values": roles}
-            ]},
-            "nodeSelector": {"matchLabels": {format!("node-role.kubernetes.io/{name}"): ""}}
-        }
-    }))
-    .unwrap()
+    support::pool(name, roles, &format!("node-role.kubernetes.io/{name}"))
 }
 
 /// The embedded default fleet policy for every pool.

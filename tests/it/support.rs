@@ -254,3 +254,35 @@ pub fn repeats_or(default: usize) -> usize {
         .and_then(|r| r.parse().ok())
         .unwrap_or(default)
 }
+
+/// A MachineConfigPool `name` for the nodes labelled `node_label`, selecting the sets of `roles`.
+pub fn pool(name: &str, roles: &[&str], node_label: &str) -> pinset_k8s::api::MachineConfigPool {
+    serde_json::from_value(serde_json::json!({
+        "apiVersion": "machineconfiguration.openshift.io/v1",
+        "kind": "MachineConfigPool",
+        "metadata": {"name": name},
+        "spec": {
+            "machineConfigSelector": {"matchExpressions": [
+                {"key": "machineconfiguration.openshift.io/role", "operator": "In", "values": roles}
+            ]},
+            "nodeSelector": {"matchLabels": {node_label: ""}}
+        }
+    }))
+    .unwrap()
+}
+
+/// A PinnedImageSet `name` of `images` for role `role`, as the JSON an operator writes (the
+/// server may refuse it: the tests of its validation send it as it is).
+pub fn set_json(name: &str, role: &str, images: &[String]) -> serde_json::Value {
+    serde_json::json!({
+        "apiVersion": "machineconfiguration.openshift.io/v1",
+        "kind": "PinnedImageSet",
+        "metadata": {"name": name, "labels": {"machineconfiguration.openshift.io/role": role}},
+        "spec": {"pinnedImages": images.iter().map(|n| serde_json::json!({"name": n})).collect::<Vec<_>>()}
+    })
+}
+
+/// [`set_json`], typed.
+pub fn set(name: &str, role: &str, images: &[String]) -> pinset_k8s::api::PinnedImageSet {
+    serde_json::from_value(set_json(name, role, images)).unwrap()
+}

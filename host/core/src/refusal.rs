@@ -97,7 +97,8 @@ impl Refusal {
         match self {
             Refusal::RegistryAway => "pinset asks again with backoff; nothing to change",
             Refusal::RegistryRefused => {
-                "check the registry's credentials (the node's config.json) and permissions"
+                "check the registry's credentials (the node's config.json), permissions and \
+                 answers (the cause says which)"
             }
             Refusal::NotFound => "push the module, or name the digest that was pushed",
             Refusal::WrongDigest => "the registry or a mirror serves other content: check it",

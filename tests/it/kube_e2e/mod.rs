@@ -1,0 +1,735 @@
+//! pinset in a cluster, end to end: a real API server (apiextensions-apiserver + etcd) under the
+//! RBAC of `deploy/`, `pinset controller` and `pinset agent` processes (each agent with
+//! `--node-file` and its own real containerd), images and policy modules pushed to a real
+//! registry. This file holds the fixtures every scenario shares — the cluster ([`Cluster`]: its
+//! registry, API server, identities and scratch directory; [`Cluster::agent`],
+//! [`Cluster::controller`]), the objects' builders ([`pool`], [`set`], [`roles`]), what the tests
+//! read back ([`node_state`], [`pool_counts`], [`rollout_of`], [`policy_of`], [`look`]), the
+//! policy releases ([`Releases`], [`ShippedPolicies`]) and [`eventually`] — and one file per
+//! subject holds its scenarios:
+//!
+//! - `pinning`: sets pulled, pinned and reported by two nodes in three pools (creation, a new
+//!   generation, deletion, a failing image, Events, metrics, SIGTERM); an agent killed mid-run;
+//!   an API server outage;
+//! - `image`: the container image `scripts/image.sh` builds, run under containerd, its agent
+//!   pinning a set;
+//! - `fleet`: a fleet policy pacing three nodes, a failed canary held, hostile fleet modules;
+//! - `policy_rollout`: a pool's node policy changed canary-first, a bad module held, `rollout
+//!   status` following the change, the manual's recipe run as written;
+//! - `trust`: a rule missing from the manifests, a registry away and a key removed, a registry
+//!   that misbehaves on purpose.
+
+mod fleet;
+mod image;
+mod pinning;
+mod policy_rollout;
+mod trust;
+
+use crate::support::{self, pool, set};
+
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use pinset_k8s::api::{
+    CONDITION_DEGRADED, CONDITION_PROGRESSING, MachineConfigNode, MachineConfigPool, PinnedImageSet,
+};
+use serde_json::json;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// A `pinset` process, its log kept in a file; killed when dropped.
+struct Proc {
+    child: Child,
+    log: PathBuf,
+}
+
+impl Proc {
+    fn start(args: &[String], log: PathBuf) -> Proc {
+        let mut command = Command::new(support::PINSET);
+        command.args(args).env(
+            "PINSET_LOG",
+            std::env::var("PINSET_TEST_LOG").unwrap_or_else(|_| "info".into()),
+        );
+        Proc::spawn(command, log)
+    }
+
+    /// `command` with its stdout discarded and its stderr in `log`.
+    fn spawn(mut command: Command, log: PathBuf) -> Proc {
+        let child = command
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap_or_else(|e| panic!("start {command:?}: {e}"));
+        Proc { child, log }
+    }
+
+    fn log(&self) -> String {
+        let t = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let lines: Vec<&str> = t.lines().collect();
+        let keep: usize = std::env::var("PINSET_TEST_LOG_LINES")
+            .ok()
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(40);
+        lines[lines.len().saturating_sub(keep)..].join("\n")
+    }
+
+    /// SIGTERM, then the time the process took to exit.
+    fn terminate(&mut self) -> Duration {
+        let started = Instant::now();
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                assert!(status.success(), "exit status {status}: {}", self.log());
+                return started.elapsed();
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(30),
+                "no exit after SIGTERM"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Poll `check` until it returns `Some`, or fail with `what` and the logs.
+async fn eventually<T, F, Fut>(what: &str, logs: &dyn Fn() -> String, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, String>>,
+{
+    let deadline = Instant::now() + Duration::from_secs(90);
+    loop {
+        match check().await {
+            Ok(v) => return v,
+            Err(last) if Instant::now() > deadline => {
+                panic!("{what}: not reached in 90 s; last: {last}\n{}", logs())
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(150)).await,
+        }
+    }
+}
+
+/// The labels of a node with these roles.
+fn roles(roles: &[&str]) -> Vec<(String, String)> {
+    roles
+        .iter()
+        .map(|r| (format!("node-role.kubernetes.io/{r}"), String::new()))
+        .collect()
+}
+
+fn node_file(dir: &Path, name: &str, labels: &[(String, String)]) -> PathBuf {
+    let labels: String = labels
+        .iter()
+        .map(|(k, v)| format!("    {k}: \"{v}\"\n"))
+        .collect();
+    let path = dir.join(format!("{name}.yaml"));
+    std::fs::write(
+        &path,
+        format!(
+            "apiVersion: v1\nkind: Node\nmetadata:\n  name: {name}\n  labels:\n{labels}status:\n  allocatable: {{ephemeral-storage: 100Gi}}\n  conditions:\n    - {{type: Ready, status: \"True\"}}\n    - {{type: DiskPressure, status: \"False\"}}\n"
+        ),
+    )
+    .unwrap();
+    path
+}
+
+fn pool_sets(p: &MachineConfigPool) -> Vec<String> {
+    p.spec
+        .pinned_image_sets
+        .iter()
+        .flatten()
+        .map(|s| s.name.clone())
+        .collect()
+}
+
+/// (machineCount, updatedMachineCount, Degraded status and message) of a pool.
+fn pool_counts(p: &MachineConfigPool) -> Option<(i64, i64, String, String)> {
+    let st = p.status.as_ref()?;
+    let sync = st
+        .pool_synchronizers_status
+        .iter()
+        .find(|s| s.pool_synchronizer_type == "PinnedImageSets")?;
+    let degraded = st
+        .conditions
+        .iter()
+        .find(|c| c.type_ == CONDITION_DEGRADED)?;
+    Some((
+        sync.machine_count,
+        sync.updated_machine_count,
+        degraded.status.clone(),
+        degraded.message.clone(),
+    ))
+}
+
+/// Per set (name, desired, current generation), and the Progressing and Degraded statuses.
+type NodeState = (Vec<(String, i64, Option<i64>)>, String, String);
+
+/// The state of a node done with `sets` (name, generation): each at its generation, neither
+/// progressing nor degraded.
+fn settled(sets: &[(&str, i64)]) -> NodeState {
+    let sets = sets
+        .iter()
+        .map(|&(name, generation)| (name.to_string(), generation, Some(generation)))
+        .collect();
+    (sets, "False".into(), "False".into())
+}
+
+fn node_state(n: &MachineConfigNode) -> NodeState {
+    let st = n.status.clone().unwrap_or_default();
+    let cond = |t: &str| {
+        st.conditions
+            .iter()
+            .find(|c| c.type_ == t)
+            .map(|c| c.status.clone())
+            .unwrap_or_default()
+    };
+    (
+        st.pinned_image_sets
+            .iter()
+            .map(|s| (s.name.clone(), s.desired_generation, s.current_generation))
+            .collect(),
+        cond(CONDITION_PROGRESSING),
+        cond(CONDITION_DEGRADED),
+    )
+}
+
+async fn metrics(port: u16) -> String {
+    get(port, "/metrics").await
+}
+
+/// The whole HTTP response (status line, headers, body) to `GET path`.
+async fn get(port: u16, path: &str) -> String {
+    try_get(port, path).await.unwrap()
+}
+
+async fn try_get(port: u16, path: &str) -> Result<String, String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let e = |e: std::io::Error| format!("GET 127.0.0.1:{port}{path}: {e}");
+    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .map_err(e)?;
+    s.write_all(format!("GET {path} HTTP/1.0\r\n\r\n").as_bytes())
+        .await
+        .map_err(e)?;
+    let mut out = String::new();
+    s.read_to_string(&mut out).await.map_err(e)?;
+    Ok(out)
+}
+
+/// The registry and the API server with pinset's CRDs, a client (the test's own, in
+/// `system:masters`) and a scratch directory. The server authorizes every other client with the
+/// RBAC rendered from `deploy/` (`authorizer`): the controller, the agents and the rollout CLI
+/// run as their own identities — the components' service accounts, and an operator bound to the
+/// `pinset-rollout` ClusterRole — so a rule missing from the manifests fails the test with 403.
+struct Cluster {
+    registry: support::Registry,
+    server: support::apiserver::ApiServer,
+    client: kube::Client,
+    dir: tempfile::TempDir,
+    authorizer: support::rbac::Authorizer,
+    controller_kc: std::path::PathBuf,
+    agent_kc: std::path::PathBuf,
+    operator_kc: std::path::PathBuf,
+}
+
+/// The operator the tests run `pinset rollout` as.
+const OPERATOR: &str = "alice";
+
+/// Every test ends with what the manifests' RBAC refused: nothing, or the test fails (the one
+/// test that removes a rule clears the authorizer's record once it has seen the refusal).
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        self.record_rule_usage();
+        let refused = self.refused();
+        if !refused.is_empty() && !std::thread::panicking() {
+            panic!("requests refused by the manifests' RBAC: {refused:?}");
+        }
+    }
+}
+
+impl Cluster {
+    async fn start() -> Option<Cluster> {
+        let registry = support::Registry::start()?;
+        let Some(rbac) = support::rbac::Rbac::render(&support::workspace().join("deploy")) else {
+            support::skip_or_fail("kubectl is not installed: the manifests cannot be rendered");
+            return None;
+        };
+        let rbac = rbac.with_binding("pinset-rollout", OPERATOR);
+        let authorizer = support::rbac::Authorizer::start(rbac);
+        let server = support::apiserver::ApiServer::start_authorized(&authorizer).await?;
+        server.install_crds().await;
+        server.install_events().await;
+        let client = server.client().await;
+        let dir = tempfile::tempdir().unwrap();
+        let account = |name: &str| {
+            server.kubeconfig_as(
+                &format!("system:serviceaccount:pinset:{name}"),
+                &[
+                    "system:serviceaccounts",
+                    "system:serviceaccounts:pinset",
+                    "system:authenticated",
+                ],
+            )
+        };
+        let (controller_kc, agent_kc) = (account("pinset-controller"), account("pinset-agent"));
+        let operator_kc = server.kubeconfig_as(OPERATOR, &["system:authenticated"]);
+        Some(Cluster {
+            registry,
+            server,
+            client,
+            dir,
+            authorizer,
+            controller_kc,
+            agent_kc,
+            operator_kc,
+        })
+    }
+
+    /// Append which rule allowed which request to `$PINSET_RBAC_USAGE` (JSON lines), when set:
+    /// the rule table of docs/RBAC.md is made from a run of this suite.
+    fn record_rule_usage(&self) {
+        let Some(path) = std::env::var_os("PINSET_RBAC_USAGE") else {
+            return;
+        };
+        let mut lines = String::new();
+        for d in self.authorizer.decisions() {
+            if let Some(rule) = &d.allowed_by {
+                let line =
+                    json!({"role": rule.role, "rule": rule.index, "request": d.request.describe()});
+                lines.push_str(&format!("{line}\n"));
+            }
+        }
+        use std::io::Write;
+        let mut file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+            .unwrap();
+        file.write_all(lines.as_bytes()).unwrap();
+    }
+
+    /// The requests the authorizer refused (none, when the manifests grant what pinset needs).
+    fn refused(&self) -> Vec<String> {
+        self.authorizer
+            .unexpected_refusals()
+            .iter()
+            .map(|d| d.request.describe())
+            .collect()
+    }
+
+    /// `n` containerds of their own, each able to pull from the cluster's registry.
+    fn runtimes(&self, n: usize) -> Option<Vec<support::Containerd>> {
+        (0..n)
+            .map(|_| support::Containerd::start(&self.registry.host))
+            .collect()
+    }
+
+    /// `pinset controller` as its service account, serving metrics on `port`, logging to `log`
+    /// in the scratch directory, with `extra` flags.
+    fn controller(&self, port: u16, log: &str, extra: &[String]) -> Proc {
+        let mut args = vec![
+            "controller".into(),
+            format!("--kubeconfig={}", self.controller_kc.display()),
+            format!("--metrics-addr=127.0.0.1:{port}"),
+        ];
+        args.extend_from_slice(extra);
+        Proc::start(&args, self.dir.path().join(log))
+    }
+
+    /// `pinset agent` for node `name` (facts from a node file with `labels`), on `runtime`,
+    /// serving metrics on `port`, logging to `log` in the scratch directory, with `extra` flags.
+    fn agent(
+        &self,
+        name: &str,
+        labels: &[(String, String)],
+        runtime: &support::Containerd,
+        port: u16,
+        log: &str,
+        extra: &[String],
+    ) -> Proc {
+        let node = node_file(self.dir.path(), name, labels);
+        let mut args = vec![
+            "agent".into(),
+            format!("--kubeconfig={}", self.agent_kc.display()),
+            format!("--metrics-addr=127.0.0.1:{port}"),
+            format!("--node-name={name}"),
+            format!("--node-file={}", node.display()),
+            format!("--cri={}", runtime.endpoint()),
+            "--pin=containerd".into(),
+            format!("--insecure-registry={}", self.registry.host),
+            "--retry-seconds=1".into(),
+        ];
+        args.extend_from_slice(extra);
+        Proc::start(&args, self.dir.path().join(log))
+    }
+}
+
+/// Policy modules pushed to the cluster's registry: the hostile test module signed, the default
+/// unsigned; the public key agents require.
+struct ShippedPolicies {
+    signed: String,
+    unsigned: String,
+    public_key: String,
+    registry: String,
+    dir: std::path::PathBuf,
+}
+
+impl ShippedPolicies {
+    fn push(cluster: &Cluster, dir: &std::path::Path) -> ShippedPolicies {
+        let host = cluster.registry.host.clone();
+        let run = |args: &[&str]| {
+            let (code, out, err) = support::pinset(args);
+            assert_eq!(code, 0, "pinset {args:?}: {err}");
+            out.trim().to_string()
+        };
+        let push = |stem: &str, tag: &str| {
+            let file = support::policy_path(stem);
+            let target = format!("{host}/policies/{tag}");
+            run(&[
+                "policy",
+                "push",
+                file.to_str().unwrap(),
+                &target,
+                "--insecure-registry",
+                &host,
+            ])
+        };
+        let signed = push("pinset_test_policy_hostile", "hostile:e2e");
+        let unsigned = push("pinset_policy_default", "default:e2e");
+        let prefix = dir.join("cosign");
+        run(&[
+            "policy",
+            "keygen",
+            "--output-key-prefix",
+            prefix.to_str().unwrap(),
+            "--allow-empty-password",
+        ]);
+        let key = prefix.with_extension("key");
+        run(&[
+            "policy",
+            "sign",
+            &signed,
+            "--key",
+            key.to_str().unwrap(),
+            "--insecure-registry",
+            &host,
+        ]);
+        let public_key = std::fs::read_to_string(prefix.with_extension("pub")).unwrap();
+        ShippedPolicies {
+            signed,
+            unsigned,
+            public_key,
+            registry: host,
+            dir: dir.to_path_buf(),
+        }
+    }
+
+    /// An agent's flags: a policy configuration naming `module` for `pool`, signatures
+    /// required, and a cache of its own.
+    fn agent_args(&self, pool: &str, module: &str, node: &str) -> Vec<String> {
+        let config = self.dir.join(format!("{node}-policies.yaml"));
+        let yaml = format!(
+            "verify:\n  keys: [{:?}]\npools:\n  {pool}:\n    module: oci://{module}\n",
+            self.public_key
+        );
+        std::fs::write(&config, yaml).unwrap();
+        vec![
+            format!("--policy-config={}", config.display()),
+            format!("--policy-insecure-registry={}", self.registry),
+            format!(
+                "--policy-cache={}",
+                self.dir.join(format!("{node}-cache")).display()
+            ),
+        ]
+    }
+}
+
+fn cri(runtime: &support::Containerd) -> pinset_node::cri::client::CriClient {
+    pinset_node::cri::client::CriClient::new(pinset_node::cri::client::CriConfig {
+        endpoint: runtime.endpoint(),
+        ..Default::default()
+    })
+    .unwrap()
+}
+
+/// The master pool and one set `release` of `count` images of 1 MiB pushed to the bed's
+/// registry (a control-plane node pulls one at a time with a 1 s pause: about a second per
+/// image); the images, and the MachineConfigNode API.
+async fn release_set(
+    cluster: &Cluster,
+    prefix: &str,
+    count: usize,
+    seed: u64,
+) -> (Vec<String>, Api<MachineConfigNode>) {
+    let client = cluster.client.clone();
+    let refs = support::push_images(&cluster.registry, prefix, count, 1 << 20, seed).await;
+    let pools: Api<MachineConfigPool> = Api::all(client.clone());
+    let sets: Api<PinnedImageSet> = Api::all(client.clone());
+    let pp = PostParams::default();
+    pools
+        .create(
+            &pp,
+            &pool("master", &["master"], "node-role.kubernetes.io/master"),
+        )
+        .await
+        .unwrap();
+    sets.create(&pp, &set("release", "master", &refs))
+        .await
+        .unwrap();
+    (refs, Api::all(client))
+}
+
+impl Cluster {
+    /// The agent of node cp-0 (the master pool of [`release_set`]) on `runtime`, free to pull
+    /// without a grant, serving metrics on `port` and logging to `log`.
+    fn release_agent(&self, runtime: &support::Containerd, port: u16, log: &str) -> Proc {
+        let free = ["--rollout=free".into()];
+        self.agent("cp-0", &roles(&["master"]), runtime, port, log, &free)
+    }
+}
+
+/// Images of `refs` containerd has, and how many of them it reports pinned.
+async fn present_and_pinned(
+    cri: &pinset_node::cri::client::CriClient,
+    refs: &[String],
+) -> (usize, usize) {
+    let (mut present, mut pinned) = (0, 0);
+    for r in refs {
+        if let Some(image) = cri.image_status(r).await.unwrap() {
+            present += 1;
+            pinned += usize::from(image.pinned);
+        }
+    }
+    (present, pinned)
+}
+
+fn metric(text: &str, name: &str) -> u64 {
+    text.lines()
+        .find(|l| l.starts_with(name) && l[name.len()..].starts_with(' '))
+        .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .map_or(0, |v| v as u64)
+}
+
+/// One look at the fleet: per node (name) whether it holds a grant for `set` at `generation`,
+/// whether it pinned that generation, and how many of `images` its containerd holds.
+#[derive(Debug)]
+struct FleetLook {
+    granted: Vec<bool>,
+    done: Vec<bool>,
+    present: Vec<usize>,
+}
+
+const FLEET_NODES: [&str; 3] = ["w-0", "w-1", "w-2"];
+
+/// containerd first, then the MachineConfigNodes: a grant precedes any pull, so a node seen
+/// without a grant after its images were counted had none when they were.
+async fn look(
+    nodes: &Api<MachineConfigNode>,
+    cris: &[pinset_node::cri::client::CriClient],
+    set_name: &str,
+    generation: i64,
+    images: &[String],
+) -> FleetLook {
+    let mut present = Vec::new();
+    for cri in cris {
+        present.push(present_and_pinned(cri, images).await.0);
+    }
+    let list = nodes.list(&Default::default()).await.unwrap();
+    let find = |name: &str| {
+        list.items
+            .iter()
+            .find(|n| n.metadata.name.as_deref() == Some(name))
+    };
+    let granted = FLEET_NODES
+        .iter()
+        .map(|name| {
+            find(name)
+                .and_then(|n| n.spec.rollout_grant.clone())
+                .is_some_and(|g| {
+                    g.sets
+                        .iter()
+                        .any(|s| s.name == set_name && s.generation >= generation)
+                })
+        })
+        .collect();
+    let done = FLEET_NODES
+        .iter()
+        .map(|name| {
+            find(name).is_some_and(|n| {
+                node_state(n)
+                    .0
+                    .iter()
+                    .any(|s| s.0 == set_name && s.2 == Some(generation))
+            })
+        })
+        .collect();
+    FleetLook {
+        granted,
+        done,
+        present,
+    }
+}
+
+/// The controller's grant writes and waves, once it has counted at least `at_least` of each.
+async fn grants_and_waves(port: u16, at_least: u64) -> (u64, u64) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let m = metrics(port).await;
+        let g = metric(&m, "pinset_api_writes_total{kind=\"node_grant\"}");
+        let w = metric(&m, "pinset_rollout_waves_total{pool=\"worker\"}");
+        if g >= at_least && w >= at_least {
+            return (g, w);
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{at_least} grant(s) and wave(s) not counted:\n{m}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn fleet_pool() -> MachineConfigPool {
+    pool("worker", &["worker"], "node-role.kubernetes.io/worker")
+}
+
+/// The pool's rollout status and its Degraded and PolicyFallback conditions.
+fn rollout_of(p: &MachineConfigPool) -> (Option<pinset_k8s::api::PoolRollout>, String, String) {
+    let st = p.status.clone().unwrap_or_default();
+    let cond = |t: &str| {
+        st.conditions
+            .iter()
+            .find(|c| c.type_ == t && c.status == "True")
+            .map(|c| c.message.clone())
+            .unwrap_or_default()
+    };
+    (
+        st.rollout.clone(),
+        cond(CONDITION_DEGRADED),
+        cond(pinset_k8s::api::CONDITION_POLICY_FALLBACK),
+    )
+}
+
+/// Node policy modules pushed for a policy rollout (references without `oci://`): v1 the
+/// default, v2 the hostile module (it traps in `order` on nodes labelled so), v3 the
+/// unthrottled one — each signed — and the floor module, unsigned. (A module is trusted by its
+/// digest: v3's bytes pushed unsigned elsewhere would be the signed v3.)
+struct Releases {
+    v1: String,
+    v2: String,
+    v3: String,
+    unsigned: String,
+    public_key: String,
+}
+
+impl Releases {
+    fn push(cluster: &Cluster, dir: &Path) -> Releases {
+        let host = cluster.registry.host.clone();
+        let run = |args: &[&str]| {
+            let (code, out, err) = support::pinset(args);
+            assert_eq!(code, 0, "pinset {args:?}: {err}");
+            out.trim().to_string()
+        };
+        let prefix = dir.join("cosign");
+        run(&[
+            "policy",
+            "keygen",
+            "--output-key-prefix",
+            prefix.to_str().unwrap(),
+            "--allow-empty-password",
+        ]);
+        let key = prefix.with_extension("key");
+        let push = |stem: &str, repo: &str, sign: bool| {
+            let file = support::policy_path(stem);
+            let target = format!("{host}/policies/{repo}:e2e");
+            let pushed = run(&[
+                "policy",
+                "push",
+                file.to_str().unwrap(),
+                &target,
+                "--insecure-registry",
+                &host,
+            ]);
+            if sign {
+                run(&[
+                    "policy",
+                    "sign",
+                    &pushed,
+                    "--key",
+                    key.to_str().unwrap(),
+                    "--insecure-registry",
+                    &host,
+                ]);
+            }
+            pushed
+        };
+        Releases {
+            v1: push("pinset_policy_default", "worker", true),
+            v2: push("pinset_test_policy_hostile", "worker-v2", true),
+            v3: push("pinset_test_policy_unthrottled", "worker-v3", true),
+            unsigned: push("pinset_test_policy_floor", "worker-unsigned", false),
+            public_key: std::fs::read_to_string(prefix.with_extension("pub")).unwrap(),
+        }
+    }
+
+    /// The PolicyConfiguration naming `module` for pool worker, and `fleet` as every pool's
+    /// fleet policy when given; signatures required.
+    async fn configure(&self, client: &kube::Client, module: &str, fleet: Option<&str>) -> Instant {
+        let api: Api<pinset_k8s::api::PolicyConfiguration> = Api::all(client.clone());
+        let mut object = json!({
+            "apiVersion": "pinset.io/v1alpha1",
+            "kind": "PolicyConfiguration",
+            "metadata": {"name": "cluster"},
+            "spec": {
+                "verify": {"keys": [self.public_key]},
+                "pools": {"worker": {"module": format!("oci://{module}")}}
+            }
+        });
+        if let Some(fleet) = fleet {
+            object["spec"]["fleet"] = json!({"module": {"module": format!("oci://{fleet}")}});
+        }
+        api.patch(
+            "cluster",
+            &PatchParams::apply("e2e").force(),
+            &Patch::Apply(&object),
+        )
+        .await
+        .unwrap();
+        Instant::now()
+    }
+}
+
+/// The node policy of node `name`: the module it runs, the reason of the refusal it reports (if
+/// any), and its PolicyFallback condition's (status, reason).
+async fn policy_of(
+    nodes: &Api<MachineConfigNode>,
+    name: &str,
+) -> Result<(Option<String>, Option<String>, (String, String)), String> {
+    let st = nodes
+        .get(name)
+        .await
+        .map_err(|e| e.to_string())?
+        .status
+        .unwrap_or_default();
+    let fallback = st
+        .conditions
+        .iter()
+        .find(|c| c.type_ == pinset_k8s::api::CONDITION_POLICY_FALLBACK)
+        .map(|c| (c.status.clone(), c.reason.clone()))
+        .unwrap_or_default();
+    Ok((
+        st.policy.map(|p| p.module),
+        st.policy_rejected.map(|r| r.reason),
+        fallback,
+    ))
+}
+
+/// The peak memory of a running process (`VmHWM`, KiB).
+fn peak_kib(p: &Proc) -> u64 {
+    support::procfs::status_kib(p.child.id(), "VmHWM:")
+}

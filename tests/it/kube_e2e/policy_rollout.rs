@@ -1,0 +1,752 @@
+use super::*;
+
+/// The module each fleet node says it runs, and the one it last refused.
+async fn node_policies(nodes: &Api<MachineConfigNode>) -> Vec<(Option<String>, Option<String>)> {
+    let mut out = Vec::new();
+    for name in FLEET_NODES {
+        let st = nodes
+            .get(name)
+            .await
+            .ok()
+            .and_then(|n| n.status)
+            .unwrap_or_default();
+        out.push((
+            st.policy.map(|p| p.module),
+            st.policy_rejected
+                .map(|r| format!("{}: {}", r.module, r.cause)),
+        ));
+    }
+    out
+}
+
+/// Which fleet nodes hold a grant for the policy entry of `module`.
+async fn policy_granted(nodes: &Api<MachineConfigNode>, module: &str) -> Vec<bool> {
+    let entry = pinset_core::rollout::policy_set(&format!("oci://{module}"));
+    let mut out = Vec::new();
+    for name in FLEET_NODES {
+        let grant = nodes
+            .get(name)
+            .await
+            .ok()
+            .and_then(|n| n.spec.rollout_grant);
+        out.push(grant.is_some_and(|g| g.sets.iter().any(|s| s.name == entry)));
+    }
+    out
+}
+
+/// A fleet node's state against the policy entry of `module`: granted it, and running it.
+fn policy_state(mcn: &MachineConfigNode, entry: &str, module: &str) -> (bool, bool) {
+    let granted = mcn
+        .spec
+        .rollout_grant
+        .as_ref()
+        .is_some_and(|g| g.sets.iter().any(|s| s.name == entry));
+    let running = mcn
+        .status
+        .as_ref()
+        .and_then(|s| s.policy.as_ref())
+        .is_some_and(|p| p.module == module);
+    (granted, running)
+}
+
+/// Apply `change` (which returns when it was made), then follow the fleet nodes through a
+/// watch — every change in the API server's order, however fast the rollout — until each runs
+/// `module`, checking that no node was granted it before the first granted one (the canary)
+/// ran it. The canary's index, and the times from the change to the canary and to the whole
+/// pool running it.
+async fn follow_policy_rollout(
+    nodes: &Api<MachineConfigNode>,
+    module: &str,
+    change: impl Future<Output = Instant>,
+    logs: &dyn Fn() -> String,
+) -> (usize, Duration, Duration) {
+    use futures::StreamExt;
+    let module = format!("oci://{module}");
+    let entry = pinset_core::rollout::policy_set(&module);
+    let mut events = std::pin::pin!(kube::runtime::watcher(nodes.clone(), Default::default()));
+    let mut state = [(false, false); FLEET_NODES.len()];
+    // The nodes as they are before the change.
+    while let Some(event) = events.next().await {
+        match event.unwrap() {
+            kube::runtime::watcher::Event::InitDone => break,
+            kube::runtime::watcher::Event::InitApply(n) => {
+                if let Some(i) = FLEET_NODES
+                    .iter()
+                    .position(|f| Some(*f) == n.metadata.name.as_deref())
+                {
+                    state[i] = policy_state(&n, &entry, &module);
+                }
+            }
+            _ => {}
+        }
+    }
+    assert!(
+        state.iter().all(|s| !s.0 && !s.1),
+        "{module} already granted: {state:?}"
+    );
+    let since = change.await;
+    let mut canary: Option<(usize, Option<Duration>)> = None;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(90);
+    loop {
+        let next = tokio::time::timeout_at(deadline, events.next()).await;
+        let event =
+            next.unwrap_or_else(|_| panic!("{module} not rolled out: {state:?}\n{}", logs()));
+        let Some(Ok(kube::runtime::watcher::Event::Apply(n))) = event else {
+            continue;
+        };
+        let Some(i) = FLEET_NODES
+            .iter()
+            .position(|f| Some(*f) == n.metadata.name.as_deref())
+        else {
+            continue;
+        };
+        state[i] = policy_state(&n, &entry, &module);
+        assert!(
+            state[i].0 || !state[i].1,
+            "{} swapped without a grant\n{}",
+            FLEET_NODES[i],
+            logs()
+        );
+        if canary.is_none() && state[i].0 {
+            canary = Some((i, None));
+        }
+        let Some((c, _)) = canary else { continue };
+        if state[c].1 {
+            canary.as_mut().unwrap().1.get_or_insert(since.elapsed());
+        }
+        let others = (0..FLEET_NODES.len())
+            .filter(|&j| j != c && state[j].0)
+            .count();
+        assert!(
+            others == 0 || canary.unwrap().1.is_some(),
+            "{} granted {module} before the canary {} ran it: {state:?}\n{}",
+            FLEET_NODES[i],
+            FLEET_NODES[c],
+            logs()
+        );
+        if state.iter().all(|s| s.1) {
+            return (c, canary.unwrap().1.unwrap(), since.elapsed());
+        }
+    }
+}
+
+/// `pinset rollout status worker --timeout 90s -o json` as `kubeconfig`, started now:
+/// (exit code, stdout, stderr).
+fn follow_worker(kubeconfig: &str) -> tokio::task::JoinHandle<(i32, String, String)> {
+    let kc = kubeconfig.to_string();
+    tokio::task::spawn_blocking(move || {
+        let args = [
+            "rollout",
+            "status",
+            "worker",
+            "--timeout",
+            "90s",
+            "-o",
+            "json",
+        ];
+        support::pinset(&[&args[..], &["--kubeconfig", &kc]].concat())
+    })
+}
+
+/// `pinset rollout status worker -o json` started right after `change` landed, with no pause
+/// between them (as a pipeline runs them): (exit code, the last status, stderr).
+async fn status_after(
+    change: impl Future<Output = Instant>,
+    kubeconfig: &str,
+) -> (i32, serde_json::Value, String) {
+    change.await;
+    let (code, out, err) = follow_worker(kubeconfig).await.unwrap();
+    let status = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}\n{err}"));
+    (code, status, err)
+}
+
+/// A pool's node policy changes while pinset runs: a module that traps is refused by the canary
+/// in its smoke test and holds the pool; a good one rolls out canary-first without restarting
+/// an agent; an unsigned one never decides anywhere; a restarted agent runs its last module from
+/// its cache with the registry gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pool_policy_change_rolls_out_canary_first_and_a_bad_one_is_held() {
+    let Some(mut cluster) = Cluster::start().await else {
+        return;
+    };
+    let Some(runtimes) = cluster.runtimes(FLEET_NODES.len()) else {
+        return;
+    };
+    let client = cluster.client.clone();
+    let operator = cluster.operator_kc.display().to_string();
+    let pools: Api<MachineConfigPool> = Api::all(client.clone());
+    let sets: Api<PinnedImageSet> = Api::all(client.clone());
+    let nodes: Api<MachineConfigNode> = Api::all(client.clone());
+    let releases = Releases::push(&cluster, cluster.dir.path());
+    releases.configure(&client, &releases.v1, None).await;
+    let images = support::push_images(&cluster.registry, "policy-rollout", 2, 50_000, 900).await;
+    pools
+        .create(&PostParams::default(), &fleet_pool())
+        .await
+        .unwrap();
+    sets.create(&PostParams::default(), &set("apps", "worker", &images))
+        .await
+        .unwrap();
+    let controller_port = support::free_port();
+    let controller = cluster.controller(
+        controller_port,
+        "policy-controller.log",
+        &[
+            "--policy-configuration=cluster".into(),
+            format!("--policy-insecure-registry={}", cluster.registry.host),
+        ],
+    );
+    let (registry_host, dir) = (
+        cluster.registry.host.clone(),
+        cluster.dir.path().to_path_buf(),
+    );
+    let agent_args = |name: &str| {
+        vec![
+            "--policy-configuration=cluster".to_string(),
+            format!("--policy-insecure-registry={registry_host}"),
+            format!(
+                "--policy-cache={}",
+                dir.join(format!("{name}-cache")).display()
+            ),
+        ]
+    };
+    let labels = {
+        let mut l = roles(&["worker"]);
+        l.push(("pinset.test/hostile".into(), "trap-order".into()));
+        l
+    };
+    let ports: Vec<u16> = FLEET_NODES.iter().map(|_| support::free_port()).collect();
+    let agents: Vec<Proc> = FLEET_NODES
+        .iter()
+        .zip(&runtimes)
+        .zip(&ports)
+        .map(|((name, runtime), port)| {
+            cluster.agent(
+                name,
+                &labels,
+                runtime,
+                *port,
+                &format!("policy-{name}.log"),
+                &agent_args(name),
+            )
+        })
+        .collect();
+    let agents = std::cell::RefCell::new(agents);
+    let logs = || {
+        let mut out = format!("--- controller ---\n{}\n", controller.log());
+        for (name, a) in FLEET_NODES.iter().zip(agents.borrow().iter()) {
+            out.push_str(&format!("--- {name} ---\n{}\n", a.log()));
+        }
+        out
+    };
+    let pids: Vec<u32> = agents.borrow().iter().map(|a| a.child.id()).collect();
+
+    // 1. v1 on every node, the set pinned; the pool counts three nodes on v1's digest.
+    let v1 = format!("oci://{}", releases.v1);
+    eventually("every node runs v1 and pins the set", &logs, || async {
+        let p = node_policies(&nodes).await;
+        let l = look(&nodes, &[], "apps", 1, &images).await;
+        (p.iter().all(|(m, _)| m.as_deref() == Some(v1.as_str())) && l.done.iter().all(|d| *d))
+            .then_some(())
+            .ok_or(format!("{p:?} {l:?}"))
+    })
+    .await;
+    // Counted by the digest the operator wrote (v1's manifest digest), not its bytes'.
+    let default_digest = releases.v1.rsplit_once('@').unwrap().1.to_string();
+    eventually(
+        "the pool counts its nodes per policy digest",
+        &logs,
+        || async {
+            let st = pools
+                .get("worker")
+                .await
+                .map_err(|e| e.to_string())?
+                .status
+                .unwrap_or_default();
+            match st.policies.as_slice() {
+                [p] if p.nodes == 3 && p.digest == default_digest && p.module == v1 => Ok(()),
+                other => Err(format!("{other:?}")),
+            }
+        },
+    )
+    .await;
+
+    // 2. v2 traps in `order` on these nodes: the canary refuses it in its smoke test, the pool
+    //    holds Degraded naming the node, the module and the cause; the others never take it.
+    //    `rollout status`, run at once after the patch, waits for the controller to see it and
+    //    exits 1 on the hold (never 0 on the status of v1's rollout).
+    let v2_digest = releases.v2.rsplit_once('@').unwrap().1.to_string();
+    let (code, status, err) =
+        status_after(releases.configure(&client, &releases.v2, None), &operator).await;
+    assert_eq!(code, 1, "{status}\n{err}\n{}", logs());
+    assert_eq!(status["standing"], "Degraded", "{status}");
+    assert!(
+        status["message"]
+            .as_str()
+            .unwrap_or("")
+            .contains(&v2_digest),
+        "{status}"
+    );
+    assert!(
+        err.contains("MachineConfigPool worker is Degraded"),
+        "{err}"
+    );
+    let held = eventually(
+        "the canary refuses v2 and the pool holds",
+        &logs,
+        || async {
+            let (_, degraded, _) =
+                rollout_of(&pools.get("worker").await.map_err(|e| e.to_string())?);
+            (degraded.contains("canary node") && degraded.contains(&v2_digest))
+                .then_some(degraded.clone())
+                .ok_or(degraded)
+        },
+    )
+    .await;
+    for said in ["smoke test", "order", "trap"] {
+        assert!(held.contains(said), "{said:?} in {held}");
+    }
+    let policies = node_policies(&nodes).await;
+    let refused: Vec<usize> = (0..3).filter(|&i| policies[i].1.is_some()).collect();
+    assert_eq!(refused.len(), 1, "{policies:?}");
+    assert!(held.contains(FLEET_NODES[refused[0]]), "{held}");
+    for _ in 0..20 {
+        let granted = policy_granted(&nodes, &releases.v2).await;
+        let p = node_policies(&nodes).await;
+        for i in (0..3).filter(|i| *i != refused[0]) {
+            assert!(
+                !granted[i],
+                "{} granted v2 after the canary refused it",
+                FLEET_NODES[i]
+            );
+        }
+        assert!(
+            p.iter().all(|(m, _)| m.as_deref() == Some(v1.as_str())),
+            "v1 everywhere: {p:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    // The fleet policy changes on the running controller mid-rollout (the canary granted, the
+    // others held): the hostile module's fleet side, which answers as the default without its
+    // annotation, decides from now on; no grant is written again.
+    let grants = |m: &str| metric(m, "pinset_api_writes_total{kind=\"node_grant\"}");
+    let written = grants(&metrics(controller_port).await);
+    let fleet = Some(releases.v2.as_str());
+    releases.configure(&client, &releases.v2, fleet).await;
+    eventually("the controller swaps its fleet policy", &logs, || async {
+        let (rollout, degraded, _) =
+            rollout_of(&pools.get("worker").await.map_err(|e| e.to_string())?);
+        let policy = rollout.map(|r| r.policy).unwrap_or_default();
+        (policy.contains("worker-v2") && degraded.contains("canary node"))
+            .then_some(())
+            .ok_or(format!("{policy} / {degraded}"))
+    })
+    .await;
+    assert_eq!(
+        grants(&metrics(controller_port).await),
+        written,
+        "no grant written again"
+    );
+
+    // 3. v3 is good: the canary first, then waves; every node runs it; no agent restarted.
+    //    `rollout status`, started the moment the patch lands, follows it to the end: exit 0.
+    let follower = std::cell::RefCell::new(None);
+    let change = async {
+        let at = releases.configure(&client, &releases.v3, fleet).await;
+        *follower.borrow_mut() = Some(follow_worker(&operator));
+        at
+    };
+    let (canary, to_canary, to_pool) =
+        follow_policy_rollout(&nodes, &releases.v3, change, &logs).await;
+    let followed = follower.borrow_mut().take().unwrap();
+    let (code, out, err) = followed.await.unwrap();
+    assert_eq!(code, 0, "{out}\n{err}\n{}", logs());
+    let followed: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let v3_entry = pinset_core::rollout::policy_set(&format!("oci://{}", releases.v3));
+    assert_eq!(followed["standing"], "Complete", "{followed}");
+    assert!(
+        followed["target"].as_str().unwrap().contains(&v3_entry) && followed["done"] == 3,
+        "the status of the change just made: {followed}"
+    );
+    eprintln!(
+        "policy rollout v3: canary {} after {to_canary:?}, whole pool (3 nodes) after {to_pool:?}",
+        FLEET_NODES[canary]
+    );
+    // `pinset rollout status` follows the policy entry like a set: the pool is complete.
+    let kc = operator.clone();
+    let (code, out, err) = tokio::task::spawn_blocking(move || {
+        support::pinset(&[
+            "rollout",
+            "status",
+            "worker",
+            "--watch=false",
+            "-o",
+            "json",
+            "--kubeconfig",
+            &kc,
+        ])
+    })
+    .await
+    .unwrap();
+    assert_eq!(code, 0, "{out}{err}");
+    let status: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let entry = pinset_core::rollout::policy_set(&format!("oci://{}", releases.v3));
+    assert!(
+        status["target"].as_str().unwrap().contains(&entry),
+        "{status}"
+    );
+    assert_eq!(status["done"], 3, "{status}");
+    for (agent, pid) in agents.borrow_mut().iter_mut().zip(&pids) {
+        assert_eq!(agent.child.id(), *pid);
+        assert!(
+            agent.child.try_wait().unwrap().is_none(),
+            "an agent exited\n{}",
+            logs()
+        );
+    }
+    let m = metrics(ports[canary]).await;
+    assert!(
+        metric(&m, "pinset_policy_swaps_total{result=\"swapped\"}") >= 2,
+        "{m}"
+    );
+    assert!(
+        metric(&m, "pinset_policy_swaps_total{result=\"rejected\"}") >= 1,
+        "{m}"
+    );
+    let v3_digest = releases.v3.rsplit_once('@').unwrap().1.to_string();
+    assert!(m.contains(&format!("digest=\"{v3_digest}\"")), "{m}");
+    eventually(
+        "the pool reports the rollout and its Degraded lifts",
+        &logs,
+        || async {
+            let p = pools.get("worker").await.map_err(|e| e.to_string())?;
+            let (_, degraded, _) = rollout_of(&p);
+            let counts = p.status.unwrap_or_default().policies;
+            (degraded.is_empty() && counts.len() == 1 && counts[0].digest == v3_digest)
+                .then_some(())
+                .ok_or(format!("{degraded} {counts:?}"))
+        },
+    )
+    .await;
+    // The Events say it: the canary's refusal of v2, each swap, the pool's rollout of v3.
+    let events: Api<k8s_openapi::api::events::v1::Event> = Api::all(client.clone());
+    let v3_entry = pinset_core::rollout::policy_set(&format!("oci://{}", releases.v3));
+    let v3_hex = v3_entry.trim_start_matches("policy@");
+    eventually("the policy Events are recorded", &logs, || async {
+        let list = events
+            .list(&Default::default())
+            .await
+            .map_err(|e| e.to_string())?;
+        let seen: Vec<(String, String, String)> = list
+            .items
+            .iter()
+            .map(|e| {
+                let r = e.regarding.clone().unwrap_or_default();
+                let why = (
+                    e.reason.clone().unwrap_or_default(),
+                    e.note.clone().unwrap_or_default(),
+                );
+                (r.name.unwrap_or_default(), why.0, why.1)
+            })
+            .collect();
+        let has = |name: &str, reason: &str, note: &str| {
+            seen.iter()
+                .any(|(n, r, t)| n == name && r == reason && t.contains(note))
+        };
+        let canary_name = FLEET_NODES[refused[0]];
+        (has(canary_name, "PolicyRejected", &v2_digest)
+            && has(canary_name, "PolicySwapped", "unthrottled")
+            && has("worker", "PolicyRolledOut", v3_hex))
+        .then_some(())
+        .ok_or(format!("{seen:?}"))
+    })
+    .await;
+
+    // 4. An unsigned module never reaches a node: the controller checks its signature before
+    //    the pool's target names it; the pool is Degraded naming it, no node is granted it,
+    //    every node keeps v3.
+    let (code, status, err) = status_after(
+        releases.configure(&client, &releases.unsigned, fleet),
+        &operator,
+    )
+    .await;
+    assert_eq!(code, 1, "{status}\n{err}");
+    let why = status["message"].as_str().unwrap_or_default().to_string();
+    assert!(
+        why.contains("worker-unsigned")
+            && why.contains("(Unsigned)")
+            && why.contains("no cosign signature")
+            && why.contains("every node keeps its module"),
+        "{why}"
+    );
+    // A digest the registry does not hold is not found, not unsigned.
+    let (repo, _) = releases.unsigned.rsplit_once('@').unwrap();
+    let missing = format!("{repo}@sha256:{}", "0".repeat(64));
+    let (code, status, err) =
+        status_after(releases.configure(&client, &missing, fleet), &operator).await;
+    assert_eq!(code, 1, "{status}\n{err}");
+    let why = status["message"].as_str().unwrap_or_default();
+    assert!(
+        why.contains("(NotFound)") && !why.contains("no cosign signature"),
+        "{why}"
+    );
+    releases.configure(&client, &releases.unsigned, fleet).await;
+    // The Degraded status was written by the decision that left the module out of the target.
+    let granted = policy_granted(&nodes, &releases.unsigned).await;
+    assert!(
+        granted.iter().all(|g| !g),
+        "a node was granted the unsigned module"
+    );
+    let p = node_policies(&nodes).await;
+    let v3 = format!("oci://{}", releases.v3);
+    assert!(
+        p.iter().all(|(m, _)| m.as_deref() == Some(v3.as_str())),
+        "{p:?}"
+    );
+    // 4b. A policy change while a pull is in flight: the reconcile finishes with the module it
+    //     started with, nothing is cancelled, and the node swaps after it.
+    let late = support::push_images(&cluster.registry, "policy-late", 1, 50_000, 901).await;
+    cluster.registry.stop();
+    sets.create(&PostParams::default(), &set("late", "worker", &late))
+        .await
+        .unwrap();
+    let puller = eventually("a canary is granted the new set", &logs, || async {
+        let l = look(&nodes, &[], "late", 1, &late).await;
+        l.granted.iter().position(|g| *g).ok_or(format!("{l:?}"))
+    })
+    .await;
+    let again_lines = |i: usize| {
+        agents.borrow()[i]
+            .log()
+            .matches("the desired state changed: reconciling again")
+            .count()
+    };
+    // The pull waits on the registry (the agent retries it): the policy changes meanwhile.
+    eventually(
+        "the canary pulls the new set, its registry away",
+        &logs,
+        || async {
+            let n = nodes
+                .get(FLEET_NODES[puller])
+                .await
+                .map_err(|e| e.to_string())?;
+            let (sets, progressing, _) = node_state(&n);
+            let pulling =
+                progressing == "True" && sets.iter().any(|s| s.0 == "late" && s.2.is_none());
+            pulling
+                .then_some(())
+                .ok_or(format!("{sets:?} progressing {progressing}"))
+        },
+    )
+    .await;
+    let restarts_before = again_lines(puller);
+    releases.configure(&client, &releases.v1, fleet).await;
+    let v1_digest = releases.v1.rsplit('@').next().unwrap().to_string();
+    eventually("the pool's target names v1", &logs, || async {
+        let (rollout, _, _) = rollout_of(&pools.get("worker").await.map_err(|e| e.to_string())?);
+        let target = rollout.map(|r| r.target).unwrap_or_default();
+        target.contains(&v1_digest).then_some(()).ok_or(target)
+    })
+    .await;
+    cluster.registry.restart();
+    eventually("every node pins the new set and runs v1", &logs, || async {
+        let l = look(&nodes, &[], "late", 1, &late).await;
+        let p = node_policies(&nodes).await;
+        let on_v1 = p.iter().all(|(m, _)| m.as_deref() == Some(v1.as_str()));
+        (l.done.iter().all(|d| *d) && on_v1)
+            .then_some(())
+            .ok_or(format!("{l:?} {p:?}"))
+    })
+    .await;
+    assert_eq!(
+        again_lines(puller),
+        restarts_before,
+        "the policy change cancelled {}'s reconcile\n{}",
+        FLEET_NODES[puller],
+        logs()
+    );
+    let change = releases.configure(&client, &releases.v3, fleet);
+    let (_, to_canary, to_pool) = follow_policy_rollout(&nodes, &releases.v3, change, &logs).await;
+    eprintln!("policy rollout v3 again: canary after {to_canary:?}, whole pool after {to_pool:?}");
+    // A set change, followed the moment it is made: exit 0 once every node pins its generation.
+    let more = support::push_images(&cluster.registry, "policy-more", 1, 50_000, 902).await;
+    let change = async {
+        let mut apps = sets.get("apps").await.unwrap();
+        let extra = pinset_k8s::api::PinnedImageRef {
+            name: more[0].clone(),
+        };
+        apps.spec.pinned_images.push(extra);
+        sets.replace("apps", &PostParams::default(), &apps)
+            .await
+            .unwrap();
+        Instant::now()
+    };
+    let (code, status, err) = status_after(change, &operator).await;
+    assert_eq!(code, 0, "{status}\n{err}\n{}", logs());
+    assert!(
+        status["target"].as_str().unwrap().starts_with("apps@2,") && status["done"] == 3,
+        "{status}"
+    );
+
+    // 5. The registry goes away and an agent restarts: it decides with v3 from its cache.
+    cluster.registry.stop();
+    let restarted = (canary + 1) % 3;
+    agents.borrow_mut()[restarted].terminate();
+    let name = FLEET_NODES[restarted];
+    let again = cluster.agent(
+        name,
+        &labels,
+        &runtimes[restarted],
+        ports[restarted],
+        &format!("policy-{name}-restarted.log"),
+        &agent_args(name),
+    );
+    agents.borrow_mut()[restarted] = again;
+    eventually(
+        "the restarted agent runs v3 from its cache",
+        &logs,
+        || async {
+            let m = try_get(ports[restarted], "/metrics").await?;
+            m.contains(&format!("digest=\"{v3_digest}\""))
+                .then_some(())
+                .ok_or(m)
+        },
+    )
+    .await;
+    let log = agents.borrow()[restarted].log();
+    assert!(
+        log.contains("deciding with the module the node ran before the restart"),
+        "{log}"
+    );
+    assert!(!log.contains("refused"), "{log}");
+
+    // 6. The manual's recipe (docs/policy-rollout.md), run as written: its lines with the
+    //    registry, the module, the key and the digest it printed filled in, in one shell whose
+    //    registries file and kubeconfig are this cluster's.
+    cluster.registry.restart();
+    readme_recipe(&cluster, &logs).await;
+}
+
+/// The shell block of docs/policy-rollout.md ("Changing a pool's policy"), each command with
+/// its `…` filled in, run by bash in order; every one exits 0 and the pool then counts its
+/// nodes on the module.
+async fn readme_recipe(cluster: &Cluster, logs: &dyn Fn() -> String) {
+    let page = support::workspace().join("docs/policy-rollout.md");
+    let readme = std::fs::read_to_string(page).unwrap();
+    let section = readme.split("# Changing a pool's policy").nth(1).unwrap();
+    let block = section
+        .split("```sh\n")
+        .nth(1)
+        .unwrap()
+        .split("```")
+        .next()
+        .unwrap();
+    let commands: Vec<String> = block
+        .replace("\\\n", " ")
+        .lines()
+        .map(|l| l.split("  #").next().unwrap().trim().to_string())
+        .filter(|l| !l.is_empty())
+        .collect();
+    assert_eq!(commands.len(), 5, "{block}");
+    let dir = cluster.dir.path();
+    let host = cluster.registry.host.clone();
+    let sources = dir.join("registries.yaml");
+    std::fs::write(&sources, format!("insecureRegistries: [{host}]\n")).unwrap();
+    let credentials = dir.join("no-credentials.json");
+    std::fs::write(&credentials, "{}").unwrap();
+    let module = support::policy_path("pinset_policy_smallest_first");
+    let fill = |c: &str, digest: &str| {
+        c.replace("registry.example.com", &host)
+            .replace("policy.wasm", module.to_str().unwrap())
+            .replace("~/.docker/config.json", credentials.to_str().unwrap())
+            .replace("cosign.key", dir.join("cosign.key").to_str().unwrap())
+            .replace("sha256:…", digest)
+    };
+    let bin = std::path::Path::new(support::PINSET)
+        .parent()
+        .unwrap()
+        .to_path_buf();
+    let path = format!(
+        "{}:{}",
+        bin.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let mut digest = String::new();
+    for command in &commands[..4] {
+        let line = fill(command, &digest);
+        if line.starts_with("kubectl ") {
+            kubectl_patch(cluster, &line).await;
+            continue;
+        }
+        let (kc, env, path) = (
+            cluster.server.kubeconfig.clone(),
+            sources.clone(),
+            path.clone(),
+        );
+        let out = tokio::task::spawn_blocking(move || {
+            // A deadline on each line: the recipe's `rollout status` waits as long as it takes.
+            let mut command = std::process::Command::new("timeout");
+            support::without_terminal(command.args(["180", "bash", "-c", &line]))
+                .env("PATH", path)
+                .env("PINSET_REGISTRIES", env)
+                .env("KUBECONFIG", kc)
+                .env("PINSET_LOG", "warn")
+                .output()
+                .unwrap()
+        })
+        .await
+        .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            out.status.success(),
+            "{command}: {stdout}{stderr}\n{}",
+            logs()
+        );
+        if digest.is_empty() {
+            digest = stdout.trim().rsplit_once('@').unwrap().1.to_string();
+        }
+    }
+    // `kubectl get mcp worker -o jsonpath='{.status.policies}'`: the pool's counts land with
+    // the controller's next status write, so asked until they do.
+    assert!(
+        commands[4].contains("{.status.policies}"),
+        "{}",
+        commands[4]
+    );
+    let pools: Api<MachineConfigPool> = Api::all(cluster.client.clone());
+    eventually(
+        "the pool counts its nodes on the module just rolled out",
+        logs,
+        || async {
+            let p = pools.get("worker").await.map_err(|e| e.to_string())?;
+            let counts = p.status.unwrap_or_default().policies;
+            match counts.as_slice() {
+                [c] if c.digest == digest && c.nodes == 3 => Ok(()),
+                other => Err(format!("{other:?}")),
+            }
+        },
+    )
+    .await;
+}
+
+/// A recipe's `kubectl patch KIND NAME --type merge -p 'JSON'`, done through the API with the
+/// line's own JSON: kubectl asks for the core API group's discovery, which the test API server
+/// (apiextensions-apiserver) does not serve.
+async fn kubectl_patch(cluster: &Cluster, line: &str) {
+    assert!(
+        line.starts_with("kubectl patch policyconfiguration cluster --type merge"),
+        "{line}"
+    );
+    let json = line.split("-p '").nth(1).unwrap().trim_end_matches('\'');
+    let patch: serde_json::Value = serde_json::from_str(json).unwrap();
+    let api: Api<pinset_k8s::api::PolicyConfiguration> = Api::all(cluster.client.clone());
+    api.patch(
+        "cluster",
+        &Default::default(),
+        &kube::api::Patch::Merge(&patch),
+    )
+    .await
+    .unwrap();
+}
