@@ -5,7 +5,7 @@
 //! registry, API server, identities and scratch directory; [`Cluster::agent`],
 //! [`Cluster::controller`]), the objects' builders ([`pool`], [`set`], [`roles`]), what the tests
 //! read back ([`node_state`], [`pool_counts`], [`rollout_of`], [`policy_of`], [`look`]), the
-//! policy releases ([`Releases`], [`ShippedPolicies`]) and [`eventually`] — and one file per
+//! policy releases ([`Releases`]) and [`eventually`] — and one file per
 //! subject holds its scenarios:
 //!
 //! - `pinning`: sets pulled, pinned and reported by two nodes in three pools (creation, a new
@@ -370,86 +370,6 @@ impl Cluster {
     }
 }
 
-/// Policy modules pushed to the cluster's registry: the hostile test module signed, the default
-/// unsigned; the public key agents require.
-struct ShippedPolicies {
-    signed: String,
-    unsigned: String,
-    public_key: String,
-    registry: String,
-    dir: std::path::PathBuf,
-}
-
-impl ShippedPolicies {
-    fn push(cluster: &Cluster, dir: &std::path::Path) -> ShippedPolicies {
-        let host = cluster.registry.host.clone();
-        let run = |args: &[&str]| {
-            let (code, out, err) = support::pinset(args);
-            assert_eq!(code, 0, "pinset {args:?}: {err}");
-            out.trim().to_string()
-        };
-        let push = |stem: &str, tag: &str| {
-            let file = support::policy_path(stem);
-            let target = format!("{host}/policies/{tag}");
-            run(&[
-                "policy",
-                "push",
-                file.to_str().unwrap(),
-                &target,
-                "--insecure-registry",
-                &host,
-            ])
-        };
-        let signed = push("pinset_test_policy_hostile", "hostile:e2e");
-        let unsigned = push("pinset_policy_default", "default:e2e");
-        let prefix = dir.join("cosign");
-        run(&[
-            "policy",
-            "keygen",
-            "--output-key-prefix",
-            prefix.to_str().unwrap(),
-            "--allow-empty-password",
-        ]);
-        let key = prefix.with_extension("key");
-        run(&[
-            "policy",
-            "sign",
-            &signed,
-            "--key",
-            key.to_str().unwrap(),
-            "--insecure-registry",
-            &host,
-        ]);
-        let public_key = std::fs::read_to_string(prefix.with_extension("pub")).unwrap();
-        ShippedPolicies {
-            signed,
-            unsigned,
-            public_key,
-            registry: host,
-            dir: dir.to_path_buf(),
-        }
-    }
-
-    /// An agent's flags: a policy configuration naming `module` for `pool`, signatures
-    /// required, and a cache of its own.
-    fn agent_args(&self, pool: &str, module: &str, node: &str) -> Vec<String> {
-        let config = self.dir.join(format!("{node}-policies.yaml"));
-        let yaml = format!(
-            "verify:\n  keys: [{:?}]\npools:\n  {pool}:\n    module: oci://{module}\n",
-            self.public_key
-        );
-        std::fs::write(&config, yaml).unwrap();
-        vec![
-            format!("--policy-config={}", config.display()),
-            format!("--policy-insecure-registry={}", self.registry),
-            format!(
-                "--policy-cache={}",
-                self.dir.join(format!("{node}-cache")).display()
-            ),
-        ]
-    }
-}
-
 fn cri(runtime: &support::Containerd) -> pinset_node::cri::client::CriClient {
     pinset_node::cri::client::CriClient::new(pinset_node::cri::client::CriConfig {
         endpoint: runtime.endpoint(),
@@ -625,6 +545,9 @@ struct Releases {
     v3: String,
     unsigned: String,
     public_key: String,
+    /// The registry they were pushed to, and the directory agents' configurations go to.
+    registry: String,
+    dir: PathBuf,
 }
 
 impl Releases {
@@ -674,7 +597,28 @@ impl Releases {
             v3: push("pinset_test_policy_unthrottled", "worker-v3", true),
             unsigned: push("pinset_test_policy_floor", "worker-unsigned", false),
             public_key: std::fs::read_to_string(prefix.with_extension("pub")).unwrap(),
+            registry: host.clone(),
+            dir: dir.to_path_buf(),
         }
+    }
+
+    /// An agent's flags: a policy configuration naming `module` for `pool`, signatures
+    /// required, and a cache of its own.
+    fn agent_args(&self, pool: &str, module: &str, node: &str) -> Vec<String> {
+        let config = self.dir.join(format!("{node}-policies.yaml"));
+        let yaml = format!(
+            "verify:\n  keys: [{:?}]\npools:\n  {pool}:\n    module: oci://{module}\n",
+            self.public_key
+        );
+        std::fs::write(&config, yaml).unwrap();
+        vec![
+            format!("--policy-config={}", config.display()),
+            format!("--policy-insecure-registry={}", self.registry),
+            format!(
+                "--policy-cache={}",
+                self.dir.join(format!("{node}-cache")).display()
+            ),
+        ]
     }
 
     /// The PolicyConfiguration naming `module` for pool worker, and `fleet` as every pool's

@@ -62,7 +62,7 @@ async fn controller_and_agents_pin_sets_and_report_through_a_real_api_server() {
     // Policies shipped as the configuration ships them: OCI artifacts by digest, a signature
     // required. infra's module is signed and runs; master's is not and is refused for master
     // only: cp-0 decides with the default and says why.
-    let policies = ShippedPolicies::push(&cluster, dir.path());
+    let policies = Releases::push(&cluster, dir.path());
     let cp_port = support::free_port();
     let mut cp = cluster.agent(
         "cp-0",
@@ -85,7 +85,7 @@ async fn controller_and_agents_pin_sets_and_report_through_a_real_api_server() {
         &infra_runtime,
         support::free_port(),
         "infra-0.log",
-        &policies.agent_args("infra", &policies.signed, "infra-0"),
+        &policies.agent_args("infra", &policies.v2, "infra-0"),
     );
     let logs = || {
         format!(
@@ -164,12 +164,12 @@ async fn controller_and_agents_pin_sets_and_report_through_a_real_api_server() {
     let infra_policy = running(&infra_mcn);
     assert_eq!(
         (infra_policy.name.as_str(), infra_policy.module.as_str()),
-        ("hostile", format!("oci://{}", policies.signed).as_str())
+        ("hostile", format!("oci://{}", policies.v2).as_str())
     );
     let hostile_bytes = std::fs::read(support::policy_path("pinset_test_policy_hostile")).unwrap();
     // One name for the module: the digest the configuration names it by; its bytes' digest
     // beside it, named as such.
-    let manifest_digest = policies.signed.rsplit_once('@').unwrap().1;
+    let manifest_digest = policies.v2.rsplit_once('@').unwrap().1;
     assert_eq!(infra_policy.digest, manifest_digest);
     assert_eq!(
         infra_policy.module_digest.as_deref(),
