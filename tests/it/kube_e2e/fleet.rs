@@ -276,19 +276,7 @@ async fn a_fleet_policy_paces_three_nodes_holds_on_a_failed_canary_and_survives_
         "{}",
         held.1
     );
-    let kc = operator.clone();
-    let (code, out, err) = tokio::task::spawn_blocking(move || {
-        support::pinset(&[
-            "rollout",
-            "status",
-            "worker",
-            "--watch=false",
-            "--kubeconfig",
-            &kc,
-        ])
-    })
-    .await
-    .unwrap();
+    let (code, out, err) = worker_status_now(&operator, &[]).await;
     assert!(
         code == 1
             && err.contains("MachineConfigPool worker is Degraded")

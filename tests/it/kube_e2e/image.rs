@@ -184,10 +184,7 @@ fn the_image_runs_under_containerd_and_says_its_version() {
 /// and reports it pinned through the real API server.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_agent_from_the_image_pins_a_set() {
-    let Some(cluster) = Cluster::start().await else {
-        return;
-    };
-    let Some(runtime) = support::Containerd::start(&cluster.registry.host) else {
+    let Some((cluster, runtime)) = Cluster::with_runtime().await else {
         return;
     };
     let Some(reference) = import_image(&runtime) else {

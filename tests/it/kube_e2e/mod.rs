@@ -323,6 +323,14 @@ impl Cluster {
             .collect()
     }
 
+    /// A [`Cluster`] and one containerd able to pull from its registry; `None` where the bed
+    /// may be skipped and is not there.
+    async fn with_runtime() -> Option<(Cluster, support::Containerd)> {
+        let cluster = Cluster::start().await?;
+        let runtime = support::Containerd::start(&cluster.registry.host)?;
+        Some((cluster, runtime))
+    }
+
     /// `n` containerds of their own, each able to pull from the cluster's registry.
     fn runtimes(&self, n: usize) -> Option<Vec<support::Containerd>> {
         (0..n)
@@ -412,6 +420,22 @@ impl Cluster {
         let free = ["--rollout=free".into()];
         self.agent("cp-0", &roles(&["master"]), runtime, port, log, &free)
     }
+}
+
+/// `pinset rollout status worker --watch=false` with `extra` flags as `kubeconfig`, off the
+/// async runtime: its exit code, stdout and stderr.
+async fn worker_status_now(kubeconfig: &str, extra: &[&str]) -> (i32, String, String) {
+    let mut args: Vec<String> = ["rollout", "status", "worker", "--watch=false"]
+        .iter()
+        .chain(extra)
+        .map(|a| a.to_string())
+        .collect();
+    args.extend(["--kubeconfig".to_string(), kubeconfig.to_string()]);
+    tokio::task::spawn_blocking(move || {
+        support::pinset(&args.iter().map(String::as_str).collect::<Vec<_>>())
+    })
+    .await
+    .unwrap()
 }
 
 /// Images of `refs` containerd has, and how many of them it reports pinned.

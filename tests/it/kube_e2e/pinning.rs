@@ -449,10 +449,7 @@ async fn controller_and_agents_pin_sets_and_report_through_a_real_api_server() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_agent_killed_mid_run_is_finished_by_the_next_one_without_pulling_twice() {
-    let Some(cluster) = Cluster::start().await else {
-        return;
-    };
-    let Some(runtime) = support::Containerd::start(&cluster.registry.host) else {
+    let Some((cluster, runtime)) = Cluster::with_runtime().await else {
         return;
     };
     let server = &cluster.server;
@@ -509,10 +506,7 @@ async fn an_agent_killed_mid_run_is_finished_by_the_next_one_without_pulling_twi
 /// publishes the final status once the server is back (nothing waits for the next resync).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_agent_works_through_an_api_server_outage_and_publishes_when_it_returns() {
-    let Some(cluster) = Cluster::start().await else {
-        return;
-    };
-    let Some(runtime) = support::Containerd::start(&cluster.registry.host) else {
+    let Some((cluster, runtime)) = Cluster::with_runtime().await else {
         return;
     };
     let server = &cluster.server;

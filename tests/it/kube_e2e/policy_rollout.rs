@@ -374,21 +374,7 @@ async fn a_pool_policy_change_rolls_out_canary_first_and_a_bad_one_is_held() {
         FLEET_NODES[canary]
     );
     // `pinset rollout status` follows the policy entry like a set: the pool is complete.
-    let kc = operator.clone();
-    let (code, out, err) = tokio::task::spawn_blocking(move || {
-        support::pinset(&[
-            "rollout",
-            "status",
-            "worker",
-            "--watch=false",
-            "-o",
-            "json",
-            "--kubeconfig",
-            &kc,
-        ])
-    })
-    .await
-    .unwrap();
+    let (code, out, err) = worker_status_now(&operator, &["-o", "json"]).await;
     assert_eq!(code, 0, "{out}{err}");
     let status: serde_json::Value = serde_json::from_str(&out).unwrap();
     let entry = pinset_core::rollout::policy_set(&format!("oci://{}", releases.v3));

@@ -8,10 +8,7 @@ use super::*;
 /// back, the status lands, the set is pulled and pinned, without a restart.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rule_missing_from_the_manifests_is_a_clear_refusal_retried_until_granted() {
-    let Some(cluster) = Cluster::start().await else {
-        return;
-    };
-    let Some(runtime) = support::Containerd::start(&cluster.registry.host) else {
+    let Some((cluster, runtime)) = Cluster::with_runtime().await else {
         return;
     };
     let full = support::rbac::Rbac::render(&support::workspace().join("deploy"))
@@ -88,19 +85,7 @@ async fn a_rule_missing_from_the_manifests_is_a_clear_refusal_retried_until_gran
     let bob = cluster
         .server
         .kubeconfig_as("bob", &["system:authenticated"]);
-    let bob = bob.display().to_string();
-    let (code, out, err) = tokio::task::spawn_blocking(move || {
-        support::pinset(&[
-            "rollout",
-            "status",
-            "worker",
-            "--watch=false",
-            "--kubeconfig",
-            &bob,
-        ])
-    })
-    .await
-    .unwrap();
+    let (code, out, err) = worker_status_now(&bob.display().to_string(), &[]).await;
     assert_eq!(code, 1, "{out}{err}");
     assert!(
         // (Whichever of the command's four watches is refused first.)
@@ -130,10 +115,7 @@ async fn a_rule_missing_from_the_manifests_is_a_clear_refusal_retried_until_gran
 /// once and retired for the default, said as a refused signature.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_registry_away_is_waited_for_and_a_removed_key_retires_what_it_vouched_for() {
-    let Some(mut cluster) = Cluster::start().await else {
-        return;
-    };
-    let Some(runtime) = support::Containerd::start(&cluster.registry.host) else {
+    let Some((mut cluster, runtime)) = Cluster::with_runtime().await else {
         return;
     };
     let client = cluster.client.clone();
@@ -254,10 +236,7 @@ async fn a_registry_away_is_waited_for_and_a_removed_key_retires_what_it_vouched
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hostile_policy_registry_stalls_neither_the_agent_nor_the_controller() {
     use pinset_testkit::hostile::{Hostile, Misbehaviour};
-    let Some(cluster) = Cluster::start().await else {
-        return;
-    };
-    let Some(runtime) = support::Containerd::start(&cluster.registry.host) else {
+    let Some((cluster, runtime)) = Cluster::with_runtime().await else {
         return;
     };
     let client = cluster.client.clone();
