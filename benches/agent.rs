@@ -12,9 +12,8 @@
 #[path = "../tests/it/support.rs"]
 mod support;
 
-use kube::api::{Api, PostParams};
-use pinset_k8s::api::{MachineConfigNode, MachineConfigPool, PinnedImageSet};
-use serde_json::json;
+use kube::api::Api;
+use pinset_k8s::api::MachineConfigNode;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -40,44 +39,18 @@ async fn main() {
         server.install_crds().await;
         let client = server.client().await;
         let refs = support::push_images(&registry, "a", 20, 8 << 20, 1000 * run as u64).await;
-        let pools: Api<MachineConfigPool> = Api::all(client.clone());
-        let sets: Api<PinnedImageSet> = Api::all(client.clone());
         let nodes: Api<MachineConfigNode> = Api::all(client.clone());
-        let pool: MachineConfigPool = serde_json::from_value(json!({
-            "apiVersion": "machineconfiguration.openshift.io/v1", "kind": "MachineConfigPool",
-            "metadata": {"name": "worker"},
-            "spec": {
-                "machineConfigSelector": {"matchLabels": {"machineconfiguration.openshift.io/role": "worker"}},
-                "nodeSelector": {"matchLabels": {"node-role.kubernetes.io/worker": ""}}
-            }
-        }))
-        .unwrap();
-        pools.create(&PostParams::default(), &pool).await.unwrap();
-        let set: PinnedImageSet = serde_json::from_value(json!({
-            "apiVersion": "machineconfiguration.openshift.io/v1", "kind": "PinnedImageSet",
-            "metadata": {"name": "bench", "labels": {"machineconfiguration.openshift.io/role": "worker"}},
-            "spec": {"pinnedImages": refs.iter().map(|r| json!({"name": r})).collect::<Vec<_>>()}
-        }))
-        .unwrap();
-        sets.create(&PostParams::default(), &set).await.unwrap();
+        support::create_pool(&client, "worker", &["worker"]).await;
+        support::create_set(&client, "bench", "worker", &refs).await;
         let dir = tempfile::tempdir().unwrap();
-        let node = dir.path().join("node.yaml");
-        std::fs::write(
-            &node,
-            "kind: Node\nmetadata:\n  name: w-0\n  labels: {node-role.kubernetes.io/worker: \"\"}\nstatus:\n  allocatable: {ephemeral-storage: 100Gi}\n  conditions: [{type: Ready, status: \"True\"}]\n",
-        )
-        .unwrap();
+        let args = support::worker_agent_args(
+            &server.kubeconfig,
+            dir.path(),
+            &containerd.endpoint(),
+            &registry.host,
+        );
         let mut agent = Command::new(support::PINSET)
-            .args([
-                "agent",
-                &format!("--kubeconfig={}", server.kubeconfig.display()),
-                &format!("--metrics-addr=127.0.0.1:{}", support::free_port()),
-                "--node-name=w-0",
-                &format!("--node-file={}", node.display()),
-                &format!("--cri={}", containerd.endpoint()),
-                "--pin=containerd",
-                &format!("--insecure-registry={}", registry.host),
-            ])
+            .args(args)
             .env("PINSET_LOG", "warn")
             .stdout(Stdio::null())
             .spawn()

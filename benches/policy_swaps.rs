@@ -18,8 +18,8 @@
 #[path = "../tests/it/support.rs"]
 mod support;
 
-use kube::api::{Api, Patch, PatchParams, PostParams};
-use pinset_k8s::api::{MachineConfigNode, MachineConfigPool, PinnedImageSet, PolicyConfiguration};
+use kube::api::{Api, Patch, PatchParams};
+use pinset_k8s::api::{MachineConfigNode, PolicyConfiguration};
 use serde_json::json;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -46,33 +46,11 @@ struct Bed {
     dir: tempfile::TempDir,
 }
 
-fn pinset(args: &[&str]) -> String {
-    let (code, out, err) = support::pinset(args);
-    assert_eq!(code, 0, "pinset {args:?}: {err}");
-    out.trim().to_string()
-}
-
 /// Push and sign `stem` as `repo`; its `oci://` reference.
 fn release(registry: &str, key: &std::path::Path, stem: &str, repo: &str) -> String {
     let file = support::policy_path(stem);
-    let target = format!("{registry}/policies/{repo}:bench");
-    let pushed = pinset(&[
-        "policy",
-        "push",
-        file.to_str().unwrap(),
-        &target,
-        "--insecure-registry",
-        registry,
-    ]);
-    pinset(&[
-        "policy",
-        "sign",
-        &pushed,
-        "--key",
-        key.to_str().unwrap(),
-        "--insecure-registry",
-        registry,
-    ]);
+    let pushed = support::push_policy(registry, &file, &format!("policies/{repo}:bench"));
+    support::sign_policy(registry, &pushed, key);
     format!("oci://{pushed}")
 }
 
@@ -117,46 +95,18 @@ async fn start() -> Option<Bed> {
     server.install_crds().await;
     let client = server.client().await;
     let refs = support::push_images(&registry, "swaps", 1, 1 << 20, 77).await;
-    let pool: MachineConfigPool = serde_json::from_value(json!({
-        "apiVersion": "machineconfiguration.openshift.io/v1", "kind": "MachineConfigPool",
-        "metadata": {"name": "worker"},
-        "spec": {
-            "machineConfigSelector": {"matchLabels": {"machineconfiguration.openshift.io/role": "worker"}},
-            "nodeSelector": {"matchLabels": {"node-role.kubernetes.io/worker": ""}}
-        }
-    }))
-    .unwrap();
-    Api::<MachineConfigPool>::all(client.clone())
-        .create(&PostParams::default(), &pool)
-        .await
-        .unwrap();
-    let set: PinnedImageSet = serde_json::from_value(json!({
-        "apiVersion": "machineconfiguration.openshift.io/v1", "kind": "PinnedImageSet",
-        "metadata": {"name": "swaps", "labels": {"machineconfiguration.openshift.io/role": "worker"}},
-        "spec": {"pinnedImages": refs.iter().map(|r| json!({"name": r})).collect::<Vec<_>>()}
-    }))
-    .unwrap();
-    Api::<PinnedImageSet>::all(client.clone())
-        .create(&PostParams::default(), &set)
-        .await
-        .unwrap();
+    support::create_pool(&client, "worker", &["worker"]).await;
+    support::create_set(&client, "swaps", "worker", &refs).await;
     let dir = tempfile::tempdir().unwrap();
-    let node = dir.path().join("node.yaml");
-    std::fs::write(
-        &node,
-        "kind: Node\nmetadata:\n  name: w-0\n  labels: {node-role.kubernetes.io/worker: \"\"}\nstatus:\n  allocatable: {ephemeral-storage: 100Gi}\n  conditions: [{type: Ready, status: \"True\"}]\n",
-    )
-    .unwrap();
+    let args = support::worker_agent_args(
+        &server.kubeconfig,
+        dir.path(),
+        &containerd.endpoint(),
+        &registry.host,
+    );
     let agent = Command::new(support::PINSET)
+        .args(args)
         .args([
-            "agent",
-            &format!("--kubeconfig={}", server.kubeconfig.display()),
-            &format!("--metrics-addr=127.0.0.1:{}", support::free_port()),
-            "--node-name=w-0",
-            &format!("--node-file={}", node.display()),
-            &format!("--cri={}", containerd.endpoint()),
-            "--pin=containerd",
-            &format!("--insecure-registry={}", registry.host),
             "--rollout=free",
             "--policy-configuration=cluster",
             &format!("--policy-insecure-registry={}", registry.host),
@@ -193,16 +143,7 @@ async fn main() {
     for run in 1..=repeats {
         let Some(bed) = start().await else { return };
         let keys = tempfile::tempdir().unwrap();
-        let prefix = keys.path().join("cosign");
-        pinset(&[
-            "policy",
-            "keygen",
-            "--output-key-prefix",
-            prefix.to_str().unwrap(),
-            "--allow-empty-password",
-        ]);
-        let key = prefix.with_extension("key");
-        let public_key = std::fs::read_to_string(prefix.with_extension("pub")).unwrap();
+        let (key, public_key) = support::keygen_empty(&keys.path().join("cosign"));
         let host = bed.registry.host.clone();
         let modules = [
             release(&host, &key, "pinset_policy_default", "default"),

@@ -381,6 +381,22 @@ async fn policy_rolled_out(client: &kube::Client) -> Result<(), String> {
     Ok(())
 }
 
+/// Wait until the agents' record (no API traffic) has `expected` nodes finished.
+async fn nodes_finished(sim: &Shared, what: &str, expected: usize) {
+    wait_until(what, || {
+        let sim = sim.lock().unwrap();
+        let finished = sim.log.iter().filter(|r| r.what == What::Finished).count();
+        drop(sim);
+        async move {
+            match finished >= expected {
+                true => Ok(()),
+                false => Err(format!("{finished} of {expected} nodes finished")),
+            }
+        }
+    })
+    .await;
+}
+
 /// The pools' node policy changes: the record from the change to every pool rolled out.
 async fn policy_phase(client: &kube::Client, sim: &Shared) -> (Analysis, Duration) {
     {
@@ -413,22 +429,7 @@ async fn policy_phase(client: &kube::Client, sim: &Shared) -> (Analysis, Duratio
     )
     .await
     .expect("the policy configuration");
-    wait_until("every granted node swapped", || {
-        let finished = sim
-            .lock()
-            .unwrap()
-            .log
-            .iter()
-            .filter(|r| r.what == What::Finished)
-            .count();
-        async move {
-            match finished >= expected {
-                true => Ok(()),
-                false => Err(format!("{finished} of {expected} nodes swapped")),
-            }
-        }
-    })
-    .await;
+    nodes_finished(sim, "every granted node swapped", expected).await;
     let elapsed = changed_at.elapsed()
         + wait_until("every pool rolled the policy out", || {
             policy_rolled_out(client)
@@ -649,23 +650,7 @@ async fn run() -> Option<Row> {
     .expect("change the common set");
     // Watch the agents' record (no API traffic), then check every pool's status says so.
     let finishes: usize = (0..FLEET.pools).map(|p| Pace::of(p).expected().0).sum();
-    wait_until("every granted node finished", || {
-        let finished = sim
-            .lock()
-            .unwrap()
-            .log
-            .iter()
-            .filter(|r| r.what == What::Finished)
-            .count();
-        async move {
-            if finished >= finishes {
-                Ok(())
-            } else {
-                Err(format!("{finished} of {finishes} nodes finished"))
-            }
-        }
-    })
-    .await;
+    nodes_finished(&sim, "every granted node finished", finishes).await;
     let elapsed =
         changed_at.elapsed() + wait_until("every pool rolled out", || rolled_out(&client, 2)).await;
     // The held pools have a second to misbehave.

@@ -53,6 +53,14 @@ async fn reconcile(
         .await
 }
 
+/// Every one of `refs` is in the runtime, pinned.
+async fn assert_pinned(reconciler: &Reconciler<RegistrySizer, ContainerdPins>, refs: &[String]) {
+    for reference in refs {
+        let image = reconciler.cri().image_status(reference).await.unwrap();
+        assert!(image.is_some_and(|i| i.pinned), "{reference} is not pinned");
+    }
+}
+
 /// A registry, a containerd pulling from it, and the node pipeline wired to both on the default
 /// policy. Fields drop in order: the pipeline, then containerd, then the registry.
 struct Bed {
@@ -187,17 +195,7 @@ async fn registry_down_fails_each_image_clearly_and_the_next_reconcile_completes
     let r = reconcile(reconciler, &d, &node, &mut status).await.unwrap();
     assert_eq!(r.outcome.pulled.len(), 2);
     assert!(status.done() && status.degraded.is_none());
-    for reference in &refs {
-        assert!(
-            reconciler
-                .cri()
-                .image_status(reference)
-                .await
-                .unwrap()
-                .unwrap()
-                .pinned
-        );
-    }
+    assert_pinned(reconciler, &refs).await;
 }
 
 /// `--pin auto` asks the runtime which it is: real containerd says `containerd`, and gets the
@@ -387,17 +385,7 @@ async fn a_containerd_restart_mid_run_is_retried_and_the_reconcile_completes() {
     assert_eq!(r.outcome.pulled.len(), 3, "{r:?}\n{}", containerd.log());
     assert!(retries >= 1, "pulls cut by the restart were retried");
     assert!(status.done(), "{status:?}");
-    for reference in &refs {
-        assert!(
-            reconciler
-                .cri()
-                .image_status(reference)
-                .await
-                .unwrap()
-                .unwrap()
-                .pinned
-        );
-    }
+    assert_pinned(&reconciler, &refs).await;
 }
 
 /// (reference, started, finished) of each pull of a reconcile, from its events.

@@ -8,6 +8,7 @@
 use crate::support;
 use pinset_testkit::hostile::{Hostile, Misbehaviour};
 use std::io::Read;
+use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -61,6 +62,36 @@ fn measured(args: &[&str]) -> Run {
     }
 }
 
+/// `pinset plan` of a set of `image` (in `dir`) for `node`, `hostile` an insecure registry,
+/// with `extra` flags.
+fn plan(dir: &Path, node: &Path, hostile: &Hostile, image: &str, extra: &[&str]) -> Run {
+    let sets = dir.join("sets.yaml");
+    std::fs::write(&sets, support::set_yaml("apps", None, &[image.to_string()])).unwrap();
+    let mut args = vec!["plan", "--sets", sets.to_str().unwrap()];
+    args.extend([
+        "--node",
+        node.to_str().unwrap(),
+        "--insecure-registry",
+        &hostile.addr,
+    ]);
+    args.extend(extra);
+    measured(&args)
+}
+
+impl Run {
+    /// The run stayed under [`MAX_RSS_KIB`] and `within`; its peak and time are printed for the
+    /// BENCHMARKS table.
+    fn assert_bounded(&self, what: &str, within: Duration) {
+        assert!(
+            self.max_rss_kib < MAX_RSS_KIB,
+            "{what}: {} KiB",
+            self.max_rss_kib
+        );
+        assert!(self.took < within, "{what}: {:?}", self.took);
+        eprintln!("{what}: peak RSS {} KiB, {:?}", self.max_rss_kib, self.took);
+    }
+}
+
 /// Every way a registry can misbehave that a single server plays.
 fn misbehaviours() -> Vec<(&'static str, Misbehaviour)> {
     vec![
@@ -81,39 +112,24 @@ fn digest() -> String {
 /// registry and the cause said, within the sizing budget, in bounded memory.
 #[test]
 fn plan_survives_every_misbehaving_registry() {
-    let dir = tempfile::tempdir().unwrap();
-    let node = dir.path().join("node.yaml");
-    std::fs::write(&node, support::worker_yaml("")).unwrap();
+    let (dir, node) = support::scratch_file("node.yaml", support::worker_yaml(""));
     for (what, how) in misbehaviours() {
         let hostile = Hostile::start(how);
-        let sets = dir.path().join("sets.yaml");
         let image = format!("{}/team/app@{}", hostile.addr, digest());
-        std::fs::write(&sets, support::set_yaml("apps", None, &[image])).unwrap();
-        let run = measured(&[
-            "plan",
-            "--sets",
-            sets.to_str().unwrap(),
-            "--node",
-            node.to_str().unwrap(),
-            "--insecure-registry",
-            &hostile.addr,
-            "--sizing-budget",
-            "8",
-        ]);
+        let run = plan(
+            dir.path(),
+            &node,
+            &hostile,
+            &image,
+            &["--sizing-budget", "8"],
+        );
         assert_eq!(run.code, 0, "{what}: {}", run.err);
         assert!(
             run.err.contains(&hostile.addr) && run.err.contains("unsized"),
             "{what}: the image left unsized is said: {}",
             run.err
         );
-        assert!(
-            run.max_rss_kib < MAX_RSS_KIB,
-            "{what}: {} KiB",
-            run.max_rss_kib
-        );
-        assert!(run.took < Duration::from_secs(20), "{what}: {:?}", run.took);
-
-        eprintln!("{what}: peak RSS {} KiB, {:?}", run.max_rss_kib, run.took);
+        run.assert_bounded(what, Duration::from_secs(20));
     }
 }
 
@@ -144,16 +160,7 @@ fn node_pins_its_set_whatever_the_sizing_registry_sends() {
         let drop_in = node.dropins.join(pinset_node::pin::crio::DROP_IN);
         let pinned = std::fs::read_to_string(&drop_in).unwrap_or_default();
         assert!(pinned.contains(&image), "{what}: pinned: {pinned}");
-        assert!(
-            run.max_rss_kib < MAX_RSS_KIB,
-            "{what}: {} KiB",
-            run.max_rss_kib
-        );
-        assert!(run.took < Duration::from_secs(20), "{what}: {:?}", run.took);
-        eprintln!(
-            "{what}: node: peak RSS {} KiB, {:?}",
-            run.max_rss_kib, run.took
-        );
+        run.assert_bounded(&format!("{what}: node"), Duration::from_secs(20));
     }
 }
 
@@ -174,14 +181,7 @@ fn set_from_images_refuses_every_misbehaving_registry() {
         ]);
         assert_eq!(run.code, 1, "{what}: {}{}", run.out, run.err);
         assert!(run.err.contains("team/app"), "{what}: {}", run.err);
-        assert!(
-            run.max_rss_kib < MAX_RSS_KIB,
-            "{what}: {} KiB",
-            run.max_rss_kib
-        );
-        assert!(run.took < Duration::from_secs(40), "{what}: {:?}", run.took);
-
-        eprintln!("{what}: peak RSS {} KiB, {:?}", run.max_rss_kib, run.took);
+        run.assert_bounded(what, Duration::from_secs(40));
     }
 }
 
@@ -190,15 +190,8 @@ fn set_from_images_refuses_every_misbehaving_registry() {
 #[test]
 fn policy_pull_and_verify_refuse_every_misbehaving_registry() {
     let dir = tempfile::tempdir().unwrap();
+    support::keygen_empty(&dir.path().join("cosign"));
     let key = dir.path().join("cosign.pub");
-    let (code, _, err) = support::pinset(&[
-        "policy",
-        "keygen",
-        "--output-key-prefix",
-        dir.path().join("cosign").to_str().unwrap(),
-        "--allow-empty-password",
-    ]);
-    assert_eq!(code, 0, "{err}");
     for (what, how) in misbehaviours() {
         let hostile = Hostile::start(how);
         let reference = format!("oci://{}/policies/p@{}", hostile.addr, digest());
@@ -222,20 +215,7 @@ fn policy_pull_and_verify_refuse_every_misbehaving_registry() {
                 "{what}: {args:?}: {}",
                 run.err
             );
-            assert!(
-                run.max_rss_kib < MAX_RSS_KIB,
-                "{what}: {} KiB",
-                run.max_rss_kib
-            );
-            assert!(
-                run.took < Duration::from_secs(130),
-                "{what}: {:?}",
-                run.took
-            );
-            eprintln!(
-                "{what}: {}: peak RSS {} KiB, {:?}",
-                args[1], run.max_rss_kib, run.took
-            );
+            run.assert_bounded(&format!("{what}: {}", args[1]), Duration::from_secs(130));
             assert!(!out.exists(), "{what}: nothing written");
         }
     }
@@ -256,9 +236,7 @@ fn lies_about_digests_and_sizes_are_not_believed() {
             layers.join(",")
         )
     };
-    let dir = tempfile::tempdir().unwrap();
-    let node = dir.path().join("node.yaml");
-    std::fs::write(&node, support::worker_yaml("")).unwrap();
+    let (dir, node) = support::scratch_file("node.yaml", support::worker_yaml(""));
     let cases = [
         (manifest(&[5000]), "not the one asked for"),
         (manifest(&[-1, 5000]), "negative size (-1)"),
@@ -274,20 +252,8 @@ fn lies_about_digests_and_sizes_are_not_believed() {
             content_type: "application/vnd.oci.image.manifest.v1+json".into(),
             body: body.into_bytes(),
         });
-        let sets = dir.path().join("sets.yaml");
         let image = format!("{}/team/app@{asked}", hostile.addr);
-        std::fs::write(&sets, support::set_yaml("apps", None, &[image])).unwrap();
-        let run = measured(&[
-            "plan",
-            "--sets",
-            sets.to_str().unwrap(),
-            "--node",
-            node.to_str().unwrap(),
-            "--insecure-registry",
-            &hostile.addr,
-            "-o",
-            "json",
-        ]);
+        let run = plan(dir.path(), &node, &hostile, &image, &["-o", "json"]);
         assert_eq!(run.code, 0, "{said}: {}", run.err);
         let plan: serde_json::Value = serde_json::from_str(&run.out).unwrap();
         assert!(

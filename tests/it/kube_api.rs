@@ -427,22 +427,20 @@ async fn set_lands_in(
     pools: &[&str],
     metrics: &pinset_k8s::metrics::Metrics,
 ) {
-    let deadline = std::time::Instant::now() + Duration::from_secs(60);
-    loop {
+    support::wait_for(&format!("set {name}"), Duration::from_secs(60), || async {
         let status = sets.get(name).await.ok().and_then(|s| s.status);
         let listed = status
             .as_ref()
             .is_some_and(|s| s.pools.iter().eq(pools.iter()));
-        if listed && metrics.pool_status_writes_pending() == 0 {
-            return;
+        let pending = metrics.pool_status_writes_pending();
+        match listed && pending == 0 {
+            true => Ok(()),
+            false => Err(format!(
+                "status {status:?}, {pending} pool statuses pending"
+            )),
         }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "set {name}: status {status:?}, {} pool statuses pending",
-            metrics.pool_status_writes_pending()
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    })
+    .await
 }
 
 /// A pool is reconciled again when its annotations change (the rollout ceiling lives there), and
@@ -766,15 +764,14 @@ async fn a_failing_watch_does_not_stall_the_others() {
     crds.delete(mcn, &Default::default()).await.unwrap();
     // Each failure of the node watch is counted under its kind when it happens.
     let count = |kind| metrics.watch_interruptions(kind);
-    let deadline = std::time::Instant::now() + Duration::from_secs(60);
-    while count("MachineConfigNode") < 4 {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the node watch did not fail four times in 60 s: {}",
-            metrics.encode()
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let four = "the node watch failing four times";
+    support::wait_for(four, Duration::from_secs(60), || async {
+        match count("MachineConfigNode") >= 4 {
+            true => Ok(()),
+            false => Err(metrics.encode()),
+        }
+    })
+    .await;
     let w2: PinnedImageSet = serde_json::from_value(set("w2", &[image(2)])).unwrap();
     sets.create(&PostParams::default(), &w2).await.unwrap();
     if let Err(e) = selects(&pools, "worker", &["w", "w2"], Duration::from_secs(2)).await {
@@ -828,9 +825,10 @@ async fn pinset_refuses_to_run_beside_openshifts_machine_config_operator() {
     .unwrap();
     let before = pools.get("worker").await.unwrap().metadata.resource_version;
 
-    let dir = tempfile::tempdir().unwrap();
-    let node = dir.path().join("node.yaml");
-    std::fs::write(&node, "apiVersion: v1\nkind: Node\nmetadata:\n  name: w-0\n  labels: {node-role.kubernetes.io/worker: \"\"}\n").unwrap();
+    let (dir, node) = support::scratch_file(
+        "node.yaml",
+        "apiVersion: v1\nkind: Node\nmetadata:\n  name: w-0\n  labels: {node-role.kubernetes.io/worker: \"\"}\n",
+    );
     let kubeconfig = format!("--kubeconfig={}", server.kubeconfig.display());
     let node_file = format!("--node-file={}", node.display());
     let dead_cri = format!("--cri=unix://{}", dir.path().join("none.sock").display());
@@ -1284,19 +1282,15 @@ async fn pinset_rollout_follows_pauses_and_resumes_a_pool() {
 
 /// The node granted `generation` of `apps` among `names`, other than `not`, once one is.
 async fn next_granted(nodes: &Api<MachineConfigNode>, names: &[&str], not: &[&str]) -> String {
-    let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    loop {
+    support::wait_for("a node granted", Duration::from_secs(30), || async {
         for name in names.iter().filter(|n| !not.contains(n)) {
             if granted(nodes, name).await >= Some(1) {
-                return name.to_string();
+                return Ok(name.to_string());
             }
         }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "no node granted in 30 s"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+        Err(format!("none of {names:?} but {not:?}"))
+    })
+    .await
 }
 
 /// A node that disappears mid-rollout frees its slot: with one node at a time, the node granted
@@ -1349,48 +1343,41 @@ async fn pool_rollout(pools: &Api<MachineConfigPool>, name: &str) -> (String, Op
     )
 }
 
-/// Wait up to 30 s for `check` to hold on the pool's rollout reason and fallback.
 /// The worker pool's `status.rollout` once `check` holds (30 s at most).
 async fn rollout_until(
     pools: &Api<MachineConfigPool>,
     what: &str,
     check: impl Fn(&pinset_k8s::api::PoolRollout) -> bool,
 ) -> pinset_k8s::api::PoolRollout {
-    let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    loop {
+    support::wait_for(what, Duration::from_secs(30), || async {
         let rollout = pools
             .get("worker")
             .await
             .ok()
             .and_then(|p| p.status?.rollout);
-        if let Some(r) = rollout.as_ref().filter(|r| check(r)) {
-            return r.clone();
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "{what}: the pool's rollout is {rollout:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+        rollout
+            .clone()
+            .filter(|r| check(r))
+            .ok_or(format!("the pool's rollout is {rollout:?}"))
+    })
+    .await
 }
 
+/// The worker pool's rollout reason and fallback message once `check` holds on them (30 s at
+/// most).
 async fn pool_until(
     pools: &Api<MachineConfigPool>,
     what: &str,
     check: impl Fn(&str, Option<&str>) -> bool,
 ) -> (String, Option<String>) {
-    let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    loop {
+    support::wait_for(what, Duration::from_secs(30), || async {
         let (reason, fallback) = pool_rollout(pools, "worker").await;
-        if check(&reason, fallback.as_deref()) {
-            return (reason, fallback);
+        match check(&reason, fallback.as_deref()) {
+            true => Ok((reason, fallback)),
+            false => Err(format!("reason {reason:?}, fallback {fallback:?}")),
         }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "{what}: reason {reason:?}, fallback {fallback:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    })
+    .await
 }
 
 /// The ceiling is checked on the nodes the controller writes grants to: a fleet module that
@@ -1452,12 +1439,13 @@ async fn a_ceiling_lowered_mid_rollout_is_waited_out_without_a_fallback() {
     let (stop, controller) = spawn_controller(&c.client);
     let canary = next_granted(nodes, &names, &[]).await;
     agent_reports(nodes, &canary, 1, Some(1), None).await;
-    let deadline = std::time::Instant::now() + Duration::from_secs(30);
     for name in names {
-        while granted(nodes, name).await.is_none() {
-            assert!(std::time::Instant::now() < deadline, "{name} never granted");
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        support::wait_for(name, Duration::from_secs(30), || async {
+            granted(nodes, name)
+                .await
+                .ok_or("never granted".to_string())
+        })
+        .await;
     }
     pools
         .patch(

@@ -242,28 +242,12 @@ async fn set_from_images_resolves_tags_through_the_mirror() {
     let dark = Dark::start();
     let client = mirror.client();
     let arch = support::arch();
-    let (mine, _) = support::push_image(
+    let index = support::push_two_platforms(
         &client,
         &mirror.host,
         "team/multi",
-        arch,
-        &[support::layer(41, 50_000)],
-    )
-    .await;
-    let other = if arch == "amd64" { "arm64" } else { "amd64" };
-    let (theirs, _) = support::push_image(
-        &client,
-        &mirror.host,
-        "team/multi",
-        other,
-        &[support::layer(42, 60_000)],
-    )
-    .await;
-    let index = support::push_index(
-        &client,
-        &mirror.host,
-        "team/multi",
-        &[(arch, mine.clone(), 0), (other, theirs, 0)],
+        support::layer(41, 50_000),
+        support::layer(42, 60_000),
     )
     .await;
     let images = mirror_images(&mirror).await;

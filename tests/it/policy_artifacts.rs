@@ -27,17 +27,7 @@ fn pinset(args: &[&str]) -> (i32, String, String) {
 
 /// Push `file` as `repo:tag` with pinset; the reference by digest it prints.
 fn push(registry: &support::Registry, file: &Path, repo_tag: &str) -> String {
-    let target = format!("{}/{repo_tag}", registry.host);
-    let (code, out, err) = pinset(&[
-        "policy",
-        "push",
-        file.to_str().unwrap(),
-        &target,
-        "--insecure-registry",
-        &registry.host,
-    ]);
-    assert_eq!(code, 0, "{err}");
-    out.trim().to_string()
+    support::push_policy(&registry.host, file, repo_tag)
 }
 
 fn pull(host: &str, reference: &str, out: &Path, extra: &[&str]) -> (i32, String) {
@@ -153,9 +143,7 @@ async fn bad_artifacts_and_registries_are_refused_by_name_and_nothing_is_half_wr
     let Some(mut registry) = support::Registry::start() else {
         return;
     };
-    let dir = tempfile::tempdir().unwrap();
-    let out = dir.path().join("kept.wasm");
-    std::fs::write(&out, b"the previous module").unwrap();
+    let (_dir, out) = support::scratch_file("kept.wasm", b"the previous module");
     let host = registry.host.clone();
     let refused = |reference: &str, extra: &[&str], expect: &[&str]| {
         let (code, err) = pull(&host, reference, &out, extra);

@@ -142,13 +142,10 @@ fn cli_policy_test_passes_and_fails_with_a_diff() {
     assert_eq!(code, 0, "{stdout}");
     assert!(stdout.contains("13 passed, 0 failed"), "{stdout}");
 
-    let dir = tempfile::tempdir().unwrap();
-    let bad = dir.path().join("wrong.yaml");
-    std::fs::write(
-        &bad,
+    let (dir, bad) = support::scratch_file(
+        "wrong.yaml",
         "name: expects the wrong concurrency\nnode: {name: m, labels: {node-role.kubernetes.io/master: ''}, allocatable: 50Gi}\nexpect: {concurrency: 5}\n",
-    )
-    .unwrap();
+    );
     let (code, stdout, _) = pinset(&["policy", "test", bad.to_str().unwrap()]);
     assert_eq!(code, 1, "{stdout}");
     assert!(

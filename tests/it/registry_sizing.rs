@@ -7,14 +7,6 @@ use pinset_registry::auth::Credentials;
 use pinset_registry::size::{Cached, RegistrySizer, Sizer};
 use std::sync::Arc;
 
-fn node_arch() -> &'static str {
-    match std::env::consts::ARCH {
-        "x86_64" => "amd64",
-        "aarch64" => "arm64",
-        other => other,
-    }
-}
-
 #[tokio::test]
 async fn sizes_match_what_was_pushed_with_indexes_resolved_and_shared_layers_named_once() {
     let Some(registry) = support::Registry::start() else {
@@ -30,7 +22,7 @@ async fn sizes_match_what_was_pushed_with_indexes_resolved_and_shared_layers_nam
         &client,
         &host,
         "pinset/a",
-        node_arch(),
+        support::arch(),
         &[base.clone(), a_own.clone()],
     )
     .await;
@@ -38,37 +30,17 @@ async fn sizes_match_what_was_pushed_with_indexes_resolved_and_shared_layers_nam
         &client,
         &host,
         "pinset/b",
-        node_arch(),
+        support::arch(),
         &[base.clone(), b_own.clone()],
     )
     .await;
     // A multi-platform image: the other platform's manifest is much larger; the node's is sized.
-    let (mine, _) = support::push_image(
+    let index = support::push_two_platforms(
         &client,
         &host,
         "pinset/multi",
-        node_arch(),
-        &[support::layer(4, 70_000)],
-    )
-    .await;
-    let other = if node_arch() == "amd64" {
-        "arm64"
-    } else {
-        "amd64"
-    };
-    let (theirs, _) = support::push_image(
-        &client,
-        &host,
-        "pinset/multi",
-        other,
-        &[support::layer(5, 900_000)],
-    )
-    .await;
-    let index = support::push_index(
-        &client,
-        &host,
-        "pinset/multi",
-        &[(other, theirs, 0), (node_arch(), mine, 0)],
+        support::layer(4, 70_000),
+        support::layer(5, 900_000),
     )
     .await;
 
@@ -94,7 +66,7 @@ async fn sizes_match_what_was_pushed_with_indexes_resolved_and_shared_layers_nam
         multi.total(),
         support::layer(4, 70_000).len() as u64,
         "index resolved to {}",
-        node_arch()
+        support::arch()
     );
     assert_eq!(sizer.cached(), 3);
 

@@ -417,9 +417,7 @@ async fn a_release_over_500_images_is_split_and_planned_whole() {
         err.contains("set release-4.18.0: 1002 images, over the 500 a PinnedImageSet holds: split into release-4.18.0-1 (500), release-4.18.0-2 (500), release-4.18.0-3 (2)"),
         "{err}"
     );
-    let dir = tempfile::tempdir().unwrap();
-    let file = dir.path().join("sets.json");
-    std::fs::write(&file, &out).unwrap();
+    let (dir, file) = support::scratch_file("sets.json", &out);
     let node = dir.path().join("node.yaml");
     std::fs::write(&node, "kind: Node\nmetadata: {name: w, labels: {node-role.kubernetes.io/worker: ''}}\nstatus: {allocatable: {ephemeral-storage: 500Gi}, conditions: [{type: Ready, status: 'True'}]}\n").unwrap();
     let plan = [

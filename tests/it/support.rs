@@ -286,3 +286,139 @@ pub fn set_json(name: &str, role: &str, images: &[String]) -> serde_json::Value 
 pub fn set(name: &str, role: &str, images: &[String]) -> pinset_k8s::api::PinnedImageSet {
     serde_json::from_value(set_json(name, role, images)).unwrap()
 }
+
+/// Create pool `name` of the nodes labelled `node-role.kubernetes.io/NAME`, selecting the sets
+/// of `roles`.
+pub async fn create_pool(client: &kube::Client, name: &str, roles: &[&str]) {
+    let label = format!("node-role.kubernetes.io/{name}");
+    kube::Api::<pinset_k8s::api::MachineConfigPool>::all(client.clone())
+        .create(&Default::default(), &pool(name, roles, &label))
+        .await
+        .unwrap();
+}
+
+/// Create set `name` of `images` for the nodes of `role`.
+pub async fn create_set(client: &kube::Client, name: &str, role: &str, images: &[String]) {
+    kube::Api::<pinset_k8s::api::PinnedImageSet>::all(client.clone())
+        .create(&Default::default(), &set(name, role, images))
+        .await
+        .unwrap();
+}
+
+/// `DIR/node.yaml`: worker node `w-0`, Ready, with 100 Gi of ephemeral storage (`--node-file`).
+pub fn worker_node_file(dir: &std::path::Path) -> std::path::PathBuf {
+    let node = dir.join("node.yaml");
+    std::fs::write(
+        &node,
+        "kind: Node\nmetadata:\n  name: w-0\n  labels: {node-role.kubernetes.io/worker: \"\"}\nstatus:\n  allocatable: {ephemeral-storage: 100Gi}\n  conditions: [{type: Ready, status: \"True\"}]\n",
+    )
+    .unwrap();
+    node
+}
+
+/// A two-platform image `repo` on `registry`: this machine's platform with layer `mine`, the
+/// other (amd64 or arm64) with `theirs`, the other listed first; the index's digest.
+pub async fn push_two_platforms(
+    client: &pinset_registry::Client,
+    registry: &str,
+    repo: &str,
+    mine: Vec<u8>,
+    theirs: Vec<u8>,
+) -> String {
+    let other = if arch() == "amd64" { "arm64" } else { "amd64" };
+    let (mine, _) = push_image(client, registry, repo, arch(), &[mine]).await;
+    let (theirs, _) = push_image(client, registry, repo, other, &[theirs]).await;
+    let entries = [(other, theirs, 0), (arch(), mine, 0)];
+    push_index(client, registry, repo, &entries).await
+}
+
+/// Poll `check` every 50 ms until it returns `Ok`, and return its value; past `within`, fail
+/// with `what` and the last `Err` (the state seen).
+pub async fn wait_for<T, F, Fut>(what: &str, within: Duration, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, String>>,
+{
+    let deadline = std::time::Instant::now() + within;
+    loop {
+        match check().await {
+            Ok(v) => return v,
+            Err(last) if std::time::Instant::now() > deadline => {
+                panic!("{what}: not within {within:?}; last: {last}")
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+        }
+    }
+}
+
+/// `pinset args`, which must exit 0: its stdout, trimmed.
+pub fn pinset_ok(args: &[&str]) -> String {
+    let (code, out, err) = pinset(args);
+    assert_eq!(code, 0, "pinset {args:?}: {err}");
+    out.trim().to_string()
+}
+
+/// Push the module `file` to `registry` (plain HTTP) as `repo_tag` with `pinset policy push`;
+/// the reference by digest it prints.
+pub fn push_policy(registry: &str, file: &std::path::Path, repo_tag: &str) -> String {
+    let target = format!("{registry}/{repo_tag}");
+    let file = file.to_str().unwrap();
+    pinset_ok(&[
+        "policy",
+        "push",
+        file,
+        &target,
+        "--insecure-registry",
+        registry,
+    ])
+}
+
+/// Sign `reference` on `registry` (plain HTTP) with `key`, whose password is empty.
+pub fn sign_policy(registry: &str, reference: &str, key: &std::path::Path) {
+    let key = key.to_str().unwrap();
+    pinset_ok(&[
+        "policy",
+        "sign",
+        reference,
+        "--key",
+        key,
+        "--insecure-registry",
+        registry,
+    ]);
+}
+
+/// A cosign key pair at `prefix`.key and `prefix`.pub, its password empty: (the private key's
+/// path, the public key).
+pub fn keygen_empty(prefix: &std::path::Path) -> (std::path::PathBuf, String) {
+    let keygen = [
+        "policy",
+        "keygen",
+        "--output-key-prefix",
+        prefix.to_str().unwrap(),
+    ];
+    pinset_ok(&[&keygen[..], &["--allow-empty-password"]].concat());
+    let public = std::fs::read_to_string(prefix.with_extension("pub")).unwrap();
+    (prefix.with_extension("key"), public)
+}
+
+/// The flags of `pinset agent` for node `w-0` (its [`worker_node_file`] written in `dir`) on the
+/// runtime at `cri`, against the API server of `kubeconfig`, pulling from `registry` over plain
+/// HTTP.
+pub fn worker_agent_args(
+    kubeconfig: &std::path::Path,
+    dir: &std::path::Path,
+    cri: &str,
+    registry: &str,
+) -> Vec<String> {
+    let node = worker_node_file(dir);
+    vec![
+        "agent".into(),
+        format!("--kubeconfig={}", kubeconfig.display()),
+        format!("--metrics-addr=127.0.0.1:{}", free_port()),
+        "--node-name=w-0".into(),
+        format!("--node-file={}", node.display()),
+        format!("--cri={cri}"),
+        "--pin=containerd".into(),
+        format!("--insecure-registry={registry}"),
+    ]
+}

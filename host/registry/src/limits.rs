@@ -13,12 +13,13 @@ pub struct Limit {
 }
 
 impl Limit {
+    const fn new(what: &'static str, max_bytes: u64) -> Limit {
+        Limit { what, max_bytes }
+    }
+
     /// The same kind of answer with another cap (a module's, set by the operator).
     pub const fn at_most(self, max_bytes: u64) -> Limit {
-        Limit {
-            what: self.what,
-            max_bytes,
-        }
+        Limit::new(self.what, max_bytes)
     }
 }
 
@@ -26,52 +27,25 @@ const KIB: u64 = 1 << 10;
 const MIB: u64 = 1 << 20;
 
 /// An image manifest or index (the distribution spec's limit for a manifest).
-pub const MANIFEST: Limit = Limit {
-    what: "manifest",
-    max_bytes: 4 * MIB,
-};
+pub const MANIFEST: Limit = Limit::new("manifest", 4 * MIB);
 /// An image's or an artifact's config blob.
-pub const CONFIG: Limit = Limit {
-    what: "config",
-    max_bytes: 4 * MIB,
-};
+pub const CONFIG: Limit = Limit::new("config", 4 * MIB);
 /// A token service's answer (a JSON object holding a token; real ones are a few KiB).
-pub const TOKEN: Limit = Limit {
-    what: "token",
-    max_bytes: 64 * KIB,
-};
+pub const TOKEN: Limit = Limit::new("token", 64 * KIB);
 /// A cosign signature's payload (simple signing JSON, a few hundred bytes).
-pub const SIGNATURE_PAYLOAD: Limit = Limit {
-    what: "signature payload",
-    max_bytes: 64 * KIB,
-};
+pub const SIGNATURE_PAYLOAD: Limit = Limit::new("signature payload", 64 * KIB);
 /// The body of an error answer (read to say what the registry said).
-pub const ERROR_BODY: Limit = Limit {
-    what: "error body",
-    max_bytes: 64 * KIB,
-};
+pub const ERROR_BODY: Limit = Limit::new("error body", 64 * KIB);
 /// A policy module, unless the operator sets another cap (`--policy-max-module-mib`).
-pub const MODULE: Limit = Limit {
-    what: "module",
-    max_bytes: 16 * MIB,
-};
+pub const MODULE: Limit = Limit::new("module", 16 * MIB);
 /// What an upload answers (a location, an empty body).
-pub const UPLOAD_ANSWER: Limit = Limit {
-    what: "upload answer",
-    max_bytes: 64 * KIB,
-};
+pub const UPLOAD_ANSWER: Limit = Limit::new("upload answer", 64 * KIB);
 
 /// A layer of a release payload, streamed (never held): the most read of one. Real ones are
 /// tens of MiB; the release files in them are far smaller ([`RELEASE_FILE`]).
-pub const LAYER: Limit = Limit {
-    what: "layer",
-    max_bytes: 1 << 30,
-};
+pub const LAYER: Limit = Limit::new("layer", 1 << 30);
 /// A file read out of a release layer (`image-references`: ~200 KiB for ~200 images).
-pub const RELEASE_FILE: Limit = Limit {
-    what: "release file",
-    max_bytes: 16 * MIB,
-};
+pub const RELEASE_FILE: Limit = Limit::new("release file", 16 * MIB);
 
 /// Connecting (TCP and TLS) to an endpoint.
 pub const CONNECT: Duration = Duration::from_secs(3);

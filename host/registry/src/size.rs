@@ -532,13 +532,10 @@ mod tests {
 
     #[tokio::test]
     async fn a_blocked_registry_without_a_mirror_is_said_and_never_asked() {
-        let dir = tempfile::tempdir().unwrap();
-        let conf = dir.path().join("registries.conf");
-        std::fs::write(
-            &conf,
+        let (_dir, conf) = pinset_testkit::scratch_file(
+            "registries.conf",
             "[[registry]]\nlocation = \"127.0.0.1:9\"\nblocked = true\n",
-        )
-        .unwrap();
+        );
         let sizer = RegistrySizer::new(Vec::new(), Arc::default())
             .with_mirrors(MirrorSource::RegistriesConf(conf.clone()));
         sizer.refresh().unwrap();

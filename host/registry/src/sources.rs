@@ -123,13 +123,10 @@ mod tests {
 
     #[test]
     fn the_file_is_strict_and_the_flags_add_to_it() {
-        let dir = tempfile::tempdir().unwrap();
-        let file = dir.path().join("registries.yaml");
-        std::fs::write(
-            &file,
+        let (dir, file) = pinset_testkit::scratch_file(
+            "registries.yaml",
             "insecureRegistries: [r.local:5000]\nauth: /a/config.json\n",
-        )
-        .unwrap();
+        );
         let s = Sources::load(Some(&file)).unwrap();
         assert_eq!(s.insecure_registries, ["r.local:5000"]);
         let flags = ["r.local:5000".to_string(), "other:5000".to_string()];

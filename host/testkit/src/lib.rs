@@ -230,6 +230,15 @@ impl Drop for Registry {
     }
 }
 
+/// A scratch directory holding a file `name` of `contents`: the directory (removed when
+/// dropped) and the file's path.
+pub fn scratch_file(name: &str, contents: impl AsRef<[u8]>) -> (tempfile::TempDir, PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join(name);
+    std::fs::write(&path, contents).unwrap();
+    (dir, path)
+}
+
 /// Deterministic pseudo-random bytes (xorshift64*).
 pub fn random_bytes(seed: u64, len: usize) -> Vec<u8> {
     let mut s = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;

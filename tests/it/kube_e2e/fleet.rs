@@ -16,16 +16,14 @@ async fn a_fleet_policy_paces_three_nodes_holds_on_a_failed_canary_and_survives_
     let nodes: Api<MachineConfigNode> = Api::all(client.clone());
     let images = support::push_images(&cluster.registry, "fleet", 3, 150_000, 700).await;
     // The pool starts paused: the set arrives, and no node may pull until the pause is lifted.
-    let mut paused_pool = fleet_pool();
+    let mut paused_pool = pool("worker", &["worker"], "node-role.kubernetes.io/worker");
     paused_pool.metadata.annotations =
         Some([("pinset.io/rollout-paused".to_string(), "true".to_string())].into());
     pools
         .create(&PostParams::default(), &paused_pool)
         .await
         .unwrap();
-    sets.create(&PostParams::default(), &set("apps", "worker", &images[..2]))
-        .await
-        .unwrap();
+    cluster.create_set("apps", "worker", &images[..2]).await;
     let controller_port = support::free_port();
     let controller =
         std::cell::RefCell::new(cluster.controller(controller_port, "fleet-controller.log", &[]));

@@ -231,17 +231,13 @@ async fn the_agent_from_the_image_pins_a_set() {
     })
     .await;
     let ready_after = started.elapsed();
-    eventually("the node reports the set pinned", &logs, || async {
-        let n = nodes
-            .get_opt("cp-0")
-            .await
-            .map_err(|e| e.to_string())?
-            .ok_or("no node report yet")?;
-        let state = node_state(&n);
-        (state == settled(&[("release", 1)]))
-            .then_some(())
-            .ok_or(format!("{state:?}"))
-    })
+    node_settles(
+        &nodes,
+        "cp-0",
+        &[("release", 1)],
+        "the node reports the set pinned",
+        &logs,
+    )
     .await;
     eprintln!(
         "agent from the image: ready after {ready_after:?}, set of {} images pinned after {:?}",

@@ -25,7 +25,7 @@ mod pinning;
 mod policy_rollout;
 mod trust;
 
-use crate::support::{self, pool, set};
+use crate::support::{self, pool};
 
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use pinset_k8s::api::{
@@ -178,6 +178,24 @@ fn settled(sets: &[(&str, i64)]) -> NodeState {
         .map(|&(name, generation)| (name.to_string(), generation, Some(generation)))
         .collect();
     (sets, "False".into(), "False".into())
+}
+
+/// Wait until node `name` reports exactly `sets` (name, generation) pinned, neither Degraded nor
+/// Progressing; else fail with `what` and the logs.
+async fn node_settles(
+    nodes: &Api<MachineConfigNode>,
+    name: &str,
+    sets: &[(&str, i64)],
+    what: &str,
+    logs: &dyn Fn() -> String,
+) {
+    let want = settled(sets);
+    eventually(what, logs, || async {
+        let n = nodes.get_opt(name).await.map_err(|e| e.to_string())?;
+        let state = node_state(&n.ok_or("no node report yet")?);
+        (state == want).then_some(()).ok_or(format!("{state:?}"))
+    })
+    .await;
 }
 
 fn node_state(n: &MachineConfigNode) -> NodeState {
@@ -395,22 +413,23 @@ async fn release_set(
     count: usize,
     seed: u64,
 ) -> (Vec<String>, Api<MachineConfigNode>) {
-    let client = cluster.client.clone();
     let refs = support::push_images(&cluster.registry, prefix, count, 1 << 20, seed).await;
-    let pools: Api<MachineConfigPool> = Api::all(client.clone());
-    let sets: Api<PinnedImageSet> = Api::all(client.clone());
-    let pp = PostParams::default();
-    pools
-        .create(
-            &pp,
-            &pool("master", &["master"], "node-role.kubernetes.io/master"),
-        )
-        .await
-        .unwrap();
-    sets.create(&pp, &set("release", "master", &refs))
-        .await
-        .unwrap();
-    (refs, Api::all(client))
+    cluster.create_pool("master", &["master"]).await;
+    cluster.create_set("release", "master", &refs).await;
+    (refs, Api::all(cluster.client.clone()))
+}
+
+impl Cluster {
+    /// Create pool `name` of the nodes labelled `node-role.kubernetes.io/NAME`, taking the sets
+    /// of `set_roles`.
+    async fn create_pool(&self, name: &str, set_roles: &[&str]) {
+        support::create_pool(&self.client, name, set_roles).await
+    }
+
+    /// Create set `name` of `images` for the nodes of `role`.
+    async fn create_set(&self, name: &str, role: &str, images: &[String]) {
+        support::create_set(&self.client, name, role, images).await
+    }
 }
 
 impl Cluster {
@@ -538,10 +557,6 @@ async fn grants_and_waves(port: u16, at_least: u64) -> (u64, u64) {
     }
 }
 
-fn fleet_pool() -> MachineConfigPool {
-    pool("worker", &["worker"], "node-role.kubernetes.io/worker")
-}
-
 /// The pool's rollout status and its Degraded and PolicyFallback conditions.
 fn rollout_of(p: &MachineConfigPool) -> (Option<pinset_k8s::api::PoolRollout>, String, String) {
     let st = p.status.clone().unwrap_or_default();
@@ -577,41 +592,12 @@ struct Releases {
 impl Releases {
     fn push(cluster: &Cluster, dir: &Path) -> Releases {
         let host = cluster.registry.host.clone();
-        let run = |args: &[&str]| {
-            let (code, out, err) = support::pinset(args);
-            assert_eq!(code, 0, "pinset {args:?}: {err}");
-            out.trim().to_string()
-        };
-        let prefix = dir.join("cosign");
-        run(&[
-            "policy",
-            "keygen",
-            "--output-key-prefix",
-            prefix.to_str().unwrap(),
-            "--allow-empty-password",
-        ]);
-        let key = prefix.with_extension("key");
+        let (key, public_key) = support::keygen_empty(&dir.join("cosign"));
         let push = |stem: &str, repo: &str, sign: bool| {
             let file = support::policy_path(stem);
-            let target = format!("{host}/policies/{repo}:e2e");
-            let pushed = run(&[
-                "policy",
-                "push",
-                file.to_str().unwrap(),
-                &target,
-                "--insecure-registry",
-                &host,
-            ]);
+            let pushed = support::push_policy(&host, &file, &format!("policies/{repo}:e2e"));
             if sign {
-                run(&[
-                    "policy",
-                    "sign",
-                    &pushed,
-                    "--key",
-                    key.to_str().unwrap(),
-                    "--insecure-registry",
-                    &host,
-                ]);
+                support::sign_policy(&host, &pushed, &key);
             }
             pushed
         };
@@ -620,7 +606,7 @@ impl Releases {
             v2: push("pinset_test_policy_hostile", "worker-v2", true),
             v3: push("pinset_test_policy_unthrottled", "worker-v3", true),
             unsigned: push("pinset_test_policy_floor", "worker-unsigned", false),
-            public_key: std::fs::read_to_string(prefix.with_extension("pub")).unwrap(),
+            public_key,
             registry: host.clone(),
             dir: dir.to_path_buf(),
         }

@@ -1,155 +1,234 @@
 use super::*;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use pinset_k8s::api::CONDITION_POLICY_FALLBACK;
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn controller_and_agents_pin_sets_and_report_through_a_real_api_server() {
-    let Some(cluster) = Cluster::start().await else {
-        return;
-    };
-    let Some(cp_runtime) = support::Containerd::start(&cluster.registry.host) else {
-        return;
-    };
-    let Some(infra_runtime) = support::Containerd::start(&cluster.registry.host) else {
-        return;
-    };
-    let (registry, server, client) = (&cluster.registry, &cluster.server, cluster.client.clone());
-    let dir = &cluster.dir;
+/// Three pools on a real API server with their sets — master (node cp-0: its unsigned module
+/// refused, the default decides), worker, and infra (node infra-0, which also takes the worker
+/// sets: a signed module that writes to stderr in every hook and answers like the default) —
+/// the controller, and an agent per node on a containerd of its own; both nodes settled.
+struct ThreePools {
+    controller: Proc,
+    cp: Proc,
+    infra: Proc,
+    controller_port: u16,
+    cp_port: u16,
+    master_imgs: Vec<String>,
+    worker_imgs: Vec<String>,
+    infra_imgs: Vec<String>,
+    policies: Releases,
+    cp_runtime: support::Containerd,
+    infra_runtime: support::Containerd,
+    pools: Api<MachineConfigPool>,
+    sets: Api<PinnedImageSet>,
+    nodes: Api<MachineConfigNode>,
+    cluster: Cluster,
+}
 
-    let master_imgs = support::push_images(registry, "m", 2, 150_000, 100).await;
-    let worker_imgs = support::push_images(registry, "w", 3, 150_000, 200).await;
-    let infra_imgs = support::push_images(registry, "i", 2, 150_000, 300).await;
-
-    let pools: Api<MachineConfigPool> = Api::all(client.clone());
-    let sets: Api<PinnedImageSet> = Api::all(client.clone());
-    let nodes: Api<MachineConfigNode> = Api::all(client.clone());
-    let pp = PostParams::default();
-    pools
-        .create(
-            &pp,
-            &pool("master", &["master"], "node-role.kubernetes.io/master"),
-        )
-        .await
-        .unwrap();
-    pools
-        .create(
-            &pp,
-            &pool("worker", &["worker"], "node-role.kubernetes.io/worker"),
-        )
-        .await
-        .unwrap();
-    pools
-        .create(
-            &pp,
-            &pool(
-                "infra",
-                &["worker", "infra"],
-                "node-role.kubernetes.io/infra",
-            ),
-        )
-        .await
-        .unwrap();
-    sets.create(&pp, &set("master-set", "master", &master_imgs))
-        .await
-        .unwrap();
-    sets.create(&pp, &set("worker-set", "worker", &worker_imgs[..2]))
-        .await
-        .unwrap();
-    sets.create(&pp, &set("infra-set", "infra", &infra_imgs))
-        .await
-        .unwrap();
-
-    let controller_port = support::free_port();
-    let controller = cluster.controller(controller_port, "controller.log", &[]);
-    // Policies shipped as the configuration ships them: OCI artifacts by digest, a signature
-    // required. infra's module is signed and runs; master's is not and is refused for master
-    // only: cp-0 decides with the default and says why.
-    let policies = Releases::push(&cluster, dir.path());
-    let cp_port = support::free_port();
-    let mut cp = cluster.agent(
-        "cp-0",
-        &roles(&["master", "control-plane"]),
-        &cp_runtime,
-        cp_port,
-        "cp-0.log",
-        &policies.agent_args("master", &policies.unsigned, "cp-0"),
-    );
-    // The infra pool runs (from its signed artifact) a policy that writes to stderr in every
-    // hook (which crashed the agent's async path while WASI streams entered a runtime of their
-    // own) and answers like the default: it passes the smoke test on the node's facts, decides
-    // every reconcile, and the node pulls and pins without a fallback. (A module that traps is
-    // refused by that test: `a_pool_policy_change_rolls_out_canary_first_and_a_bad_one_is_held`.)
-    let mut infra_labels = roles(&["worker", "infra"]);
-    infra_labels.push(("pinset.test/hostile".into(), "stderr".into()));
-    let infra = cluster.agent(
-        "infra-0",
-        &infra_labels,
-        &infra_runtime,
-        support::free_port(),
-        "infra-0.log",
-        &policies.agent_args("infra", &policies.v2, "infra-0"),
-    );
-    let logs = || {
-        format!(
-            "--- controller ---\n{}\n--- cp-0 ---\n{}\n--- infra-0 ---\n{}\n{}",
-            controller.log(),
-            cp.log(),
-            infra.log(),
-            server.log()
-        )
-    };
-
-    // The controller writes each pool's sets, sorted; the custom pool also gets the worker sets.
-    for (pool, want) in [
-        ("master", vec!["master-set"]),
-        ("worker", vec!["worker-set"]),
-        ("infra", vec!["infra-set", "worker-set"]),
-    ] {
-        eventually(&format!("pool {pool} lists {want:?}"), &logs, || async {
-            let p = pools.get(pool).await.map_err(|e| e.to_string())?;
-            (pool_sets(&p) == want)
-                .then_some(())
-                .ok_or(format!("{:?}", pool_sets(&p)))
-        })
-        .await;
+impl ThreePools {
+    async fn start() -> Option<ThreePools> {
+        let cluster = Cluster::start().await?;
+        let cp_runtime = support::Containerd::start(&cluster.registry.host)?;
+        let infra_runtime = support::Containerd::start(&cluster.registry.host)?;
+        let registry = &cluster.registry;
+        let master_imgs = support::push_images(registry, "m", 2, 150_000, 100).await;
+        let worker_imgs = support::push_images(registry, "w", 3, 150_000, 200).await;
+        let infra_imgs = support::push_images(registry, "i", 2, 150_000, 300).await;
+        cluster.create_pool("master", &["master"]).await;
+        cluster.create_pool("worker", &["worker"]).await;
+        cluster.create_pool("infra", &["worker", "infra"]).await;
+        cluster
+            .create_set("master-set", "master", &master_imgs)
+            .await;
+        cluster
+            .create_set("worker-set", "worker", &worker_imgs[..2])
+            .await;
+        cluster.create_set("infra-set", "infra", &infra_imgs).await;
+        let controller_port = support::free_port();
+        let controller = cluster.controller(controller_port, "controller.log", &[]);
+        // Policies shipped as the configuration ships them: OCI artifacts by digest, a
+        // signature required.
+        let policies = Releases::push(&cluster, cluster.dir.path());
+        let cp_port = support::free_port();
+        let cp_roles = roles(&["master", "control-plane"]);
+        let cp_args = policies.agent_args("master", &policies.unsigned, "cp-0");
+        let cp = cluster.agent(
+            "cp-0",
+            &cp_roles,
+            &cp_runtime,
+            cp_port,
+            "cp-0.log",
+            &cp_args,
+        );
+        // (A module that traps is refused by the smoke test on the node's facts:
+        // `a_pool_policy_change_rolls_out_canary_first_and_a_bad_one_is_held`.)
+        let mut infra_labels = roles(&["worker", "infra"]);
+        infra_labels.push(("pinset.test/hostile".into(), "stderr".into()));
+        let infra_args = policies.agent_args("infra", &policies.v2, "infra-0");
+        let port = support::free_port();
+        let infra = cluster.agent(
+            "infra-0",
+            &infra_labels,
+            &infra_runtime,
+            port,
+            "infra-0.log",
+            &infra_args,
+        );
+        let client = cluster.client.clone();
+        let three = ThreePools {
+            controller,
+            cp,
+            infra,
+            controller_port,
+            cp_port,
+            master_imgs,
+            worker_imgs,
+            infra_imgs,
+            policies,
+            cp_runtime,
+            infra_runtime,
+            pools: Api::all(client.clone()),
+            sets: Api::all(client.clone()),
+            nodes: Api::all(client),
+            cluster,
+        };
+        three.settled("cp-0", &[("master-set", 1)]).await;
+        three
+            .settled("infra-0", &[("infra-set", 1), ("worker-set", 1)])
+            .await;
+        Some(three)
     }
 
-    // Each node pulls and pins its pools' sets (each set once) and says so.
-    eventually("cp-0 done", &logs, || async {
-        let n = nodes.get("cp-0").await.map_err(|e| e.to_string())?;
-        let state = node_state(&n);
-        (state == settled(&[("master-set", 1)]))
-            .then_some(())
-            .ok_or(format!("{state:?}"))
+    fn logs(&self) -> String {
+        format!(
+            "--- controller ---\n{}\n--- cp-0 ---\n{}\n--- infra-0 ---\n{}\n{}",
+            self.controller.log(),
+            self.cp.log(),
+            self.infra.log(),
+            self.cluster.server.log()
+        )
+    }
+
+    /// Node `name` has pinned exactly `sets` (name, generation) and says so.
+    async fn settled(&self, name: &str, sets: &[(&str, i64)]) {
+        let what = format!("{name} settled at {sets:?}");
+        node_settles(&self.nodes, name, sets, &what, &|| self.logs()).await;
+    }
+
+    /// The condition `type_` of node `name`.
+    async fn node_condition(&self, name: &str, type_: &str) -> Condition {
+        let status = self
+            .nodes
+            .get(name)
+            .await
+            .unwrap()
+            .status
+            .unwrap_or_default();
+        status
+            .conditions
+            .into_iter()
+            .find(|c| c.type_ == type_)
+            .unwrap()
+    }
+
+    /// The sets of pool `pool` are `want` (sorted), once the controller has written them.
+    async fn pool_lists(&self, pool: &str, want: &[&str]) {
+        eventually(
+            &format!("pool {pool} lists {want:?}"),
+            &|| self.logs(),
+            || async {
+                let p = self.pools.get(pool).await.map_err(|e| e.to_string())?;
+                (pool_sets(&p) == want)
+                    .then_some(())
+                    .ok_or(format!("{:?}", pool_sets(&p)))
+            },
+        )
+        .await;
+    }
+}
+
+/// Each pool gets its sets (the custom pool the worker sets too), each node pulls and pins its
+/// pools' sets once — none of another role's — each node counts in its primary pool only, and
+/// a set's status says its size and pools; every request was allowed by the manifests' RBAC,
+/// and the agent stops within seconds of a SIGTERM.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_node_pins_the_sets_of_its_pools_and_each_pool_counts_its_own_nodes() {
+    let Some(mut t) = ThreePools::start().await else {
+        return;
+    };
+    t.pool_lists("master", &["master-set"]).await;
+    t.pool_lists("worker", &["worker-set"]).await;
+    t.pool_lists("infra", &["infra-set", "worker-set"]).await;
+    let infra_mcn = eventually("infra-0 in pool infra", &|| t.logs(), || async {
+        let n = t.nodes.get("infra-0").await.map_err(|e| e.to_string())?;
+        let pool = n.spec.pool.name.clone();
+        (pool == "infra").then_some(n).ok_or(pool)
     })
     .await;
-    eventually("infra-0 done", &logs, || async {
-        let n = nodes.get("infra-0").await.map_err(|e| e.to_string())?;
-        let state = node_state(&n);
-        let want = settled(&[("infra-set", 1), ("worker-set", 1)]);
-        (state == want && n.spec.pool.name == "infra")
+    let progress = infra_mcn.status.unwrap().pinned_image_progress.unwrap();
+    assert_eq!((progress.images_done, progress.images_total), (4, 4));
+    let (cp_cri, infra_cri) = (cri(&t.cp_runtime), cri(&t.infra_runtime));
+    for r in &t.master_imgs {
+        let image = cp_cri.image_status(r).await.unwrap();
+        assert!(image.is_some_and(|i| i.pinned), "{r} pinned on cp-0");
+    }
+    for r in t.worker_imgs[..2].iter().chain(&t.infra_imgs) {
+        let image = infra_cri.image_status(r).await.unwrap();
+        assert!(image.is_some_and(|i| i.pinned), "{r} pinned on infra-0");
+    }
+    let master_on_infra = infra_cri.image_status(&t.master_imgs[0]).await.unwrap();
+    assert!(master_on_infra.is_none(), "master images stay off workers");
+    for (pool, want) in [("master", (1, 1)), ("infra", (1, 1)), ("worker", (0, 0))] {
+        eventually(
+            &format!("pool {pool} counts {want:?}"),
+            &|| t.logs(),
+            || async {
+                let p = t.pools.get(pool).await.map_err(|e| e.to_string())?;
+                match pool_counts(&p) {
+                    Some((m, u, d, _)) if (m, u) == want && d == "False" => Ok(()),
+                    other => Err(format!("{other:?}")),
+                }
+            },
+        )
+        .await;
+    }
+    eventually("worker-set status", &|| t.logs(), || async {
+        let s = t.sets.get("worker-set").await.map_err(|e| e.to_string())?;
+        let st = s.status.unwrap_or_default();
+        (st.image_count == 2 && st.pools == vec!["infra", "worker"])
             .then_some(())
-            .ok_or(format!("{state:?}"))
+            .ok_or(format!("{st:?}"))
     })
     .await;
-    let infra_mcn = nodes.get("infra-0").await.unwrap();
-    let fallback = infra_mcn
-        .status
-        .as_ref()
-        .unwrap()
-        .conditions
-        .iter()
-        .find(|c| c.type_ == pinset_k8s::api::CONDITION_POLICY_FALLBACK)
-        .cloned()
-        .unwrap();
-    assert_eq!(fallback.status, "False", "{fallback:?}");
-    let cp_fallback = nodes.get("cp-0").await.unwrap().status.unwrap().conditions;
-    let refused = cp_fallback
-        .iter()
-        .find(|c| c.type_ == pinset_k8s::api::CONDITION_POLICY_FALLBACK)
-        .unwrap();
+    let asked = t.cluster.authorizer.decisions();
+    for who in ["pinset-controller", "pinset-agent"] {
+        let user = format!("system:serviceaccount:pinset:{who}");
+        let n = asked.iter().filter(|d| d.request.user == user).count();
+        assert!(
+            n > 10,
+            "{who} was authorized by the manifests' RBAC {n} time(s)"
+        );
+    }
+    let took = t.cp.terminate();
+    assert!(took < Duration::from_secs(5), "agent took {took:?} to stop");
+}
+
+/// Each node says which module it decides with, by the digest the configuration names it
+/// (its bytes' digest beside it): infra-0 its signed module, which writes to stderr in every
+/// hook and decides without a fallback; cp-0 the default, its unsigned module refused — said on
+/// the node (PolicyFallback True) and on its pool, naming the node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_node_says_which_module_decides_and_a_refused_one_is_named_on_node_and_pool() {
+    let Some(t) = ThreePools::start().await else {
+        return;
+    };
+    let infra_fallback = t.node_condition("infra-0", CONDITION_POLICY_FALLBACK).await;
+    assert_eq!(infra_fallback.status, "False", "{infra_fallback:?}");
+    let refused = t.node_condition("cp-0", CONDITION_POLICY_FALLBACK).await;
     assert_eq!(refused.status, "True", "{refused:?}");
+    let unsigned = t.policies.unsigned.as_str();
     for said in [
         "pool master",
-        policies.unsigned.as_str(),
+        unsigned,
         "no cosign signature",
         "deciding with embedded:default",
     ] {
@@ -159,152 +238,99 @@ async fn controller_and_agents_pin_sets_and_report_through_a_real_api_server() {
         !refused.message.contains("trapped"),
         "the default it decides with never falls back: {refused:?}"
     );
-    // Each node says which module it decides with: infra-0 the signed artifact, cp-0 the default.
-    let running = |mcn: &MachineConfigNode| mcn.status.as_ref().unwrap().policy.clone().unwrap();
-    let infra_policy = running(&infra_mcn);
+    let running = |mcn: MachineConfigNode| mcn.status.unwrap().policy.unwrap();
+    let infra_policy = running(t.nodes.get("infra-0").await.unwrap());
+    let v2 = format!("oci://{}", t.policies.v2);
     assert_eq!(
         (infra_policy.name.as_str(), infra_policy.module.as_str()),
-        ("hostile", format!("oci://{}", policies.v2).as_str())
+        ("hostile", v2.as_str())
     );
     let hostile_bytes = std::fs::read(support::policy_path("pinset_test_policy_hostile")).unwrap();
-    // One name for the module: the digest the configuration names it by; its bytes' digest
-    // beside it, named as such.
-    let manifest_digest = policies.v2.rsplit_once('@').unwrap().1;
+    let manifest_digest = t.policies.v2.rsplit_once('@').unwrap().1;
     assert_eq!(infra_policy.digest, manifest_digest);
+    let module_digest = support::sha256(&hostile_bytes);
     assert_eq!(
         infra_policy.module_digest.as_deref(),
-        Some(support::sha256(&hostile_bytes).as_str())
+        Some(module_digest.as_str())
     );
-    let cp_policy = running(&nodes.get("cp-0").await.unwrap());
+    let cp_policy = running(t.nodes.get("cp-0").await.unwrap());
     assert_eq!(cp_policy.name, "default");
     assert_eq!(cp_policy.module, pinset_policy::EMBEDDED_DEFAULT_NAME);
-    // The pool says it too, naming the node.
-    eventually("pool master names the refusal", &logs, || async {
-        let p = pools.get("master").await.map_err(|e| e.to_string())?;
+    eventually("pool master names the refusal", &|| t.logs(), || async {
+        let p = t.pools.get("master").await.map_err(|e| e.to_string())?;
         let c = p
             .status
             .unwrap_or_default()
             .conditions
             .into_iter()
-            .find(|c| c.type_ == pinset_k8s::api::CONDITION_POLICY_FALLBACK)
+            .find(|c| c.type_ == CONDITION_POLICY_FALLBACK)
             .ok_or("no PolicyFallback condition")?;
         (c.status == "True"
             && c.reason == "PolicyRefused"
             && c.message.contains("node cp-0")
-            && c.message.contains(&policies.unsigned))
+            && c.message.contains(unsigned))
         .then_some(())
         .ok_or(format!("{c:?}"))
     })
     .await;
-    let progress = infra_mcn.status.unwrap().pinned_image_progress.unwrap();
-    assert_eq!((progress.images_done, progress.images_total), (4, 4));
-    let (cp_cri, infra_cri) = (cri(&cp_runtime), cri(&infra_runtime));
-    for r in &master_imgs {
-        assert!(
-            cp_cri.image_status(r).await.unwrap().unwrap().pinned,
-            "{r} pinned on cp-0"
-        );
-    }
-    for r in worker_imgs[..2].iter().chain(&infra_imgs) {
-        assert!(
-            infra_cri.image_status(r).await.unwrap().unwrap().pinned,
-            "{r} pinned on infra-0"
-        );
-    }
-    assert!(
-        infra_cri
-            .image_status(&master_imgs[0])
-            .await
-            .unwrap()
-            .is_none(),
-        "master images stay off workers"
-    );
+}
 
-    // Pool counts: each node counts in its primary pool only.
-    for (pool, want) in [("master", (1, 1)), ("infra", (1, 1)), ("worker", (0, 0))] {
-        eventually(&format!("pool {pool} counts {want:?}"), &logs, || async {
-            let p = pools.get(pool).await.map_err(|e| e.to_string())?;
-            match pool_counts(&p) {
-                Some((m, u, d, _)) if (m, u) == want && d == "False" => Ok(()),
-                other => Err(format!("{other:?}")),
-            }
-        })
-        .await;
-    }
-    // Set status: size and pools, for kubectl.
-    eventually("worker-set status", &logs, || async {
-        let s = sets.get("worker-set").await.map_err(|e| e.to_string())?;
-        let st = s.status.unwrap_or_default();
-        (st.image_count == 2 && st.pools == vec!["infra", "worker"])
-            .then_some(())
-            .ok_or(format!("{st:?}"))
-    })
-    .await;
-
-    // Generation 2 of the worker set adds an image.
-    sets.patch(
-        "worker-set",
-        &PatchParams::default(),
-        &Patch::Merge(json!({"spec": {"pinnedImages": worker_imgs.iter().map(|n| json!({"name": n})).collect::<Vec<_>>()}})),
-    )
-    .await
-    .unwrap();
-    eventually("infra-0 at worker-set generation 2", &logs, || async {
-        let n = nodes.get("infra-0").await.map_err(|e| e.to_string())?;
-        let state = node_state(&n);
-        (state == settled(&[("infra-set", 1), ("worker-set", 2)]))
-            .then_some(())
-            .ok_or(format!("{state:?}"))
-    })
-    .await;
-    assert!(
-        infra_cri
-            .image_status(&worker_imgs[2])
-            .await
-            .unwrap()
-            .unwrap()
-            .pinned
-    );
-
-    // Deleting a set: out of the pool, out of the node's status, unpinned but still present.
-    sets.delete("infra-set", &DeleteParams::default())
+/// A set's new generation is pinned where it applies; a deleted set leaves its pool and the
+/// node's status, and its images are unpinned but still present.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_changed_set_is_pinned_again_and_a_deleted_one_unpinned() {
+    let Some(t) = ThreePools::start().await else {
+        return;
+    };
+    let all: Vec<_> = t.worker_imgs.iter().map(|n| json!({"name": n})).collect();
+    let patch = Patch::Merge(json!({"spec": {"pinnedImages": all}}));
+    t.sets
+        .patch("worker-set", &PatchParams::default(), &patch)
         .await
         .unwrap();
-    eventually("infra pool without infra-set", &logs, || async {
-        let p = pools.get("infra").await.map_err(|e| e.to_string())?;
-        (pool_sets(&p) == vec!["worker-set"])
-            .then_some(())
-            .ok_or(format!("{:?}", pool_sets(&p)))
+    t.settled("infra-0", &[("infra-set", 1), ("worker-set", 2)])
+        .await;
+    let infra_cri = cri(&t.infra_runtime);
+    let added = infra_cri.image_status(&t.worker_imgs[2]).await.unwrap();
+    assert!(added.is_some_and(|i| i.pinned), "the added image is pinned");
+
+    t.sets
+        .delete("infra-set", &DeleteParams::default())
+        .await
+        .unwrap();
+    t.pool_lists("infra", &["worker-set"]).await;
+    let what = "infra-0 without infra-set, its images unpinned";
+    eventually(what, &|| t.logs(), || async {
+        let n = t.nodes.get("infra-0").await.map_err(|e| e.to_string())?;
+        let names: Vec<String> = node_state(&n).0.into_iter().map(|s| s.0).collect();
+        let image = infra_cri.image_status(&t.infra_imgs[0]).await;
+        match image.map_err(|e| e.to_string())? {
+            Some(i) if names == vec!["worker-set"] && !i.pinned => Ok(()),
+            other => Err(format!("{names:?} {other:?}")),
+        }
     })
     .await;
-    eventually(
-        "infra-0 without infra-set, its images unpinned",
-        &logs,
-        || async {
-            let n = nodes.get("infra-0").await.map_err(|e| e.to_string())?;
-            let names: Vec<String> = node_state(&n).0.into_iter().map(|s| s.0).collect();
-            let image = infra_cri
-                .image_status(&infra_imgs[0])
-                .await
-                .map_err(|e| e.to_string())?;
-            match image {
-                Some(i) if names == vec!["worker-set"] && !i.pinned => Ok(()),
-                other => Err(format!("{names:?} {other:?}")),
-            }
-        },
-    )
-    .await;
+}
 
-    // An image that does not exist: the node is Degraded naming it; so is its pool.
-    let missing = format!("{}/pinset/missing@sha256:{}", registry.host, "0".repeat(64));
-    sets.create(
-        &pp,
-        &set("broken", "master", std::slice::from_ref(&missing)),
-    )
-    .await
-    .unwrap();
-    let message = eventually("cp-0 degraded", &logs, || async {
-        let n = nodes.get("cp-0").await.map_err(|e| e.to_string())?;
+/// An image that does not exist: the node is Degraded naming it and its set, so is its pool,
+/// and the set that is fine stays done; the Events say so as `kubectl get events` shows them
+/// (sets pinned — once, not at every resync — and failed, the module refused, the pool
+/// Degraded); the agent's and the controller's metrics count it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_missing_image_degrades_node_and_pool_with_events_and_metrics() {
+    let Some(t) = ThreePools::start().await else {
+        return;
+    };
+    let missing = format!(
+        "{}/pinset/missing@sha256:{}",
+        t.cluster.registry.host,
+        "0".repeat(64)
+    );
+    t.cluster
+        .create_set("broken", "master", std::slice::from_ref(&missing))
+        .await;
+    let message = eventually("cp-0 degraded", &|| t.logs(), || async {
+        let n = t.nodes.get("cp-0").await.map_err(|e| e.to_string())?;
         let st = n.status.unwrap_or_default();
         let d = st
             .conditions
@@ -321,30 +347,47 @@ async fn controller_and_agents_pin_sets_and_report_through_a_real_api_server() {
         message.contains(&missing) && message.contains("broken"),
         "{message}"
     );
-    let pool_message = eventually("master pool degraded", &logs, || async {
-        let p = pools.get("master").await.map_err(|e| e.to_string())?;
+    let pool_message = eventually("master pool degraded", &|| t.logs(), || async {
+        let p = t.pools.get("master").await.map_err(|e| e.to_string())?;
         match pool_counts(&p) {
             Some((1, 0, d, m)) if d == "True" => Ok(m),
             other => Err(format!("{other:?}")),
         }
     })
     .await;
+    for said in ["node cp-0", "PinnedImageSet broken", missing.as_str()] {
+        assert!(pool_message.contains(said), "{said:?} in {pool_message}");
+    }
+    let seen = events_seen(&t).await;
+    let failed = seen.iter().find(|e| e.2 == "SetFailed").unwrap();
     assert!(
-        pool_message.contains("node cp-0")
-            && pool_message.contains("PinnedImageSet broken")
-            && pool_message.contains(&missing),
-        "{pool_message}"
+        failed.3.contains("broken") && failed.3.contains(&missing),
+        "{failed:?}"
     );
-    // Events, as `kubectl get events` shows them: sets pinned and failed on the node's
-    // MachineConfigNode, cp-0's refusal of its unsigned module, the pool turning Degraded.
-    let events: Api<k8s_openapi::api::events::v1::Event> = Api::all(client.clone());
+    let pinned = |e: &&(String, String, String, String)| {
+        e.1 == "cp-0" && e.2 == "SetPinned" && e.3.contains("master-set")
+    };
+    let announced = seen.iter().filter(pinned).count();
+    assert_eq!(announced, 1, "a set is announced pinned once: {seen:?}");
+    let cp_sets = node_state(&t.nodes.get("cp-0").await.unwrap()).0;
+    assert!(
+        cp_sets.contains(&("master-set".into(), 1, Some(1))),
+        "{cp_sets:?}"
+    );
+    assert_metrics(&t).await;
+}
+
+/// The Events of the cluster once cp-0's pinned and failed sets, its refused module and the
+/// master pool's Degraded are among them: (kind, name, reason, note).
+async fn events_seen(t: &ThreePools) -> Vec<(String, String, String, String)> {
+    let events: Api<k8s_openapi::api::events::v1::Event> = Api::all(t.cluster.client.clone());
     let want = [
         ("MachineConfigNode", "cp-0", "SetPinned"),
         ("MachineConfigNode", "cp-0", "SetFailed"),
         ("MachineConfigNode", "cp-0", "PolicyRejected"),
         ("MachineConfigPool", "master", "PoolDegraded"),
     ];
-    let seen = eventually("events recorded", &logs, || async {
+    eventually("events recorded", &|| t.logs(), || async {
         let list = events
             .list(&Default::default())
             .await
@@ -354,97 +397,60 @@ async fn controller_and_agents_pin_sets_and_report_through_a_real_api_server() {
             .iter()
             .map(|e| {
                 let r = e.regarding.clone().unwrap_or_default();
+                let reason = e.reason.clone().unwrap_or_default();
                 let note = e.note.clone().unwrap_or_default();
                 (
                     r.kind.unwrap_or_default(),
                     r.name.unwrap_or_default(),
-                    e.reason.clone().unwrap_or_default(),
+                    reason,
                     note,
                 )
             })
             .collect();
-        let all = want.iter().all(|(k, n, r)| {
+        let has = |(k, n, r): &(&str, &str, &str)| {
             seen.iter()
-                .any(|(k2, n2, r2, _)| (k2.as_str(), n2.as_str(), r2.as_str()) == (*k, *n, *r))
-        });
-        all.then_some(seen.clone()).ok_or(format!("{seen:?}"))
+                .any(|e| (e.0.as_str(), e.1.as_str(), e.2.as_str()) == (*k, *n, *r))
+        };
+        want.iter()
+            .all(has)
+            .then_some(seen.clone())
+            .ok_or(format!("{seen:?}"))
     })
-    .await;
-    let failed = seen.iter().find(|e| e.2 == "SetFailed").unwrap();
-    assert!(
-        failed.3.contains("broken") && failed.3.contains(&missing),
-        "{failed:?}"
-    );
-    assert_eq!(
-        seen.iter()
-            .filter(|e| e.1 == "cp-0" && e.2 == "SetPinned" && e.3.contains("master-set"))
-            .count(),
-        1,
-        "a set is announced pinned once, not at every resync: {seen:?}"
-    );
-    // The set that is fine stays done on that node.
-    let cp_sets = node_state(&nodes.get("cp-0").await.unwrap()).0;
-    assert!(
-        cp_sets.contains(&("master-set".into(), 1, Some(1))),
-        "{cp_sets:?}"
-    );
+    .await
+}
 
-    // Metrics of the agent and the controller.
-    let m = metrics(cp_port).await;
+/// The agent's pulls, failures, policy calls, sets by state and last successful reconcile; the
+/// controller's writes; both builds and health endpoints.
+async fn assert_metrics(t: &ThreePools) {
+    let m = metrics(t.cp_port).await;
     assert!(m.contains("pinset_images_pulled_total 2"), "{m}");
     assert!(m.contains("pinset_image_pull_failures_total"), "{m}");
     assert!(m.contains("pinset_policy_call_seconds_bucket"), "{m}");
-    for port in [cp_port, controller_port] {
+    for port in [t.cp_port, t.controller_port] {
         for path in ["/healthz", "/readyz"] {
             let r = get(port, path).await;
             assert!(r.starts_with("HTTP/1.0 200"), "{path}: {r}");
         }
     }
-    let c = metrics(controller_port).await;
+    let c = metrics(t.controller_port).await;
     assert!(
         c.contains("pinset_api_writes_total{kind=\"pool_spec\"}"),
         "{c}"
     );
-    // The build, the node's sets by state, the last time every set was pinned.
     let build = format!(
         "pinset_build_info{{version=\"{}\",commit=\"",
         env!("CARGO_PKG_VERSION")
     );
     assert!(m.contains(&build) && c.contains(&build), "{build}\n{m}");
     for state in ["pinned", "failed", "pending"] {
-        assert!(
-            m.contains(&format!("pinset_node_sets{{state=\"{state}\"}}")),
-            "{m}"
-        );
+        let family = format!("pinset_node_sets{{state=\"{state}\"}}");
+        assert!(m.contains(&family), "{m}");
     }
     let last = metric(&m, "pinset_last_successful_reconcile_timestamp_seconds");
     assert!(
         last > 1_700_000_000,
         "a reconcile pinned every set: {last}\n{m}"
     );
-
-    let refused = cluster.refused();
-    assert!(
-        refused.is_empty(),
-        "refused by RBAC: {refused:?}\n{}",
-        logs()
-    );
-    let asked = cluster.authorizer.decisions();
-    for who in ["pinset-controller", "pinset-agent"] {
-        let user = format!("system:serviceaccount:pinset:{who}");
-        let n = asked.iter().filter(|d| d.request.user == user).count();
-        assert!(
-            n > 10,
-            "{who} was authorized by the manifests' RBAC {n} time(s)"
-        );
-    }
-    // SIGTERM: the agent stops within seconds.
-    let took = cp.terminate();
-    assert!(took < Duration::from_secs(5), "agent took {took:?} to stop");
-    drop(infra);
-    drop(controller);
-    // Every request of the controller and the agents was allowed by the manifests' RBAC.
-    assert_eq!(cluster.refused(), Vec::<String>::new());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -482,13 +488,13 @@ async fn an_agent_killed_mid_run_is_finished_by_the_next_one_without_pulling_twi
     let port = support::free_port();
     let second = cluster.release_agent(&runtime, port, "second.log");
     let logs = || format!("{}\n{}", second.log(), server.log());
-    eventually("the restarted agent finishes the set", &logs, || async {
-        let n = nodes.get("cp-0").await.map_err(|e| e.to_string())?;
-        let state = node_state(&n);
-        (state == settled(&[("release", 1)]))
-            .then_some(())
-            .ok_or(format!("{state:?}"))
-    })
+    node_settles(
+        &nodes,
+        "cp-0",
+        &[("release", 1)],
+        "the restarted agent finishes the set",
+        &logs,
+    )
     .await;
     assert_eq!(
         present_and_pinned(&cri, &refs).await,
@@ -538,13 +544,13 @@ async fn the_agent_works_through_an_api_server_outage_and_publishes_when_it_retu
     .await;
     server.restart().await;
     let started = std::time::Instant::now();
-    eventually("the final status published", &logs, || async {
-        let n = nodes.get("cp-0").await.map_err(|e| e.to_string())?;
-        let state = node_state(&n);
-        (state == settled(&[("release", 1)]))
-            .then_some(())
-            .ok_or(format!("{state:?}"))
-    })
+    node_settles(
+        &nodes,
+        "cp-0",
+        &[("release", 1)],
+        "the final status published",
+        &logs,
+    )
     .await;
     // Within the agent's retry interval (1 s here), not its 10-minute resync.
     assert!(

@@ -180,13 +180,8 @@ async fn a_pool_policy_change_rolls_out_canary_first_and_a_bad_one_is_held() {
     let releases = Releases::push(&cluster, cluster.dir.path());
     releases.configure(&client, &releases.v1, None).await;
     let images = support::push_images(&cluster.registry, "policy-rollout", 2, 50_000, 900).await;
-    pools
-        .create(&PostParams::default(), &fleet_pool())
-        .await
-        .unwrap();
-    sets.create(&PostParams::default(), &set("apps", "worker", &images))
-        .await
-        .unwrap();
+    cluster.create_pool("worker", &["worker"]).await;
+    cluster.create_set("apps", "worker", &images).await;
     let controller_port = support::free_port();
     let controller = cluster.controller(
         controller_port,
@@ -494,9 +489,7 @@ async fn a_pool_policy_change_rolls_out_canary_first_and_a_bad_one_is_held() {
     //     started with, nothing is cancelled, and the node swaps after it.
     let late = support::push_images(&cluster.registry, "policy-late", 1, 50_000, 901).await;
     cluster.registry.stop();
-    sets.create(&PostParams::default(), &set("late", "worker", &late))
-        .await
-        .unwrap();
+    cluster.create_set("late", "worker", &late).await;
     let puller = eventually("a canary is granted the new set", &logs, || async {
         let l = look(&nodes, &[], "late", 1, &late).await;
         l.granted.iter().position(|g| *g).ok_or(format!("{l:?}"))

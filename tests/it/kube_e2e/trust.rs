@@ -26,14 +26,8 @@ async fn a_rule_missing_from_the_manifests_is_a_clear_refusal_retried_until_gran
     let rule = full.allows(&status_patch).expect("the manifests grant it");
     cluster.authorizer.set_rules(full.without(&rule));
     let images = support::push_images(&cluster.registry, "rbac", 1, 50_000, 700).await;
-    let pp = PostParams::default();
-    let pools: Api<MachineConfigPool> = Api::all(cluster.client.clone());
-    let worker = pool("worker", &["worker"], "node-role.kubernetes.io/worker");
-    pools.create(&pp, &worker).await.unwrap();
-    let sets: Api<PinnedImageSet> = Api::all(cluster.client.clone());
-    sets.create(&pp, &set("apps", "worker", &images))
-        .await
-        .unwrap();
+    cluster.create_pool("worker", &["worker"]).await;
+    cluster.create_set("apps", "worker", &images).await;
     let controller = cluster.controller(support::free_port(), "controller.log", &[]);
     let agent = cluster.agent(
         "w-0",
@@ -123,10 +117,7 @@ async fn a_registry_away_is_waited_for_and_a_removed_key_retires_what_it_vouched
     let nodes: Api<MachineConfigNode> = Api::all(client.clone());
     let releases = Releases::push(&cluster, cluster.dir.path());
     releases.configure(&client, &releases.v1, None).await;
-    pools
-        .create(&PostParams::default(), &fleet_pool())
-        .await
-        .unwrap();
+    cluster.create_pool("worker", &["worker"]).await;
     let host = cluster.registry.host.clone();
     let controller = cluster.controller(
         support::free_port(),
@@ -242,10 +233,8 @@ async fn a_hostile_policy_registry_stalls_neither_the_agent_nor_the_controller()
     let client = cluster.client.clone();
     let pools: Api<MachineConfigPool> = Api::all(client.clone());
     let nodes: Api<MachineConfigNode> = Api::all(client.clone());
-    let sets: Api<PinnedImageSet> = Api::all(client.clone());
     let releases = Releases::push(&cluster, cluster.dir.path());
-    let pp = PostParams::default();
-    pools.create(&pp, &fleet_pool()).await.unwrap();
+    cluster.create_pool("worker", &["worker"]).await;
     let hostile = [
         ("an endless body", Hostile::start(Misbehaviour::EndlessBody)),
         ("a byte a second", Hostile::start(Misbehaviour::Trickle)),
@@ -292,9 +281,7 @@ async fn a_hostile_policy_registry_stalls_neither_the_agent_nor_the_controller()
         let set_name = format!("apps-{i}");
         let images =
             support::push_images(&cluster.registry, &set_name, 1, 50_000, 900 + i as u64).await;
-        sets.create(&pp, &set(&set_name, "worker", &images))
-            .await
-            .unwrap();
+        cluster.create_set(&set_name, "worker", &images).await;
         wanted.push((set_name.clone(), 1));
         // The node pins every set deciding with the default and says why, the controller selects
         // the new set for the pool, and both have asked the registry and logged it, naming it.

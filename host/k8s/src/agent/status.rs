@@ -582,6 +582,11 @@ mod tests {
         assert!(e[1].note.as_deref().unwrap().chars().count() <= 1024);
     }
 
+    fn progressing(st: &NodeStatus) -> Condition {
+        let mut all = conditions(st, &[]).into_iter();
+        all.find(|c| c.type_ == CONDITION_PROGRESSING).unwrap()
+    }
+
     #[test]
     fn a_sizing_warning_is_an_event_once_and_on_the_progressing_condition() {
         let mut st = NodeStatus::default();
@@ -592,10 +597,7 @@ mod tests {
         };
         assert_eq!(reasons(events(&st, &mut seen)), ["SizingIncomplete"]);
         assert!(reasons(events(&st, &mut seen)).is_empty(), "said once");
-        let progressing = conditions(&st, &[])
-            .into_iter()
-            .find(|c| c.type_ == CONDITION_PROGRESSING)
-            .unwrap();
+        let progressing = progressing(&st);
         assert!(
             progressing
                 .message
@@ -620,10 +622,7 @@ mod tests {
             forbidden: Some("forbidden: u may not create events (events.k8s.io); grant it".into()),
             ..Default::default()
         };
-        let progressing = conditions(&st, &[])
-            .into_iter()
-            .find(|c| c.type_ == CONDITION_PROGRESSING)
-            .unwrap();
+        let progressing = progressing(&st);
         assert!(
             progressing
                 .message

@@ -81,13 +81,10 @@ mod tests {
 
     #[test]
     fn a_bad_line_of_the_list_is_named_at_its_line() {
-        let dir = tempfile::tempdir().unwrap();
-        let list = dir.path().join("images.txt");
-        std::fs::write(
-            &list,
+        let (_dir, list) = pinset_testkit::scratch_file(
+            "images.txt",
             "# release\nquay.io/a/b:v1  # pinned\n\nquay.io/A:v1\n",
-        )
-        .unwrap();
+        );
         let e = read_list(&list).unwrap_err().to_string();
         assert!(e.starts_with(&format!("{}:4: ", list.display())), "{e}");
         std::fs::write(&list, "# release\nquay.io/a/b:v1  # pinned\n\nbusybox\n").unwrap();
