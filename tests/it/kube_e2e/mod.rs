@@ -578,6 +578,7 @@ fn rollout_of(p: &MachineConfigPool) -> (Option<pinset_k8s::api::PoolRollout>, S
 /// default, v2 the hostile module (it traps in `order` on nodes labelled so), v3 the
 /// unthrottled one — each signed — and the floor module, unsigned. (A module is trusted by its
 /// digest: v3's bytes pushed unsigned elsewhere would be the signed v3.)
+#[derive(Clone)]
 struct Releases {
     v1: String,
     v2: String,
@@ -655,6 +656,88 @@ impl Releases {
         .await
         .unwrap();
         Instant::now()
+    }
+}
+
+/// One worker node, `w-0`, and the controller, both following the PolicyConfiguration
+/// `cluster` (v1 of [`Releases`] configured for the worker pool, signatures required), the agent
+/// on a containerd of its own with a module cache; the node runs v1.
+struct PolicyNode {
+    controller: Proc,
+    agent: Proc,
+    agent_port: u16,
+    releases: Releases,
+    nodes: Api<MachineConfigNode>,
+    runtime: support::Containerd,
+    cluster: Cluster,
+}
+
+impl PolicyNode {
+    const NAME: &str = "w-0";
+
+    /// Started, logging to files named after `log`, once the node runs v1.
+    async fn start(log: &str) -> Option<PolicyNode> {
+        let (cluster, runtime) = Cluster::with_runtime().await?;
+        let client = cluster.client.clone();
+        let releases = Releases::push(&cluster, cluster.dir.path());
+        releases.configure(&client, &releases.v1, None).await;
+        cluster.create_pool("worker", &["worker"]).await;
+        let follow = [
+            "--policy-configuration=cluster".to_string(),
+            format!("--policy-insecure-registry={}", cluster.registry.host),
+        ];
+        let port = support::free_port();
+        let controller = cluster.controller(port, &format!("{log}-controller.log"), &follow);
+        let agent_port = support::free_port();
+        let agent = Self::agent(&cluster, &runtime, agent_port, &format!("{log}-agent.log"));
+        let node = PolicyNode {
+            controller,
+            agent,
+            agent_port,
+            nodes: Api::all(client),
+            releases,
+            runtime,
+            cluster,
+        };
+        node.runs(&node.releases.v1).await;
+        Some(node)
+    }
+
+    fn agent(cluster: &Cluster, runtime: &support::Containerd, port: u16, log: &str) -> Proc {
+        let cache = cluster.dir.path().join("w-0-cache");
+        let args = [
+            "--policy-configuration=cluster".to_string(),
+            format!("--policy-insecure-registry={}", cluster.registry.host),
+            format!("--policy-cache={}", cache.display()),
+        ];
+        cluster.agent(Self::NAME, &roles(&["worker"]), runtime, port, log, &args)
+    }
+
+    /// The agent stopped (SIGTERM) and started again on the same port and cache, logging to `log`.
+    fn restart_agent(&mut self, log: &str) {
+        self.agent.terminate();
+        self.agent = Self::agent(&self.cluster, &self.runtime, self.agent_port, log);
+    }
+
+    fn logs(&self) -> String {
+        let (controller, agent) = (self.controller.log(), self.agent.log());
+        format!("--- controller ---\n{controller}\n--- agent ---\n{agent}")
+    }
+
+    /// Wait until the node says it runs `module` (a reference of [`Releases`]).
+    async fn runs(&self, module: &str) {
+        let want = format!("oci://{module}");
+        eventually(
+            &format!("the node runs {want}"),
+            &|| self.logs(),
+            || async {
+                let (running, ..) = policy_of(&self.nodes, Self::NAME).await?;
+                (running.as_deref() == Some(want.as_str()))
+                    .then_some(())
+                    .ok_or(format!("{running:?}"))
+            },
+        )
+        .await;
     }
 }
 

@@ -162,8 +162,8 @@ async fn status_after(
 
 /// A pool's node policy changes while pinset runs: a module that traps is refused by the canary
 /// in its smoke test and holds the pool; a good one rolls out canary-first without restarting
-/// an agent; an unsigned one never decides anywhere; a restarted agent runs its last module from
-/// its cache with the registry gone.
+/// an agent; an unsigned one or a digest the registry lacks never decides anywhere; a change
+/// while a pull is in flight waits for it; `rollout status` follows each change it is run after.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pool_policy_change_rolls_out_canary_first_and_a_bad_one_is_held() {
     let Some(mut cluster) = Cluster::start().await else {
@@ -567,50 +567,55 @@ async fn a_pool_policy_change_rolls_out_canary_first_and_a_bad_one_is_held() {
         status["target"].as_str().unwrap().starts_with("apps@2,") && status["done"] == 3,
         "{status}"
     );
+}
 
-    // 5. The registry goes away and an agent restarts: it decides with v3 from its cache.
-    cluster.registry.stop();
-    let restarted = (canary + 1) % 3;
-    agents.borrow_mut()[restarted].terminate();
-    let name = FLEET_NODES[restarted];
-    let again = cluster.agent(
-        name,
-        &labels,
-        &runtimes[restarted],
-        ports[restarted],
-        &format!("policy-{name}-restarted.log"),
-        &agent_args(name),
-    );
-    agents.borrow_mut()[restarted] = again;
+/// An agent restarted while the registry is away decides with the module it ran before, from
+/// its cache: no refusal, no fall back to the default.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_agent_decides_from_its_cache_with_the_registry_gone() {
+    let Some(mut n) = PolicyNode::start("cache").await else {
+        return;
+    };
+    let client = n.cluster.client.clone();
+    n.releases.configure(&client, &n.releases.v3, None).await;
+    n.runs(&n.releases.v3).await;
+    n.cluster.registry.stop();
+    n.restart_agent("cache-agent-restarted.log");
+    let v3_digest = n.releases.v3.rsplit_once('@').unwrap().1.to_string();
+    let port = n.agent_port;
     eventually(
         "the restarted agent runs v3 from its cache",
-        &logs,
+        &|| n.logs(),
         || async {
-            let m = try_get(ports[restarted], "/metrics").await?;
+            let m = try_get(port, "/metrics").await?;
             m.contains(&format!("digest=\"{v3_digest}\""))
                 .then_some(())
                 .ok_or(m)
         },
     )
     .await;
-    let log = agents.borrow()[restarted].log();
-    assert!(
-        log.contains("deciding with the module the node ran before the restart"),
-        "{log}"
-    );
+    n.runs(&n.releases.v3).await;
+    let log = n.agent.log();
+    let from_cache = "deciding with the module the node ran before the restart";
+    assert!(log.contains(from_cache), "{log}");
     assert!(!log.contains("refused"), "{log}");
+}
 
-    // 6. The manual's recipe (docs/policy-rollout.md), run as written: its lines with the
-    //    registry, the module, the key and the digest it printed filled in, in one shell whose
-    //    registries file and kubeconfig are this cluster's.
-    cluster.registry.restart();
-    readme_recipe(&cluster, &logs).await;
+/// The manual's recipe for changing a pool's policy (docs/policy-rollout.md), run as written:
+/// its lines with the registry, the module, the key and the digest it printed filled in, in one
+/// shell whose registries file and kubeconfig are this cluster's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_manuals_recipe_changes_a_pools_policy_as_written() {
+    let Some(n) = PolicyNode::start("recipe").await else {
+        return;
+    };
+    readme_recipe(&n.cluster, 1, &|| n.logs()).await;
 }
 
 /// The shell block of docs/policy-rollout.md ("Changing a pool's policy"), each command with
 /// its `…` filled in, run by bash in order; every one exits 0 and the pool then counts its
-/// nodes on the module.
-async fn readme_recipe(cluster: &Cluster, logs: &dyn Fn() -> String) {
+/// `nodes` on the module.
+async fn readme_recipe(cluster: &Cluster, nodes: u32, logs: &dyn Fn() -> String) {
     let page = support::workspace().join("docs/policy-rollout.md");
     let readme = std::fs::read_to_string(page).unwrap();
     let section = readme.split("# Changing a pool's policy").nth(1).unwrap();
@@ -702,7 +707,7 @@ async fn readme_recipe(cluster: &Cluster, logs: &dyn Fn() -> String) {
             let p = pools.get("worker").await.map_err(|e| e.to_string())?;
             let counts = p.status.unwrap_or_default().policies;
             match counts.as_slice() {
-                [c] if c.digest == digest && c.nodes == 3 => Ok(()),
+                [c] if c.digest == digest && c.nodes == nodes => Ok(()),
                 other => Err(format!("{other:?}")),
             }
         },

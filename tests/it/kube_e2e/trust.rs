@@ -109,69 +109,29 @@ async fn a_rule_missing_from_the_manifests_is_a_clear_refusal_retried_until_gran
 /// once and retired for the default, said as a refused signature.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_registry_away_is_waited_for_and_a_removed_key_retires_what_it_vouched_for() {
-    let Some((mut cluster, runtime)) = Cluster::with_runtime().await else {
+    let Some(mut n) = PolicyNode::start("trust").await else {
         return;
     };
-    let client = cluster.client.clone();
+    let client = n.cluster.client.clone();
     let pools: Api<MachineConfigPool> = Api::all(client.clone());
-    let nodes: Api<MachineConfigNode> = Api::all(client.clone());
-    let releases = Releases::push(&cluster, cluster.dir.path());
-    releases.configure(&client, &releases.v1, None).await;
-    cluster.create_pool("worker", &["worker"]).await;
-    let host = cluster.registry.host.clone();
-    let controller = cluster.controller(
-        support::free_port(),
-        "trust-controller.log",
-        &[
-            "--policy-configuration=cluster".into(),
-            format!("--policy-insecure-registry={host}"),
-        ],
-    );
-    let name = FLEET_NODES[0];
-    let agent = cluster.agent(
-        name,
-        &roles(&["worker"]),
-        &runtime,
-        support::free_port(),
-        "trust-agent.log",
-        &[
-            "--policy-configuration=cluster".into(),
-            format!("--policy-insecure-registry={host}"),
-            format!(
-                "--policy-cache={}",
-                cluster.dir.path().join("trust-cache").display()
-            ),
-        ],
-    );
-    let logs = || {
-        format!(
-            "--- controller ---\n{}\n--- agent ---\n{}",
-            controller.log(),
-            agent.log()
-        )
-    };
-    let (v1, v3) = (
-        format!("oci://{}", releases.v1),
-        format!("oci://{}", releases.v3),
-    );
-    eventually("the node runs v1", &logs, || async {
-        let (module, ..) = policy_of(&nodes, name).await?;
-        (module.as_deref() == Some(v1.as_str()))
-            .then_some(())
-            .ok_or(format!("{module:?}"))
-    })
-    .await;
+    let (nodes, name, releases) = (n.nodes.clone(), PolicyNode::NAME, n.releases.clone());
+    let v3 = format!("oci://{}", releases.v3);
+    let v1 = format!("oci://{}", releases.v1);
 
     // The registry goes away, and the pool's policy changes to v3, which no node has.
-    cluster.registry.stop();
+    n.cluster.registry.stop();
     releases.configure(&client, &releases.v3, None).await;
-    eventually("the canary waits for the registry", &logs, || async {
-        let (module, rejected, fallback) = policy_of(&nodes, name).await?;
-        let waiting = fallback == ("False".into(), "WaitingForRegistry".into());
-        (waiting && rejected.is_none() && module.as_deref() == Some(v1.as_str()))
-            .then_some(())
-            .ok_or(format!("{module:?} {rejected:?} {fallback:?}"))
-    })
+    eventually(
+        "the canary waits for the registry",
+        &|| n.logs(),
+        || async {
+            let (module, rejected, fallback) = policy_of(&nodes, name).await?;
+            let waiting = fallback == ("False".into(), "WaitingForRegistry".into());
+            (waiting && rejected.is_none() && module.as_deref() == Some(v1.as_str()))
+                .then_some(())
+                .ok_or(format!("{module:?} {rejected:?} {fallback:?}"))
+        },
+    )
     .await;
     let (_, degraded, _) = rollout_of(&pools.get("worker").await.unwrap());
     assert!(
@@ -180,10 +140,10 @@ async fn a_registry_away_is_waited_for_and_a_removed_key_retires_what_it_vouched
     );
 
     // Back: the recheck takes v3.
-    cluster.registry.restart();
+    n.cluster.registry.restart();
     eventually(
         "the node takes v3 once the registry is back",
-        &logs,
+        &|| n.logs(),
         || async {
             let (module, rejected, _) = policy_of(&nodes, name).await?;
             (module.as_deref() == Some(v3.as_str()) && rejected.is_none())
@@ -206,7 +166,7 @@ async fn a_registry_away_is_waited_for_and_a_removed_key_retires_what_it_vouched
     rotated.configure(&client, &rotated.v3, None).await;
     eventually(
         "the module no trusted key vouches for is retired",
-        &logs,
+        &|| n.logs(),
         || async {
             let (module, rejected, _) = policy_of(&nodes, name).await?;
             let default = module.as_deref() == Some(pinset_policy::EMBEDDED_DEFAULT_NAME);
