@@ -8,6 +8,16 @@ use std::process::Command;
 use std::time::Duration;
 use support::{pinset, workspace};
 
+/// `pinset COMMAND --sets SETS` for the demo's nodes (`examples/demo/nodes.yaml`), with
+/// `extra` flags (`--node-name`, `--no-sizing`, …): (exit code, stdout, stderr).
+fn on_demo_nodes(command: &str, sets: &Path, extra: &[&str]) -> (i32, String, String) {
+    let nodes = workspace().join("examples/demo/nodes.yaml");
+    let mut args = vec![command, "--sets", sets.to_str().unwrap()];
+    args.extend(["--node", nodes.to_str().unwrap()]);
+    args.extend_from_slice(extra);
+    pinset(&args)
+}
+
 #[test]
 fn demo_runs_both_nodes_and_pins_everything() {
     let timelines = tempfile::tempdir().unwrap();
@@ -75,22 +85,11 @@ fn demo_runs_both_nodes_and_pins_everything() {
 
 #[test]
 fn plan_works_without_a_runtime() {
-    let demo = workspace().join("examples/demo");
-    let (sets, nodes) = (demo.join("sets.yaml"), demo.join("nodes.yaml"));
+    let sets = workspace().join("examples/demo/sets.yaml");
     // One of the demo's nodes, offline, with `extra` flags.
     let plan_of = |node: &str, extra: &[&str]| {
-        let mut args = vec![
-            "plan",
-            "--sets",
-            sets.to_str().unwrap(),
-            "--node",
-            nodes.to_str().unwrap(),
-            "--node-name",
-            node,
-            "--no-sizing",
-        ];
-        args.extend_from_slice(extra);
-        pinset(&args)
+        let flags = [&["--node-name", node, "--no-sizing"][..], extra].concat();
+        on_demo_nodes("plan", &sets, &flags)
     };
     let plan = |extra: &[&str]| plan_of("master-0", extra);
     let (code, out, err) = plan(&[]);
@@ -301,7 +300,6 @@ fn watch_restarts_on_a_changed_set_and_abandons_pulls_in_flight() {
 fn exit_codes_completions_and_clear_words() {
     let dir = tempfile::tempdir().unwrap();
     let demo = workspace().join("examples/demo");
-    let node = demo.join("nodes.yaml");
     // A tag is refused: `plan` is a dry run of that failure, so it fails.
     let tagged = dir.path().join("tagged.yaml");
     std::fs::write(
@@ -309,35 +307,15 @@ fn exit_codes_completions_and_clear_words() {
         "kind: PinnedImageSet\nmetadata: {name: latest, labels: {machineconfiguration.openshift.io/role: master}}\nspec: {pinnedImages: [{name: registry.test/a/x:latest}]}\n",
     )
     .unwrap();
-    let (code, out, _) = pinset(&[
-        "plan",
-        "--sets",
-        tagged.to_str().unwrap(),
-        "--node",
-        node.to_str().unwrap(),
-        "--node-name",
-        "master-0",
-        "--no-sizing",
-    ]);
+    let flags = ["--node-name", "master-0", "--no-sizing"];
+    let (code, out, _) = on_demo_nodes("plan", &tagged, &flags);
     assert_eq!(code, 1, "{out}");
     assert!(out.contains("set latest refused"), "{out}");
     // A runtime failure is 1 (a dead CRI socket); a usage error is 2.
     let sets = demo.join("sets.yaml");
     let dead = format!("unix://{}", dir.path().join("none.sock").display());
-    let (code, _, err) = pinset(&[
-        "node",
-        "--sets",
-        sets.to_str().unwrap(),
-        "--node",
-        node.to_str().unwrap(),
-        "--node-name",
-        "master-0",
-        "--cri",
-        &dead,
-        "--pin",
-        "crio",
-        "--no-sizing",
-    ]);
+    let dead_cri = ["--cri", &dead, "--pin", "crio"];
+    let (code, _, err) = on_demo_nodes("node", &sets, &[&flags[..], &dead_cri].concat());
     assert_eq!(code, 1, "{err}");
     let (code, _, err) = pinset(&["policy", "info", "--policy-memory-mib", "0"]);
     assert_eq!(code, 2, "{err}");
@@ -462,19 +440,8 @@ fn exit_codes_completions_and_clear_words() {
 #[test]
 fn input_errors_name_file_line_and_field_once() {
     let dir = tempfile::tempdir().unwrap();
-    let demo = workspace().join("examples/demo");
-    let nodes = demo.join("nodes.yaml");
     let plan = |sets: &Path, extra: &[&str]| {
-        let mut args = vec![
-            "plan",
-            "--sets",
-            sets.to_str().unwrap(),
-            "--node",
-            nodes.to_str().unwrap(),
-            "--no-sizing",
-        ];
-        args.extend_from_slice(extra);
-        pinset(&args)
+        on_demo_nodes("plan", sets, &[&["--no-sizing"][..], extra].concat())
     };
     let write = |name: &str, text: &str| {
         let path = dir.path().join(name);
@@ -545,22 +512,15 @@ fn input_errors_name_file_line_and_field_once() {
         "{err}"
     );
 
-    let (code, _, err) = pinset(&[
-        "node",
-        "--sets",
-        typo.to_str().unwrap(),
-        "--node",
-        nodes.to_str().unwrap(),
+    let flags = [
         "--node-name",
         "master-0",
         "--lenient",
         "--auth",
         "/nonexistent/config.json",
-        "--cri",
-        "unix:///nonexistent.sock",
-        "--pin",
-        "containerd",
-    ]);
+    ];
+    let runtime = ["--cri", "unix:///nonexistent.sock", "--pin", "containerd"];
+    let (code, _, err) = on_demo_nodes("node", &typo, &[&flags[..], &runtime].concat());
     assert_eq!(code, 1, "{err}");
     assert_eq!(
         err.matches("os error")

@@ -280,24 +280,13 @@ async fn run_controller_with<F, Fut>(
     Fut: std::future::Future<Output = bool>,
 {
     support::init_logging(&std::env::var("PINSET_TEST_LOG").unwrap_or_else(|_| "warn".into()));
-    let stop = tokio_util::sync::CancellationToken::new();
-    let ready = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let task = tokio::spawn(pinset_k8s::controller::run(
-        client,
-        metrics.clone(),
-        pinset_k8s::controller::FleetPolicies::new(default_fleet(), None),
-        None,
-        ready.clone(),
-        stop.clone(),
-    ));
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
-    while !done().await {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the controller did not converge in 60 s"
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-    }
+    let (stop, task) = spawn_controller_with(&client, metrics.clone());
+    let converged = "the controller converging";
+    support::wait_for(converged, Duration::from_secs(60), || {
+        let check = done();
+        async move { check.await.then_some(()).ok_or("not yet".to_string()) }
+    })
+    .await;
     stop_controller(stop, task).await;
 }
 
@@ -678,16 +667,7 @@ async fn the_controller_rides_out_an_api_server_restart_without_rewriting() {
         return;
     };
     let metrics = pinset_k8s::metrics::Metrics::new();
-    let stop = tokio_util::sync::CancellationToken::new();
-    let ready = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let task = tokio::spawn(pinset_k8s::controller::run(
-        client.clone(),
-        metrics.clone(),
-        pinset_k8s::controller::FleetPolicies::new(default_fleet(), None),
-        None,
-        ready,
-        stop.clone(),
-    ));
+    let (stop, task) = spawn_controller_with(&client, metrics.clone());
     let sixty = Duration::from_secs(60);
     if let Err(e) = selects(&pools, "worker", &["w"], sixty).await {
         panic!("no [w]: {e:?}\n{}", server.log());
