@@ -41,16 +41,7 @@ async fn reconcile(
     node: &NodeInfo,
     status: &mut NodeStatus,
 ) -> Result<pinset_node::Report, pinset_node::ReconcileError> {
-    reconciler
-        .reconcile(
-            d,
-            node,
-            support::default_decisions(),
-            status,
-            CancellationToken::new(),
-            None,
-        )
-        .await
+    support::reconcile_default(reconciler, d, node, status, None).await
 }
 
 /// Every one of `refs` is in the runtime, pinned.
@@ -370,15 +361,7 @@ async fn a_containerd_restart_mid_run_is_retried_and_the_reconcile_completes() {
         (containerd, retries)
     });
     let mut status = NodeStatus::default();
-    let r = reconciler
-        .reconcile(
-            &d,
-            &node,
-            support::default_decisions(),
-            &mut status,
-            CancellationToken::new(),
-            Some(tx),
-        )
+    let r = support::reconcile_default(&reconciler, &d, &node, &mut status, Some(tx))
         .await
         .unwrap();
     let (containerd, retries) = restarter.await.unwrap();
@@ -413,15 +396,7 @@ async fn timeline(
         out
     });
     let mut status = NodeStatus::default();
-    reconciler
-        .reconcile(
-            d,
-            node,
-            support::default_decisions(),
-            &mut status,
-            CancellationToken::new(),
-            Some(tx),
-        )
+    support::reconcile_default(reconciler, d, node, &mut status, Some(tx))
         .await
         .unwrap();
     assert!(status.done(), "{status:?}");

@@ -15,7 +15,6 @@ use pinset_registry::mirrors::MirrorSource;
 use pinset_registry::size::{Cached, RegistrySizer, Sizer};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tokio_util::sync::CancellationToken;
 
 /// Two images on `mirror`: `team/a` under its own path, `team/b` under `remap/` — with their
 /// digests and compressed sizes.
@@ -108,15 +107,7 @@ async fn containerd_pulls_and_pinset_sizes_through_the_hosts_toml_mirror() {
         ]
     );
     let mut status = NodeStatus::default();
-    let report = reconciler
-        .reconcile(
-            &d,
-            &node,
-            support::default_decisions(),
-            &mut status,
-            CancellationToken::new(),
-            None,
-        )
+    let report = support::reconcile_default(&reconciler, &d, &node, &mut status, None)
         .await
         .unwrap_or_else(|e| panic!("{e}: {}", containerd.log()));
     assert!(

@@ -703,6 +703,26 @@ fn write_embedded_default(path: &std::path::Path) {
     });
 }
 
+/// One reconcile of `desired` on `node` with the default policy, never cancelled, its events
+/// sent to `events` when given.
+pub async fn reconcile_default<S, B>(
+    reconciler: &pinset_node::Reconciler<S, B>,
+    desired: &pinset_core::desired::Desired,
+    node: &pinset_core::desired::NodeInfo,
+    status: &mut pinset_core::status::NodeStatus,
+    events: Option<tokio::sync::mpsc::UnboundedSender<pinset_node::executor::Event>>,
+) -> Result<pinset_node::Report, pinset_node::ReconcileError>
+where
+    S: pinset_registry::size::Sizer + 'static,
+    B: pinset_node::pin::PinBackend,
+{
+    let cancel = tokio_util::sync::CancellationToken::new();
+    let decisions = default_decisions();
+    reconciler
+        .reconcile(desired, node, decisions, status, cancel, events)
+        .await
+}
+
 /// The bed wired as a node agent would be: CRI and pins on containerd's socket, sizes from the
 /// registry when `sizing`, the given retry schedule, no pressure.
 pub fn reconciler(
