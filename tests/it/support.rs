@@ -390,13 +390,9 @@ pub fn sign_policy(registry: &str, reference: &str, key: &std::path::Path) {
 /// A cosign key pair at `prefix`.key and `prefix`.pub, its password empty: (the private key's
 /// path, the public key).
 pub fn keygen_empty(prefix: &std::path::Path) -> (std::path::PathBuf, String) {
-    let keygen = [
-        "policy",
-        "keygen",
-        "--output-key-prefix",
-        prefix.to_str().unwrap(),
-    ];
-    pinset_ok(&[&keygen[..], &["--allow-empty-password"]].concat());
+    let prefix_arg = prefix.to_str().unwrap();
+    let empty = "--allow-empty-password";
+    pinset_ok(&["policy", "keygen", "--output-key-prefix", prefix_arg, empty]);
     let public = std::fs::read_to_string(prefix.with_extension("pub")).unwrap();
     (prefix.with_extension("key"), public)
 }
