@@ -162,8 +162,8 @@ async fn status_after(
 
 /// A pool's node policy changes while pinset runs: a module that traps is refused by the canary
 /// in its smoke test and holds the pool; a good one rolls out canary-first without restarting
-/// an agent; an unsigned one or a digest the registry lacks never decides anywhere; a change
-/// while a pull is in flight waits for it; `rollout status` follows each change it is run after.
+/// an agent; a change while a pull is in flight waits for it; `rollout status` follows each
+/// change it is run after.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pool_policy_change_rolls_out_canary_first_and_a_bad_one_is_held() {
     let Some(mut cluster) = Cluster::start().await else {
@@ -444,49 +444,8 @@ async fn a_pool_policy_change_rolls_out_canary_first_and_a_bad_one_is_held() {
     })
     .await;
 
-    // 4. An unsigned module never reaches a node: the controller checks its signature before
-    //    the pool's target names it; the pool is Degraded naming it, no node is granted it,
-    //    every node keeps v3.
-    let (code, status, err) = status_after(
-        releases.configure(&client, &releases.unsigned, fleet),
-        &operator,
-    )
-    .await;
-    assert_eq!(code, 1, "{status}\n{err}");
-    let why = status["message"].as_str().unwrap_or_default().to_string();
-    assert!(
-        why.contains("worker-unsigned")
-            && why.contains("(Unsigned)")
-            && why.contains("no cosign signature")
-            && why.contains("every node keeps its module"),
-        "{why}"
-    );
-    // A digest the registry does not hold is not found, not unsigned.
-    let (repo, _) = releases.unsigned.rsplit_once('@').unwrap();
-    let missing = format!("{repo}@sha256:{}", "0".repeat(64));
-    let (code, status, err) =
-        status_after(releases.configure(&client, &missing, fleet), &operator).await;
-    assert_eq!(code, 1, "{status}\n{err}");
-    let why = status["message"].as_str().unwrap_or_default();
-    assert!(
-        why.contains("(NotFound)") && !why.contains("no cosign signature"),
-        "{why}"
-    );
-    releases.configure(&client, &releases.unsigned, fleet).await;
-    // The Degraded status was written by the decision that left the module out of the target.
-    let granted = policy_granted(&nodes, &releases.unsigned).await;
-    assert!(
-        granted.iter().all(|g| !g),
-        "a node was granted the unsigned module"
-    );
-    let p = node_policies(&nodes).await;
-    let v3 = format!("oci://{}", releases.v3);
-    assert!(
-        p.iter().all(|(m, _)| m.as_deref() == Some(v3.as_str())),
-        "{p:?}"
-    );
-    // 4b. A policy change while a pull is in flight: the reconcile finishes with the module it
-    //     started with, nothing is cancelled, and the node swaps after it.
+    // 4. A policy change while a pull is in flight: the reconcile finishes with the module it
+    //    started with, nothing is cancelled, and the node swaps after it.
     let late = support::push_images(&cluster.registry, "policy-late", 1, 50_000, 901).await;
     cluster.registry.stop();
     cluster.create_set("late", "worker", &late).await;
@@ -567,6 +526,50 @@ async fn a_pool_policy_change_rolls_out_canary_first_and_a_bad_one_is_held() {
         status["target"].as_str().unwrap().starts_with("apps@2,") && status["done"] == 3,
         "{status}"
     );
+}
+
+/// An unsigned module never reaches a node: the controller checks its signature before the
+/// pool's target names it. A digest the registry lacks is not found, not unsigned. Each is said
+/// by `rollout status` run at once after the change (exit 1, the cause named); the node is
+/// never granted the module and keeps its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unsigned_or_missing_module_is_refused_before_any_node() {
+    let Some(n) = PolicyNode::start("refused").await else {
+        return;
+    };
+    let client = n.cluster.client.clone();
+    let operator = n.cluster.operator_kc.display().to_string();
+    let releases = &n.releases;
+    let change = releases.configure(&client, &releases.unsigned, None);
+    let (code, status, err) = status_after(change, &operator).await;
+    assert_eq!(code, 1, "{status}\n{err}\n{}", n.logs());
+    let why = status["message"].as_str().unwrap_or_default().to_string();
+    for said in [
+        "worker-unsigned",
+        "(Unsigned)",
+        "no cosign signature",
+        "every node keeps its module",
+    ] {
+        assert!(why.contains(said), "{said:?} in {why}");
+    }
+    let (repo, _) = releases.unsigned.rsplit_once('@').unwrap();
+    let missing = format!("{repo}@sha256:{}", "0".repeat(64));
+    let change = releases.configure(&client, &missing, None);
+    let (code, status, err) = status_after(change, &operator).await;
+    assert_eq!(code, 1, "{status}\n{err}\n{}", n.logs());
+    let why = status["message"].as_str().unwrap_or_default();
+    assert!(
+        why.contains("(NotFound)") && !why.contains("no cosign signature"),
+        "{why}"
+    );
+    releases.configure(&client, &releases.unsigned, None).await;
+    let granted = policy_granted(&n.nodes, &releases.unsigned).await;
+    assert!(
+        granted.iter().all(|g| !g),
+        "a node was granted the unsigned module"
+    );
+    let (module, ..) = policy_of(&n.nodes, PolicyNode::NAME).await.unwrap();
+    assert_eq!(module, Some(format!("oci://{}", releases.v1)));
 }
 
 /// An agent restarted while the registry is away decides with the module it ran before, from
