@@ -281,22 +281,14 @@ where
 }
 
 /// Poll `f` every 250 ms until it answers `Ok`; panics naming `what` and `f`'s last answer
-/// after 300 s.
-pub async fn wait_until<F, Fut>(what: &str, mut f: F) -> Duration
+/// after 300 s. How long it took.
+pub async fn wait_until<F, Fut>(what: &str, f: F) -> Duration
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Result<(), String>>,
 {
     let started = Instant::now();
-    loop {
-        let last = match f().await {
-            Ok(()) => return started.elapsed(),
-            Err(last) => last,
-        };
-        assert!(
-            started.elapsed() < Duration::from_secs(300),
-            "{what}: not reached in 300 s; last: {last}"
-        );
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
+    let (within, every) = (Duration::from_secs(300), Duration::from_millis(250));
+    support::poll_until(what, within, every, &String::new, f).await;
+    started.elapsed()
 }

@@ -384,9 +384,9 @@ async fn policy_rolled_out(client: &kube::Client) -> Result<(), String> {
 /// Wait until the agents' record (no API traffic) has `expected` nodes finished.
 async fn nodes_finished(sim: &Shared, what: &str, expected: usize) {
     wait_until(what, || {
-        let sim = sim.lock().unwrap();
-        let finished = sim.log.iter().filter(|r| r.what == What::Finished).count();
-        drop(sim);
+        let finished = (sim.lock().unwrap().log.iter())
+            .filter(|r| r.what == What::Finished)
+            .count();
         async move {
             match finished >= expected {
                 true => Ok(()),

@@ -305,15 +305,34 @@ pub async fn create_set(client: &kube::Client, name: &str, role: &str, images: &
         .unwrap();
 }
 
-/// `DIR/node.yaml`: worker node `w-0`, Ready, with 100 Gi of ephemeral storage (`--node-file`).
-pub fn worker_node_file(dir: &std::path::Path) -> std::path::PathBuf {
-    let node = dir.join("node.yaml");
+/// The labels of a node with these roles.
+pub fn roles(roles: &[&str]) -> Vec<(String, String)> {
+    roles
+        .iter()
+        .map(|r| (format!("node-role.kubernetes.io/{r}"), String::new()))
+        .collect()
+}
+
+/// `DIR/NAME.yaml`: Node `name` with `labels`, Ready, no disk pressure, 100 Gi of ephemeral
+/// storage (`--node-file`).
+pub fn node_file(
+    dir: &std::path::Path,
+    name: &str,
+    labels: &[(String, String)],
+) -> std::path::PathBuf {
+    let labels: String = labels
+        .iter()
+        .map(|(k, v)| format!("    {k}: \"{v}\"\n"))
+        .collect();
+    let path = dir.join(format!("{name}.yaml"));
     std::fs::write(
-        &node,
-        "kind: Node\nmetadata:\n  name: w-0\n  labels: {node-role.kubernetes.io/worker: \"\"}\nstatus:\n  allocatable: {ephemeral-storage: 100Gi}\n  conditions: [{type: Ready, status: \"True\"}]\n",
+        &path,
+        format!(
+            "apiVersion: v1\nkind: Node\nmetadata:\n  name: {name}\n  labels:\n{labels}status:\n  allocatable: {{ephemeral-storage: 100Gi}}\n  conditions:\n    - {{type: Ready, status: \"True\"}}\n    - {{type: DiskPressure, status: \"False\"}}\n"
+        ),
     )
     .unwrap();
-    node
+    path
 }
 
 /// A two-platform image `repo` on `registry`: this machine's platform with layer `mine`, the
@@ -332,9 +351,15 @@ pub async fn push_two_platforms(
     push_index(client, registry, repo, &entries).await
 }
 
-/// Poll `check` every 50 ms until it returns `Ok`, and return its value; past `within`, fail
-/// with `what` and the last `Err` (the state seen).
-pub async fn wait_for<T, F, Fut>(what: &str, within: Duration, mut check: F) -> T
+/// Poll `check` every `every` until it returns `Ok`, and return its value; past `within`, fail
+/// with `what`, the last `Err` (the state seen) and `context()` (logs, say).
+pub async fn poll_until<T, F, Fut>(
+    what: &str,
+    within: Duration,
+    every: Duration,
+    context: &dyn Fn() -> String,
+    mut check: F,
+) -> T
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Result<T, String>>,
@@ -344,11 +369,23 @@ where
         match check().await {
             Ok(v) => return v,
             Err(last) if std::time::Instant::now() > deadline => {
-                panic!("{what}: not within {within:?}; last: {last}")
+                panic!(
+                    "{what}: not reached in {within:?}; last: {last}\n{}",
+                    context()
+                )
             }
-            Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+            Err(_) => tokio::time::sleep(every).await,
         }
     }
+}
+
+/// [`poll_until`] every 50 ms, with no context.
+pub async fn wait_for<T, F, Fut>(what: &str, within: Duration, check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, String>>,
+{
+    poll_until(what, within, Duration::from_millis(50), &String::new, check).await
 }
 
 /// `pinset args`, which must exit 0: its stdout, trimmed.
@@ -397,7 +434,7 @@ pub fn keygen_empty(prefix: &std::path::Path) -> (std::path::PathBuf, String) {
     (prefix.with_extension("key"), public)
 }
 
-/// The flags of `pinset agent` for node `w-0` (its [`worker_node_file`] written in `dir`) on the
+/// The flags of `pinset agent` for worker node `w-0` (its [`node_file`] written in `dir`) on the
 /// runtime at `cri`, against the API server of `kubeconfig`, pulling from `registry` over plain
 /// HTTP.
 pub fn worker_agent_args(
@@ -406,7 +443,7 @@ pub fn worker_agent_args(
     cri: &str,
     registry: &str,
 ) -> Vec<String> {
-    let node = worker_node_file(dir);
+    let node = node_file(dir, "w-0", &roles(&["worker"]));
     vec![
         "agent".into(),
         format!("--kubeconfig={}", kubeconfig.display()),

@@ -25,7 +25,7 @@ mod pinning;
 mod policy_rollout;
 mod trust;
 
-use crate::support::{self, pool};
+use crate::support::{self, node_file, pool, roles};
 
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use pinset_k8s::api::{
@@ -97,46 +97,15 @@ impl Drop for Proc {
     }
 }
 
-/// Poll `check` until it returns `Some`, or fail with `what` and the logs.
-async fn eventually<T, F, Fut>(what: &str, logs: &dyn Fn() -> String, mut check: F) -> T
+/// Poll `check` every 150 ms until it returns `Ok`, or fail after 90 s with `what`, its last
+/// `Err` and the logs.
+async fn eventually<T, F, Fut>(what: &str, logs: &dyn Fn() -> String, check: F) -> T
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Result<T, String>>,
 {
-    let deadline = Instant::now() + Duration::from_secs(90);
-    loop {
-        match check().await {
-            Ok(v) => return v,
-            Err(last) if Instant::now() > deadline => {
-                panic!("{what}: not reached in 90 s; last: {last}\n{}", logs())
-            }
-            Err(_) => tokio::time::sleep(Duration::from_millis(150)).await,
-        }
-    }
-}
-
-/// The labels of a node with these roles.
-fn roles(roles: &[&str]) -> Vec<(String, String)> {
-    roles
-        .iter()
-        .map(|r| (format!("node-role.kubernetes.io/{r}"), String::new()))
-        .collect()
-}
-
-fn node_file(dir: &Path, name: &str, labels: &[(String, String)]) -> PathBuf {
-    let labels: String = labels
-        .iter()
-        .map(|(k, v)| format!("    {k}: \"{v}\"\n"))
-        .collect();
-    let path = dir.join(format!("{name}.yaml"));
-    std::fs::write(
-        &path,
-        format!(
-            "apiVersion: v1\nkind: Node\nmetadata:\n  name: {name}\n  labels:\n{labels}status:\n  allocatable: {{ephemeral-storage: 100Gi}}\n  conditions:\n    - {{type: Ready, status: \"True\"}}\n    - {{type: DiskPressure, status: \"False\"}}\n"
-        ),
-    )
-    .unwrap();
-    path
+    let (within, every) = (Duration::from_secs(90), Duration::from_millis(150));
+    support::poll_until(what, within, every, logs, check).await
 }
 
 fn pool_sets(p: &MachineConfigPool) -> Vec<String> {
@@ -541,20 +510,14 @@ async fn look(
 
 /// The controller's grant writes and waves, once it has counted at least `at_least` of each.
 async fn grants_and_waves(port: u16, at_least: u64) -> (u64, u64) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
+    let what = format!("{at_least} grant(s) and wave(s) counted");
+    support::wait_for(&what, Duration::from_secs(10), || async {
         let m = metrics(port).await;
         let g = metric(&m, "pinset_api_writes_total{kind=\"node_grant\"}");
         let w = metric(&m, "pinset_rollout_waves_total{pool=\"worker\"}");
-        if g >= at_least && w >= at_least {
-            return (g, w);
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{at_least} grant(s) and wave(s) not counted:\n{m}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+        (g >= at_least && w >= at_least).then_some((g, w)).ok_or(m)
+    })
+    .await
 }
 
 /// The pool's rollout status and its Degraded and PolicyFallback conditions.
