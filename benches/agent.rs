@@ -27,55 +27,31 @@ async fn main() {
         "run", "peak RSS", "idle RSS", "idle anon", "idle file", "pinned in"
     );
     for run in 1..=repeats {
-        let Some(registry) = support::Registry::start() else {
+        let Some(bed) = support::WorkerBed::start("bench", 20, 8 << 20, 1000 * run as u64).await
+        else {
             return;
         };
-        let Some(containerd) = support::Containerd::start(&registry.host) else {
-            return;
-        };
-        let Some(server) = support::apiserver::ApiServer::start().await else {
-            return;
-        };
-        server.install_crds().await;
-        let client = server.client().await;
-        let refs = support::push_images(&registry, "a", 20, 8 << 20, 1000 * run as u64).await;
-        let nodes: Api<MachineConfigNode> = Api::all(client.clone());
-        support::create_pool(&client, "worker", &["worker"]).await;
-        support::create_set(&client, "bench", "worker", &refs).await;
-        let dir = tempfile::tempdir().unwrap();
-        let args = support::worker_agent_args(
-            &server.kubeconfig,
-            dir.path(),
-            &containerd.endpoint(),
-            &registry.host,
-        );
+        let nodes: Api<MachineConfigNode> = Api::all(bed.client.clone());
         let mut agent = Command::new(support::PINSET)
-            .args(args)
+            .args(&bed.args)
             .env("PINSET_LOG", "warn")
             .stdout(Stdio::null())
             .spawn()
             .expect("start pinset agent");
         let started = Instant::now();
-        loop {
-            let done = nodes
-                .get("w-0")
-                .await
-                .ok()
-                .and_then(|n| n.status)
-                .is_some_and(|s| {
-                    s.pinned_image_sets
-                        .iter()
+        support::wait_for(
+            "the agent pinning the set",
+            Duration::from_secs(300),
+            || async {
+                let status = nodes.get("w-0").await.ok().and_then(|n| n.status);
+                let pinned = status.as_ref().is_some_and(|s| {
+                    (s.pinned_image_sets.iter())
                         .any(|p| p.name == "bench" && p.current_generation == Some(1))
                 });
-            if done {
-                break;
-            }
-            assert!(
-                started.elapsed() < Duration::from_secs(300),
-                "the agent did not pin the set"
-            );
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+                pinned.then_some(()).ok_or_else(|| format!("{status:?}"))
+            },
+        )
+        .await;
         let pinned_in = started.elapsed();
         tokio::time::sleep(Duration::from_secs(3)).await;
         let (peak, idle) = (

@@ -368,26 +368,7 @@ async fn cancellation(registry: &support::Registry, unthrottled: &PolicyModule) 
         let n = support::node("worker");
         let d = desired_for(&n, "worker", &big);
         let (rec, policy) = (reconciler(&c, &registry.host), unthrottled.clone());
-        let cancel = CancellationToken::new();
-        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-        let trigger = {
-            let cancel = cancel.clone();
-            tokio::spawn(async move {
-                let mut started = 0;
-                while let Some(e) = rx.recv().await {
-                    if matches!(e, pinset_node::executor::Event::Started { .. }) {
-                        started += 1;
-                        if started == 5 {
-                            tokio::time::sleep(Duration::from_millis(50)).await;
-                            let at = Instant::now();
-                            cancel.cancel();
-                            return Some(at);
-                        }
-                    }
-                }
-                None
-            })
-        };
+        let (cancel, tx, trigger) = support::cancel_after_started(5, Duration::from_millis(50));
         let mut status = NodeStatus::default();
         let r = rec
             .reconcile(

@@ -37,13 +37,10 @@ impl Drop for Agent {
 }
 
 /// Dropped in this order: the agent first.
+/// The agent (stopped first when dropped) and its world.
 struct Bed {
     agent: Agent,
-    registry: support::Registry,
-    _containerd: support::Containerd,
-    _server: support::apiserver::ApiServer,
-    client: kube::Client,
-    dir: tempfile::TempDir,
+    world: support::WorkerBed,
 }
 
 /// Push and sign `stem` as `repo`; its `oci://` reference.
@@ -77,35 +74,24 @@ async fn running(nodes: &Api<MachineConfigNode>) -> Option<String> {
 
 async fn wait_for(nodes: &Api<MachineConfigNode>, module: &str, log: &std::path::Path) -> Duration {
     let started = Instant::now();
-    while running(nodes).await.as_deref() != Some(module) {
-        assert!(
-            started.elapsed() < Duration::from_secs(60),
-            "the node never ran {module}\n{}",
-            std::fs::read_to_string(log).unwrap_or_default()
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let (within, every) = (Duration::from_secs(60), Duration::from_millis(20));
+    let log = || std::fs::read_to_string(log).unwrap_or_default();
+    let what = format!("the node running {module}");
+    support::poll_until(&what, within, every, &log, || async {
+        match running(nodes).await {
+            Some(now) if now == module => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await;
     started.elapsed()
 }
 
 async fn start() -> Option<Bed> {
-    let registry = support::Registry::start()?;
-    let containerd = support::Containerd::start(&registry.host)?;
-    let server = support::apiserver::ApiServer::start().await?;
-    server.install_crds().await;
-    let client = server.client().await;
-    let refs = support::push_images(&registry, "swaps", 1, 1 << 20, 77).await;
-    support::create_pool(&client, "worker", &["worker"]).await;
-    support::create_set(&client, "swaps", "worker", &refs).await;
-    let dir = tempfile::tempdir().unwrap();
-    let args = support::worker_agent_args(
-        &server.kubeconfig,
-        dir.path(),
-        &containerd.endpoint(),
-        &registry.host,
-    );
+    let world = support::WorkerBed::start("swaps", 1, 1 << 20, 77).await?;
+    let (registry, dir) = (&world.registry, &world.dir);
     let agent = Command::new(support::PINSET)
-        .args(args)
+        .args(&world.args)
         .args([
             "--rollout=free",
             "--policy-configuration=cluster",
@@ -121,14 +107,7 @@ async fn start() -> Option<Bed> {
         .spawn()
         .expect("start pinset agent");
     let agent = Agent(agent);
-    Some(Bed {
-        registry,
-        _containerd: containerd,
-        _server: server,
-        client,
-        agent,
-        dir,
-    })
+    Some(Bed { agent, world })
 }
 
 #[tokio::main]
@@ -144,14 +123,14 @@ async fn main() {
         let Some(bed) = start().await else { return };
         let keys = tempfile::tempdir().unwrap();
         let (key, public_key) = support::keygen_empty(&keys.path().join("cosign"));
-        let host = bed.registry.host.clone();
+        let host = bed.world.registry.host.clone();
         let modules = [
             release(&host, &key, "pinset_policy_default", "default"),
             release(&host, &key, "pinset_test_policy_unthrottled", "unthrottled"),
         ];
-        let nodes: Api<MachineConfigNode> = Api::all(bed.client.clone());
-        configure(&bed.client, &public_key, &modules[0]).await;
-        let log = bed.dir.path().join("agent.log");
+        let nodes: Api<MachineConfigNode> = Api::all(bed.world.client.clone());
+        configure(&bed.world.client, &public_key, &modules[0]).await;
+        let log = bed.world.dir.path().join("agent.log");
         wait_for(&nodes, &modules[0], &log).await;
         let rss = || async {
             tokio::time::sleep(Duration::from_secs(3)).await;
@@ -162,7 +141,7 @@ async fn main() {
         let mut after_two = 0;
         for i in 1..=SWAPS {
             let module = &modules[i % 2];
-            configure(&bed.client, &public_key, module).await;
+            configure(&bed.world.client, &public_key, module).await;
             times.push(wait_for(&nodes, module, &log).await);
             if i == 2 {
                 after_two = rss().await;

@@ -120,7 +120,7 @@ fn plan_works_without_a_runtime() {
         out
     };
     let json: serde_json::Value = serde_json::from_str(&as_doc("json")).unwrap();
-    let yaml: serde_json::Value = serde_yaml::from_str(&as_doc("yaml")).unwrap();
+    let yaml: serde_json::Value = serde_saphyr::from_str(&as_doc("yaml")).unwrap();
     assert_eq!(json, yaml, "one document, two syntaxes");
     assert_eq!(json["node"], "master-0");
     assert_eq!(json["pools"], serde_json::json!(["master"]));
@@ -380,11 +380,11 @@ fn exit_codes_completions_and_clear_words() {
     let floor = support::policy_path("pinset_test_policy_floor");
     let (code, out, err) = pinset(&["policy", "info", floor.to_str().unwrap(), "-o", "yaml"]);
     assert_eq!(code, 0, "{err}");
-    let info: serde_yaml::Value = serde_yaml::from_str(&out).expect("one YAML document");
+    let info: serde_json::Value = serde_saphyr::from_str(&out).expect("one YAML document");
     assert_eq!(info["node"]["name"].as_str(), Some("floor"));
     assert!(info.get("fleet").is_none(), "{out}");
     let imports: Vec<&str> = info["imports"]
-        .as_sequence()
+        .as_array()
         .expect("a list")
         .iter()
         .filter_map(|i| i.as_str())

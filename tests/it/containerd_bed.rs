@@ -12,7 +12,6 @@ use pinset_node::pin::PinBackend;
 use pinset_node::pin::containerd::ContainerdPins;
 use pinset_registry::size::RegistrySizer;
 use std::time::{Duration, Instant};
-use tokio_util::sync::CancellationToken;
 
 fn set(name: &str, generation: i64, images: &[String]) -> PinnedImageSet {
     PinnedImageSet {
@@ -260,25 +259,7 @@ async fn cancelling_stops_pulls_in_flight_in_real_containerd() {
     let refs = support::push_images(&bed.registry, "big", 3, 64 << 20, 60).await;
     let node = support::node("worker");
     let gen1 = desired_of(&node, &[set("s", 1, &refs)]);
-    let cancel = CancellationToken::new();
-    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-    let trigger = {
-        let cancel = cancel.clone();
-        tokio::spawn(async move {
-            let mut started = 0;
-            while let Some(e) = rx.recv().await {
-                if matches!(e, Event::Started { .. }) {
-                    started += 1;
-                    if started == 3 {
-                        tokio::time::sleep(Duration::from_millis(30)).await;
-                        cancel.cancel();
-                        return Some(Instant::now());
-                    }
-                }
-            }
-            None
-        })
-    };
+    let (cancel, tx, trigger) = support::cancel_after_started(3, Duration::from_millis(30));
     let mut status = NodeStatus::default();
     let r = reconciler
         .reconcile(

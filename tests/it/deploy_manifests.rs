@@ -6,7 +6,7 @@
 
 use crate::support;
 
-use serde_yaml::Value;
+use serde_json::Value;
 use std::collections::BTreeSet;
 use std::path::Path;
 use std::process::Command;
@@ -17,9 +17,9 @@ fn image_ref() -> String {
 }
 
 fn parse_stream(text: &str, what: &str) -> Vec<Value> {
-    serde_yaml::Deserializer::from_str(text)
-        .map(|d| serde::Deserialize::deserialize(d).unwrap_or_else(|e| panic!("{what}: {e}")))
-        .collect()
+    let docs = serde_saphyr::from_multiple::<Option<Value>>(text);
+    let docs = docs.unwrap_or_else(|e| panic!("{what}: {e}"));
+    docs.into_iter().flatten().collect()
 }
 
 /// `kubectl kustomize DIR`, parsed; `None` (skipped where PINSET_SKIP_BED asks; else the test fails) without kubectl.
@@ -124,25 +124,21 @@ fn check_container(workload: &Value) {
         "{name}: image"
     );
     let args: Vec<&str> = container["args"]
-        .as_sequence()
+        .as_array()
         .unwrap()
         .iter()
         .map(|a| a.as_str().unwrap())
         .collect();
     let known = flags(args[0]);
     let mounts: Vec<&str> = container["volumeMounts"]
-        .as_sequence()
+        .as_array()
         .map(|m| m.iter().map(|m| m["mountPath"].as_str().unwrap()).collect())
         .unwrap_or_default();
     let volumes: BTreeSet<&str> = pod["volumes"]
-        .as_sequence()
+        .as_array()
         .map(|v| v.iter().map(|v| v["name"].as_str().unwrap()).collect())
         .unwrap_or_default();
-    for m in container["volumeMounts"]
-        .as_sequence()
-        .into_iter()
-        .flatten()
-    {
+    for m in container["volumeMounts"].as_array().into_iter().flatten() {
         let volume = m["name"].as_str().unwrap();
         assert!(
             volumes.contains(volume),
@@ -173,7 +169,7 @@ fn check_agent(agent: &Value) {
         "CRI-O is signalled through the host's PID namespace"
     );
     let container = &pod["containers"][0];
-    let args = serde_yaml::to_string(&container["args"]).unwrap();
+    let args = serde_saphyr::to_string(&container["args"]).unwrap();
     assert!(
         !args.contains("--cri=") && !args.contains("--pin="),
         "runtime chosen by the node: {args}"
@@ -183,7 +179,7 @@ fn check_agent(agent: &Value) {
         "CRI-O reloaded by signal, no shell: {args}"
     );
     let mounts: Vec<&str> = container["volumeMounts"]
-        .as_sequence()
+        .as_array()
         .unwrap()
         .iter()
         .map(|m| m["mountPath"].as_str().unwrap())
@@ -202,14 +198,14 @@ fn check_agent(agent: &Value) {
         pinset_registry::mirrors::CONTAINERD_HOSTS_DIR,
     ] {
         let mount = container["volumeMounts"]
-            .as_sequence()
+            .as_array()
             .unwrap()
             .iter()
             .find(|m| Path::new(file).starts_with(m["mountPath"].as_str().unwrap()))
             .unwrap_or_else(|| panic!("{file} is not mounted: {mounts:?}"));
         assert_eq!(mount["readOnly"], true, "{file}: {mount:?}");
     }
-    for volume in pod["volumes"].as_sequence().unwrap() {
+    for volume in pod["volumes"].as_array().unwrap() {
         assert_ne!(
             volume["hostPath"]["type"], "FileOrCreate",
             "a missing host file must not be created in the kubelet's place: {volume:?}"
@@ -245,7 +241,7 @@ fn check_base(docs: &[Value], crd_names: &BTreeSet<String>) {
     check_policy_configuration(docs);
     for role in component_roles(docs) {
         let rule = role["rules"]
-            .as_sequence()
+            .as_array()
             .unwrap()
             .iter()
             .find(|r| r["resources"][0] == "customresourcedefinitions")
@@ -256,7 +252,7 @@ fn check_base(docs: &[Value], crd_names: &BTreeSet<String>) {
                 )
             });
         let named: BTreeSet<String> = rule["resourceNames"]
-            .as_sequence()
+            .as_array()
             .unwrap()
             .iter()
             .map(|n| n.as_str().unwrap().to_string())
@@ -270,7 +266,7 @@ fn check_base(docs: &[Value], crd_names: &BTreeSet<String>) {
 fn check_policy_configuration(docs: &[Value]) {
     let flag = |workload: &Value| -> String {
         let args = workload["spec"]["template"]["spec"]["containers"][0]["args"]
-            .as_sequence()
+            .as_array()
             .unwrap();
         args.iter()
             .filter_map(|a| a.as_str()?.strip_prefix("--policy-configuration="))
@@ -292,7 +288,7 @@ fn check_policy_configuration(docs: &[Value]) {
     assert_eq!(name, pinset_k8s::api::POLICY_CONFIGURATION);
     for role in component_roles(docs) {
         let rules: Vec<&Value> = role["rules"]
-            .as_sequence()
+            .as_array()
             .unwrap()
             .iter()
             .filter(|r| r["apiGroups"][0] == pinset_k8s::api::PINSET_GROUP)
@@ -300,15 +296,15 @@ fn check_policy_configuration(docs: &[Value]) {
         assert_eq!(rules.len(), 1, "{:?}", role["metadata"]["name"]);
         assert_eq!(
             rules[0]["resources"],
-            serde_yaml::from_str::<Value>("[policyconfigurations]").unwrap()
+            serde_saphyr::from_str::<Value>("[policyconfigurations]").unwrap()
         );
         assert_eq!(
             rules[0]["resourceNames"],
-            serde_yaml::from_str::<Value>(&format!("[{name}]")).unwrap()
+            serde_saphyr::from_str::<Value>(&format!("[{name}]")).unwrap()
         );
         assert_eq!(
             rules[0]["verbs"],
-            serde_yaml::from_str::<Value>("[get, list, watch]").unwrap()
+            serde_saphyr::from_str::<Value>("[get, list, watch]").unwrap()
         );
     }
 }
@@ -394,7 +390,7 @@ fn the_example_set_is_a_pinned_image_set() {
 #[test]
 fn the_example_policy_is_the_configuration_pinset_follows() {
     let text = std::fs::read_to_string(deploy().join("example-policy.yaml")).unwrap();
-    let example: pinset_k8s::api::PolicyConfiguration = serde_yaml::from_str(&text).unwrap();
+    let example: pinset_k8s::api::PolicyConfiguration = serde_saphyr::from_str(&text).unwrap();
     assert_eq!(
         example.metadata.name.as_deref(),
         Some(pinset_k8s::api::POLICY_CONFIGURATION)

@@ -37,12 +37,7 @@ fn pool(n: usize, mode: &str, max_pulling: Option<u32>) -> RolloutRequest {
             max_pulling,
         },
         nodes: (0..n)
-            .map(|i| FleetNode {
-                name: format!("w-{i}"),
-                ready: true,
-                phase: Phase::Waiting,
-                ..Default::default()
-            })
+            .map(|i| FleetNode::waiting(format!("w-{i}")))
             .collect(),
         ..Default::default()
     }

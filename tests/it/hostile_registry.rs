@@ -64,6 +64,21 @@ fn measured(args: &[&str]) -> Run {
 
 /// `pinset plan` of a set of `image` (in `dir`) for `node`, `hostile` an insecure registry,
 /// with `extra` flags.
+/// `pinset set from-images apps ADDR/team/app:v1 --insecure-registry ADDR EXTRA…`, measured.
+fn from_images(addr: &str, extra: &[&str]) -> Run {
+    let image = format!("{addr}/team/app:v1");
+    let mut args = vec![
+        "set",
+        "from-images",
+        "apps",
+        &image,
+        "--insecure-registry",
+        addr,
+    ];
+    args.extend(extra);
+    measured(&args)
+}
+
 fn plan(dir: &Path, node: &Path, hostile: &Hostile, image: &str, extra: &[&str]) -> Run {
     let sets = dir.join("sets.yaml");
     std::fs::write(&sets, support::set_yaml("apps", None, &[image.to_string()])).unwrap();
@@ -170,15 +185,7 @@ fn node_pins_its_set_whatever_the_sizing_registry_sends() {
 fn set_from_images_refuses_every_misbehaving_registry() {
     for (what, how) in misbehaviours() {
         let hostile = Hostile::start(how);
-        let image = format!("{}/team/app:v1", hostile.addr);
-        let run = measured(&[
-            "set",
-            "from-images",
-            "apps",
-            &image,
-            "--insecure-registry",
-            &hostile.addr,
-        ]);
+        let run = from_images(&hostile.addr, &[]);
         assert_eq!(run.code, 1, "{what}: {}{}", run.out, run.err);
         assert!(run.err.contains("team/app"), "{what}: {}", run.err);
         run.assert_bounded(what, Duration::from_secs(40));
@@ -289,17 +296,7 @@ fn credentials_go_to_the_registry_s_own_realm_only() {
             ),
         )
         .unwrap();
-        let image = format!("{}/team/app:v1", registry.addr);
-        let run = measured(&[
-            "set",
-            "from-images",
-            "apps",
-            &image,
-            "--insecure-registry",
-            &registry.addr,
-            "--auth",
-            auth.to_str().unwrap(),
-        ]);
+        let run = from_images(&registry.addr, &["--auth", auth.to_str().unwrap()]);
         assert_eq!(run.code, 1, "{}", run.err);
         let seen = realm.seen();
         assert!(!seen.is_empty(), "the realm was asked");

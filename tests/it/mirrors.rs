@@ -253,14 +253,6 @@ async fn set_from_images_resolves_tags_through_the_mirror() {
     )
     .unwrap();
     let hosts_flag = hosts.path().to_str().unwrap().to_string();
-    let run = |args: Vec<String>| async move {
-        tokio::task::spawn_blocking(move || {
-            let args: Vec<&str> = args.iter().map(String::as_str).collect();
-            support::pinset(&args)
-        })
-        .await
-        .unwrap()
-    };
     let tagged_a = format!("{}/team/a:{arch}", dark.addr);
     let tagged_multi = format!("{}/team/multi:index", dark.addr);
     let args = |images: &[&str]| {
@@ -278,7 +270,7 @@ async fn set_from_images_resolves_tags_through_the_mirror() {
         a.extend(images.iter().map(|s| s.to_string()));
         a
     };
-    let (code, out, err) = run(args(&[&tagged_a, &tagged_multi])).await;
+    let (code, out, err) = support::pinset_blocking(args(&[&tagged_a, &tagged_multi])).await;
     assert_eq!(code, 0, "{err}");
     let set_file = hosts.path().join("set.yaml");
     std::fs::write(&set_file, &out).unwrap();
@@ -307,23 +299,9 @@ async fn set_from_images_resolves_tags_through_the_mirror() {
     );
 
     let node = hosts.path().join("node.yaml");
-    std::fs::write(&node, "kind: Node\nmetadata: {name: w, labels: {node-role.kubernetes.io/worker: ''}}\nstatus: {allocatable: {ephemeral-storage: 50Gi}, conditions: [{type: Ready, status: 'True'}]}\n").unwrap();
-    let plan = [
-        "plan",
-        "--sets",
-        set_file.to_str().unwrap(),
-        "--node",
-        node.to_str().unwrap(),
-        "--registry-config-path",
-        &hosts_flag,
-        "-o",
-        "json",
-    ]
-    .map(String::from)
-    .to_vec();
-    let (code, out, err) = run(plan).await;
-    assert_eq!(code, 0, "{err}");
-    let plan: serde_json::Value = serde_json::from_str(&out).unwrap();
+    std::fs::write(&node, support::worker_yaml("")).unwrap();
+    let through_mirrors = ["--registry-config-path", hosts_flag.as_str()];
+    let plan = support::plan_json(&set_file, &node, &through_mirrors).await;
     let sized_by: Vec<&str> = plan["pulls"]
         .as_array()
         .unwrap()
@@ -349,24 +327,13 @@ async fn set_from_images_resolves_tags_through_the_mirror() {
         "[[registry]]\nlocation = \"quay.io\"\nblocked = \"yes\"\n",
     )
     .unwrap();
-    let plan = [
-        "plan",
-        "--sets",
-        set_file.to_str().unwrap(),
-        "--node",
-        node.to_str().unwrap(),
+    let conf = [
         "--registries-conf",
         bad.to_str().unwrap(),
         "--sizing-budget",
         "1",
-        "-o",
-        "json",
-    ]
-    .map(String::from)
-    .to_vec();
-    let (code, out, err) = run(plan).await;
-    assert_eq!(code, 0, "{err}");
-    let plan: serde_json::Value = serde_json::from_str(&out).unwrap();
+    ];
+    let plan = support::plan_json(&set_file, &node, &conf).await;
     let error = plan["mirrors"]["error"].as_str().unwrap_or_default();
     assert!(
         error.starts_with(&format!("{}:3: ", bad.display())),
@@ -377,7 +344,7 @@ async fn set_from_images_resolves_tags_through_the_mirror() {
     assert!(contacted > 0, "without mirrors, the source is asked");
 
     let unknown = format!("{}/team/a:no-such-tag", dark.addr);
-    let (code, out, err) = run(args(&[&tagged_a, &unknown])).await;
+    let (code, out, err) = support::pinset_blocking(args(&[&tagged_a, &unknown])).await;
     assert_eq!(code, 1, "{err}");
     assert!(out.is_empty(), "nothing printed: {out}");
     assert!(

@@ -168,34 +168,10 @@ async fn plan_sizes_images_from_their_registry() {
     let refs = support::push_images(&registry, "plan", 3, 300_000, 900).await;
     let dir = tempfile::tempdir().unwrap();
     let sets = dir.path().join("sets.yaml");
-    let images: String = refs.iter().map(|r| format!("    - name: {r}\n")).collect();
-    std::fs::write(&sets, format!("kind: PinnedImageSet\nmetadata:\n  name: apps\n  labels: {{machineconfiguration.openshift.io/role: worker}}\nspec:\n  pinnedImages:\n{images}")).unwrap();
+    std::fs::write(&sets, support::set_yaml("apps", None, &refs)).unwrap();
     let node = dir.path().join("node.yaml");
-    std::fs::write(&node, "kind: Node\nmetadata: {name: w, labels: {node-role.kubernetes.io/worker: ''}}\nstatus: {allocatable: {ephemeral-storage: 50Gi}, conditions: [{type: Ready, status: 'True'}]}\n").unwrap();
-    let args = |extra: &[&str]| {
-        let mut a = vec![
-            "plan",
-            "--sets",
-            sets.to_str().unwrap(),
-            "--node",
-            node.to_str().unwrap(),
-            "-o",
-            "json",
-        ];
-        a.extend_from_slice(extra);
-        a.iter().map(|s| s.to_string()).collect::<Vec<String>>()
-    };
-    let run = |args: Vec<String>| async move {
-        tokio::task::spawn_blocking(move || {
-            let args: Vec<&str> = args.iter().map(String::as_str).collect();
-            support::pinset(&args)
-        })
-        .await
-        .unwrap()
-    };
-    let (code, out, err) = run(args(&["--insecure-registry", &registry.host])).await;
-    assert_eq!(code, 0, "{err}");
-    let plan: serde_json::Value = serde_json::from_str(&out).unwrap();
+    std::fs::write(&node, support::worker_yaml("")).unwrap();
+    let plan = support::plan_json(&sets, &node, &["--insecure-registry", &registry.host]).await;
     let pulls = plan["pulls"].as_array().unwrap();
     assert_eq!(pulls.len(), 3);
     for p in pulls {
@@ -209,9 +185,7 @@ async fn plan_sizes_images_from_their_registry() {
         Some(pulls.iter().map(|p| p["sizeBytes"].as_u64().unwrap()).sum())
     );
     // --no-sizing stays offline: the sizes are unknown.
-    let (code, out, err) = run(args(&["--no-sizing"])).await;
-    assert_eq!(code, 0, "{err}");
-    let plan: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let plan = support::plan_json(&sets, &node, &["--no-sizing"]).await;
     assert!(
         plan["pulls"]
             .as_array()

@@ -26,6 +26,34 @@ pub fn pinset(args: &[&str]) -> (i32, String, String) {
     )
 }
 
+/// [`pinset`] off the async runtime's threads (a command may block for seconds).
+pub async fn pinset_blocking(args: Vec<String>) -> (i32, String, String) {
+    tokio::task::spawn_blocking(move || {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        pinset(&args)
+    })
+    .await
+    .expect("pinset ran")
+}
+
+/// `pinset plan --sets SETS --node NODE -o json EXTRA…`, which must succeed: the plan.
+pub async fn plan_json(
+    sets: &std::path::Path,
+    node: &std::path::Path,
+    extra: &[&str],
+) -> serde_json::Value {
+    let mut args = vec![
+        "plan".to_string(),
+        "--sets".into(),
+        sets.display().to_string(),
+    ];
+    args.extend(["--node".into(), node.display().to_string()]);
+    args.extend(["-o", "json"].iter().chain(extra).map(|a| a.to_string()));
+    let (code, out, err) = pinset_blocking(args).await;
+    assert_eq!(code, 0, "pinset plan: {err}");
+    serde_json::from_str(&out).unwrap_or_else(|e| panic!("pinset plan -o json: {e}: {out}"))
+}
+
 /// `command` run in a session of its own, without a controlling terminal: what it would ask
 /// on one (a key's password) it must take from its arguments or environment, as in CI.
 pub fn without_terminal(command: &mut Command) -> &mut Command {
@@ -437,6 +465,43 @@ pub fn keygen_empty(prefix: &std::path::Path) -> (std::path::PathBuf, String) {
 /// The flags of `pinset agent` for worker node `w-0` (its [`node_file`] written in `dir`) on the
 /// runtime at `cri`, against the API server of `kubeconfig`, pulling from `registry` over plain
 /// HTTP.
+/// One worker node's world for an agent run as its own process: a registry holding `count`
+/// images of `bytes` each (`seed` makes them unique), containerd, and an API server with pool
+/// `worker` and set `set` of those images; `args` start `pinset agent` as node `w-0` there, its
+/// files in `dir`.
+pub struct WorkerBed {
+    pub registry: Registry,
+    pub containerd: Containerd,
+    pub server: apiserver::ApiServer,
+    pub client: kube::Client,
+    pub dir: tempfile::TempDir,
+    pub args: Vec<String>,
+}
+
+impl WorkerBed {
+    pub async fn start(set: &str, count: usize, bytes: usize, seed: u64) -> Option<WorkerBed> {
+        let registry = Registry::start()?;
+        let containerd = Containerd::start(&registry.host)?;
+        let server = apiserver::ApiServer::start().await?;
+        server.install_crds().await;
+        let client = server.client().await;
+        let refs = push_images(&registry, set, count, bytes, seed).await;
+        create_pool(&client, "worker", &["worker"]).await;
+        create_set(&client, set, "worker", &refs).await;
+        let dir = tempfile::tempdir().unwrap();
+        let (cri, kubeconfig) = (containerd.endpoint(), &server.kubeconfig);
+        let args = worker_agent_args(kubeconfig, dir.path(), &cri, &registry.host);
+        Some(WorkerBed {
+            registry,
+            containerd,
+            server,
+            client,
+            dir,
+            args,
+        })
+    }
+}
+
 pub fn worker_agent_args(
     kubeconfig: &std::path::Path,
     dir: &std::path::Path,

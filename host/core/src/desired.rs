@@ -77,9 +77,13 @@ pub fn standard_pools() -> Vec<Pool> {
 pub(crate) fn infra_pool() -> Pool {
     Pool {
         name: "infra".into(),
-        machine_config_selector: serde_yaml::from_str(&format!(
-            "matchExpressions: [{{key: {ROLE_LABEL}, operator: In, values: [worker, infra]}}]"
-        ))
+        machine_config_selector: crate::yaml::from_str(
+            &format!(
+                "matchExpressions: [{{key: {ROLE_LABEL}, operator: In, values: [worker, infra]}}]"
+            ),
+            crate::yaml::Fields::Strict,
+        )
+        .map(|(selector, _)| selector)
         .expect("a valid selector"),
         node_selector: LabelSelector::labels(&[("node-role.kubernetes.io/infra", "")]),
         pinned_image_sets: None,

@@ -76,9 +76,10 @@ mod tests {
     #[test]
     fn match_labels_and_expressions() {
         let role = "machineconfiguration.openshift.io/role";
-        let sel: LabelSelector = serde_yaml::from_str(&format!(
-            "matchExpressions: [{{key: {role}, operator: In, values: [worker, infra]}}]"
-        ))
+        let (sel, _): (LabelSelector, _) = crate::yaml::from_str(
+            &format!("matchExpressions: [{{key: {role}, operator: In, values: [worker, infra]}}]"),
+            crate::yaml::Fields::Strict,
+        )
         .unwrap();
         assert!(sel.matches(&labels(&[(role, "worker")])));
         assert!(sel.matches(&labels(&[(role, "infra")])));

@@ -770,7 +770,7 @@ pub struct ModuleRef {
 pub fn crds_yaml() -> String {
     crds()
         .iter()
-        .map(|crd| serde_yaml::to_string(crd).expect("a CRD serializes"))
+        .map(|crd| serde_saphyr::to_string(crd).expect("a CRD serializes"))
         .collect::<Vec<_>>()
         .join("---\n")
 }

@@ -263,7 +263,7 @@ mod tests {
 
     #[test]
     fn pools_and_sets_read_as_the_core_reads_yaml() {
-        let p: MachineConfigPool = serde_yaml::from_str(
+        let p: MachineConfigPool = serde_saphyr::from_str(
             r#"
 apiVersion: machineconfiguration.openshift.io/v1
 kind: MachineConfigPool
@@ -308,7 +308,7 @@ spec:
 
     #[test]
     fn api_nodes_read_like_node_files() {
-        let n: Node = serde_yaml::from_str(
+        let n: Node = serde_saphyr::from_str(
             r#"
 metadata: {name: w1, labels: {node-role.kubernetes.io/worker: ""}}
 status:

@@ -125,20 +125,17 @@ mod tests {
     }
 
     fn request(n: usize, max_pulling: Option<u32>) -> RolloutRequest {
+        let pool = FleetPool {
+            name: "worker".into(),
+            max_pulling,
+            ..Default::default()
+        };
+        let nodes = (0..n)
+            .map(|i| FleetNode::waiting(format!("n{i}")))
+            .collect();
         RolloutRequest {
-            pool: FleetPool {
-                name: "worker".into(),
-                max_pulling,
-                ..Default::default()
-            },
-            nodes: (0..n)
-                .map(|i| FleetNode {
-                    name: format!("n{i}"),
-                    ready: true,
-                    phase: Phase::Waiting,
-                    ..Default::default()
-                })
-                .collect(),
+            pool,
+            nodes,
             ..Default::default()
         }
     }

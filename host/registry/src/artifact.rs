@@ -308,14 +308,7 @@ impl Artifacts {
         if reference.digest().is_some() {
             return Ok(reference.clone());
         }
-        let fetched = self
-            .client
-            .manifest(
-                &reference.endpoint(),
-                reference.version_text(),
-                SMALL_REQUEST,
-            )
-            .await
+        let fetched = (self.fetch_manifest(reference).await)
             .map_err(|e| ArtifactError::of(reference, "resolving the tag", e))?;
         Ok(reference.at(&fetched.digest))
     }
@@ -374,21 +367,24 @@ impl Artifacts {
             .map_err(|e| ArtifactError::of(reference, "pushing a blob", e))
     }
 
+    /// The registry's answer for the manifest at `reference`'s version.
+    async fn fetch_manifest(
+        &self,
+        reference: &ArtifactRef,
+    ) -> Result<crate::distribution::Fetched, RegistryError> {
+        let version = reference.version_text();
+        (self.client)
+            .manifest(&reference.endpoint(), version, SMALL_REQUEST)
+            .await
+    }
+
     /// The manifest `reference` names, its bytes checked against the digest it is asked by;
     /// `Ok(None)` when the registry has none.
     pub(crate) async fn manifest(
         &self,
         reference: &ArtifactRef,
     ) -> Result<Option<(ImageManifest, String)>, ArtifactError> {
-        let fetched = match self
-            .client
-            .manifest(
-                &reference.endpoint(),
-                reference.version_text(),
-                SMALL_REQUEST,
-            )
-            .await
-        {
+        let fetched = match self.fetch_manifest(reference).await {
             Ok(fetched) => fetched,
             Err(RegistryError::NotFound { .. }) => return Ok(None),
             Err(RegistryError::Answer { why, .. }) if why.contains("not the one asked for") => {

@@ -646,6 +646,37 @@ pub fn default_decisions() -> Box<dyn pinset_core::decisions::Decisions> {
     decisions(DEFAULT.get_or_init(default_policy))
 }
 
+/// A cancellation that fires `settle` after the `n`th pull started: the token to pass to a
+/// reconcile, the sender for its events, and the task that answers when it cancelled (`None`
+/// if fewer than `n` pulls started).
+pub fn cancel_after_started(
+    n: usize,
+    settle: Duration,
+) -> (
+    tokio_util::sync::CancellationToken,
+    tokio::sync::mpsc::UnboundedSender<pinset_node::executor::Event>,
+    tokio::task::JoinHandle<Option<Instant>>,
+) {
+    let cancel = tokio_util::sync::CancellationToken::new();
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let trigger = cancel.clone();
+    let task = tokio::spawn(async move {
+        let mut started = 0;
+        while let Some(e) = rx.recv().await {
+            if matches!(e, pinset_node::executor::Event::Started { .. }) {
+                started += 1;
+                if started == n {
+                    tokio::time::sleep(settle).await;
+                    trigger.cancel();
+                    return Some(Instant::now());
+                }
+            }
+        }
+        None
+    });
+    (cancel, tx, task)
+}
+
 /// The misbehaviours of the test-only hostile policy that must not cost pinset anything but a
 /// fallback: printing, panicking, waiting through WASI, probing WASI, flooding or forging the
 /// log, a giant reason (chosen by the node label `pinset.test/hostile`).

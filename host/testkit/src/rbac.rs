@@ -110,9 +110,10 @@ impl Rbac {
     }
 
     pub fn from_yaml(text: &str) -> Rbac {
-        use serde::Deserialize;
-        let docs: Vec<Value> = serde_yaml::Deserializer::from_str(text)
-            .filter_map(|d| Value::deserialize(d).ok())
+        let docs: Vec<Value> = serde_saphyr::from_multiple::<Option<Value>>(text)
+            .expect("kubectl kustomize prints YAML")
+            .into_iter()
+            .flatten()
             .filter(|d| !d.is_null())
             .collect();
         Rbac::from_docs(&docs)

@@ -60,11 +60,7 @@ impl Policy for DefaultPolicy {
     }
 
     fn concurrency(&self, node: &NodeFacts) -> u32 {
-        if node.control_plane {
-            CONTROL_PLANE_CONCURRENCY
-        } else {
-            WORKER_CONCURRENCY
-        }
+        node.by_role(CONTROL_PLANE_CONCURRENCY, WORKER_CONCURRENCY)
     }
 
     fn throttle(&self, _node: &NodeFacts, _outcome: &PullOutcome, _pressure: &Pressure) -> u64 {

@@ -44,11 +44,7 @@ impl Policy for IoAdaptive {
     }
 
     fn concurrency(&self, node: &NodeFacts) -> u32 {
-        if node.control_plane {
-            CONTROL_PLANE_CONCURRENCY
-        } else {
-            WORKER_CONCURRENCY
-        }
+        node.by_role(CONTROL_PLANE_CONCURRENCY, WORKER_CONCURRENCY)
     }
 
     fn throttle(&self, node: &NodeFacts, outcome: &PullOutcome, pressure: &Pressure) -> u64 {
@@ -60,7 +56,7 @@ impl Policy for IoAdaptive {
                     .copied()
                     .find(|&(at_least, _, _)| io >= at_least)
                     .unwrap_or(PRESSURE_STEPS[PRESSURE_STEPS.len() - 1]);
-                if node.control_plane { cp } else { worker }
+                node.by_role(cp, worker)
             }
         };
         if let Some(io) = pressure.io

@@ -99,6 +99,17 @@ pub struct FleetNode {
 }
 
 impl FleetNode {
+    /// A ready node without a grant that has not started on the target: how every node enters
+    /// a rollout (for a policy's tests and simulations).
+    pub fn waiting(name: impl Into<String>) -> Self {
+        FleetNode {
+            name: name.into(),
+            ready: true,
+            phase: Phase::Waiting,
+            ..Default::default()
+        }
+    }
+
     pub fn label(&self, key: &str) -> Option<&str> {
         self.labels
             .iter()

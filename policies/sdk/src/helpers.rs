@@ -43,6 +43,16 @@ impl NodeFacts {
     pub fn has_role(&self, role: &str) -> bool {
         self.roles().any(|r| r == role)
     }
+
+    /// `control_plane` on a control-plane node, `other` elsewhere: the reference's split of its
+    /// concurrency and throttle.
+    pub fn by_role<T>(&self, control_plane: T, other: T) -> T {
+        if self.control_plane {
+            control_plane
+        } else {
+            other
+        }
+    }
 }
 
 /// Bytes a set of images would bring onto the node.

@@ -52,11 +52,7 @@ impl Policy for SmallestFirst {
     }
 
     fn throttle(&self, node: &NodeFacts, _outcome: &PullOutcome, _pressure: &Pressure) -> u64 {
-        if node.control_plane {
-            CONTROL_PLANE_THROTTLE_MS
-        } else {
-            WORKER_THROTTLE_MS
-        }
+        node.by_role(CONTROL_PLANE_THROTTLE_MS, WORKER_THROTTLE_MS)
     }
 }
 

@@ -240,7 +240,7 @@ pub async fn plan_cmd(
     match output {
         Output::Text => print_text(&report),
         Output::Json => println!("{}", serde_json::to_string_pretty(&report)?),
-        Output::Yaml => print!("{}", serde_yaml::to_string(&report)?),
+        Output::Yaml => print!("{}", serde_saphyr::to_string(&report)?),
     }
     // A dry run whose input would fail fails too: a refused set, a rejected admission.
     Ok(if desired.invalid.is_empty() && !plan.rejected() {

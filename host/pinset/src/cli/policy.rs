@@ -203,7 +203,7 @@ fn info(opts: &PolicyOpts, output: super::plan::Output) -> Result<ExitCode> {
     };
     match output {
         Output::Json => println!("{}", serde_json::to_string_pretty(&report())?),
-        Output::Yaml => print!("{}", serde_yaml::to_string(&report())?),
+        Output::Yaml => print!("{}", serde_saphyr::to_string(&report())?),
         Output::Text => {
             println!("module {}\n  sha256 {sha256}", opts.name());
             for (kind, contract, i) in &contracts {

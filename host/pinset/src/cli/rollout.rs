@@ -122,7 +122,7 @@ fn report(args: &StatusArgs, status: Option<RolloutStatus>, timed_out: bool) -> 
     if let Some(s) = &status {
         match args.output {
             Output::Json => println!("{}", serde_json::to_string_pretty(s).unwrap_or_default()),
-            Output::Yaml => print!("{}", serde_yaml::to_string(s).unwrap_or_default()),
+            Output::Yaml => print!("{}", serde_saphyr::to_string(s).unwrap_or_default()),
             Output::Text => println!("{}", final_line(s, timed_out)),
         }
     }

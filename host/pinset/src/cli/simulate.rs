@@ -173,7 +173,7 @@ pub fn run(args: &SimulateArgs) -> Result<ExitCode> {
     match args.output {
         Output::Text => print_text(&report, args),
         Output::Json => println!("{}", serde_json::to_string_pretty(&report)?),
-        Output::Yaml => print!("{}", serde_yaml::to_string(&report)?),
+        Output::Yaml => print!("{}", serde_saphyr::to_string(&report)?),
     }
     Ok(code)
 }

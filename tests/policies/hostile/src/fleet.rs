@@ -19,23 +19,8 @@ impl Fleet for HostileFleet {
         let all: Vec<u32> = (0..request.nodes.len() as u32).collect();
         match request.annotation(FLEET_MODE_ANNOTATION) {
             Some("trap") => panic!("hostile fleet policy traps on purpose"),
-            Some("loop") => {
-                let mut n: u64 = 0;
-                loop {
-                    n = std::hint::black_box(n.wrapping_add(1));
-                }
-            }
-            Some("alloc") => {
-                let mut hoard: Vec<Vec<u8>> = Vec::new();
-                // 8 MiB blocks, one byte written in each: the memory cap is met within a few grows,
-                // however busy the machine (filling every byte once outlasted the 100 ms deadline).
-                loop {
-                    let mut block = Vec::with_capacity(8 << 20);
-                    block.push(1u8);
-                    hoard.push(block);
-                    std::hint::black_box(&hoard);
-                }
-            }
+            Some("loop") => crate::spin(),
+            Some("alloc") => crate::hoard(),
             Some("all") => Grant::new(all, "everyone at once"),
             // What the module received, as a digest: the host's columns decoded by the SDK must
             // give back the request the host was given.

@@ -23,23 +23,8 @@ fn misbehave(node: &NodeFacts) -> Option<&str> {
     let mode = node.label(MODE_LABEL)?;
     match mode {
         "trap" => panic!("hostile policy traps on purpose"),
-        "loop" => {
-            let mut n: u64 = 0;
-            loop {
-                n = std::hint::black_box(n.wrapping_add(1));
-            }
-        }
-        "alloc" => {
-            let mut hoard: Vec<Vec<u8>> = Vec::new();
-            // 8 MiB blocks, one byte written in each: the memory cap is met within a few grows,
-            // however busy the machine (filling every byte once outlasted the 100 ms deadline).
-            loop {
-                let mut block = Vec::with_capacity(8 << 20);
-                block.push(1u8);
-                hoard.push(block);
-                std::hint::black_box(&hoard);
-            }
-        }
+        "loop" => spin(),
+        "alloc" => hoard(),
         "stderr" => {
             // Answers like the default, after writing to stderr on every hook.
             eprintln!("hostile policy writes to stderr");
@@ -76,6 +61,27 @@ fn misbehave(node: &NodeFacts) -> Option<&str> {
             None
         }
         other => Some(other),
+    }
+}
+
+/// Runs until the host interrupts it (the epoch deadline).
+fn spin() -> ! {
+    let mut n: u64 = 0;
+    loop {
+        n = std::hint::black_box(n.wrapping_add(1));
+    }
+}
+
+/// Allocates until the host refuses memory (the memory cap): 8 MiB blocks, one byte written in
+/// each, so the cap is met within a few grows however busy the machine (filling every byte once
+/// outlasted the 100 ms deadline).
+fn hoard() -> ! {
+    let mut hoard: Vec<Vec<u8>> = Vec::new();
+    loop {
+        let mut block = Vec::with_capacity(8 << 20);
+        block.push(1u8);
+        hoard.push(block);
+        std::hint::black_box(&hoard);
     }
 }
 

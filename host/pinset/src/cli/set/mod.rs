@@ -255,7 +255,7 @@ pub fn print(common: &Common, name: &str, source: &str, gathered: &Gathered) -> 
 fn render(output: SetOutput, sets: &[serde_json::Value]) -> Result<String> {
     Ok(match (output, sets) {
         (SetOutput::Yaml, _) => {
-            let docs: Result<Vec<String>, _> = sets.iter().map(serde_yaml::to_string).collect();
+            let docs: Result<Vec<String>, _> = sets.iter().map(serde_saphyr::to_string).collect();
             docs?.join("---\n")
         }
         (SetOutput::Json, [one]) => format!("{}\n", serde_json::to_string_pretty(one)?),
