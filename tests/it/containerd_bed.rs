@@ -552,13 +552,16 @@ async fn lost_pins_in_containerd_are_repaired_and_reported() {
         .await
         .unwrap();
     // containerd's CRI plugin learns of label changes from its event stream: soon, not at once.
-    let deadline = Instant::now() + Duration::from_secs(10);
-    for r in &refs {
-        while pinned(r).await {
-            assert!(Instant::now() < deadline, "{r} still reported pinned");
-            tokio::time::sleep(Duration::from_millis(20)).await;
+    let unpinned = "the labels' removal reaching the CRI plugin";
+    support::wait_for(unpinned, Duration::from_secs(10), || async {
+        for r in &refs {
+            if pinned(r).await {
+                return Err(format!("{r} still reported pinned"));
+            }
         }
-    }
+        Ok(())
+    })
+    .await;
     let r = run(&mut status).await;
     let kinds: Vec<&str> = r.drift.iter().map(|d| d.kind.as_str()).collect();
     assert_eq!(kinds, vec!["pin-removed", "pin-removed"], "{:?}", r.drift);
