@@ -1,15 +1,20 @@
 //! The gRPC side of the simulated runtime: its CRI services routed by hand. The CRI bindings are
 //! generated for clients only (pinset is a CRI client; this test runtime is the one server), so
-//! each service here is a table from a method's name to the runtime's handler, and one function
-//! ([`unary`]) decodes a request, calls the handler and encodes its answer with tonic.
+//! each service here is a table from a method's name to the runtime's handler, one function
+//! ([`unary`]) decodes a request, calls the handler and encodes its answer with tonic, and
+//! [`serve`] answers HTTP/2 connections with hyper (tonic's own server would bring its router,
+//! axum, into the build for two fixed routes).
 
+use hyper::body::Incoming;
+use hyper_util::rt::{TokioExecutor, TokioIo};
 use std::convert::Infallible;
 use std::future::Future;
 use std::sync::Arc;
 use std::task::{Context, Poll};
+use tokio::net::UnixListener;
+use tokio::sync::oneshot;
 use tonic::body::Body;
 use tonic::codegen::{BoxFuture, Service, http};
-use tonic::server::NamedService;
 use tonic::{Request, Response, Status};
 use tonic_prost::prost::Message;
 
@@ -25,17 +30,13 @@ pub(crate) trait Served: Send + Sync + 'static {
     fn route(self: Arc<Self>, method: &str, request: http::Request<Body>) -> Option<Answer>;
 }
 
-/// A [`Served`] service as tonic's router serves it.
+/// A [`Served`] service as a tower service.
 pub(crate) struct Routed<S>(pub Arc<S>);
 
 impl<S> Clone for Routed<S> {
     fn clone(&self) -> Self {
         Routed(self.0.clone())
     }
-}
-
-impl<S: Served> NamedService for Routed<S> {
-    const NAME: &'static str = S::NAME;
 }
 
 impl<S: Served> Service<http::Request<Body>> for Routed<S> {
@@ -57,6 +58,52 @@ impl<S: Served> Service<http::Request<Body>> for Routed<S> {
                 Box::pin(async move { Ok(status.into_http()) })
             }
         }
+    }
+}
+
+/// The two services of the simulated runtime, each answering the requests under its name.
+pub(crate) struct Routes<A, B>(pub Routed<A>, pub Routed<B>);
+
+impl<A: Served, B: Served> Routes<A, B> {
+    fn call(&self, request: http::Request<Body>) -> Answer {
+        let path = request.uri().path();
+        let under = |name: &str| path.strip_prefix(name).is_some_and(|m| m.starts_with('/'));
+        if under(&format!("/{}", A::NAME)) {
+            self.0.clone().call(request)
+        } else if under(&format!("/{}", B::NAME)) {
+            self.1.clone().call(request)
+        } else {
+            let status = Status::unimplemented(format!("{path}: no such service"));
+            Box::pin(async move { Ok(status.into_http()) })
+        }
+    }
+}
+
+/// Answer gRPC (HTTP/2) connections on `listener` with `routes` until `stop` fires or the
+/// listener fails; the connections end with it.
+pub(crate) async fn serve<A: Served, B: Served>(
+    listener: UnixListener,
+    routes: Routes<A, B>,
+    mut stop: oneshot::Receiver<()>,
+) {
+    let routes = Arc::new(routes);
+    let mut connections = tokio::task::JoinSet::new();
+    loop {
+        let stream = tokio::select! {
+            _ = &mut stop => return,
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => stream,
+                Err(_) => return,
+            },
+        };
+        let routes = routes.clone();
+        let service = hyper::service::service_fn(move |request: http::Request<Incoming>| {
+            routes.call(request.map(Body::new))
+        });
+        connections.spawn(async move {
+            let http2 = hyper::server::conn::http2::Builder::new(TokioExecutor::new());
+            let _ = http2.serve_connection(TokioIo::new(stream), service).await;
+        });
     }
 }
 

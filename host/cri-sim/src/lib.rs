@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 use tonic::{Request, Response, Status};
 
 mod grpc;
-use grpc::{Answer, Routed, Served, unary};
+use grpc::{Answer, Routed, Routes, Served, unary};
 use tonic::codegen::http;
 
 /// The pins of a drop-in: exact names, and glob patterns.
@@ -256,19 +256,12 @@ impl SimulatedRuntime {
     pub async fn serve(&self, socket: &Path) -> std::io::Result<SimServer> {
         let _ = std::fs::remove_file(socket);
         let listener = tokio::net::UnixListener::bind(socket)?;
-        let incoming = tokio_stream::wrappers::UnixListenerStream::new(listener);
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-        let service = Routed(Arc::new(self.clone()));
-        let runtime = Routed(Arc::new(RuntimeInfo));
-        let task = tokio::spawn(async move {
-            let _ = tonic::transport::Server::builder()
-                .add_service(service)
-                .add_service(runtime)
-                .serve_with_incoming_shutdown(incoming, async {
-                    let _ = rx.await;
-                })
-                .await;
-        });
+        let routes = Routes(
+            Routed(Arc::new(self.clone())),
+            Routed(Arc::new(RuntimeInfo)),
+        );
+        let task = tokio::spawn(grpc::serve(listener, routes, rx));
         Ok(SimServer {
             socket: socket.to_path_buf(),
             stop: Some(tx),
