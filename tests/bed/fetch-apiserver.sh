@@ -19,19 +19,9 @@ if [ -x "$bin" ]; then
   exit 0
 fi
 
-mirror=$(awk '/^URIs:/ {print $2; exit}' /etc/apt/sources.list.d/debian.sources 2>/dev/null || true)
-if [ -z "$mirror" ]; then
-  mirror=$(awk '/^deb / && $2 !~ /security/ {print $2; exit}' /etc/apt/sources.list 2>/dev/null || true)
-fi
-mirror=${mirror:-http://deb.debian.org/debian}
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
-mkdir -p "$work/lists/partial" "$work/cache/archives/partial" "$work/debs" "$work/tree"
-echo "deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] $mirror sid main" > "$work/sources.list"
-apt_opts=(-o "Dir::Etc::SourceList=$work/sources.list" -o "Dir::Etc::SourceParts=/dev/null"
-          -o "Dir::State::Lists=$work/lists" -o "Dir::Cache=$work/cache" -o "Debug::NoLocking=1"
-          -o "APT::Sandbox::User=root" -o "Dir::State::Status=/dev/null")
-apt-get "${apt_opts[@]}" update -qq
+. "$(dirname "$0")/private-apt.sh"
+private_apt sid
+mkdir -p "$work/debs" "$work/tree"
 
 root_pkg=golang-k8s-apiextensions-apiserver-dev
 if ! apt-cache "${apt_opts[@]}" show "$root_pkg" >/dev/null 2>&1; then
