@@ -831,12 +831,7 @@ async fn pinset_refuses_to_run_beside_openshifts_machine_config_operator() {
         ],
     ] {
         let started = std::time::Instant::now();
-        let (code, _, err) = tokio::task::spawn_blocking(move || {
-            let args: Vec<&str> = args.iter().map(String::as_str).collect();
-            support::pinset(&args)
-        })
-        .await
-        .unwrap();
+        let (code, _, err) = support::pinset_blocking(args).await;
         assert_eq!(code, 1, "{err}");
         assert!(started.elapsed() < std::time::Duration::from_secs(20));
         for says in [

@@ -67,14 +67,15 @@ pub(crate) struct Routes<A, B>(pub Routed<A>, pub Routed<B>);
 impl<A: Served, B: Served> Routes<A, B> {
     fn call(&self, request: http::Request<Body>) -> Answer {
         let path = request.uri().path();
-        let under = |name: &str| path.strip_prefix(name).is_some_and(|m| m.starts_with('/'));
-        if under(&format!("/{}", A::NAME)) {
-            self.0.clone().call(request)
-        } else if under(&format!("/{}", B::NAME)) {
-            self.1.clone().call(request)
-        } else {
-            let status = Status::unimplemented(format!("{path}: no such service"));
-            Box::pin(async move { Ok(status.into_http()) })
+        // `/package.Service/Method`
+        let service = path.strip_prefix('/').and_then(|p| p.split_once('/'));
+        match service.map(|(service, _)| service) {
+            Some(service) if service == A::NAME => self.0.clone().call(request),
+            Some(service) if service == B::NAME => self.1.clone().call(request),
+            _ => {
+                let status = Status::unimplemented(format!("{path}: no such service"));
+                Box::pin(async move { Ok(status.into_http()) })
+            }
         }
     }
 }
@@ -96,6 +97,8 @@ pub(crate) async fn serve<A: Served, B: Served>(
                 Err(_) => return,
             },
         };
+        // Connections that ended leave the set here, not only when it is dropped.
+        while connections.try_join_next().is_some() {}
         let routes = routes.clone();
         let service = hyper::service::service_fn(move |request: http::Request<Incoming>| {
             routes.call(request.map(Body::new))

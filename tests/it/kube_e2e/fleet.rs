@@ -94,12 +94,8 @@ async fn a_fleet_policy_paces_three_nodes_holds_on_a_failed_canary_and_survives_
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let kc = operator.clone();
-    let (code, out, err) = tokio::task::spawn_blocking(move || {
-        support::pinset(&["rollout", "resume", "worker", "--kubeconfig", &kc])
-    })
-    .await
-    .unwrap();
+    let resume = ["rollout", "resume", "worker", "--kubeconfig", &operator];
+    let (code, out, err) = support::pinset_blocking(resume.map(String::from).to_vec()).await;
     assert_eq!(
         (code, out.trim()),
         (0, "machineconfigpool/worker resumed"),

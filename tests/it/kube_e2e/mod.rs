@@ -419,11 +419,7 @@ async fn worker_status_now(kubeconfig: &str, extra: &[&str]) -> (i32, String, St
         .map(|a| a.to_string())
         .collect();
     args.extend(["--kubeconfig".to_string(), kubeconfig.to_string()]);
-    tokio::task::spawn_blocking(move || {
-        support::pinset(&args.iter().map(String::as_str).collect::<Vec<_>>())
-    })
-    .await
-    .unwrap()
+    support::pinset_blocking(args).await
 }
 
 /// Images of `refs` containerd has, and how many of them it reports pinned.
