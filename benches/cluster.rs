@@ -111,49 +111,39 @@ impl Fleet {
 
     /// Write every pool, set and node (16 requests at a time).
     pub async fn populate(&self, client: &kube::Client) {
-        let pools: Api<MachineConfigPool> = Api::all(client.clone());
-        let sets: Api<PinnedImageSet> = Api::all(client.clone());
-        let pp = PostParams::default();
-        let all = |n: usize| futures::stream::iter(0..n);
-        all(self.pools)
-            .map(|p| {
-                let (pools, pp) = (pools.clone(), pp.clone());
-                let pool: MachineConfigPool = serde_json::from_value(json!({
-                    "apiVersion": "machineconfiguration.openshift.io/v1", "kind": "MachineConfigPool",
-                    "metadata": {"name": Self::pool_name(p), "annotations": (self.annotations)(p)},
-                    "spec": {
-                        "machineConfigSelector": {"matchExpressions": [{"key": "pinset.dev/group", "operator": "In", "values": [format!("g{p}"), "common"]}]},
-                        "nodeSelector": {"matchLabels": {format!("pinset.dev/pool-{p}"): ""}}
-                    }
-                }))
-                .expect("pool");
-                async move { pools.create(&pp, &pool).await.map(drop) }
-            })
-            .buffer_unordered(16)
-            .try_collect::<Vec<_>>()
-            .await
-            .expect("create pools");
-        all(self.sets)
-            .map(|s| {
-                let (sets, pp) = (sets.clone(), pp.clone());
-                let set: PinnedImageSet = serde_json::from_value(json!({
-                    "apiVersion": "machineconfiguration.openshift.io/v1", "kind": "PinnedImageSet",
-                    "metadata": {"name": Self::set_name(s), "labels": {"pinset.dev/group": self.group_of(s)}},
-                    "spec": {"pinnedImages": (0..self.images).map(|i| json!({"name": Self::image(s, i)})).collect::<Vec<_>>()}
-                }))
-                .expect("set");
-                async move { sets.create(&pp, &set).await.map(drop) }
-            })
-            .buffer_unordered(16)
-            .try_collect::<Vec<_>>()
-            .await
-            .expect("create sets");
-        all(self.nodes())
+        let pools = (0..self.pools).map(|p| self.pool(p)).collect();
+        create_all(client, pools).await.expect("create pools");
+        let sets = (0..self.sets).map(|s| self.set(s)).collect();
+        create_all(client, sets).await.expect("create sets");
+        futures::stream::iter(0..self.nodes())
             .map(|n| self.create_node(client, n))
             .buffer_unordered(16)
             .try_collect::<Vec<_>>()
             .await
             .expect("create nodes");
+    }
+
+    /// Pool `p`: its group's sets and the common ones; its nodes by a label of their own.
+    fn pool(&self, p: usize) -> MachineConfigPool {
+        serde_json::from_value(json!({
+            "apiVersion": "machineconfiguration.openshift.io/v1", "kind": "MachineConfigPool",
+            "metadata": {"name": Self::pool_name(p), "annotations": (self.annotations)(p)},
+            "spec": {
+                "machineConfigSelector": {"matchExpressions": [{"key": "pinset.dev/group", "operator": "In", "values": [format!("g{p}"), "common"]}]},
+                "nodeSelector": {"matchLabels": {format!("pinset.dev/pool-{p}"): ""}}
+            }
+        }))
+        .expect("pool")
+    }
+
+    /// Set `s`, labelled with its group, of `images` images.
+    fn set(&self, s: usize) -> PinnedImageSet {
+        serde_json::from_value(json!({
+            "apiVersion": "machineconfiguration.openshift.io/v1", "kind": "PinnedImageSet",
+            "metadata": {"name": Self::set_name(s), "labels": {"pinset.dev/group": self.group_of(s)}},
+            "spec": {"pinnedImages": (0..self.images).map(|i| json!({"name": Self::image(s, i)})).collect::<Vec<_>>()}
+        }))
+        .expect("set")
     }
 
     /// Node `n`'s MachineConfigNode, reporting every set of its pool at generation 1.
@@ -178,6 +168,28 @@ impl Fleet {
             .await
             .map(drop)
     }
+}
+
+/// Create every object, 16 requests at a time.
+async fn create_all<K>(client: &kube::Client, objects: Vec<K>) -> Result<(), kube::Error>
+where
+    K: kube::Resource<DynamicType = ()>
+        + Clone
+        + std::fmt::Debug
+        + serde::Serialize
+        + serde::de::DeserializeOwned,
+{
+    let api: Api<K> = Api::all(client.clone());
+    let pp = PostParams::default();
+    futures::stream::iter(objects)
+        .map(|o| {
+            let (api, pp) = (&api, &pp);
+            async move { api.create(pp, &o).await.map(drop) }
+        })
+        .buffer_unordered(16)
+        .try_collect::<Vec<_>>()
+        .await
+        .map(drop)
 }
 
 /// `pinset controller` (release) as its own process, its metrics on a loopback port.

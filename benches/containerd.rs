@@ -158,18 +158,10 @@ async fn scale(registry: &support::Registry, policy: &PolicyModule) {
         "{:?}",
         r.outcome.failed.first()
     );
-    let phases = |r: &pinset_node::Report| -> String {
-        let p: Vec<String> = r
-            .phases
-            .iter()
-            .map(|(p, d)| format!("{p} {d:.1?}"))
-            .collect();
-        p.join(", ")
-    };
     println!(
         "  full reconcile of {} images: {full:.1?} ({})",
         refs.len(),
-        phases(&r)
+        r.phase_times()
     );
     let mut noops = Vec::new();
     let mut last = None;
@@ -183,7 +175,7 @@ async fn scale(registry: &support::Registry, policy: &PolicyModule) {
     println!(
         "  no-op reconcile: median {:.1?} ({})",
         noop.median,
-        phases(&last.unwrap())
+        last.unwrap().phase_times()
     );
     let rss_after = support::procfs::status_kib(me, "VmRSS");
     let peak = support::procfs::status_kib(me, "VmHWM");
@@ -263,12 +255,7 @@ async fn makespan(
                         .await
                         .unwrap();
                     assert_eq!(report.outcome.pulled.len(), IMAGES, "{case}");
-                    let phases: Vec<String> = report
-                        .phases
-                        .iter()
-                        .map(|(p, d)| format!("{p} {:.1?}", d))
-                        .collect();
-                    println!("    phases: {}", phases.join(", "));
+                    println!("    phases: {}", report.phase_times());
                 }
             }
             let t = started.elapsed();
@@ -323,12 +310,7 @@ async fn noop(registry: &support::Registry, unthrottled: &PolicyModule) {
         ours.push(t.elapsed());
         assert!(r.outcome.pulled.is_empty());
         if i == 0 {
-            let phases: Vec<String> = r
-                .phases
-                .iter()
-                .map(|(p, d)| format!("{p} {:.1?}", d))
-                .collect();
-            println!("  no-op phases: {}", phases.join(", "));
+            println!("  no-op phases: {}", r.phase_times());
         }
         let (t, cpu) = (Instant::now(), support::procfs::cpu(c.pid()));
         let listed = rec.cri().list_images().await.unwrap();

@@ -18,8 +18,8 @@
 #[path = "../tests/it/support.rs"]
 mod support;
 
-use kube::api::{Api, Patch, PatchParams};
-use pinset_k8s::api::{MachineConfigNode, PolicyConfiguration};
+use kube::api::Api;
+use pinset_k8s::api::MachineConfigNode;
 use serde_json::json;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -52,19 +52,10 @@ fn release(registry: &str, key: &std::path::Path, stem: &str, repo: &str) -> Str
 }
 
 async fn configure(client: &kube::Client, public_key: &str, module: &str) {
-    let api: Api<PolicyConfiguration> = Api::all(client.clone());
-    let object = json!({
-        "apiVersion": "pinset.io/v1alpha1", "kind": "PolicyConfiguration",
-        "metadata": {"name": "cluster"},
-        "spec": {"verify": {"keys": [public_key]}, "pools": {"worker": {"module": module}}}
-    });
-    api.patch(
-        "cluster",
-        &PatchParams::apply("bench").force(),
-        &Patch::Apply(&object),
-    )
-    .await
-    .unwrap();
+    let spec = json!({"verify": {"keys": [public_key]}, "pools": {"worker": {"module": module}}});
+    support::apiserver::configure_policies(client, "bench", spec)
+        .await
+        .expect("the policy configuration");
 }
 
 async fn running(nodes: &Api<MachineConfigNode>) -> Option<String> {

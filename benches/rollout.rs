@@ -416,19 +416,10 @@ async fn policy_phase(client: &kube::Client, sim: &Shared) -> (Analysis, Duratio
             )
         })
         .collect();
-    let config = json!({
-        "apiVersion": "pinset.io/v1alpha1", "kind": "PolicyConfiguration",
-        "metadata": {"name": "cluster"}, "spec": {"pools": pools}
-    });
-    let api: Api<pinset_k8s::api::PolicyConfiguration> = Api::all(client.clone());
     let changed_at = Instant::now();
-    api.patch(
-        "cluster",
-        &PatchParams::apply("bench").force(),
-        &Patch::Apply(&config),
-    )
-    .await
-    .expect("the policy configuration");
+    support::apiserver::configure_policies(client, "bench", json!({"pools": pools}))
+        .await
+        .expect("the policy configuration");
     nodes_finished(sim, "every granted node swapped", expected).await;
     let elapsed = changed_at.elapsed()
         + wait_until("every pool rolled the policy out", || {

@@ -6,11 +6,10 @@ use crate::support;
 
 use pinset_policy::{
     Decided, Described, FleetContract, FleetInstance, FleetModule, Guarded, Hook, Limits,
-    LoadError, PolicyError, PolicyInstance, WasmRuntime,
+    LoadError, Node, PolicyError, PolicyInstance, WasmRuntime,
 };
 use pinset_policy_sdk::{FleetNode, FleetPool, Phase, RolloutRequest};
 use std::path::PathBuf;
-use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 fn component(stem: &str) -> PathBuf {
@@ -18,8 +17,7 @@ fn component(stem: &str) -> PathBuf {
 }
 
 fn runtime() -> &'static WasmRuntime {
-    static RT: OnceLock<WasmRuntime> = OnceLock::new();
-    RT.get_or_init(|| WasmRuntime::new().expect("runtime"))
+    support::wasm_runtime()
 }
 
 fn fleet(stem: &str) -> FleetModule {
@@ -50,11 +48,7 @@ fn node_only_fleet_only_and_both_modules_load_for_what_they_export() {
     runtime()
         .load_file(&node_only, None, Limits::default())
         .expect("a node-only module loads for the node");
-    let err = runtime()
-        .load_file_as::<pinset_policy::FleetContract>(&node_only, None, Limits::default())
-        .err()
-        .expect("a node-only module is no fleet policy");
-    let msg = err.to_string();
+    let (err, msg) = support::refused_as::<FleetContract>("pinset_policy_smallest_first");
     // It is the other kind of policy, not an old one: the error says its role, not "rebuild".
     assert!(
         matches!(err, LoadError::OtherContract { .. })
@@ -65,12 +59,7 @@ fn node_only_fleet_only_and_both_modules_load_for_what_they_export() {
         "{msg}"
     );
     // A fleet-only module is refused as a node policy, and loads as a fleet policy.
-    let fleet_only = component("pinset_policy_zone_by_zone");
-    let err = runtime()
-        .load_file(&fleet_only, None, Limits::default())
-        .err()
-        .expect("a fleet-only module is no node policy");
-    let msg = err.to_string();
+    let (err, msg) = support::refused_as::<Node>("pinset_policy_zone_by_zone");
     assert!(
         matches!(err, LoadError::OtherContract { .. })
             && msg.contains("pinset:policy/decisions@0.1.0")

@@ -453,15 +453,10 @@ async fn set_lands_in(
 /// not when the controller's own status write lands.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pool_reacts_to_its_annotations_not_to_its_own_status() {
-    let Some(Cluster {
-        server: _server,
-        client,
-        pools,
-        ..
-    }) = worker_with_one_set().await
-    else {
+    let Some(cluster) = worker_with_one_set().await else {
         return;
     };
+    let (client, pools) = (cluster.client.clone(), cluster.pools.clone());
     let reason = || async {
         pools
             .get("worker")
@@ -537,15 +532,10 @@ async fn a_pool_reacts_to_its_annotations_not_to_its_own_status() {
 /// writer stops, pinset's status lands, and the other's condition is still there.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pool_status_overtaken_by_another_writer_is_retried_until_it_lands() {
-    let Some(Cluster {
-        server: _server,
-        client,
-        pools,
-        ..
-    }) = worker_with_one_set().await
-    else {
+    let Some(cluster) = worker_with_one_set().await else {
         return;
     };
+    let (client, pools) = (cluster.client.clone(), cluster.pools.clone());
     let metrics = pinset_k8s::metrics::Metrics::new();
     // Started once pinset's first status is there (two writers from the start would only
     // delay it).

@@ -14,13 +14,12 @@ use pinset_policy::{EMBEDDED_DEFAULT, Limits, PolicyModule, WasmRuntime};
 use pinset_policy_sdk::{MIB, Pressure};
 use pinset_registry::size::{Cached, ImageSize, TableSizer};
 use std::path::PathBuf;
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 
 fn runtime() -> &'static WasmRuntime {
-    static RT: OnceLock<WasmRuntime> = OnceLock::new();
-    RT.get_or_init(|| WasmRuntime::new().unwrap())
+    support::wasm_runtime()
 }
 
 fn default_policy() -> PolicyModule {

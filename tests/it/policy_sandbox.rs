@@ -5,7 +5,7 @@
 use crate::support;
 
 use pinset_policy::{
-    Compiler, Decisions, Guarded, Hook, Limits, LoadError, PolicyError, PolicyInstance,
+    Compiler, Decisions, Guarded, Hook, Limits, LoadError, Node, PolicyError, PolicyInstance,
     PolicyModule, WasmRuntime,
 };
 use pinset_policy_bench::synth;
@@ -19,8 +19,7 @@ fn component(stem: &str) -> PathBuf {
 }
 
 fn runtime() -> &'static WasmRuntime {
-    static RT: OnceLock<WasmRuntime> = OnceLock::new();
-    RT.get_or_init(|| WasmRuntime::new().expect("runtime"))
+    support::wasm_runtime()
 }
 
 fn hostile() -> &'static PolicyModule {
@@ -336,12 +335,7 @@ fn corrupt_bytes_are_refused() {
 
 #[test]
 fn a_module_of_another_contract_version_is_refused() {
-    let path = component("pinset_test_policy_future_contract");
-    let err = runtime()
-        .load_file(&path, None, Limits::default())
-        .err()
-        .expect("refused");
-    let msg = err.to_string();
+    let (err, msg) = support::refused_as::<Node>("pinset_test_policy_future_contract");
     assert!(matches!(err, LoadError::Contract { .. }), "{msg}");
     assert!(msg.contains("pinset:policy/decisions@0.2.0"), "{msg}");
     assert!(msg.contains("pinset:policy/decisions@0.1.0"), "{msg}");
@@ -353,12 +347,7 @@ fn a_module_of_another_contract_version_is_refused() {
 /// trapped and replaced on every call.
 #[test]
 fn a_module_whose_types_differ_from_the_host_s_is_refused_naming_the_function_and_field() {
-    let path = component("pinset_test_policy_mismatch");
-    let err = runtime()
-        .load_file(&path, None, Limits::default())
-        .err()
-        .expect("refused");
-    let msg = err.to_string();
+    let (err, msg) = support::refused_as::<Node>("pinset_test_policy_mismatch");
     assert!(matches!(err, LoadError::Mismatch { .. }), "{msg}");
     assert!(msg.contains("function `admit`"), "{msg}");
     assert!(msg.contains("pinset:policy/decisions@0.1.0"), "{msg}");

@@ -225,9 +225,6 @@ impl Dark {
 pub const GZIP_LAYER: &str = "application/vnd.oci.image.layer.v1.tar+gzip";
 pub const TAR_LAYER: &str = "application/vnd.oci.image.layer.v1.tar";
 
-/// What a fixture push may take (a bench pushes 256 MiB layers).
-const PUSH_RELEASE: Duration = Duration::from_secs(600);
-
 /// `data` gzipped (the fast level: fixtures, not archives).
 pub fn gzip(data: &[u8]) -> Vec<u8> {
     let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
@@ -243,31 +240,12 @@ pub async fn push_layers(
     tag: &str,
     layers: &[(&str, Vec<u8>)],
 ) -> String {
-    let endpoint = Endpoint::source(registry, repo);
     let config =
         br#"{"architecture":"amd64","os":"linux","rootfs":{"type":"layers","diff_ids":[]}}"#;
-    for blob in layers
-        .iter()
-        .map(|(_, b)| b.as_slice())
-        .chain([&config[..]])
-    {
-        client
-            .push_blob(&endpoint, blob.to_vec().into(), PUSH_RELEASE)
-            .await
-            .unwrap_or_else(|e| panic!("push a blob to {registry}/{repo}: {e}"));
-    }
-    let manifest = ImageManifest {
-        schema_version: 2,
-        media_type: Some(OCI_MANIFEST.into()),
-        config: Descriptor::of(OCI_CONFIG, config),
-        layers: layers.iter().map(|(t, l)| Descriptor::of(t, l)).collect(),
-        annotations: None,
-    };
-    let body = serde_json::to_vec(&manifest).unwrap();
-    client
-        .push_manifest(&endpoint, tag, OCI_MANIFEST, body.into(), PUSH_RELEASE)
+    let layers: Vec<(&str, &[u8])> = layers.iter().map(|(t, l)| (*t, &l[..])).collect();
+    push_oci_image(client, (registry, repo, tag), config, &layers)
         .await
-        .unwrap_or_else(|e| panic!("push {registry}/{repo}:{tag}: {e}"))
+        .0
 }
 
 /// The benches' repetitions: `REPEATS`, default 5.
@@ -519,4 +497,22 @@ pub fn worker_agent_args(
         "--pin=containerd".into(),
         format!("--insecure-registry={registry}"),
     ]
+}
+
+/// The Wasm runtime the test binary shares (an engine is costly to build; modules are not
+/// shared between tests).
+pub fn wasm_runtime() -> &'static pinset_policy::WasmRuntime {
+    static RT: std::sync::OnceLock<pinset_policy::WasmRuntime> = std::sync::OnceLock::new();
+    RT.get_or_init(|| pinset_policy::WasmRuntime::new().expect("a Wasm runtime"))
+}
+
+/// Loading the component `stem` as a `C` policy, which must fail: the error and its message.
+pub fn refused_as<C: pinset_policy::Contract>(stem: &str) -> (pinset_policy::LoadError, String) {
+    let path = policy_path(stem);
+    let Err(err) = wasm_runtime().load_file_as::<C>(&path, None, pinset_policy::Limits::default())
+    else {
+        panic!("{stem} loaded as a {} policy", C::ROLE.kind);
+    };
+    let msg = err.to_string();
+    (err, msg)
 }

@@ -12,16 +12,7 @@ pub fn order(order: &[u32], len: usize) -> Result<(), String> {
             order.len()
         ));
     }
-    let mut seen = vec![false; len];
-    for &i in order {
-        let slot = seen
-            .get_mut(i as usize)
-            .ok_or_else(|| format!("order names image {i} of {len}"))?;
-        if std::mem::replace(slot, true) {
-            return Err(format!("order names image {i} twice"));
-        }
-    }
-    Ok(())
+    distinct("order", order, len)
 }
 
 /// An admitted subset must name only given images, each once.
@@ -29,13 +20,18 @@ pub fn verdict(verdict: &Verdict, images: usize) -> Result<(), String> {
     let Verdict::AdmitSome(subset) = verdict else {
         return Ok(());
     };
-    let mut seen = vec![false; images];
-    for &i in subset {
+    distinct("admitted subset", subset, images)
+}
+
+/// Every index names one of `len` images, none twice (`what` names the list in the error).
+fn distinct(what: &str, indices: &[u32], len: usize) -> Result<(), String> {
+    let mut seen = vec![false; len];
+    for &i in indices {
         let slot = seen
             .get_mut(i as usize)
-            .ok_or_else(|| format!("admitted subset names image {i} of {images}"))?;
+            .ok_or_else(|| format!("{what} names image {i} of {len}"))?;
         if std::mem::replace(slot, true) {
-            return Err(format!("admitted subset names image {i} twice"));
+            return Err(format!("{what} names image {i} twice"));
         }
     }
     Ok(())

@@ -457,3 +457,21 @@ impl Drop for ApiServer {
         let _ = self.etcd.wait();
     }
 }
+
+/// Apply the PolicyConfiguration `cluster` with `spec` (server-side apply, owning every field),
+/// as field manager `manager`.
+pub async fn configure_policies(
+    client: &kube::Client,
+    manager: &str,
+    spec: serde_json::Value,
+) -> Result<(), kube::Error> {
+    use kube::api::{Api, Patch, PatchParams};
+    let api: Api<pinset_k8s::api::PolicyConfiguration> = Api::all(client.clone());
+    let object = serde_json::json!({
+        "apiVersion": "pinset.io/v1alpha1", "kind": "PolicyConfiguration",
+        "metadata": {"name": "cluster"}, "spec": spec
+    });
+    let ssa = PatchParams::apply(manager).force();
+    api.patch("cluster", &ssa, &Patch::Apply(&object)).await?;
+    Ok(())
+}

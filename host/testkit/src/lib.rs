@@ -297,8 +297,8 @@ pub fn layer(seed: u64, size: usize) -> Vec<u8> {
     )
 }
 
-/// What pushes in the bed may take.
-const PUSH: Duration = Duration::from_secs(60);
+/// What a push in the bed may take (a bench pushes 256 MiB layers).
+const PUSH: Duration = Duration::from_secs(600);
 
 /// Push an image of `layers` to `repo` for `arch` (its tag); returns its manifest digest and the
 /// pushed manifest (whose layer sizes are what a registry reports).
@@ -309,7 +309,6 @@ pub async fn push_image(
     arch: &str,
     layers: &[Vec<u8>],
 ) -> (String, ImageManifest) {
-    let endpoint = Endpoint::source(registry, repo);
     let diff_ids: Vec<String> = layers
         .iter()
         .map(|l| format!("\"{}\"", sha256(l)))
@@ -318,27 +317,38 @@ pub async fn push_image(
         r#"{{"architecture":"{arch}","os":"linux","config":{{"Cmd":["/data"]}},"rootfs":{{"type":"layers","diff_ids":[{}]}}}}"#,
         diff_ids.join(",")
     );
-    for blob in layers.iter().chain([&config.clone().into_bytes()]) {
+    let layers: Vec<(&str, &[u8])> = layers.iter().map(|l| (LAYER_MEDIA_TYPE, &l[..])).collect();
+    let target = (registry, repo, arch);
+    push_oci_image(client, target, config.as_bytes(), &layers).await
+}
+
+/// Push the blobs `config` and `layers` (media type, bytes) and their OCI manifest to
+/// (registry, repo, tag): the manifest's digest and the manifest.
+pub async fn push_oci_image(
+    client: &Client,
+    (registry, repo, tag): (&str, &str, &str),
+    config: &[u8],
+    layers: &[(&str, &[u8])],
+) -> (String, ImageManifest) {
+    let endpoint = Endpoint::source(registry, repo);
+    for blob in layers.iter().map(|(_, b)| *b).chain([config]) {
         client
-            .push_blob(&endpoint, blob.clone().into(), PUSH)
+            .push_blob(&endpoint, blob.to_vec().into(), PUSH)
             .await
             .unwrap_or_else(|e| panic!("push a blob to {registry}/{repo}: {e}"));
     }
     let manifest = ImageManifest {
         schema_version: 2,
         media_type: Some(OCI_MANIFEST.into()),
-        config: Descriptor::of(OCI_CONFIG, config.as_bytes()),
-        layers: layers
-            .iter()
-            .map(|l| Descriptor::of(LAYER_MEDIA_TYPE, l))
-            .collect(),
+        config: Descriptor::of(OCI_CONFIG, config),
+        layers: layers.iter().map(|(t, l)| Descriptor::of(t, l)).collect(),
         annotations: None,
     };
     let body = serde_json::to_vec(&manifest).unwrap();
     let digest = client
-        .push_manifest(&endpoint, arch, OCI_MANIFEST, body.into(), PUSH)
+        .push_manifest(&endpoint, tag, OCI_MANIFEST, body.into(), PUSH)
         .await
-        .unwrap_or_else(|e| panic!("push {registry}/{repo}:{arch}: {e}"));
+        .unwrap_or_else(|e| panic!("push {registry}/{repo}:{tag}: {e}"));
     (digest, manifest)
 }
 

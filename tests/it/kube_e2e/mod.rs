@@ -594,26 +594,16 @@ impl Releases {
     /// The PolicyConfiguration naming `module` for pool worker, and `fleet` as every pool's
     /// fleet policy when given; signatures required.
     async fn configure(&self, client: &kube::Client, module: &str, fleet: Option<&str>) -> Instant {
-        let api: Api<pinset_k8s::api::PolicyConfiguration> = Api::all(client.clone());
-        let mut object = json!({
-            "apiVersion": "pinset.io/v1alpha1",
-            "kind": "PolicyConfiguration",
-            "metadata": {"name": "cluster"},
-            "spec": {
-                "verify": {"keys": [self.public_key]},
-                "pools": {"worker": {"module": format!("oci://{module}")}}
-            }
+        let mut spec = json!({
+            "verify": {"keys": [self.public_key]},
+            "pools": {"worker": {"module": format!("oci://{module}")}}
         });
         if let Some(fleet) = fleet {
-            object["spec"]["fleet"] = json!({"module": {"module": format!("oci://{fleet}")}});
+            spec["fleet"] = json!({"module": {"module": format!("oci://{fleet}")}});
         }
-        api.patch(
-            "cluster",
-            &PatchParams::apply("e2e").force(),
-            &Patch::Apply(&object),
-        )
-        .await
-        .unwrap();
+        support::apiserver::configure_policies(client, "e2e", spec)
+            .await
+            .expect("the policy configuration");
         Instant::now()
     }
 }

@@ -409,12 +409,7 @@ pub fn summary(node: &str, report: &Report, status: &NodeStatus) -> String {
         out.push_str(&format!("  policy fallback: {f}\n"));
     }
     if !report.phases.is_empty() {
-        let phases: Vec<String> = report
-            .phases
-            .iter()
-            .map(|(name, d)| format!("{name} {:.1?}", d))
-            .collect();
-        out.push_str(&format!("  time: {}\n", phases.join(", ")));
+        out.push_str(&format!("  time: {}\n", report.phase_times()));
     }
     out
 }
