@@ -62,8 +62,7 @@ async fn main() {
             support::procfs::status_kib(agent.id(), "RssAnon:"),
             support::procfs::status_kib(agent.id(), "RssFile:"),
         );
-        let _ = agent.kill();
-        let _ = agent.wait();
+        support::reap(&mut agent);
         let mib = |k: u64| k as f64 / 1024.0;
         println!(
             "{run:>3} {:>8.1} MiB {:>6.1} MiB {:>8.1} MiB {:>8.1} MiB {:>9.2}s",

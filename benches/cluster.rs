@@ -267,8 +267,7 @@ impl Controller {
 
 impl Drop for Controller {
     fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        support::reap(&mut self.child);
     }
 }
 

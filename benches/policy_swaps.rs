@@ -31,8 +31,7 @@ struct Agent(Child);
 
 impl Drop for Agent {
     fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
+        support::reap(&mut self.0);
     }
 }
 

@@ -290,8 +290,7 @@ fn watch_restarts_on_a_changed_set_and_abandons_pulls_in_flight() {
         "in-flight pulls of generation 1 abandoned"
     );
     assert_eq!(stats.in_flight, 0);
-    let _ = child.kill();
-    let _ = child.wait();
+    support::reap(&mut child);
 }
 
 /// kubectl-grade habits: exit codes (0 ok, 1 failure, 2 usage), a dry run whose input is

@@ -471,6 +471,11 @@ impl Served for SimulatedRuntime {
     }
 }
 
+/// The reference an `ImageSpec` names (empty when there is none).
+fn image_of(spec: Option<proto::ImageSpec>) -> String {
+    spec.map(|s| s.image).unwrap_or_default()
+}
+
 /// The image service's methods, as CRI defines them.
 impl SimulatedRuntime {
     async fn list_images(
@@ -493,11 +498,7 @@ impl SimulatedRuntime {
         request: Request<ImageStatusRequest>,
     ) -> Result<Response<ImageStatusResponse>, Status> {
         self.count("ImageStatus");
-        let image = request
-            .into_inner()
-            .image
-            .map(|s| s.image)
-            .unwrap_or_default();
+        let image = image_of(request.into_inner().image);
         let patterns = self.pinned_patterns();
         let st = self.state();
         let found = Self::find(&st, &image).map(|s| Self::to_proto(s, &patterns));
@@ -512,11 +513,7 @@ impl SimulatedRuntime {
         request: Request<PullImageRequest>,
     ) -> Result<Response<PullImageResponse>, Status> {
         self.count("PullImage");
-        let image = request
-            .into_inner()
-            .image
-            .map(|s| s.image)
-            .unwrap_or_default();
+        let image = image_of(request.into_inner().image);
         let image_ref = self.pull(image).await?;
         Ok(Response::new(PullImageResponse { image_ref }))
     }
@@ -526,11 +523,7 @@ impl SimulatedRuntime {
         request: Request<RemoveImageRequest>,
     ) -> Result<Response<RemoveImageResponse>, Status> {
         self.count("RemoveImage");
-        let image = request
-            .into_inner()
-            .image
-            .map(|s| s.image)
-            .unwrap_or_default();
+        let image = image_of(request.into_inner().image);
         let mut st = self.state();
         let key = Self::find(&st, &image).map(|s| s.reference.clone());
         if let Some(key) = key

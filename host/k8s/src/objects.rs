@@ -308,31 +308,25 @@ metadata: {name: ignored}
 
     #[test]
     fn bad_documents_are_named() {
-        let mut o = Objects::default();
-        let e = parse(
+        let refused = |text: &str, file: &str| {
+            let mut o = Objects::default();
+            let e = parse(text, Path::new(file), Fields::Strict, &mut o).unwrap_err();
+            e.to_string()
+        };
+        let e = refused(
             "kind: Node\nmetadata: {name: n}\nstatus: {allocatable: {ephemeral-storage: lots}}\n",
-            Path::new("n.yaml"),
-            Fields::Strict,
-            &mut o,
-        )
-        .unwrap_err()
-        .to_string();
+            "n.yaml",
+        );
         assert!(
             e.contains("n.yaml") && e.contains("Node n") && e.contains("lots"),
             "{e}"
         );
-        let e = parse("a: [\n", Path::new("bad.yaml"), Fields::Strict, &mut o)
-            .unwrap_err()
-            .to_string();
+        let e = refused("a: [\n", "bad.yaml");
         assert!(e.starts_with("bad.yaml:2:1: "), "{e}");
-        let e = parse(
+        let e = refused(
             "kind: PinnedImageSet\nmetadata: {name: s}\nspec: {pinnedImages: 3}\n",
-            Path::new("s.yaml"),
-            Fields::Strict,
-            &mut o,
-        )
-        .unwrap_err()
-        .to_string();
+            "s.yaml",
+        );
         assert!(
             e.starts_with("s.yaml:3:8: spec.pinnedImages: invalid type"),
             "{e}"

@@ -50,6 +50,25 @@ impl Client {
         Err(last.expect("every endpoint has a scheme"))
     }
 
+    /// A GET built by `build` on `endpoint` (pull scope) that must succeed: the answer and the
+    /// digest of its body.
+    async fn pull(
+        &self,
+        endpoint: &Endpoint,
+        build: impl Fn(&str) -> Request,
+        limit: Limit,
+        deadline: Duration,
+    ) -> Result<(Answer, String), RegistryError> {
+        let answer = self
+            .on_endpoint(endpoint, build, "pull", limit, deadline)
+            .await?;
+        if !answer.status.is_success() {
+            return Err(RegistryError::status("GET", &answer));
+        }
+        let digest = sha256_digest(&answer.body);
+        Ok((answer, digest))
+    }
+
     /// The manifest `reference` (a digest or a tag) at `endpoint`. By digest, the bytes must
     /// have that digest.
     pub async fn manifest(
@@ -62,13 +81,7 @@ impl Client {
         let build = |scheme: &str| {
             Request::get(endpoint.manifest_url(scheme, reference)).header(header::ACCEPT, &accept)
         };
-        let answer = self
-            .on_endpoint(endpoint, build, "pull", MANIFEST, deadline)
-            .await?;
-        if !answer.status.is_success() {
-            return Err(RegistryError::status("GET", &answer));
-        }
-        let digest = sha256_digest(&answer.body);
+        let (answer, digest) = self.pull(endpoint, build, MANIFEST, deadline).await?;
         if reference.starts_with("sha256:") && digest != reference {
             return Err(RegistryError::Answer {
                 url: answer.url,
@@ -91,13 +104,7 @@ impl Client {
         deadline: Duration,
     ) -> Result<Bytes, RegistryError> {
         let build = |scheme: &str| Request::get(endpoint.url(scheme, &format!("blobs/{digest}")));
-        let answer = self
-            .on_endpoint(endpoint, build, "pull", limit, deadline)
-            .await?;
-        if !answer.status.is_success() {
-            return Err(RegistryError::status("GET", &answer));
-        }
-        let actual = sha256_digest(&answer.body);
+        let (answer, actual) = self.pull(endpoint, build, limit, deadline).await?;
         if actual != digest {
             return Err(RegistryError::Answer {
                 url: answer.url,

@@ -193,10 +193,7 @@ impl ApiServer {
             skip_or_fail("etcd is not installed (apt-get install etcd-server)");
             return None;
         };
-        let dir = tempfile::Builder::new()
-            .prefix("pinset-apiserver-")
-            .tempdir()
-            .unwrap();
+        let dir = crate::scratch_dir("pinset-apiserver-");
         let d = dir.path();
         certificates(d);
         let port = free_port();
@@ -288,8 +285,7 @@ impl ApiServer {
     /// Stop the API server (etcd and its data stay): clients see connections refused.
     pub fn stop(&self) {
         if let Some(mut child) = self.server.lock().unwrap().take() {
-            let _ = child.kill();
-            let _ = child.wait();
+            crate::reap(&mut child);
         }
     }
 
@@ -453,8 +449,7 @@ impl ApiServer {
 impl Drop for ApiServer {
     fn drop(&mut self) {
         self.stop();
-        let _ = self.etcd.kill();
-        let _ = self.etcd.wait();
+        crate::reap(&mut self.etcd);
     }
 }
 

@@ -164,8 +164,7 @@ impl Registry {
 
     /// Stop serving (kill by PID); the storage is kept for [`Registry::restart`].
     pub fn stop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        reap(&mut self.child);
     }
 
     /// Serve again on the same address with the same storage.
@@ -225,9 +224,22 @@ fn spawn_registry(binary: &std::path::Path, config: &std::path::Path) -> Child {
 
 impl Drop for Registry {
     fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        reap(&mut self.child);
     }
+}
+
+/// Kill a child process and wait for it, so that it leaves no zombie (it may have ended).
+pub fn reap(child: &mut Child) {
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
+/// A scratch directory named `PREFIX…` (removed when dropped).
+pub fn scratch_dir(prefix: &str) -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix(prefix)
+        .tempdir()
+        .unwrap_or_else(|e| panic!("a scratch directory {prefix}…: {e}"))
 }
 
 /// A scratch directory holding a file `name` of `contents`: the directory (removed when
@@ -439,10 +451,7 @@ impl Containerd {
             skip_or_fail("containerd 1.7 is not installed (tests/bed/fetch-containerd.sh)");
             return None;
         };
-        let dir = tempfile::Builder::new()
-            .prefix("pinset-containerd-")
-            .tempdir()
-            .unwrap();
+        let dir = scratch_dir("pinset-containerd-");
         let d = dir.path();
         for (host, text) in hosts {
             let host_dir = d.join("certs.d").join(host);
@@ -517,8 +526,7 @@ impl Containerd {
 
     /// Kill containerd (by PID) and start it again on the same socket, root and state.
     pub fn restart(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        reap(&mut self.child);
         let _ = std::fs::remove_file(&self.socket);
         self.child = spawn_containerd(&self.binary, &self.config, self.dir.path());
         self.wait_ready();
@@ -597,8 +605,7 @@ fn spawn_containerd(
 
 impl Drop for Containerd {
     fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        reap(&mut self.child);
         let root = self.dir.path().join("root");
         // A size-limited root is a tmpfs mount: unmount it (lazily: snapshot mounts may linger)
         // before the directory is removed. Without one, `umount` fails harmlessly.

@@ -92,8 +92,7 @@ impl Proc {
 
 impl Drop for Proc {
     fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        support::reap(&mut self.child);
     }
 }
 

@@ -98,21 +98,18 @@ pub fn events(status: &NodeStatus, seen: &mut Seen) -> Vec<kube::runtime::events
 /// A node policy refused (`PolicyRejected`, once per refusal) or swapped in (`PolicySwapped`).
 fn policy_events(status: &NodeStatus, seen: &Seen) -> Vec<kube::runtime::events::Event> {
     let mut out = Vec::new();
-    // Once per cause: a module refused again for the same reason is not announced again.
-    let refused = status
-        .policy_refused
-        .as_ref()
-        .filter(|w| seen.refused.as_ref() != Some(*w));
-    if let Some(why) = refused {
-        out.push(events::POLICY_REJECTED.event(why));
+    // Once per cause: a module refused again for the same reason is not announced again; a
+    // registry away is said as such, not as a refusal, once per cause too.
+    let new_cause = |now: &Option<String>, before: &Option<String>| {
+        now.as_ref()
+            .filter(|w| before.as_ref() != Some(*w))
+            .cloned()
+    };
+    if let Some(why) = new_cause(&status.policy_refused, &seen.refused) {
+        out.push(events::POLICY_REJECTED.event(&why));
     }
-    // Once per cause too: a registry away is said as such, not as a refusal.
-    let waiting = status
-        .policy_waiting
-        .as_ref()
-        .filter(|w| seen.waiting.as_ref() != Some(*w));
-    if let Some(why) = waiting {
-        out.push(events::POLICY_WAITING.event(why));
+    if let Some(why) = new_cause(&status.policy_waiting, &seen.waiting) {
+        out.push(events::POLICY_WAITING.event(&why));
     }
     let running = status.policy.as_ref();
     if let Some(p) = running.filter(|p| seen.policy.as_ref().is_some_and(|d| *d != p.digest)) {
