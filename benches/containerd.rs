@@ -15,7 +15,7 @@
 #[path = "../tests/it/support.rs"]
 mod support;
 
-use pinset_core::desired::{self, Desired, NodeInfo, PinnedImageSet, ROLE_LABEL};
+use pinset_core::desired::{self, Desired, NodeInfo, PinnedImageSet};
 use pinset_core::status::NodeStatus;
 use pinset_node::Reconciler;
 use pinset_node::cri::client::{CriClient, CriConfig};
@@ -35,12 +35,7 @@ const LAYER: usize = 8 << 20;
 const NOOP_RUNS: u32 = 20;
 
 fn desired_for(node: &NodeInfo, role: &str, refs: &[String]) -> Desired {
-    let set = PinnedImageSet {
-        name: "bench".into(),
-        generation: 1,
-        labels: [(ROLE_LABEL.to_string(), role.to_string())].into(),
-        images: refs.to_vec(),
-    };
+    let set = PinnedImageSet::for_role("bench", role, refs);
     desired::desired(node, &desired::standard_pools(), &[set])
 }
 
@@ -132,12 +127,7 @@ async fn scale(registry: &support::Registry, policy: &PolicyModule) {
     let sets: Vec<PinnedImageSet> = refs
         .chunks(PER_SET)
         .enumerate()
-        .map(|(i, chunk)| PinnedImageSet {
-            name: format!("scale-{i:02}"),
-            generation: 1,
-            labels: [(ROLE_LABEL.to_string(), "worker".to_string())].into(),
-            images: chunk.to_vec(),
-        })
+        .map(|(i, chunk)| PinnedImageSet::for_role(format!("scale-{i:02}"), "worker", chunk))
         .collect();
     let d = desired::desired(&n, &desired::standard_pools(), &sets);
     let rec = reconciler(&c, &registry.host);

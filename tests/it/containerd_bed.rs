@@ -4,7 +4,7 @@
 
 use crate::support;
 
-use pinset_core::desired::{self, Desired, NodeInfo, PinnedImageSet, ROLE_LABEL};
+use pinset_core::desired::{self, Desired, NodeInfo, PinnedImageSet};
 use pinset_core::status::NodeStatus;
 use pinset_node::Reconciler;
 use pinset_node::executor::{Backoff, Event};
@@ -15,10 +15,8 @@ use std::time::{Duration, Instant};
 
 fn set(name: &str, generation: i64, images: &[String]) -> PinnedImageSet {
     PinnedImageSet {
-        name: name.into(),
         generation,
-        labels: [(ROLE_LABEL.to_string(), "worker".to_string())].into(),
-        images: images.to_vec(),
+        ..PinnedImageSet::for_role(name, "worker", images)
     }
 }
 
@@ -399,22 +397,16 @@ async fn the_default_policy_pulls_one_at_a_time_on_the_control_plane_and_five_on
         return;
     };
     let reconciler = &bed.reconciler;
-    let with_role = |role: &str, refs: &[String]| PinnedImageSet {
-        name: format!("{role}-set"),
-        generation: 1,
-        labels: [(ROLE_LABEL.to_string(), role.to_string())].into(),
-        images: refs.to_vec(),
+    // One node of `role`, one set of its role holding `refs`: the pulls' timeline.
+    let on_role = |role: &'static str, refs: Vec<String>| async move {
+        let node = support::node(role);
+        let set = PinnedImageSet::for_role(format!("{role}-set"), role, &refs);
+        timeline(reconciler, &node, &desired_of(&node, &[set])).await
     };
     let cp_refs = support::push_images(&bed.registry, "cp", 4, 64_000, 80).await;
     let worker_refs = support::push_images(&bed.registry, "wk", 5, 64_000, 90).await;
 
-    let master = support::node("master");
-    let cp = timeline(
-        reconciler,
-        &master,
-        &desired_of(&master, &[with_role("master", &cp_refs)]),
-    )
-    .await;
+    let cp = on_role("master", cp_refs).await;
     assert_eq!(cp.len(), 4);
     assert_eq!(
         max_in_flight(&cp),
@@ -431,13 +423,7 @@ async fn the_default_policy_pulls_one_at_a_time_on_the_control_plane_and_five_on
         );
     }
 
-    let worker = support::node("worker");
-    let w = timeline(
-        reconciler,
-        &worker,
-        &desired_of(&worker, &[with_role("worker", &worker_refs)]),
-    )
-    .await;
+    let w = on_role("worker", worker_refs).await;
     assert_eq!(w.len(), 5);
     assert_eq!(max_in_flight(&w), 5, "five pulls at once on workers");
     let span = |p: &[(String, Instant, Instant)]| {

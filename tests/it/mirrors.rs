@@ -43,12 +43,7 @@ async fn mirror_images(mirror: &support::Registry) -> Mirrored {
 }
 
 fn set(images: &[String]) -> PinnedImageSet {
-    PinnedImageSet {
-        name: "release".into(),
-        generation: 1,
-        labels: [(ROLE_LABEL.to_string(), "worker".to_string())].into(),
-        images: images.to_vec(),
-    }
+    PinnedImageSet::for_role("release", "worker", images)
 }
 
 /// containerd pulls through its hosts.toml; pinset, told nothing but the CRI socket, reads the

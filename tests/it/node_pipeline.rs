@@ -3,7 +3,7 @@
 
 use crate::support;
 
-use pinset_core::desired::{self, Desired, NodeInfo, PinnedImageSet, ROLE_LABEL};
+use pinset_core::desired::{self, Desired, NodeInfo, PinnedImageSet};
 use pinset_core::status::NodeStatus;
 use pinset_cri_sim::{Fault, SimConfig, SimImage, SimServer, SimulatedRuntime};
 use pinset_node::cri::client::{CriClient, CriConfig};
@@ -38,11 +38,10 @@ fn image(n: u32) -> String {
 }
 
 fn set(name: &str, role: &str, generation: i64, images: &[u32]) -> PinnedImageSet {
+    let images: Vec<String> = images.iter().map(|&n| image(n)).collect();
     PinnedImageSet {
-        name: name.into(),
         generation,
-        labels: [(ROLE_LABEL.to_string(), role.to_string())].into(),
-        images: images.iter().map(|&n| image(n)).collect(),
+        ..PinnedImageSet::for_role(name, role, &images)
     }
 }
 

@@ -13,16 +13,7 @@ fn module() -> PathBuf {
 
 /// `pinset` with `args` and `COSIGN_PASSWORD`: (exit code, stdout, stderr).
 fn pinset(args: &[&str]) -> (i32, String, String) {
-    let out = support::without_terminal(Command::new(support::PINSET).args(args))
-        .env("PINSET_LOG", "warn")
-        .env("COSIGN_PASSWORD", "pinset-test")
-        .output()
-        .expect("run pinset");
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
+    support::pinset_with(args, &[("COSIGN_PASSWORD", "pinset-test")])
 }
 
 /// Push `file` as `repo:tag` with pinset; the reference by digest it prints.

@@ -15,8 +15,14 @@ pub const PINSET: &str = env!("CARGO_BIN_EXE_pinset");
 
 /// Run the `pinset` binary with `args`: (exit code, stdout, stderr).
 pub fn pinset(args: &[&str]) -> (i32, String, String) {
+    pinset_with(args, &[])
+}
+
+/// [`pinset`] with these environment variables too.
+pub fn pinset_with(args: &[&str], env: &[(&str, &str)]) -> (i32, String, String) {
     let out = without_terminal(Command::new(PINSET).args(args))
         .env("PINSET_LOG", "warn")
+        .envs(env.iter().copied())
         .output()
         .expect("run pinset");
     (

@@ -15,6 +15,18 @@ pub struct PinnedImageSet {
     pub images: Vec<String>,
 }
 
+impl PinnedImageSet {
+    /// A set of generation 1 that the standard pool of `role` selects ([`standard_pools`]).
+    pub fn for_role(name: impl Into<String>, role: &str, images: &[String]) -> PinnedImageSet {
+        PinnedImageSet {
+            name: name.into(),
+            generation: 1,
+            labels: [(ROLE_LABEL.to_string(), role.to_string())].into(),
+            images: images.to_vec(),
+        }
+    }
+}
+
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Pool {
     pub name: String,
@@ -252,12 +264,7 @@ mod tests {
     }
 
     fn set(name: &str, role: &str, images: &[String]) -> PinnedImageSet {
-        PinnedImageSet {
-            name: name.into(),
-            generation: 1,
-            labels: [(ROLE_LABEL.to_string(), role.to_string())].into(),
-            images: images.to_vec(),
-        }
+        PinnedImageSet::for_role(name, role, images)
     }
 
     fn node(roles: &[&str]) -> NodeInfo {

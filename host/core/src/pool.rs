@@ -204,16 +204,11 @@ pub fn pools_of_set<'a>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::desired::{ROLE_LABEL, infra_pool, standard_pools};
+    use crate::desired::{infra_pool, standard_pools};
     use crate::selector::LabelSelector;
 
     fn set(name: &str, role: &str) -> PinnedImageSet {
-        PinnedImageSet {
-            name: name.into(),
-            generation: 1,
-            labels: [(ROLE_LABEL.to_string(), role.to_string())].into(),
-            images: vec![],
-        }
+        PinnedImageSet::for_role(name, role, &[])
     }
 
     #[test]

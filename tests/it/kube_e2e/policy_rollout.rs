@@ -1,37 +1,35 @@
 use super::*;
 
-/// The module each fleet node says it runs, and the one it last refused.
-async fn node_policies(nodes: &Api<MachineConfigNode>) -> Vec<(Option<String>, Option<String>)> {
+/// Each fleet node's MachineConfigNode as the API server has it now (`None`: not read).
+async fn fleet_mcns(nodes: &Api<MachineConfigNode>) -> Vec<Option<MachineConfigNode>> {
     let mut out = Vec::new();
     for name in FLEET_NODES {
-        let st = nodes
-            .get(name)
-            .await
-            .ok()
-            .and_then(|n| n.status)
-            .unwrap_or_default();
-        out.push((
-            st.policy.map(|p| p.module),
-            st.policy_rejected
-                .map(|r| format!("{}: {}", r.module, r.cause)),
-        ));
+        out.push(nodes.get(name).await.ok());
     }
     out
+}
+
+/// The module each fleet node says it runs, and the one it last refused.
+async fn node_policies(nodes: &Api<MachineConfigNode>) -> Vec<(Option<String>, Option<String>)> {
+    let policies = |mcn: Option<MachineConfigNode>| {
+        let st = mcn.and_then(|n| n.status).unwrap_or_default();
+        let rejected = st.policy_rejected;
+        (
+            st.policy.map(|p| p.module),
+            rejected.map(|r| format!("{}: {}", r.module, r.cause)),
+        )
+    };
+    fleet_mcns(nodes).await.into_iter().map(policies).collect()
 }
 
 /// Which fleet nodes hold a grant for the policy entry of `module`.
 async fn policy_granted(nodes: &Api<MachineConfigNode>, module: &str) -> Vec<bool> {
     let entry = pinset_core::rollout::policy_set(&format!("oci://{module}"));
-    let mut out = Vec::new();
-    for name in FLEET_NODES {
-        let grant = nodes
-            .get(name)
-            .await
-            .ok()
-            .and_then(|n| n.spec.rollout_grant);
-        out.push(grant.is_some_and(|g| g.sets.iter().any(|s| s.name == entry)));
-    }
-    out
+    let granted = |mcn: Option<MachineConfigNode>| {
+        let grant = mcn.and_then(|n| n.spec.rollout_grant);
+        grant.is_some_and(|g| g.sets.iter().any(|s| s.name == entry))
+    };
+    fleet_mcns(nodes).await.into_iter().map(granted).collect()
 }
 
 /// A fleet node's state against the policy entry of `module`: granted it, and running it.

@@ -3,7 +3,7 @@
 use super::{PolicyOpts, load_policy};
 use anyhow::{Result, bail};
 use clap::Subcommand;
-use pinset_core::desired::{self, Desired, NodeInfo, PinnedImageSet, ROLE_LABEL};
+use pinset_core::desired::{self, Desired, NodeInfo, PinnedImageSet};
 use pinset_core::status::NodeStatus;
 use pinset_cri_sim::{SimConfig, SimServer, SimStats, SimulatedRuntime};
 use pinset_node::Reconciler;
@@ -199,12 +199,7 @@ fn bench_node(images: Vec<String>) -> (NodeInfo, Desired) {
     let sets: Vec<PinnedImageSet> = images
         .chunks(500)
         .enumerate()
-        .map(|(n, chunk)| PinnedImageSet {
-            name: format!("bench-{n:03}"),
-            generation: 1,
-            labels: [(ROLE_LABEL.to_string(), "worker".to_string())].into(),
-            images: chunk.to_vec(),
-        })
+        .map(|(n, chunk)| PinnedImageSet::for_role(format!("bench-{n:03}"), "worker", chunk))
         .collect();
     let node = NodeInfo {
         name: "bench-0".into(),
