@@ -340,23 +340,18 @@ async fn cancellation(registry: &support::Registry, unthrottled: &PolicyModule) 
         let n = support::node("worker");
         let d = desired_for(&n, "worker", &big);
         let (rec, policy) = (reconciler(&c, &registry.host), unthrottled.clone());
-        let (cancel, tx, trigger) = support::cancel_after_started(5, Duration::from_millis(50));
         let mut status = NodeStatus::default();
-        let r = rec
-            .reconcile(
-                &d,
-                &n,
-                support::decisions(&policy),
-                &mut status,
-                cancel,
-                Some(tx),
-            )
-            .await
-            .unwrap();
-        let returned = Instant::now();
-        if let Some(at) = trigger.await.unwrap() {
+        let (r, returned_after) = support::reconcile_cancelled(
+            &rec,
+            (&d, &n),
+            support::decisions(&policy),
+            &mut status,
+            (5, Duration::from_millis(50)),
+        )
+        .await;
+        if let Some(latency) = returned_after {
             assert!(r.cancelled);
-            latencies.push(returned.duration_since(at));
+            latencies.push(latency);
         }
     }
     latencies.sort();

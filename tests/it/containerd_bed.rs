@@ -257,23 +257,18 @@ async fn cancelling_stops_pulls_in_flight_in_real_containerd() {
     let refs = support::push_images(&bed.registry, "big", 3, 64 << 20, 60).await;
     let node = support::node("worker");
     let gen1 = desired_of(&node, &[set("s", 1, &refs)]);
-    let (cancel, tx, trigger) = support::cancel_after_started(3, Duration::from_millis(30));
     let mut status = NodeStatus::default();
-    let r = reconciler
-        .reconcile(
-            &gen1,
-            &node,
-            support::default_decisions(),
-            &mut status,
-            cancel,
-            Some(tx),
-        )
-        .await
-        .unwrap();
-    let returned = Instant::now();
-    let at = trigger.await.unwrap().expect("three pulls started");
+    let (r, returned_after) = support::reconcile_cancelled(
+        reconciler,
+        (&gen1, &node),
+        support::default_decisions(),
+        &mut status,
+        (3, Duration::from_millis(30)),
+    )
+    .await;
+    let returned_after = returned_after.expect("three pulls started");
     assert!(r.cancelled);
-    assert!(returned.duration_since(at) < Duration::from_millis(250));
+    assert!(returned_after < Duration::from_millis(250));
     assert!(
         status.sets["s"].current_generation.is_none(),
         "a cancelled generation is not done"

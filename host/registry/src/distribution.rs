@@ -177,9 +177,7 @@ impl Client {
         let started = self
             .on_endpoint(endpoint, start, "pull,push", UPLOAD_ANSWER, deadline)
             .await?;
-        if started.status != StatusCode::ACCEPTED {
-            return Err(RegistryError::status("POST", &started));
-        }
+        let started = expect(started, "POST", StatusCode::ACCEPTED)?;
         let location = started
             .header(header::LOCATION)
             .ok_or_else(|| RegistryError::Answer {
@@ -199,10 +197,7 @@ impl Client {
         let done = self
             .send(endpoint, put, "pull,push", UPLOAD_ANSWER, deadline)
             .await?;
-        if done.status != StatusCode::CREATED {
-            return Err(RegistryError::status("PUT", &done));
-        }
-        Ok(digest)
+        expect(done, "PUT", StatusCode::CREATED).map(|_| digest)
     }
 
     /// Push a manifest's bytes as `reference` (a tag or their digest); their digest.
@@ -226,10 +221,16 @@ impl Client {
         let done = self
             .on_endpoint(endpoint, put, "pull,push", UPLOAD_ANSWER, deadline)
             .await?;
-        if done.status != StatusCode::CREATED {
-            return Err(RegistryError::status("PUT", &done));
-        }
-        Ok(digest)
+        expect(done, "PUT", StatusCode::CREATED).map(|_| digest)
+    }
+}
+
+/// The answer to `method` when its status is `want`; else the error that names what came.
+fn expect(answer: Answer, method: &str, want: StatusCode) -> Result<Answer, RegistryError> {
+    if answer.status == want {
+        Ok(answer)
+    } else {
+        Err(RegistryError::status(method, &answer))
     }
 }
 

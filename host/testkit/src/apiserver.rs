@@ -240,17 +240,8 @@ impl ApiServer {
 
     fn spawn(&self) {
         let (binary, args) = &self.command;
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(self.dir.path().join("apiserver.log"))
-            .unwrap();
-        let child = Command::new(binary)
-            .args(args)
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .expect("start apiextensions-apiserver");
+        let log = self.dir.path().join("apiserver.log");
+        let child = crate::spawn_logged(Command::new(binary).args(args), &log);
         *self.server.lock().unwrap() = Some(child);
     }
 

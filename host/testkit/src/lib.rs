@@ -209,17 +209,24 @@ impl Registry {
 /// docker-registry with its output (errors and the access log of every request) appended to
 /// `registry.log` beside its configuration.
 fn spawn_registry(binary: &std::path::Path, config: &std::path::Path) -> Child {
-    let log = std::fs::OpenOptions::new()
+    let mut command = Command::new(binary);
+    command.args(["serve", config.to_str().unwrap()]);
+    spawn_logged(&mut command, &config.with_file_name("registry.log"))
+}
+
+/// Start `command` with its output (stdout and stderr) appended to the file `log`.
+pub fn spawn_logged(command: &mut Command, log: &std::path::Path) -> Child {
+    let file = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
-        .open(config.with_file_name("registry.log"))
-        .expect("the registry's log file");
-    Command::new(binary)
-        .args(["serve", config.to_str().unwrap()])
-        .stdout(log.try_clone().expect("log file"))
-        .stderr(log)
+        .open(log)
+        .unwrap_or_else(|e| panic!("{}: {e}", log.display()));
+    let out = file.try_clone().expect("the log file, again");
+    command
+        .stdout(out)
+        .stderr(file)
         .spawn()
-        .expect("start docker-registry")
+        .unwrap_or_else(|e| panic!("start {:?}: {e}", command.get_program()))
 }
 
 impl Drop for Registry {
@@ -582,11 +589,6 @@ fn spawn_containerd(
     config: &std::path::Path,
     dir: &std::path::Path,
 ) -> Child {
-    let log = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(dir.join("containerd.log"))
-        .unwrap();
     // The shim (containerd-shim-runc-v2) lies beside containerd; runc is Debian's (/usr/sbin).
     let bin_dir = binary.parent().unwrap();
     let path = format!(
@@ -594,13 +596,11 @@ fn spawn_containerd(
         bin_dir.display(),
         std::env::var("PATH").unwrap_or_default()
     );
-    Command::new(binary)
+    let mut command = Command::new(binary);
+    command
         .args(["--config", config.to_str().unwrap()])
-        .env("PATH", path)
-        .stdout(Stdio::null())
-        .stderr(log)
-        .spawn()
-        .expect("start containerd")
+        .env("PATH", path);
+    spawn_logged(&mut command, &dir.join("containerd.log"))
 }
 
 impl Drop for Containerd {
@@ -663,21 +663,26 @@ pub fn default_decisions() -> Box<dyn pinset_core::decisions::Decisions> {
     decisions(DEFAULT.get_or_init(default_policy))
 }
 
-/// A cancellation that fires `settle` after the `n`th pull started: the token to pass to a
-/// reconcile, the sender for its events, and the task that answers when it cancelled (`None`
-/// if fewer than `n` pulls started).
-pub fn cancel_after_started(
-    n: usize,
-    settle: Duration,
-) -> (
-    tokio_util::sync::CancellationToken,
-    tokio::sync::mpsc::UnboundedSender<pinset_node::executor::Event>,
-    tokio::task::JoinHandle<Option<Instant>>,
-) {
+/// A reconcile cancelled `settle` after its `n`th pull started: its report, and how long after
+/// the cancellation it returned (`None`: fewer than `n` pulls started, nothing was cancelled).
+pub async fn reconcile_cancelled<S, B>(
+    reconciler: &pinset_node::Reconciler<S, B>,
+    (desired, node): (
+        &pinset_core::desired::Desired,
+        &pinset_core::desired::NodeInfo,
+    ),
+    decisions: Box<dyn pinset_core::decisions::Decisions>,
+    status: &mut pinset_core::status::NodeStatus,
+    (n, settle): (usize, Duration),
+) -> (pinset_node::Report, Option<Duration>)
+where
+    S: pinset_registry::size::Sizer + 'static,
+    B: pinset_node::pin::PinBackend,
+{
     let cancel = tokio_util::sync::CancellationToken::new();
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
     let trigger = cancel.clone();
-    let task = tokio::spawn(async move {
+    let cancelled_at = tokio::spawn(async move {
         let mut started = 0;
         while let Some(e) = rx.recv().await {
             if matches!(e, pinset_node::executor::Event::Started { .. }) {
@@ -691,7 +696,13 @@ pub fn cancel_after_started(
         }
         None
     });
-    (cancel, tx, task)
+    let report = reconciler
+        .reconcile(desired, node, decisions, status, cancel, Some(tx))
+        .await
+        .expect("a cancelled reconcile returns its report");
+    let returned = Instant::now();
+    let at = cancelled_at.await.expect("the cancelling task");
+    (report, at.map(|at| returned.duration_since(at)))
 }
 
 /// The misbehaviours of the test-only hostile policy that must not cost pinset anything but a

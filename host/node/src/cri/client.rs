@@ -157,20 +157,13 @@ impl CriClient {
 
     /// The runtime's name and version (`runtime_name`: `cri-o`, `containerd`).
     pub async fn version(&self) -> Result<VersionResponse, CriError> {
-        let ask = || {
-            let mut c = self.runtime.clone();
-            async move {
-                self.call(
-                    "Version",
-                    self.config.call_timeout,
-                    c.version(VersionRequest {
-                        version: "v1".into(),
-                    }),
-                )
-                .await
-            }
+        let version = || VersionRequest {
+            version: "v1".into(),
         };
-        read_again_once(ask).await
+        self.read("Version", &self.runtime, |mut c| async move {
+            c.version(version()).await
+        })
+        .await
     }
 
     /// The directory of `hosts.toml` files the runtime reports it reads (containerd's CRI
@@ -221,20 +214,28 @@ impl CriClient {
         }
     }
 
+    /// A read: `ask` on a clone of `client`, within the call timeout, asked again once when the
+    /// connection had broken ([`read_again_once`]).
+    async fn read<C, T, Fut>(
+        &self,
+        call: &'static str,
+        client: &C,
+        ask: impl Fn(C) -> Fut,
+    ) -> Result<T, CriError>
+    where
+        C: Clone,
+        Fut: Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+    {
+        let once = || self.call(call, self.config.call_timeout, ask(client.clone()));
+        read_again_once(once).await
+    }
+
     /// Every image in the runtime's store: one call, however many images.
     pub async fn list_images(&self) -> Result<Vec<proto::Image>, CriError> {
-        let ask = || {
-            let mut c = self.inner.clone();
-            async move {
-                self.call(
-                    "ListImages",
-                    self.config.call_timeout,
-                    c.list_images(ListImagesRequest { filter: None }),
-                )
-                .await
-            }
-        };
-        Ok(read_again_once(ask).await?.images)
+        let listed = self.read("ListImages", &self.inner, |mut c| async move {
+            c.list_images(ListImagesRequest { filter: None }).await
+        });
+        Ok(listed.await?.images)
     }
 
     /// One image's status; `None` when it is not present.
@@ -280,18 +281,10 @@ impl CriClient {
 
     /// Usage of the filesystems that hold images.
     pub async fn image_fs_info(&self) -> Result<Vec<FilesystemUsage>, CriError> {
-        let ask = || {
-            let mut c = self.inner.clone();
-            async move {
-                self.call(
-                    "ImageFsInfo",
-                    self.config.call_timeout,
-                    c.image_fs_info(ImageFsInfoRequest {}),
-                )
-                .await
-            }
-        };
-        Ok(read_again_once(ask).await?.image_filesystems)
+        let info = self.read("ImageFsInfo", &self.inner, |mut c| async move {
+            c.image_fs_info(ImageFsInfoRequest {}).await
+        });
+        Ok(info.await?.image_filesystems)
     }
 }
 
