@@ -1299,11 +1299,11 @@ async fn a_node_that_disappears_mid_rollout_frees_its_slot() {
 /// The pool's rollout reason and whether its PolicyFallback condition is True (with its message).
 async fn pool_rollout(pools: &Api<MachineConfigPool>, name: &str) -> (String, Option<String>) {
     let status = pools.get(name).await.unwrap().status.unwrap_or_default();
-    let fallback = status
-        .conditions
-        .iter()
-        .find(|c| c.type_ == pinset_k8s::api::CONDITION_POLICY_FALLBACK && c.status == "True")
-        .map(|c| c.message.clone());
+    let fallback = pinset_k8s::condition::true_message(
+        &status.conditions,
+        pinset_k8s::api::CONDITION_POLICY_FALLBACK,
+    )
+    .map(str::to_string);
     (
         status.rollout.map(|r| r.reason).unwrap_or_default(),
         fallback,

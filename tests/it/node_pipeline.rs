@@ -129,17 +129,22 @@ async fn bed(images: u32, size: u64, bandwidth: u64, disk: u64, policy: PolicyMo
 
 impl Bed {
     async fn run(&self, desired: &Desired, node: &NodeInfo, status: &mut NodeStatus) -> Report {
+        let cancel = CancellationToken::new();
+        self.try_run(desired, node, status, cancel).await.unwrap()
+    }
+
+    /// A reconcile with the bed's policy until `cancel`, which may fail.
+    async fn try_run(
+        &self,
+        desired: &Desired,
+        node: &NodeInfo,
+        status: &mut NodeStatus,
+        cancel: CancellationToken,
+    ) -> Result<Report, pinset_node::ReconcileError> {
+        let decisions = support::decisions(&self.policy);
         self.reconciler
-            .reconcile(
-                desired,
-                node,
-                support::decisions(&self.policy),
-                status,
-                CancellationToken::new(),
-                None,
-            )
+            .reconcile(desired, node, decisions, status, cancel, None)
             .await
-            .unwrap()
     }
 
     fn pinned(&self) -> Vec<String> {
@@ -345,18 +350,7 @@ async fn a_spec_change_cancels_in_flight_pulls_within_250ms_and_the_next_generat
             at
         })
     };
-    let r = b
-        .reconciler
-        .reconcile(
-            &gen1,
-            &n,
-            support::decisions(&b.policy),
-            &mut status,
-            cancel,
-            None,
-        )
-        .await
-        .unwrap();
+    let r = b.try_run(&gen1, &n, &mut status, cancel).await.unwrap();
     let cancelled_at = watcher.await.unwrap();
     let returned = cancelled_at.elapsed();
     assert!(r.cancelled);
@@ -404,18 +398,8 @@ async fn runtime_restart_reconnects_and_removed_sets_are_unpinned_not_deleted() 
 
     // The runtime goes away: a clear error naming the socket.
     b.server.take().unwrap().shutdown().await;
-    let err = b
-        .reconciler
-        .reconcile(
-            &both,
-            &n,
-            support::decisions(&b.policy),
-            &mut status,
-            CancellationToken::new(),
-            None,
-        )
-        .await
-        .unwrap_err();
+    let cancel = CancellationToken::new();
+    let err = b.try_run(&both, &n, &mut status, cancel).await.unwrap_err();
     assert!(
         err.to_string().contains(&b.socket.display().to_string()),
         "{err}"

@@ -29,6 +29,18 @@ pub fn make(
     }
 }
 
+/// The condition of type `type_`, if there is one.
+pub fn find<'a>(conditions: &'a [Condition], type_: &str) -> Option<&'a Condition> {
+    conditions.iter().find(|c| c.type_ == type_)
+}
+
+/// The message of the condition `type_` when it is True.
+pub fn true_message<'a>(conditions: &'a [Condition], type_: &str) -> Option<&'a str> {
+    find(conditions, type_)
+        .filter(|c| c.status == "True")
+        .map(|c| c.message.as_str())
+}
+
 /// Equal in everything but the transition time.
 pub fn same(a: &Condition, b: &Condition) -> bool {
     a.type_ == b.type_

@@ -2,18 +2,13 @@ use super::*;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fleet_policy_paces_three_nodes_holds_on_a_failed_canary_and_survives_hostile_modules() {
-    let Some(mut cluster) = Cluster::start().await else {
-        return;
-    };
-    let Some(runtimes) = cluster.runtimes(FLEET_NODES.len()) else {
+    let Some((mut cluster, runtimes)) = Cluster::for_fleet().await else {
         return;
     };
     let cris: Vec<_> = runtimes.iter().map(cri).collect();
     let client = cluster.client.clone();
     let operator = cluster.operator_kc.display().to_string();
-    let pools: Api<MachineConfigPool> = Api::all(client.clone());
-    let sets: Api<PinnedImageSet> = Api::all(client.clone());
-    let nodes: Api<MachineConfigNode> = Api::all(client.clone());
+    let (pools, sets, nodes) = cluster.apis();
     let images = support::push_images(&cluster.registry, "fleet", 3, 150_000, 700).await;
     // The pool starts paused: the set arrives, and no node may pull until the pause is lifted.
     let mut paused_pool = pool("worker", &["worker"], "node-role.kubernetes.io/worker");
@@ -289,13 +284,8 @@ async fn a_fleet_policy_paces_three_nodes_holds_on_a_failed_canary_and_survives_
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let waiting = nodes.get(FLEET_NODES[(canary + 1) % 3]).await.unwrap();
-    let progressing = waiting
-        .status
-        .unwrap_or_default()
-        .conditions
-        .into_iter()
-        .find(|c| c.type_ == CONDITION_PROGRESSING)
-        .unwrap();
+    let status = waiting.status.unwrap_or_default();
+    let progressing = condition::find(&status.conditions, CONDITION_PROGRESSING).unwrap();
     assert_eq!(
         (progressing.status.as_str(), progressing.reason.as_str()),
         ("True", "WaitingForRolloutGrant"),

@@ -184,13 +184,19 @@ fn the_image_runs_under_containerd_and_says_its_version() {
 /// and reports it pinned through the real API server.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_agent_from_the_image_pins_a_set() {
-    let Some((cluster, runtime)) = Cluster::with_runtime().await else {
+    let Some(bed) = ReleaseBed::start("img", 3, 900).await else {
         return;
     };
+    let ReleaseBed {
+        cluster,
+        runtime,
+        refs,
+        nodes,
+        ..
+    } = bed;
     let Some(reference) = import_image(&runtime) else {
         return;
     };
-    let (refs, nodes) = release_set(&cluster, "img", 3, 900).await;
     let node = node_file(cluster.dir.path(), "cp-0", &roles(&["master"]));
     let dropins = cluster.dir.path().join("crio.conf.d");
     std::fs::create_dir_all(&dropins).unwrap();

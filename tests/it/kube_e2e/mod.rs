@@ -31,6 +31,7 @@ use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use pinset_k8s::api::{
     CONDITION_DEGRADED, CONDITION_PROGRESSING, MachineConfigNode, MachineConfigPool, PinnedImageSet,
 };
+use pinset_k8s::condition;
 use serde_json::json;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -123,10 +124,7 @@ fn pool_counts(p: &MachineConfigPool) -> Option<(i64, i64, String, String)> {
         .pool_synchronizers_status
         .iter()
         .find(|s| s.pool_synchronizer_type == "PinnedImageSets")?;
-    let degraded = st
-        .conditions
-        .iter()
-        .find(|c| c.type_ == CONDITION_DEGRADED)?;
+    let degraded = condition::find(&st.conditions, CONDITION_DEGRADED)?;
     Some((
         sync.machine_count,
         sync.updated_machine_count,
@@ -169,11 +167,8 @@ async fn node_settles(
 fn node_state(n: &MachineConfigNode) -> NodeState {
     let st = n.status.clone().unwrap_or_default();
     let cond = |t: &str| {
-        st.conditions
-            .iter()
-            .find(|c| c.type_ == t)
-            .map(|c| c.status.clone())
-            .unwrap_or_default()
+        let c = condition::find(&st.conditions, t);
+        c.map(|c| c.status.clone()).unwrap_or_default()
     };
     (
         st.pinned_image_sets
@@ -317,6 +312,26 @@ impl Cluster {
         Some((cluster, runtime))
     }
 
+    /// A [`Cluster`] and a containerd for each of the [`FLEET_NODES`]; `None` as
+    /// [`Cluster::with_runtime`].
+    async fn for_fleet() -> Option<(Cluster, Vec<support::Containerd>)> {
+        let cluster = Cluster::start().await?;
+        let runtimes = cluster.runtimes(FLEET_NODES.len())?;
+        Some((cluster, runtimes))
+    }
+
+    /// The pools, sets and MachineConfigNodes, as the test (an administrator) reads them.
+    fn apis(
+        &self,
+    ) -> (
+        Api<MachineConfigPool>,
+        Api<PinnedImageSet>,
+        Api<MachineConfigNode>,
+    ) {
+        let all = || self.client.clone();
+        (Api::all(all()), Api::all(all()), Api::all(all()))
+    }
+
     /// `n` containerds of their own, each able to pull from the cluster's registry.
     fn runtimes(&self, n: usize) -> Option<Vec<support::Containerd>> {
         (0..n)
@@ -385,6 +400,32 @@ async fn release_set(
     cluster.create_pool("master", &["master"]).await;
     cluster.create_set("release", "master", &refs).await;
     (refs, Api::all(cluster.client.clone()))
+}
+
+/// A [`Cluster`], one containerd, and [`release_set`] on it; `None` as
+/// [`Cluster::with_runtime`].
+struct ReleaseBed {
+    cluster: Cluster,
+    runtime: support::Containerd,
+    refs: Vec<String>,
+    nodes: Api<MachineConfigNode>,
+    /// The containerd's CRI, as the test asks it.
+    cri: pinset_node::cri::client::CriClient,
+}
+
+impl ReleaseBed {
+    async fn start(prefix: &str, count: usize, seed: u64) -> Option<ReleaseBed> {
+        let (cluster, runtime) = Cluster::with_runtime().await?;
+        let (refs, nodes) = release_set(&cluster, prefix, count, seed).await;
+        let cri = cri(&runtime);
+        Some(ReleaseBed {
+            cluster,
+            runtime,
+            refs,
+            nodes,
+            cri,
+        })
+    }
 }
 
 impl Cluster {
@@ -519,11 +560,8 @@ async fn grants_and_waves(port: u16, at_least: u64) -> (u64, u64) {
 fn rollout_of(p: &MachineConfigPool) -> (Option<pinset_k8s::api::PoolRollout>, String, String) {
     let st = p.status.clone().unwrap_or_default();
     let cond = |t: &str| {
-        st.conditions
-            .iter()
-            .find(|c| c.type_ == t && c.status == "True")
-            .map(|c| c.message.clone())
-            .unwrap_or_default()
+        let message = condition::true_message(&st.conditions, t);
+        message.unwrap_or_default().to_string()
     };
     (
         st.rollout.clone(),
@@ -701,10 +739,7 @@ async fn policy_of(
         .map_err(|e| e.to_string())?
         .status
         .unwrap_or_default();
-    let fallback = st
-        .conditions
-        .iter()
-        .find(|c| c.type_ == pinset_k8s::api::CONDITION_POLICY_FALLBACK)
+    let fallback = condition::find(&st.conditions, pinset_k8s::api::CONDITION_POLICY_FALLBACK)
         .map(|c| (c.status.clone(), c.reason.clone()))
         .unwrap_or_default();
     Ok((

@@ -123,11 +123,7 @@ impl ThreePools {
             .unwrap()
             .status
             .unwrap_or_default();
-        status
-            .conditions
-            .into_iter()
-            .find(|c| c.type_ == type_)
-            .unwrap()
+        condition::find(&status.conditions, type_).unwrap().clone()
     }
 
     /// The sets of pool `pool` are `want` (sorted), once the controller has written them.
@@ -258,12 +254,8 @@ async fn each_node_says_which_module_decides_and_a_refused_one_is_named_on_node_
     assert_eq!(cp_policy.module, pinset_policy::EMBEDDED_DEFAULT_NAME);
     eventually("pool master names the refusal", &|| t.logs(), || async {
         let p = t.pools.get("master").await.map_err(|e| e.to_string())?;
-        let c = p
-            .status
-            .unwrap_or_default()
-            .conditions
-            .into_iter()
-            .find(|c| c.type_ == CONDITION_POLICY_FALLBACK)
+        let status = p.status.unwrap_or_default();
+        let c = condition::find(&status.conditions, CONDITION_POLICY_FALLBACK)
             .ok_or("no PolicyFallback condition")?;
         (c.status == "True"
             && c.reason == "PolicyRefused"
@@ -332,13 +324,8 @@ async fn a_missing_image_degrades_node_and_pool_with_events_and_metrics() {
     let message = eventually("cp-0 degraded", &|| t.logs(), || async {
         let n = t.nodes.get("cp-0").await.map_err(|e| e.to_string())?;
         let st = n.status.unwrap_or_default();
-        let d = st
-            .conditions
-            .iter()
-            .find(|c| c.type_ == CONDITION_DEGRADED)
-            .cloned();
-        match d {
-            Some(c) if c.status == "True" => Ok(c.message),
+        match condition::find(&st.conditions, CONDITION_DEGRADED) {
+            Some(c) if c.status == "True" => Ok(c.message.clone()),
             other => Err(format!("{other:?}")),
         }
     })
@@ -455,12 +442,17 @@ async fn assert_metrics(t: &ThreePools) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_agent_killed_mid_run_is_finished_by_the_next_one_without_pulling_twice() {
-    let Some((cluster, runtime)) = Cluster::with_runtime().await else {
+    let Some(bed) = ReleaseBed::start("k", 10, 700).await else {
         return;
     };
+    let ReleaseBed {
+        cluster,
+        runtime,
+        refs,
+        nodes,
+        cri,
+    } = bed;
     let server = &cluster.server;
-    let (refs, nodes) = release_set(&cluster, "k", 10, 700).await;
-    let cri = cri(&runtime);
 
     let mut first = cluster.release_agent(&runtime, support::free_port(), "first.log");
     let logs = || format!("{}\n{}", first.log(), server.log());
@@ -512,12 +504,17 @@ async fn an_agent_killed_mid_run_is_finished_by_the_next_one_without_pulling_twi
 /// publishes the final status once the server is back (nothing waits for the next resync).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_agent_works_through_an_api_server_outage_and_publishes_when_it_returns() {
-    let Some((cluster, runtime)) = Cluster::with_runtime().await else {
+    let Some(bed) = ReleaseBed::start("o", 6, 900).await else {
         return;
     };
+    let ReleaseBed {
+        cluster,
+        runtime,
+        refs,
+        nodes,
+        cri,
+    } = bed;
     let server = &cluster.server;
-    let (refs, nodes) = release_set(&cluster, "o", 6, 900).await;
-    let cri = cri(&runtime);
     let agent = cluster.release_agent(&runtime, support::free_port(), "agent.log");
     let logs = || format!("{}\n{}", agent.log(), server.log());
     eventually("the first image pulled", &logs, || async {

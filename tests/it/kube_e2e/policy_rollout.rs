@@ -164,17 +164,12 @@ async fn status_after(
 /// change it is run after.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pool_policy_change_rolls_out_canary_first_and_a_bad_one_is_held() {
-    let Some(mut cluster) = Cluster::start().await else {
-        return;
-    };
-    let Some(runtimes) = cluster.runtimes(FLEET_NODES.len()) else {
+    let Some((mut cluster, runtimes)) = Cluster::for_fleet().await else {
         return;
     };
     let client = cluster.client.clone();
     let operator = cluster.operator_kc.display().to_string();
-    let pools: Api<MachineConfigPool> = Api::all(client.clone());
-    let sets: Api<PinnedImageSet> = Api::all(client.clone());
-    let nodes: Api<MachineConfigNode> = Api::all(client.clone());
+    let (pools, sets, nodes) = cluster.apis();
     let releases = Releases::push(&cluster, cluster.dir.path());
     releases.configure(&client, &releases.v1, None).await;
     let images = support::push_images(&cluster.registry, "policy-rollout", 2, 50_000, 900).await;

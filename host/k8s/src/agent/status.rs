@@ -496,11 +496,7 @@ mod tests {
             ..Default::default()
         };
         let s = node_status(&st, &[]);
-        let c = s
-            .conditions
-            .iter()
-            .find(|c| c.type_ == CONDITION_POLICY_FALLBACK)
-            .unwrap();
+        let c = crate::condition::find(&s.conditions, CONDITION_POLICY_FALLBACK).unwrap();
         assert_eq!(
             (c.status.as_str(), c.reason.as_str()),
             ("True", "PolicyRefused")
