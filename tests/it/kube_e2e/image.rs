@@ -184,16 +184,9 @@ fn the_image_runs_under_containerd_and_says_its_version() {
 /// and reports it pinned through the real API server.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_agent_from_the_image_pins_a_set() {
-    let Some(bed) = ReleaseBed::start("img", 3, 900).await else {
+    let Some((cluster, runtime, refs, nodes, _)) = release_bed("img", 3, 900).await else {
         return;
     };
-    let ReleaseBed {
-        cluster,
-        runtime,
-        refs,
-        nodes,
-        ..
-    } = bed;
     let Some(reference) = import_image(&runtime) else {
         return;
     };

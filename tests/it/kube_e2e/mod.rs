@@ -402,30 +402,23 @@ async fn release_set(
     (refs, Api::all(cluster.client.clone()))
 }
 
+/// What [`release_bed`] starts: the cluster, its containerd, the release set's images, the
+/// MachineConfigNode API and the containerd's CRI as the test asks it.
+type ReleaseBed = (
+    Cluster,
+    support::Containerd,
+    Vec<String>,
+    Api<MachineConfigNode>,
+    pinset_node::cri::client::CriClient,
+);
+
 /// A [`Cluster`], one containerd, and [`release_set`] on it; `None` as
 /// [`Cluster::with_runtime`].
-struct ReleaseBed {
-    cluster: Cluster,
-    runtime: support::Containerd,
-    refs: Vec<String>,
-    nodes: Api<MachineConfigNode>,
-    /// The containerd's CRI, as the test asks it.
-    cri: pinset_node::cri::client::CriClient,
-}
-
-impl ReleaseBed {
-    async fn start(prefix: &str, count: usize, seed: u64) -> Option<ReleaseBed> {
-        let (cluster, runtime) = Cluster::with_runtime().await?;
-        let (refs, nodes) = release_set(&cluster, prefix, count, seed).await;
-        let cri = cri(&runtime);
-        Some(ReleaseBed {
-            cluster,
-            runtime,
-            refs,
-            nodes,
-            cri,
-        })
-    }
+async fn release_bed(prefix: &str, count: usize, seed: u64) -> Option<ReleaseBed> {
+    let (cluster, runtime) = Cluster::with_runtime().await?;
+    let (refs, nodes) = release_set(&cluster, prefix, count, seed).await;
+    let cri = cri(&runtime);
+    Some((cluster, runtime, refs, nodes, cri))
 }
 
 impl Cluster {

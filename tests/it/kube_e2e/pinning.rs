@@ -442,16 +442,9 @@ async fn assert_metrics(t: &ThreePools) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_agent_killed_mid_run_is_finished_by_the_next_one_without_pulling_twice() {
-    let Some(bed) = ReleaseBed::start("k", 10, 700).await else {
+    let Some((cluster, runtime, refs, nodes, cri)) = release_bed("k", 10, 700).await else {
         return;
     };
-    let ReleaseBed {
-        cluster,
-        runtime,
-        refs,
-        nodes,
-        cri,
-    } = bed;
     let server = &cluster.server;
 
     let mut first = cluster.release_agent(&runtime, support::free_port(), "first.log");
@@ -504,16 +497,9 @@ async fn an_agent_killed_mid_run_is_finished_by_the_next_one_without_pulling_twi
 /// publishes the final status once the server is back (nothing waits for the next resync).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_agent_works_through_an_api_server_outage_and_publishes_when_it_returns() {
-    let Some(bed) = ReleaseBed::start("o", 6, 900).await else {
+    let Some((cluster, runtime, refs, nodes, cri)) = release_bed("o", 6, 900).await else {
         return;
     };
-    let ReleaseBed {
-        cluster,
-        runtime,
-        refs,
-        nodes,
-        cri,
-    } = bed;
     let server = &cluster.server;
     let agent = cluster.release_agent(&runtime, support::free_port(), "agent.log");
     let logs = || format!("{}\n{}", agent.log(), server.log());
