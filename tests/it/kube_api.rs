@@ -922,25 +922,20 @@ async fn worker_nodes(nodes: &Api<MachineConfigNode>, names: &[&str]) {
     }
 }
 
-/// The controller in this process with the embedded default fleet policy, until the token is
-/// cancelled.
-fn spawn_controller(
-    client: &kube::Client,
-) -> (
+/// A controller run in this process: the token that stops it, and its task.
+type Running = (
     tokio_util::sync::CancellationToken,
     tokio::task::JoinHandle<()>,
-) {
+);
+
+/// The controller in this process with the embedded default fleet policy, until the token is
+/// cancelled.
+fn spawn_controller(client: &kube::Client) -> Running {
     spawn_controller_with(client, pinset_k8s::metrics::Metrics::new())
 }
 
 /// [`spawn_controller`] with metrics the caller holds.
-fn spawn_controller_with(
-    client: &kube::Client,
-    metrics: pinset_k8s::metrics::Metrics,
-) -> (
-    tokio_util::sync::CancellationToken,
-    tokio::task::JoinHandle<()>,
-) {
+fn spawn_controller_with(client: &kube::Client, metrics: pinset_k8s::metrics::Metrics) -> Running {
     spawn_controller_as(client, metrics, default_fleet())
 }
 
@@ -948,10 +943,7 @@ fn spawn_controller_with(
 fn spawn_controller_with_fleet(
     client: &kube::Client,
     fleet: pinset_k8s::controller::FleetTable,
-) -> (
-    tokio_util::sync::CancellationToken,
-    tokio::task::JoinHandle<()>,
-) {
+) -> Running {
     spawn_controller_as(client, pinset_k8s::metrics::Metrics::new(), fleet)
 }
 
@@ -959,10 +951,7 @@ fn spawn_controller_as(
     client: &kube::Client,
     metrics: pinset_k8s::metrics::Metrics,
     fleet: pinset_k8s::controller::FleetTable,
-) -> (
-    tokio_util::sync::CancellationToken,
-    tokio::task::JoinHandle<()>,
-) {
+) -> Running {
     let stop = tokio_util::sync::CancellationToken::new();
     let controller = tokio::spawn(pinset_k8s::controller::run(
         client.clone(),

@@ -399,16 +399,9 @@ impl Artifacts {
             }
             Err(e) => return Err(ArtifactError::of(reference, "reading the manifest", e)),
         };
-        let not_wasm = |why: String| ArtifactError::NotWasm {
-            reference: reference.to_string(),
-            why,
-        };
-        if fetched
-            .media_type
-            .as_deref()
-            .is_some_and(|t| t.starts_with(OCI_INDEX) || t.starts_with(DOCKER_LIST))
-        {
-            return Err(not_wasm("an image index (a container image?)".into()));
+        let not_wasm = |why: String| not_wasm(&reference.to_string(), why);
+        if is_index(fetched.media_type.as_deref()) {
+            return Err(not_wasm(AN_INDEX.into()));
         }
         let manifest: ImageManifest = serde_json::from_slice(&fetched.body)
             .map_err(|e| not_wasm(format!("the manifest does not parse: {e}")))?;
@@ -503,21 +496,29 @@ impl Artifacts {
     }
 }
 
+/// What a Wasm artifact's reference naming an image index is told.
+const AN_INDEX: &str = "an image index (a container image?)";
+
+/// A media type (a manifest's, or a `Content-Type` with its parameters) of an image index.
+fn is_index(media_type: Option<&str>) -> bool {
+    media_type.is_some_and(|t| t.starts_with(OCI_INDEX) || t.starts_with(DOCKER_LIST))
+}
+
+fn not_wasm(reference: &str, why: String) -> ArtifactError {
+    ArtifactError::NotWasm {
+        reference: reference.to_string(),
+        why,
+    }
+}
+
 /// The one `application/wasm` layer of a Wasm artifact's manifest.
 fn wasm_layer<'m>(
     at: &ArtifactRef,
     manifest: &'m ImageManifest,
 ) -> Result<&'m Descriptor, ArtifactError> {
-    let not_wasm = |why: String| ArtifactError::NotWasm {
-        reference: at.to_string(),
-        why,
-    };
-    if manifest
-        .media_type
-        .as_deref()
-        .is_some_and(|t| t == OCI_INDEX || t == DOCKER_LIST)
-    {
-        return Err(not_wasm("an image index (a container image?)".into()));
+    let not_wasm = |why: String| not_wasm(&at.to_string(), why);
+    if is_index(manifest.media_type.as_deref()) {
+        return Err(not_wasm(AN_INDEX.into()));
     }
     if manifest.config.media_type != CONFIG_MEDIA_TYPE {
         return Err(not_wasm(format!(
