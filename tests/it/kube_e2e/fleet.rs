@@ -1,221 +1,111 @@
-use super::*;
+//! A fleet policy pacing three worker nodes ([`FleetBed`]): a paused pool, the canary and the
+//! waves after it, a failed canary held, hostile fleet modules contained.
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_fleet_policy_paces_three_nodes_holds_on_a_failed_canary_and_survives_hostile_modules() {
-    let Some((mut cluster, runtimes)) = Cluster::for_fleet().await else {
-        return;
-    };
-    let cris: Vec<_> = runtimes.iter().map(cri).collect();
-    let client = cluster.client.clone();
-    let operator = cluster.operator_kc.display().to_string();
-    let (pools, sets, nodes) = cluster.apis();
-    let images = support::push_images(&cluster.registry, "fleet", 3, 150_000, 700).await;
-    // The pool starts paused: the set arrives, and no node may pull until the pause is lifted.
-    let mut paused_pool = pool("worker", &["worker"], "node-role.kubernetes.io/worker");
-    paused_pool.metadata.annotations =
+use super::*;
+use pinset_k8s::api::PoolRollout;
+
+/// A bed whose pool `worker` is paused (annotation `pinset.io/rollout-paused`), with the set
+/// `apps` of two of three `prefix` images of 150 kB, the agents and the controller running;
+/// the three images.
+async fn paused_fleet(prefix: &str, seed: u64) -> Option<(FleetBed, Vec<String>)> {
+    let bed = FleetBed::start().await?;
+    let images = support::push_images(&bed.cluster.registry, prefix, 3, 150_000, seed).await;
+    let mut paused = pool("worker", &["worker"], "node-role.kubernetes.io/worker");
+    paused.metadata.annotations =
         Some([("pinset.io/rollout-paused".to_string(), "true".to_string())].into());
-    pools
-        .create(&PostParams::default(), &paused_pool)
+    bed.pools
+        .create(&PostParams::default(), &paused)
         .await
         .unwrap();
-    cluster.create_set("apps", "worker", &images[..2]).await;
-    let controller_port = support::free_port();
-    let controller =
-        std::cell::RefCell::new(cluster.controller(controller_port, "fleet-controller.log", &[]));
-    let agents: Vec<Proc> = FLEET_NODES
-        .iter()
-        .zip(&runtimes)
-        .map(|(name, runtime)| {
-            let mut labels = roles(&["worker"]);
-            labels.push(("topology.kubernetes.io/zone".into(), format!("zone-{name}")));
-            cluster.agent(
-                name,
-                &labels,
-                runtime,
-                support::free_port(),
-                &format!("{name}.log"),
-                &[],
-            )
-        })
-        .collect();
-    let logs = || {
-        let mut out = format!("--- controller ---\n{}\n", controller.borrow().log());
-        for (name, a) in FLEET_NODES.iter().zip(&agents) {
-            out.push_str(&format!("--- {name} ---\n{}\n", a.log()));
-        }
-        out
-    };
+    bed.cluster.create_set("apps", "worker", &images[..2]).await;
+    bed.controller("controller.log", &[]);
+    bed.agents(&[]);
+    Some((bed, images))
+}
 
-    // 0. Paused: all three nodes report, wait, and none is granted until the annotation goes.
-    let why = eventually(
-        "the paused pool counts its three waiting nodes",
-        &logs,
-        || async {
-            let p = pools.get("worker").await.map_err(|e| e.to_string())?;
-            match rollout_of(&p).0 {
-                Some(r) if r.waiting == 3 && r.reason.starts_with("paused by") => Ok(r.reason),
-                other => Err(format!("{other:?}")),
-            }
-        },
-    )
-    .await;
-    assert!(why.contains("3 wait, 0/3 at the target"), "{why}");
-    let m = metrics(controller_port).await;
-    assert_eq!(
-        metric(&m, "pinset_pool_rollout_paused{pool=\"worker\"}"),
-        1,
-        "{m}"
-    );
-    for _ in 0..10 {
-        let l = look(&nodes, &cris, "apps", 1, &images[..2]).await;
-        assert!(
-            l.granted.iter().all(|g| !g) && l.present.iter().all(|p| *p == 0),
-            "a paused pool granted or pulled: {l:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    // The registry goes away before the canary is granted: its pull can only end once the
-    // registry is back, which the test brings back after stopping the controller (below).
-    cluster.registry.stop();
-    // `pinset rollout status` follows the rollout from here to its end; `resume` lifts the pause.
-    let follow_out = cluster.dir.path().join("rollout-status.out");
-    let follow = Command::new(support::PINSET)
-        .args(["rollout", "status", "worker", "--timeout", "120s"])
-        .args(["--kubeconfig", &operator])
-        .arg("--timeline")
-        .arg(follow_out.with_extension("svg"))
-        .env("PINSET_LOG", "warn")
-        .stdout(std::fs::File::create(&follow_out).unwrap())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let resume = ["rollout", "resume", "worker", "--kubeconfig", &operator];
+/// The paused pool counts its three nodes waiting: its rollout reason.
+async fn three_waiting(bed: &FleetBed) -> String {
+    let paused = |r: Option<PoolRollout>, _: String, _: String| {
+        r.filter(|r| r.waiting == 3 && r.reason.starts_with("paused by"))
+    };
+    let waiting = "the paused pool counts its three waiting nodes";
+    bed.pool_when(waiting, paused).await.reason
+}
+
+/// `pinset rollout resume worker`, which must say it resumed the pool.
+async fn resume(bed: &FleetBed) {
+    let resume = ["rollout", "resume", "worker", "--kubeconfig", &bed.operator];
     let (code, out, err) = support::pinset_blocking(resume.map(String::from).to_vec()).await;
     assert_eq!(
         (code, out.trim()),
         (0, "machineconfigpool/worker resumed"),
         "{err}"
     );
+}
 
-    // 1. The canary pulls first; the others only after it pinned, one at a time (10 % of 3
-    //    nodes rounds up to one), never more than one node pulling, never a pull without a grant.
-    //    Losing the controller never stops a node that holds a grant: the controller is stopped
-    //    once the canary is granted (its pull waiting on the registry), the registry comes back,
-    //    the canary pins the set alone, and a restarted controller goes on without granting it
-    //    again.
-    let deadline = Instant::now() + Duration::from_secs(90);
-    let mut first_granted: Vec<Option<usize>> = vec![None; 3];
-    let mut tick = 0;
-    let mut outage: Option<usize> = None;
-    let mut first_controller = (0, 0);
-    loop {
-        let l = look(&nodes, &cris, "apps", 1, &images[..2]).await;
-        for i in 0..3 {
-            assert!(
-                l.granted[i] || l.present[i] == 0,
-                "{} pulled without a grant: {l:?}\n{}",
-                FLEET_NODES[i],
-                logs()
-            );
-            if l.granted[i] && first_granted[i].is_none() {
-                first_granted[i] = Some(tick);
-                let earlier_done = (0..3).filter(|&j| j != i && l.done[j]).count();
-                let order = first_granted.iter().flatten().count() - 1;
-                assert_eq!(
-                    earlier_done, order,
-                    "{} granted before the node(s) granted ahead of it finished: {l:?}",
-                    FLEET_NODES[i]
-                );
-                if order == 0 {
-                    first_controller = grants_and_waves(controller_port, 1).await;
-                    controller.borrow_mut().terminate();
-                    assert!(!l.done[i], "the canary pinned without a registry: {l:?}");
-                    cluster.registry.restart();
-                    outage = Some(i);
-                }
-            }
-        }
-        if outage.is_some_and(|c| l.done[c]) {
-            assert_eq!(
-                l.granted.iter().filter(|g| **g).count(),
-                1,
-                "a grant without a controller: {l:?}"
-            );
-            *controller.borrow_mut() =
-                cluster.controller(controller_port, "fleet-controller-2.log", &[]);
-            outage = None;
-        }
-        let pulling = (0..3).filter(|&i| l.granted[i] && !l.done[i]).count();
-        assert!(pulling <= 1, "more than one node pulling at once: {l:?}");
-        if l.done.iter().all(|d| *d) {
-            break;
-        }
+/// A paused pool counts its waiting nodes and grants none of them, for as long as it is paused;
+/// `pinset rollout resume` lifts the pause and the canary is granted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_pool_grants_no_node_until_it_is_resumed() {
+    let Some((bed, images)) = paused_fleet("paused", 710).await else {
+        return;
+    };
+    let why = three_waiting(&bed).await;
+    assert!(why.contains("3 wait, 0/3 at the target"), "{why}");
+    let paused = "pinset_pool_rollout_paused{pool=\"worker\"}";
+    let m = metrics(bed.controller_port).await;
+    assert_eq!(metric(&m, paused), 1, "{m}");
+    for _ in 0..10 {
+        let l = bed.look(1, &images[..2]).await;
         assert!(
-            Instant::now() < deadline,
-            "rollout not done in 90 s: {l:?}\n{}",
-            logs()
+            l.granted.iter().all(|g| !g) && l.present.iter().all(|p| *p == 0),
+            "a paused pool granted or pulled: {l:?}"
         );
-        tick += 1;
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    // The canary is whichever node's report the controller saw first. That each grant came
-    // alone is not read off the 100 ms samples (a 150 kB pull and the next grant fit in one):
-    // the controller's metrics below count 3 grants written in 3 waves.
-    // The pool's status follows the nodes' reports through the status lane, a moment later.
-    let (rollout, degraded) = eventually("the pool reports the rollout done", &logs, || async {
-        let p = pools.get("worker").await.map_err(|e| e.to_string())?;
-        match rollout_of(&p) {
-            (Some(r), d, _) if r.done == 3 => Ok((r, d)),
-            other => Err(format!("{other:?}")),
-        }
-    })
-    .await;
-    assert_eq!(
-        (
-            rollout.target.as_str(),
-            rollout.granted,
-            rollout.done,
-            rollout.failed
-        ),
-        ("apps@1", 3, 3, 0),
-        "{rollout:?}"
-    );
+    resume(&bed).await;
+    let granted = |r: Option<PoolRollout>, _: String, _: String| r.filter(|r| r.granted >= 1);
+    bed.pool_when("the canary granted once resumed", granted)
+        .await;
+    let m = metrics(bed.controller_port).await;
+    assert_eq!(metric(&m, paused), 0, "{m}");
+    bed.pool_events(&["RolloutPaused", "RolloutResumed"]).await;
+}
+
+/// The canary pulls first, the others only after it pinned, one at a time (10 % of 3 nodes
+/// rounds up to one): never more than one node pulling, never a pull without a grant. Losing
+/// the controller never stops a node that holds a grant — the controller is stopped once the
+/// canary is granted (its pull waiting on the registry, which is away), the registry comes back,
+/// the canary pins the set alone, and a restarted controller goes on without granting it again.
+/// `pinset rollout status` follows the whole rollout and draws it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_canary_pins_first_then_one_node_at_a_time_through_a_controller_restart() {
+    let Some((mut bed, images)) = paused_fleet("canary", 700).await else {
+        return;
+    };
+    three_waiting(&bed).await;
+    // The registry goes away before the canary is granted: its pull can only end once the
+    // registry is back, which the test brings back after stopping the controller.
+    bed.cluster.registry.stop();
+    let follow_out = bed.cluster.dir.path().join("rollout-status.out");
+    let follow = follow_rollout(&bed.operator, &follow_out);
+    resume(&bed).await;
+    let (first_granted, first_controller) = paced_rollout(&mut bed, &images[..2]).await;
+    let done =
+        |r: Option<PoolRollout>, d: String, _: String| r.filter(|r| r.done == 3).map(|r| (r, d));
+    let (rollout, degraded) = bed
+        .pool_when("the pool reports the rollout done", done)
+        .await;
+    let counts = (rollout.granted, rollout.done, rollout.failed);
+    assert_eq!((rollout.target.as_str(), counts), ("apps@1", (3, 3, 0)));
     assert!(degraded.is_empty(), "{degraded}");
-    let followed = tokio::task::spawn_blocking(move || follow.wait_with_output())
-        .await
-        .unwrap()
-        .unwrap();
-    let out = std::fs::read_to_string(&follow_out).unwrap();
-    assert_eq!(
-        (followed.status.code(), out.lines().last()),
-        (
-            Some(0),
-            Some("MachineConfigPool worker successfully rolled out: 3 of 3 nodes at apps@1")
-        ),
-        "{out}\n{}",
-        String::from_utf8_lossy(&followed.stderr)
-    );
-    assert!(
-        out.starts_with("Waiting for MachineConfigPool worker to roll out: 0 of 3"),
-        "{out}"
-    );
-    // Its picture: a bar per node, one after the other, the canary first.
-    let bars: Vec<_> = support::timeline_bars(&follow_out.with_extension("svg"))
-        .into_iter()
-        .filter(|b| b.3 == "pull")
-        .collect();
-    assert_eq!(bars.len(), 3, "{bars:?}");
-    assert!(
-        bars.windows(2).all(|w| w[1].0 >= w[0].1),
-        "one node at a time: {bars:?}"
-    );
     let canary = (0..3)
         .min_by_key(|&i| first_granted[i].unwrap_or(usize::MAX))
         .unwrap();
-    assert_eq!(bars[0].2, FLEET_NODES[canary], "{bars:?}");
+    followed_to_the_end(follow, &follow_out, FLEET_NODES[canary]).await;
     // One grant per node, each in its own wave: the canary by the first controller, then one
     // at a time by the restarted one, which did not grant the canary again.
-    let m = metrics(controller_port).await;
+    let m = metrics(bed.controller_port).await;
     assert_eq!(
         (
             first_controller,
@@ -226,186 +116,253 @@ async fn a_fleet_policy_paces_three_nodes_holds_on_a_failed_canary_and_survives_
         ((1, 1), 2, 2, 0),
         "{m}"
     );
+    bed.pool_events(&["RolloutWave"]).await;
+}
 
-    // 2. Generation 2 adds an image and one that does not exist: the canary fails, the pool
-    //    holds and is Degraded naming the canary and the image; the others never pull.
-    let missing = format!(
-        "{}/pinset/missing@sha256:{}",
-        cluster.registry.host,
-        "0".repeat(64)
-    );
-    let gen2 = [images[0].clone(), images[2].clone(), missing.clone()];
-    sets.patch(
-        "apps",
-        &PatchParams::default(),
-        &Patch::Merge(json!({"spec": {"pinnedImages": gen2.iter().map(|n| json!({"name": n})).collect::<Vec<_>>()}})),
-    )
-    .await
-    .unwrap();
-    let held = eventually("the pool holds on the failed canary", &logs, || async {
-        let p = pools.get("worker").await.map_err(|e| e.to_string())?;
-        match rollout_of(&p) {
-            (Some(r), d, _) if r.failed == 1 && d.contains("canary node w-") => Ok((r, d)),
-            other => Err(format!("{other:?}")),
+/// `pinset rollout status worker` following the rollout, its picture drawn, its output in `out`.
+fn follow_rollout(operator: &str, out: &Path) -> Child {
+    Command::new(support::PINSET)
+        .args(["rollout", "status", "worker", "--timeout", "120s"])
+        .args(["--kubeconfig", operator])
+        .arg("--timeline")
+        .arg(out.with_extension("svg"))
+        .env("PINSET_LOG", "warn")
+        .stdout(std::fs::File::create(out).unwrap())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+/// Watch the rollout of `images` to its end every 100 ms, holding its invariants, and take the
+/// controller away while the canary's pull waits on the registry (see the test above): each
+/// node's first tick with a grant, and the first controller's grants and waves.
+async fn paced_rollout(bed: &mut FleetBed, images: &[String]) -> (Vec<Option<usize>>, (u64, u64)) {
+    let deadline = Instant::now() + Duration::from_secs(90);
+    let mut first_granted: Vec<Option<usize>> = vec![None; 3];
+    let (mut outage, mut first_controller) = (None, (0, 0));
+    for tick in 0.. {
+        let l = bed.look(1, images).await;
+        for i in 0..3 {
+            let who = FLEET_NODES[i];
+            assert!(
+                l.granted[i] || l.present[i] == 0,
+                "{who} pulled without a grant: {l:?}"
+            );
+            if !l.granted[i] || first_granted[i].is_some() {
+                continue;
+            }
+            first_granted[i] = Some(tick);
+            let earlier_done = (0..3).filter(|&j| j != i && l.done[j]).count();
+            let order = first_granted.iter().flatten().count() - 1;
+            assert_eq!(
+                earlier_done, order,
+                "{who} granted before those ahead finished: {l:?}"
+            );
+            if order == 0 {
+                first_controller = grants_and_waves(bed.controller_port, 1).await;
+                bed.stop_controller();
+                assert!(!l.done[i], "the canary pinned without a registry: {l:?}");
+                bed.cluster.registry.restart();
+                outage = Some(i);
+            }
         }
-    })
-    .await;
-    assert!(held.1.contains(&missing), "{}", held.1);
+        if outage.is_some_and(|c| l.done[c]) {
+            let granted = l.granted.iter().filter(|g| **g).count();
+            assert_eq!(granted, 1, "a grant without a controller: {l:?}");
+            bed.controller("controller-2.log", &[]);
+            outage = None;
+        }
+        let pulling = (0..3).filter(|&i| l.granted[i] && !l.done[i]).count();
+        assert!(pulling <= 1, "more than one node pulling at once: {l:?}");
+        if l.done.iter().all(|d| *d) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "not done in 90 s: {l:?}\n{}",
+            bed.logs()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    (first_granted, first_controller)
+}
+
+/// `pinset rollout status` ended with the rollout, and drew it: a bar per node, one after the
+/// other, `canary` first.
+async fn followed_to_the_end(follow: Child, out: &Path, canary: &str) {
+    let followed = tokio::task::spawn_blocking(move || follow.wait_with_output())
+        .await
+        .unwrap()
+        .unwrap();
+    let text = std::fs::read_to_string(out).unwrap();
+    let stderr = String::from_utf8_lossy(&followed.stderr);
+    let success = "MachineConfigPool worker successfully rolled out: 3 of 3 nodes at apps@1";
     assert_eq!(
-        (held.0.granted, held.0.target.as_str()),
-        (1, "apps@2"),
-        "{:?}",
-        held.0
+        (followed.status.code(), text.lines().last()),
+        (Some(0), Some(success)),
+        "{text}\n{stderr}"
     );
-    let l = look(&nodes, &cris, "apps", 2, &images[2..3]).await;
-    let canary = l.granted.iter().position(|g| *g).expect("a canary");
+    let waiting = "Waiting for MachineConfigPool worker to roll out: 0 of 3";
+    assert!(text.starts_with(waiting), "{text}");
+    let bars: Vec<_> = support::timeline_bars(&out.with_extension("svg"))
+        .into_iter()
+        .filter(|b| b.3 == "pull")
+        .collect();
+    assert_eq!(bars.len(), 3, "{bars:?}");
+    let one_at_a_time = bars.windows(2).all(|w| w[1].0 >= w[0].1);
+    assert!(one_at_a_time, "one node at a time: {bars:?}");
+    assert_eq!(bars[0].2, canary, "{bars:?}");
+}
+
+/// A set with an image that does not exist: the canary fails, the pool holds and is Degraded
+/// naming the canary and the image, `rollout status` says so, and the other nodes never pull.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_canary_holds_the_pool_and_no_other_node_pulls() {
+    let Some(bed) = FleetBed::start().await else {
+        return;
+    };
+    let images = support::push_images(&bed.cluster.registry, "held", 1, 150_000, 720).await;
+    let registry = &bed.cluster.registry.host;
+    let missing = format!("{registry}/pinset/missing@sha256:{}", "0".repeat(64));
+    bed.cluster.create_pool("worker", &["worker"]).await;
+    let wanted = [images[0].clone(), missing.clone()];
+    bed.cluster.create_set("apps", "worker", &wanted).await;
+    bed.controller("controller.log", &[]);
+    bed.agents(&[]);
+    let failed = |r: Option<PoolRollout>, d: String, _: String| {
+        r.filter(|r| r.failed == 1 && d.contains("canary node w-"))
+            .map(|r| (r, d))
+    };
+    let (held, degraded) = bed
+        .pool_when("the pool holds on the failed canary", failed)
+        .await;
+    assert!(degraded.contains(&missing), "{degraded}");
+    assert_eq!(
+        (held.granted, held.target.as_str()),
+        (1, "apps@1"),
+        "{held:?}"
+    );
+    let l = bed.look(1, &images).await;
+    let canary = FLEET_NODES[l.granted.iter().position(|g| *g).expect("a canary")];
     assert!(
-        held.1
-            .contains(&format!("canary node {}", FLEET_NODES[canary])),
-        "{}",
-        held.1
+        degraded.contains(&format!("canary node {canary}")),
+        "{degraded}"
     );
-    let (code, out, err) = worker_status_now(&operator, &[]).await;
+    let (code, out, err) = worker_status_now(&bed.operator, &[]).await;
     assert!(
         code == 1
             && err.contains("MachineConfigPool worker is Degraded")
-            && err.contains(&format!("canary node {}", FLEET_NODES[canary]))
+            && err.contains(&format!("canary node {canary}"))
             && err.contains(&missing),
         "{out}\n{err}"
     );
     for _ in 0..20 {
-        let l = look(&nodes, &cris, "apps", 2, &images[2..3]).await;
-        for i in (0..3).filter(|&i| i != canary) {
-            assert!(
-                !l.granted[i] && l.present[i] == 0,
-                "a held node pulled: {l:?}"
-            );
+        let l = bed.look(1, &images).await;
+        for i in (0..3).filter(|&i| FLEET_NODES[i] != canary) {
+            let untouched = !l.granted[i] && l.present[i] == 0;
+            assert!(untouched, "a held node pulled: {l:?}");
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    let waiting = nodes.get(FLEET_NODES[(canary + 1) % 3]).await.unwrap();
-    let status = waiting.status.unwrap_or_default();
+    let other = FLEET_NODES.iter().find(|n| **n != canary).unwrap();
+    let status = bed
+        .nodes
+        .get(other)
+        .await
+        .unwrap()
+        .status
+        .unwrap_or_default();
     let progressing = condition::find(&status.conditions, CONDITION_PROGRESSING).unwrap();
     assert_eq!(
         (progressing.status.as_str(), progressing.reason.as_str()),
         ("True", "WaitingForRolloutGrant"),
         "{progressing:?}"
     );
+    bed.pool_events(&["RolloutHeld"]).await;
+}
 
-    // 3. The controller restarts with a hostile fleet module that grants every node at once,
-    //    over the pool's ceiling of one: contained (the default answers, the pool says why), no
-    //    node granted again, the counts unchanged.
-    controller.borrow_mut().terminate();
-    pools
-        .patch(
-            "worker",
-            &PatchParams::default(),
-            &Patch::Merge(json!({"metadata": {"annotations": {
-                "pinset.io/rollout-max-pulling": "1",
-                "pinset.test/hostile-fleet": "all",
-            }}})),
-        )
+/// The pool's fleet module misbehaves (`pinset.test/hostile-fleet`): it grants every node at
+/// once, over the pool's ceiling of one, then it loops. Each decision is the default fleet
+/// policy's instead — the canary alone, held when it fails; one node at a time — and the pool
+/// says why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hostile_fleet_module_is_replaced_by_the_default_for_each_decision() {
+    let Some(bed) = FleetBed::start().await else {
+        return;
+    };
+    let images = support::push_images(&bed.cluster.registry, "hostile", 2, 150_000, 730).await;
+    let registry = &bed.cluster.registry.host;
+    let missing = format!("{registry}/pinset/missing@sha256:{}", "0".repeat(64));
+    let mut worker = pool("worker", &["worker"], "node-role.kubernetes.io/worker");
+    worker.metadata.annotations = Some(
+        [
+            ("pinset.io/rollout-max-pulling", "1"),
+            ("pinset.test/hostile-fleet", "all"),
+        ]
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .into(),
+    );
+    bed.pools
+        .create(&PostParams::default(), &worker)
         .await
         .unwrap();
+    let wanted = [images[0].clone(), missing.clone()];
+    bed.cluster.create_set("apps", "worker", &wanted).await;
     let hostile = support::policy_dir().join("pinset_test_policy_hostile.wasm");
-    *controller.borrow_mut() = cluster.controller(
-        controller_port,
-        "fleet-controller-2.log",
+    bed.controller(
+        "controller.log",
         &[format!("--fleet-policy=worker={}", hostile.display())],
     );
-    let fallback = eventually("the pool names the fleet fallback", &logs, || async {
-        let p = pools.get("worker").await.map_err(|e| e.to_string())?;
-        match rollout_of(&p) {
-            (Some(r), _, f) if f.contains("ceiling") => Ok((r, f)),
-            other => Err(format!("{other:?}")),
-        }
-    })
-    .await;
-    assert!(fallback.1.contains("hostile"), "{}", fallback.1);
-    assert_eq!(
-        (fallback.0.granted, fallback.0.failed),
-        (1, 1),
-        "{:?}",
-        fallback.0
-    );
-    let m = metrics(controller_port).await;
-    assert_eq!(
-        metric(&m, "pinset_api_writes_total{kind=\"node_grant\"}"),
-        0,
-        "the restarted controller granted again:\n{m}"
-    );
-
-    // 4. The set is fixed (generation 3) while the module loops: every decision falls back to
-    //    the default, which rolls the pool out canary first.
-    pools
-        .patch(
-            "worker",
-            &PatchParams::default(),
-            &Patch::Merge(
-                json!({"metadata": {"annotations": {"pinset.test/hostile-fleet": "loop"}}}),
-            ),
-        )
+    bed.agents(&[]);
+    let over_the_ceiling = |r: Option<PoolRollout>, _: String, f: String| {
+        r.filter(|r| r.failed == 1 && f.contains("ceiling"))
+            .map(|r| (r, f))
+    };
+    let (held, fallback) = bed
+        .pool_when("the pool names the fallback", over_the_ceiling)
+        .await;
+    assert!(fallback.contains("hostile"), "{fallback}");
+    assert_eq!((held.granted, held.failed), (1, 1), "{held:?}");
+    for _ in 0..10 {
+        let l = bed.look(1, &images[..1]).await;
+        let granted = l.granted.iter().filter(|g| **g).count();
+        assert_eq!(granted, 1, "the canary alone: {l:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // The module loops now; the set is fixed, and its new generation rolls out all the same.
+    let looping = json!({"metadata": {"annotations": {"pinset.test/hostile-fleet": "loop"}}});
+    let patch = Patch::Merge(looping);
+    bed.pools
+        .patch("worker", &PatchParams::default(), &patch)
         .await
         .unwrap();
-    sets.patch(
-        "apps",
-        &PatchParams::default(),
-        &Patch::Merge(json!({"spec": {"pinnedImages": gen2[..2].iter().map(|n| json!({"name": n})).collect::<Vec<_>>()}})),
-    )
-    .await
-    .unwrap();
-    let done = eventually("every node pins generation 3", &logs, || async {
-        let l = look(&nodes, &cris, "apps", 3, &gen2[..2]).await;
+    bed.set_images(&images).await;
+    let looped = rolled_out_one_at_a_time(&bed, 2, &images).await;
+    assert!(looped.contains("deadline"), "{looped}");
+    bed.pool_events(&["RolloutHeld", "RolloutWave", "PolicyFallback"])
+        .await;
+}
+
+/// Every node pins generation `generation` of `apps` (`images`), never more than one pulling,
+/// and the pool counts them done: the pool's PolicyFallback message.
+async fn rolled_out_one_at_a_time(bed: &FleetBed, generation: i64, images: &[String]) -> String {
+    let what = format!("every node pins generation {generation}");
+    let done = eventually(&what, &|| bed.logs(), || async {
+        let l = bed.look(generation, images).await;
         let pulling = (0..3).filter(|&i| l.granted[i] && !l.done[i]).count();
         assert!(pulling <= 1, "more than the ceiling pulling: {l:?}");
-        l.done
-            .iter()
-            .all(|d| *d)
-            .then_some(l)
-            .ok_or("not yet".to_string())
-    })
-    .await;
-    assert_eq!(done.present, vec![2, 2, 2]);
-    let fallback = eventually("the pool counts every node done", &logs, || async {
-        let p = pools.get("worker").await.map_err(|e| e.to_string())?;
-        match rollout_of(&p) {
-            (Some(r), d, f) if (r.done, r.failed) == (3, 0) && d.is_empty() => Ok(f),
-            other => Err(format!("{other:?}")),
+        match l.done.iter().all(|d| *d) {
+            true => Ok(l),
+            false => Err(format!("{l:?}")),
         }
     })
     .await;
-    assert!(fallback.contains("deadline"), "{fallback}");
-
-    // Events: paused and resumed, waves started, the canary failed, the fleet policy fell back
-    // (recorded behind the grants: waited for).
-    let events: Api<k8s_openapi::api::events::v1::Event> = Api::all(client.clone());
-    eventually("the pool's Events", &logs, || async {
-        let reasons: Vec<String> = events
-            .list(&Default::default())
-            .await
-            .map_err(|e| e.to_string())?
-            .items
-            .iter()
-            .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("worker"))
-            .filter_map(|e| e.reason.clone())
-            .collect();
-        let wanted = [
-            "RolloutPaused",
-            "RolloutResumed",
-            "RolloutWave",
-            "RolloutHeld",
-            "PolicyFallback",
-        ];
-        let missing: Vec<_> = wanted
-            .iter()
-            .filter(|w| !reasons.iter().any(|r| r == *w))
-            .collect();
-        missing
-            .is_empty()
-            .then_some(())
-            .ok_or(format!("missing {missing:?} among {reasons:?}"))
-    })
-    .await;
-    // The agents' metric: nothing waits any more.
-    drop(agents);
+    assert_eq!(done.present, vec![images.len(); 3]);
+    let target = format!("apps@{generation}");
+    let counted = |r: Option<PoolRollout>, d: String, f: String| {
+        r.filter(|r| r.target == target && (r.done, r.failed) == (3, 0) && d.is_empty())
+            .map(|_| f)
+    };
+    bed.pool_when("the pool counts every node done", counted)
+        .await
 }

@@ -13,19 +13,23 @@
 //!   an API server outage;
 //! - `image`: the container image `scripts/image.sh` builds, run under containerd, its agent
 //!   pinning a set;
-//! - `fleet`: a fleet policy pacing three nodes, a failed canary held, hostile fleet modules;
+//! - `fleet` (on [`FleetBed`], three worker nodes and the controller): a paused pool, the canary
+//!   and one node at a time through a controller restart, a failed canary held, hostile fleet
+//!   modules replaced by the default;
 //! - `policy_rollout`: a pool's node policy changed canary-first, a bad module held, `rollout
 //!   status` following the change, the manual's recipe run as written;
 //! - `trust`: a rule missing from the manifests, a registry away and a key removed, a registry
 //!   that misbehaves on purpose.
 
 mod fleet;
+mod fleet_bed;
 mod image;
 mod pinning;
 mod policy_rollout;
 mod trust;
 
 use crate::support::{self, node_file, pool, roles};
+use fleet_bed::FleetBed;
 
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use pinset_k8s::api::{

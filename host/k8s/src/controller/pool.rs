@@ -378,10 +378,7 @@ fn conditions(
         mcp.metadata.generation,
     )];
     let fleet = report.rollout.as_ref().map(|r| r.fallback.clone());
-    let previous = status
-        .conditions
-        .iter()
-        .find(|c| c.type_ == CONDITION_POLICY_FALLBACK);
+    let previous = condition::find(&status.conditions, CONDITION_POLICY_FALLBACK);
     let (reason, message) = match (fleet.flatten(), &report.refused) {
         (Some(f), Some(r)) => ("FleetPolicyFailed", Some(format!("{f}; {r}"))),
         (Some(f), None) => ("FleetPolicyFailed", Some(f)),

@@ -1,0 +1,141 @@
+//! The fleet scenarios' bed: three worker nodes ([`FLEET_NODES`]), each an agent on a
+//! containerd of its own, and the controller, started once the test has written its objects.
+
+use super::*;
+use pinset_k8s::api::PoolRollout;
+use std::cell::RefCell;
+
+/// See the module's documentation. The controller can be stopped and started again (its
+/// metrics on the same port); every process is killed when the bed is dropped.
+pub(super) struct FleetBed {
+    pub(super) cluster: Cluster,
+    pub(super) runtimes: Vec<support::Containerd>,
+    /// Each node's containerd, as the test asks it.
+    pub(super) cris: Vec<pinset_node::cri::client::CriClient>,
+    pub(super) pools: Api<MachineConfigPool>,
+    pub(super) sets: Api<PinnedImageSet>,
+    pub(super) nodes: Api<MachineConfigNode>,
+    /// The operator's kubeconfig (`pinset rollout …` runs with it).
+    pub(super) operator: String,
+    pub(super) controller_port: u16,
+    controller: RefCell<Option<Proc>>,
+    agents: RefCell<Vec<Proc>>,
+}
+
+impl FleetBed {
+    /// The cluster and the nodes' containerds; `None` as [`Cluster::with_runtime`].
+    pub(super) async fn start() -> Option<FleetBed> {
+        let (cluster, runtimes) = Cluster::for_fleet().await?;
+        let (pools, sets, nodes) = cluster.apis();
+        Some(FleetBed {
+            cris: runtimes.iter().map(cri).collect(),
+            operator: cluster.operator_kc.display().to_string(),
+            controller_port: support::free_port(),
+            controller: RefCell::new(None),
+            agents: RefCell::new(Vec::new()),
+            cluster,
+            runtimes,
+            pools,
+            sets,
+            nodes,
+        })
+    }
+
+    /// Start the controller (after stopping the running one), logging to `log`.
+    pub(super) fn controller(&self, log: &str, extra: &[String]) {
+        self.stop_controller();
+        let started = self.cluster.controller(self.controller_port, log, extra);
+        *self.controller.borrow_mut() = Some(started);
+    }
+
+    /// SIGTERM the controller, which must exit cleanly.
+    pub(super) fn stop_controller(&self) {
+        if let Some(mut running) = self.controller.borrow_mut().take() {
+            running.terminate();
+        }
+    }
+
+    /// One agent per node, as a worker in a zone of its own (`zone-NAME`), with `extra` flags.
+    pub(super) fn agents(&self, extra: &[String]) {
+        let agents = FLEET_NODES
+            .iter()
+            .zip(&self.runtimes)
+            .map(|(name, runtime)| {
+                let mut labels = roles(&["worker"]);
+                labels.push(("topology.kubernetes.io/zone".into(), format!("zone-{name}")));
+                let log = format!("{name}.log");
+                let port = support::free_port();
+                self.cluster
+                    .agent(name, &labels, runtime, port, &log, extra)
+            });
+        *self.agents.borrow_mut() = agents.collect();
+    }
+
+    /// The last lines of the controller's and of every agent's log.
+    pub(super) fn logs(&self) -> String {
+        let controller = self.controller.borrow();
+        let controller = controller.as_ref().map(Proc::log).unwrap_or_default();
+        let mut out = format!("--- controller ---\n{controller}\n");
+        for (name, a) in FLEET_NODES.iter().zip(self.agents.borrow().iter()) {
+            out.push_str(&format!("--- {name} ---\n{}\n", a.log()));
+        }
+        out
+    }
+
+    /// What the nodes hold of generation `generation` of the set `apps` ([`look`]).
+    pub(super) async fn look(&self, generation: i64, images: &[String]) -> FleetLook {
+        look(&self.nodes, &self.cris, "apps", generation, images).await
+    }
+
+    /// Wait (as [`eventually`]) until `accept` takes the pool `worker`'s rollout status and its
+    /// Degraded and PolicyFallback messages ([`rollout_of`]); what it returned.
+    pub(super) async fn pool_when<T>(
+        &self,
+        what: &str,
+        accept: impl Fn(Option<PoolRollout>, String, String) -> Option<T>,
+    ) -> T {
+        eventually(what, &|| self.logs(), || async {
+            let p = self.pools.get("worker").await.map_err(|e| e.to_string())?;
+            let (rollout, degraded, fallback) = rollout_of(&p);
+            let shown = format!("{rollout:?}, degraded {degraded:?}, fallback {fallback:?}");
+            accept(rollout, degraded, fallback).ok_or(shown)
+        })
+        .await
+    }
+
+    /// Make `images` the set `apps` (a new generation).
+    pub(super) async fn set_images(&self, images: &[String]) {
+        let names: Vec<_> = images.iter().map(|n| json!({"name": n})).collect();
+        let patch = json!({"spec": {"pinnedImages": names}});
+        let merge = Patch::Merge(patch);
+        let params = PatchParams::default();
+        self.sets.patch("apps", &params, &merge).await.unwrap();
+    }
+
+    /// Wait until the pool's Events name every one of `reasons`.
+    pub(super) async fn pool_events(&self, reasons: &[&str]) {
+        let events: Api<k8s_openapi::api::events::v1::Event> =
+            Api::all(self.cluster.client.clone());
+        let of_pool = |e: &k8s_openapi::api::events::v1::Event| {
+            e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("worker")
+        };
+        eventually("the pool's Events", &|| self.logs(), || async {
+            let listed = events.list(&Default::default()).await;
+            let items = listed.map_err(|e| e.to_string())?.items;
+            let seen: Vec<String> = items
+                .iter()
+                .filter(|e| of_pool(e))
+                .filter_map(|e| e.reason.clone())
+                .collect();
+            let missing: Vec<_> = reasons
+                .iter()
+                .filter(|w| !seen.iter().any(|r| r == *w))
+                .collect();
+            match missing.is_empty() {
+                true => Ok(()),
+                false => Err(format!("missing {missing:?} among {seen:?}")),
+            }
+        })
+        .await
+    }
+}
