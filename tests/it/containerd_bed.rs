@@ -148,7 +148,7 @@ async fn pulls_and_pins_into_real_containerd_then_unpins_a_removed_set() {
 
 #[tokio::test]
 async fn registry_down_fails_each_image_clearly_and_the_next_reconcile_completes() {
-    let Some(mut bed) = Bed::start(QUICK, true) else {
+    let Some(bed) = Bed::start(QUICK, true) else {
         return;
     };
     let reconciler = &bed.reconciler;

@@ -131,7 +131,7 @@ async fn push_raw(registry: &support::Registry, repo: &str, layer: Vec<u8>) {
 
 #[tokio::test]
 async fn bad_artifacts_and_registries_are_refused_by_name_and_nothing_is_half_written() {
-    let Some(mut registry) = support::Registry::start() else {
+    let Some(registry) = support::Registry::start() else {
         return;
     };
     let (_dir, out) = support::scratch_file("kept.wasm", b"the previous module");
@@ -626,7 +626,7 @@ fn info(registry: &support::Registry, reference: &str, extra: &[&str]) -> (i32, 
 
 #[test]
 fn an_oci_module_loads_verified_and_from_the_cache_when_the_registry_is_away() {
-    let Some(mut registry) = support::Registry::start() else {
+    let Some(registry) = support::Registry::start() else {
         return;
     };
     let dir = tempfile::tempdir().unwrap();

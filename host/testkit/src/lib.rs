@@ -105,7 +105,9 @@ pub fn free_port() -> u16 {
 /// PID) when dropped, whatever the test's outcome.
 pub struct Registry {
     pub host: String,
-    child: Child,
+    /// The process; replaced when it restarts (a test stops and restarts it while it shares
+    /// the registry).
+    child: std::sync::Mutex<Child>,
     binary: PathBuf,
     config: PathBuf,
     _dir: tempfile::TempDir,
@@ -141,7 +143,7 @@ impl Registry {
         let host = format!("127.0.0.1:{port}");
         let registry = Registry {
             host,
-            child,
+            child: std::sync::Mutex::new(child),
             binary,
             config,
             _dir: dir,
@@ -163,19 +165,21 @@ impl Registry {
     }
 
     /// Stop serving (kill by PID); the storage is kept for [`Registry::restart`].
-    pub fn stop(&mut self) {
-        reap(&mut self.child);
+    pub fn stop(&self) {
+        reap(&mut self.child.lock().expect("the registry's process"));
     }
 
     /// Serve again on the same address with the same storage.
-    pub fn restart(&mut self) {
-        self.stop();
-        self.child = spawn_registry(&self.binary, &self.config);
+    pub fn restart(&self) {
+        let mut child = self.child.lock().expect("the registry's process");
+        reap(&mut child);
+        *child = spawn_registry(&self.binary, &self.config);
+        drop(child);
         self.wait_ready();
     }
 
     pub fn pid(&self) -> u32 {
-        self.child.id()
+        self.child.lock().expect("the registry's process").id()
     }
 
     /// The registry's log so far: its access log names every request it served
@@ -231,7 +235,9 @@ pub fn spawn_logged(command: &mut Command, log: &std::path::Path) -> Child {
 
 impl Drop for Registry {
     fn drop(&mut self) {
-        reap(&mut self.child);
+        if let Ok(child) = self.child.get_mut() {
+            reap(child);
+        }
     }
 }
 

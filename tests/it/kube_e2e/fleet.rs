@@ -19,7 +19,7 @@ async fn paused_fleet(prefix: &str, seed: u64) -> Option<(FleetBed, Vec<String>)
         .unwrap();
     bed.cluster.create_set("apps", "worker", &images[..2]).await;
     bed.controller("controller.log", &[]);
-    bed.agents(&[]);
+    bed.agents(&[], |_| Vec::new());
     Some((bed, images))
 }
 
@@ -80,7 +80,7 @@ async fn a_paused_pool_grants_no_node_until_it_is_resumed() {
 /// `pinset rollout status` follows the whole rollout and draws it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_canary_pins_first_then_one_node_at_a_time_through_a_controller_restart() {
-    let Some((mut bed, images)) = paused_fleet("canary", 700).await else {
+    let Some((bed, images)) = paused_fleet("canary", 700).await else {
         return;
     };
     three_waiting(&bed).await;
@@ -90,7 +90,7 @@ async fn the_canary_pins_first_then_one_node_at_a_time_through_a_controller_rest
     let follow_out = bed.cluster.dir.path().join("rollout-status.out");
     let follow = follow_rollout(&bed.operator, &follow_out);
     resume(&bed).await;
-    let (first_granted, first_controller) = paced_rollout(&mut bed, &images[..2]).await;
+    let (first_granted, first_controller) = paced_rollout(&bed, &images[..2]).await;
     let done =
         |r: Option<PoolRollout>, d: String, _: String| r.filter(|r| r.done == 3).map(|r| (r, d));
     let (rollout, degraded) = bed
@@ -136,7 +136,7 @@ fn follow_rollout(operator: &str, out: &Path) -> Child {
 /// Watch the rollout of `images` to its end every 100 ms, holding its invariants, and take the
 /// controller away while the canary's pull waits on the registry (see the test above): each
 /// node's first tick with a grant, and the first controller's grants and waves.
-async fn paced_rollout(bed: &mut FleetBed, images: &[String]) -> (Vec<Option<usize>>, (u64, u64)) {
+async fn paced_rollout(bed: &FleetBed, images: &[String]) -> (Vec<Option<usize>>, (u64, u64)) {
     let deadline = Instant::now() + Duration::from_secs(90);
     let mut first_granted: Vec<Option<usize>> = vec![None; 3];
     let (mut outage, mut first_controller) = (None, (0, 0));
@@ -228,7 +228,7 @@ async fn a_failed_canary_holds_the_pool_and_no_other_node_pulls() {
     let wanted = [images[0].clone(), missing.clone()];
     bed.cluster.create_set("apps", "worker", &wanted).await;
     bed.controller("controller.log", &[]);
-    bed.agents(&[]);
+    bed.agents(&[], |_| Vec::new());
     let failed = |r: Option<PoolRollout>, d: String, _: String| {
         r.filter(|r| r.failed == 1 && d.contains("canary node w-"))
             .map(|r| (r, d))
@@ -313,7 +313,7 @@ async fn a_hostile_fleet_module_is_replaced_by_the_default_for_each_decision() {
         "controller.log",
         &[format!("--fleet-policy=worker={}", hostile.display())],
     );
-    bed.agents(&[]);
+    bed.agents(&[], |_| Vec::new());
     let over_the_ceiling = |r: Option<PoolRollout>, _: String, f: String| {
         r.filter(|r| r.failed == 1 && f.contains("ceiling"))
             .map(|r| (r, f))

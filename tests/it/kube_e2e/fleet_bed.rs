@@ -20,6 +20,8 @@ pub(super) struct FleetBed {
     pub(super) controller_port: u16,
     controller: RefCell<Option<Proc>>,
     agents: RefCell<Vec<Proc>>,
+    /// Each agent's metrics port.
+    pub(super) agent_ports: Vec<u16>,
 }
 
 impl FleetBed {
@@ -33,6 +35,7 @@ impl FleetBed {
             controller_port: support::free_port(),
             controller: RefCell::new(None),
             agents: RefCell::new(Vec::new()),
+            agent_ports: FLEET_NODES.iter().map(|_| support::free_port()).collect(),
             cluster,
             runtimes,
             pools,
@@ -55,20 +58,34 @@ impl FleetBed {
         }
     }
 
-    /// One agent per node, as a worker in a zone of its own (`zone-NAME`), with `extra` flags.
-    pub(super) fn agents(&self, extra: &[String]) {
-        let agents = FLEET_NODES
+    /// One agent per node, as a worker in a zone of its own (`zone-NAME`) with `labels` too,
+    /// with the flags `extra` gives for the node's name.
+    pub(super) fn agents(&self, labels: &[(String, String)], extra: impl Fn(&str) -> Vec<String>) {
+        let nodes = FLEET_NODES
             .iter()
             .zip(&self.runtimes)
-            .map(|(name, runtime)| {
-                let mut labels = roles(&["worker"]);
-                labels.push(("topology.kubernetes.io/zone".into(), format!("zone-{name}")));
-                let log = format!("{name}.log");
-                let port = support::free_port();
-                self.cluster
-                    .agent(name, &labels, runtime, port, &log, extra)
-            });
+            .zip(&self.agent_ports);
+        let agents = nodes.map(|((name, runtime), port)| {
+            let mut all = roles(&["worker"]);
+            all.push(("topology.kubernetes.io/zone".into(), format!("zone-{name}")));
+            all.extend_from_slice(labels);
+            let log = format!("{name}.log");
+            self.cluster
+                .agent(name, &all, runtime, *port, &log, &extra(name))
+        });
         *self.agents.borrow_mut() = agents.collect();
+    }
+
+    /// The agents' process ids, and whether each still runs.
+    pub(super) fn agents_running(&self) -> Vec<(u32, bool)> {
+        let mut agents = self.agents.borrow_mut();
+        let state = |a: &mut Proc| (a.child.id(), a.child.try_wait().unwrap().is_none());
+        agents.iter_mut().map(state).collect()
+    }
+
+    /// The last lines of node `i`'s agent's log.
+    pub(super) fn agent_log(&self, i: usize) -> String {
+        self.agents.borrow()[i].log()
     }
 
     /// The last lines of the controller's and of every agent's log.
@@ -114,23 +131,33 @@ impl FleetBed {
 
     /// Wait until the pool's Events name every one of `reasons`.
     pub(super) async fn pool_events(&self, reasons: &[&str]) {
+        let wanted: Vec<(&str, &str)> = reasons.iter().map(|r| (*r, "")).collect();
+        self.events_of("worker", &wanted).await
+    }
+
+    /// Wait until the Events regarding the object `name` include, for each (reason, text) of
+    /// `wanted`, one of that reason whose note contains the text.
+    pub(super) async fn events_of(&self, name: &str, wanted: &[(&str, &str)]) {
         let events: Api<k8s_openapi::api::events::v1::Event> =
             Api::all(self.cluster.client.clone());
-        let of_pool = |e: &k8s_openapi::api::events::v1::Event| {
-            e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("worker")
-        };
-        eventually("the pool's Events", &|| self.logs(), || async {
+        let what = format!("the Events of {name}");
+        eventually(&what, &|| self.logs(), || async {
             let listed = events.list(&Default::default()).await;
             let items = listed.map_err(|e| e.to_string())?.items;
-            let seen: Vec<String> = items
+            let seen: Vec<(String, String)> = items
                 .iter()
-                .filter(|e| of_pool(e))
-                .filter_map(|e| e.reason.clone())
+                .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name))
+                .map(|e| {
+                    (
+                        e.reason.clone().unwrap_or_default(),
+                        e.note.clone().unwrap_or_default(),
+                    )
+                })
                 .collect();
-            let missing: Vec<_> = reasons
-                .iter()
-                .filter(|w| !seen.iter().any(|r| r == *w))
-                .collect();
+            let has = |(reason, text): &&(&str, &str)| {
+                seen.iter().any(|(r, n)| r == reason && n.contains(text))
+            };
+            let missing: Vec<_> = wanted.iter().filter(|w| !has(w)).collect();
             match missing.is_empty() {
                 true => Ok(()),
                 false => Err(format!("missing {missing:?} among {seen:?}")),

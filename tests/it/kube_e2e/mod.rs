@@ -16,8 +16,11 @@
 //! - `fleet` (on [`FleetBed`], three worker nodes and the controller): a paused pool, the canary
 //!   and one node at a time through a controller restart, a failed canary held, hostile fleet
 //!   modules replaced by the default;
-//! - `policy_rollout`: a pool's node policy changed canary-first, a bad module held, `rollout
-//!   status` following the change, the manual's recipe run as written;
+//! - `policy_rollout` (on [`FleetBed`] too): a pool counted by the policy digest written, a
+//!   module the canary refuses holding the pool, a good one rolled out canary-first, a policy
+//!   change waiting for a pull, `rollout status` following a set change; on one node
+//!   ([`PolicyNode`]): refusals before any node, the module cache, the manual's recipe run as
+//!   written;
 //! - `trust`: a rule missing from the manifests, a registry away and a key removed, a registry
 //!   that misbehaves on purpose.
 

@@ -1,4 +1,5 @@
 use super::*;
+use pinset_k8s::api::PoolRollout;
 
 /// Each fleet node's MachineConfigNode as the API server has it now (`None`: not read).
 async fn fleet_mcns(nodes: &Api<MachineConfigNode>) -> Vec<Option<MachineConfigNode>> {
@@ -158,311 +159,235 @@ async fn status_after(
     (code, status, err)
 }
 
-/// A pool's node policy changes while pinset runs: a module that traps is refused by the canary
-/// in its smoke test and holds the pool; a good one rolls out canary-first without restarting
-/// an agent; a change while a pull is in flight waits for it; `rollout status` follows each
-/// change it is run after.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_pool_policy_change_rolls_out_canary_first_and_a_bad_one_is_held() {
-    let Some((mut cluster, runtimes)) = Cluster::for_fleet().await else {
-        return;
-    };
-    let client = cluster.client.clone();
-    let operator = cluster.operator_kc.display().to_string();
-    let (pools, sets, nodes) = cluster.apis();
-    let releases = Releases::push(&cluster, cluster.dir.path());
-    releases.configure(&client, &releases.v1, None).await;
-    let images = support::push_images(&cluster.registry, "policy-rollout", 2, 50_000, 900).await;
+/// A [`FleetBed`] whose agents and controller follow the PolicyConfiguration `cluster` (v1 of
+/// [`Releases`] for the pool `worker`, signatures required; the nodes labelled for the hostile
+/// module to trap in `order`), with the set `apps` of two `prefix` images: once every node runs
+/// v1 and pins the set. The releases and the images.
+async fn policy_fleet(prefix: &str, seed: u64) -> Option<(FleetBed, Releases, Vec<String>)> {
+    let bed = FleetBed::start().await?;
+    let cluster = &bed.cluster;
+    let releases = Releases::push(cluster, cluster.dir.path());
+    releases
+        .configure(&cluster.client, &releases.v1, None)
+        .await;
+    let images = support::push_images(&cluster.registry, prefix, 2, 50_000, seed).await;
     cluster.create_pool("worker", &["worker"]).await;
     cluster.create_set("apps", "worker", &images).await;
-    let controller_port = support::free_port();
-    let controller = cluster.controller(
-        controller_port,
-        "policy-controller.log",
-        &[
-            "--policy-configuration=cluster".into(),
-            format!("--policy-insecure-registry={}", cluster.registry.host),
-        ],
-    );
-    let (registry_host, dir) = (
-        cluster.registry.host.clone(),
-        cluster.dir.path().to_path_buf(),
-    );
-    let agent_args = |name: &str| {
-        vec![
-            "--policy-configuration=cluster".to_string(),
-            format!("--policy-insecure-registry={registry_host}"),
-            format!(
-                "--policy-cache={}",
-                dir.join(format!("{name}-cache")).display()
-            ),
-        ]
-    };
-    let labels = {
-        let mut l = roles(&["worker"]);
-        l.push(("pinset.test/hostile".into(), "trap-order".into()));
-        l
-    };
-    let ports: Vec<u16> = FLEET_NODES.iter().map(|_| support::free_port()).collect();
-    let agents: Vec<Proc> = FLEET_NODES
-        .iter()
-        .zip(&runtimes)
-        .zip(&ports)
-        .map(|((name, runtime), port)| {
-            cluster.agent(
-                name,
-                &labels,
-                runtime,
-                *port,
-                &format!("policy-{name}.log"),
-                &agent_args(name),
-            )
-        })
-        .collect();
-    let agents = std::cell::RefCell::new(agents);
-    let logs = || {
-        let mut out = format!("--- controller ---\n{}\n", controller.log());
-        for (name, a) in FLEET_NODES.iter().zip(agents.borrow().iter()) {
-            out.push_str(&format!("--- {name} ---\n{}\n", a.log()));
-        }
-        out
-    };
-    let pids: Vec<u32> = agents.borrow().iter().map(|a| a.child.id()).collect();
-
-    // 1. v1 on every node, the set pinned; the pool counts three nodes on v1's digest.
+    let follow = [
+        "--policy-configuration=cluster".to_string(),
+        format!("--policy-insecure-registry={}", cluster.registry.host),
+    ];
+    bed.controller("controller.log", &follow);
+    let trap_order = [("pinset.test/hostile".to_string(), "trap-order".to_string())];
+    let dir = cluster.dir.path();
+    bed.agents(&trap_order, |name| {
+        let cache = dir.join(format!("{name}-cache"));
+        let mut args = follow.to_vec();
+        args.push(format!("--policy-cache={}", cache.display()));
+        args
+    });
     let v1 = format!("oci://{}", releases.v1);
-    eventually("every node runs v1 and pins the set", &logs, || async {
-        let p = node_policies(&nodes).await;
-        let l = look(&nodes, &[], "apps", 1, &images).await;
-        (p.iter().all(|(m, _)| m.as_deref() == Some(v1.as_str())) && l.done.iter().all(|d| *d))
-            .then_some(())
-            .ok_or(format!("{p:?} {l:?}"))
-    })
+    eventually(
+        "every node runs v1 and pins the set",
+        &|| bed.logs(),
+        || async {
+            let p = node_policies(&bed.nodes).await;
+            let l = bed.look(1, &[]).await;
+            let on_v1 = p.iter().all(|(m, _)| m.as_deref() == Some(v1.as_str()));
+            match on_v1 && l.done.iter().all(|d| *d) {
+                true => Ok(()),
+                false => Err(format!("{p:?} {l:?}")),
+            }
+        },
+    )
     .await;
-    // Counted by the digest the operator wrote (v1's manifest digest), not its bytes'.
-    let default_digest = releases.v1.rsplit_once('@').unwrap().1.to_string();
+    Some((bed, releases, images))
+}
+
+/// The digest of a reference `…@sha256:…`.
+fn digest_of(reference: &str) -> String {
+    reference.rsplit_once('@').unwrap().1.to_string()
+}
+
+/// The pool counts its nodes by the digest the operator wrote (v1's manifest digest), not by
+/// its bytes'.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pool_counts_its_nodes_by_the_policy_digest_the_operator_wrote() {
+    let Some((bed, releases, _)) = policy_fleet("policy-count", 900).await else {
+        return;
+    };
+    let (v1, written) = (format!("oci://{}", releases.v1), digest_of(&releases.v1));
     eventually(
         "the pool counts its nodes per policy digest",
-        &logs,
+        &|| bed.logs(),
         || async {
-            let st = pools
-                .get("worker")
-                .await
-                .map_err(|e| e.to_string())?
-                .status
-                .unwrap_or_default();
+            let pool = bed.pools.get("worker").await.map_err(|e| e.to_string())?;
+            let st = pool.status.unwrap_or_default();
             match st.policies.as_slice() {
-                [p] if p.nodes == 3 && p.digest == default_digest && p.module == v1 => Ok(()),
+                [p] if p.nodes == 3 && p.digest == written && p.module == v1 => Ok(()),
                 other => Err(format!("{other:?}")),
             }
         },
     )
     .await;
+}
 
-    // 2. v2 traps in `order` on these nodes: the canary refuses it in its smoke test, the pool
-    //    holds Degraded naming the node, the module and the cause; the others never take it.
-    //    `rollout status`, run at once after the patch, waits for the controller to see it and
-    //    exits 1 on the hold (never 0 on the status of v1's rollout).
-    let v2_digest = releases.v2.rsplit_once('@').unwrap().1.to_string();
-    let (code, status, err) =
-        status_after(releases.configure(&client, &releases.v2, None), &operator).await;
+/// A module that traps in `order` on these nodes: the canary refuses it in its smoke test, the
+/// pool holds Degraded naming the node, the module and the cause, and the others never take it.
+/// `rollout status`, run at once after the change, waits for the controller to see it and exits
+/// 1 on the hold (never 0 on the status of v1's rollout). A fleet policy swapped on the running
+/// controller then decides, and writes no grant again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_module_the_canary_refuses_holds_the_pool_through_a_fleet_policy_swap() {
+    let Some((bed, releases, _)) = policy_fleet("policy-held", 910).await else {
+        return;
+    };
+    let (client, logs) = (&bed.cluster.client, || bed.logs());
+    let (v1, v2_digest) = (format!("oci://{}", releases.v1), digest_of(&releases.v2));
+    let change = releases.configure(client, &releases.v2, None);
+    let (code, status, err) = status_after(change, &bed.operator).await;
     assert_eq!(code, 1, "{status}\n{err}\n{}", logs());
     assert_eq!(status["standing"], "Degraded", "{status}");
-    assert!(
-        status["message"]
-            .as_str()
-            .unwrap_or("")
-            .contains(&v2_digest),
-        "{status}"
-    );
+    let message = status["message"].as_str().unwrap_or("");
+    assert!(message.contains(&v2_digest), "{status}");
     assert!(
         err.contains("MachineConfigPool worker is Degraded"),
         "{err}"
     );
-    let held = eventually(
-        "the canary refuses v2 and the pool holds",
-        &logs,
-        || async {
-            let (_, degraded, _) =
-                rollout_of(&pools.get("worker").await.map_err(|e| e.to_string())?);
-            (degraded.contains("canary node") && degraded.contains(&v2_digest))
-                .then_some(degraded.clone())
-                .ok_or(degraded)
-        },
-    )
-    .await;
+    let canary_refused = |_: Option<PoolRollout>, degraded: String, _: String| {
+        let held = degraded.contains("canary node") && degraded.contains(&v2_digest);
+        held.then_some(degraded)
+    };
+    let held = bed
+        .pool_when("the canary refuses v2 and the pool holds", canary_refused)
+        .await;
     for said in ["smoke test", "order", "trap"] {
         assert!(held.contains(said), "{said:?} in {held}");
     }
-    let policies = node_policies(&nodes).await;
+    let policies = node_policies(&bed.nodes).await;
     let refused: Vec<usize> = (0..3).filter(|&i| policies[i].1.is_some()).collect();
     assert_eq!(refused.len(), 1, "{policies:?}");
-    assert!(held.contains(FLEET_NODES[refused[0]]), "{held}");
+    let canary = FLEET_NODES[refused[0]];
+    assert!(held.contains(canary), "{held}");
     for _ in 0..20 {
-        let granted = policy_granted(&nodes, &releases.v2).await;
-        let p = node_policies(&nodes).await;
-        for i in (0..3).filter(|i| *i != refused[0]) {
-            assert!(
-                !granted[i],
-                "{} granted v2 after the canary refused it",
-                FLEET_NODES[i]
-            );
-        }
+        let granted = policy_granted(&bed.nodes, &releases.v2).await;
+        let others = (0..3).filter(|i| *i != refused[0]);
+        let other_granted = others.filter(|&i| granted[i]).map(|i| FLEET_NODES[i]);
+        let other_granted: Vec<_> = other_granted.collect();
         assert!(
-            p.iter().all(|(m, _)| m.as_deref() == Some(v1.as_str())),
-            "v1 everywhere: {p:?}"
+            other_granted.is_empty(),
+            "{other_granted:?} granted v2 after the canary refused it"
         );
+        let p = node_policies(&bed.nodes).await;
+        let on_v1 = p.iter().all(|(m, _)| m.as_deref() == Some(v1.as_str()));
+        assert!(on_v1, "v1 everywhere: {p:?}");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-
-    // The fleet policy changes on the running controller mid-rollout (the canary granted, the
-    // others held): the hostile module's fleet side, which answers as the default without its
-    // annotation, decides from now on; no grant is written again.
+    bed.events_of(canary, &[("PolicyRejected", &v2_digest)])
+        .await;
+    // The hostile module's fleet side, which answers as the default without its annotation,
+    // decides from now on: the pool's rollout names it, the hold stands, no grant is written.
     let grants = |m: &str| metric(m, "pinset_api_writes_total{kind=\"node_grant\"}");
-    let written = grants(&metrics(controller_port).await);
-    let fleet = Some(releases.v2.as_str());
-    releases.configure(&client, &releases.v2, fleet).await;
-    eventually("the controller swaps its fleet policy", &logs, || async {
-        let (rollout, degraded, _) =
-            rollout_of(&pools.get("worker").await.map_err(|e| e.to_string())?);
-        let policy = rollout.map(|r| r.policy).unwrap_or_default();
-        (policy.contains("worker-v2") && degraded.contains("canary node"))
-            .then_some(())
-            .ok_or(format!("{policy} / {degraded}"))
-    })
-    .await;
-    assert_eq!(
-        grants(&metrics(controller_port).await),
-        written,
-        "no grant written again"
-    );
+    let written = grants(&metrics(bed.controller_port).await);
+    releases
+        .configure(client, &releases.v2, Some(&releases.v2))
+        .await;
+    let swapped = |r: Option<PoolRollout>, degraded: String, _: String| {
+        let policy = r.map(|r| r.policy).unwrap_or_default();
+        (policy.contains("worker-v2") && degraded.contains("canary node")).then_some(())
+    };
+    bed.pool_when("the controller swaps its fleet policy", swapped)
+        .await;
+    let now = grants(&metrics(bed.controller_port).await);
+    assert_eq!(now, written, "no grant written again");
+}
 
-    // 3. v3 is good: the canary first, then waves; every node runs it; no agent restarted.
-    //    `rollout status`, started the moment the patch lands, follows it to the end: exit 0.
+/// A good module rolls out canary first, then in waves, until every node runs it; no agent
+/// restarts. `rollout status`, started the moment the change lands, follows it to the end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_good_module_rolls_out_canary_first_and_no_agent_restarts() {
+    let Some((bed, releases, _)) = policy_fleet("policy-good", 920).await else {
+        return;
+    };
+    let (client, logs) = (&bed.cluster.client, || bed.logs());
+    let agents_before = bed.agents_running();
     let follower = std::cell::RefCell::new(None);
     let change = async {
-        let at = releases.configure(&client, &releases.v3, fleet).await;
-        *follower.borrow_mut() = Some(follow_worker(&operator));
+        let at = releases.configure(client, &releases.v3, None).await;
+        *follower.borrow_mut() = Some(follow_worker(&bed.operator));
         at
     };
     let (canary, to_canary, to_pool) =
-        follow_policy_rollout(&nodes, &releases.v3, change, &logs).await;
+        follow_policy_rollout(&bed.nodes, &releases.v3, change, &logs).await;
     let followed = follower.borrow_mut().take().unwrap();
     let (code, out, err) = followed.await.unwrap();
     assert_eq!(code, 0, "{out}\n{err}\n{}", logs());
     let followed: serde_json::Value = serde_json::from_str(&out).unwrap();
     let v3_entry = pinset_core::rollout::policy_set(&format!("oci://{}", releases.v3));
     assert_eq!(followed["standing"], "Complete", "{followed}");
+    let target = followed["target"].as_str().unwrap();
     assert!(
-        followed["target"].as_str().unwrap().contains(&v3_entry) && followed["done"] == 3,
+        target.contains(&v3_entry) && followed["done"] == 3,
         "the status of the change just made: {followed}"
     );
-    eprintln!(
-        "policy rollout v3: canary {} after {to_canary:?}, whole pool (3 nodes) after {to_pool:?}",
-        FLEET_NODES[canary]
+    let canary = FLEET_NODES[canary];
+    eprintln!("policy rollout: canary {canary} after {to_canary:?}, 3 nodes after {to_pool:?}");
+    assert_eq!(
+        bed.agents_running(),
+        agents_before,
+        "an agent exited\n{}",
+        logs()
     );
-    // `pinset rollout status` follows the policy entry like a set: the pool is complete.
-    let (code, out, err) = worker_status_now(&operator, &["-o", "json"]).await;
-    assert_eq!(code, 0, "{out}{err}");
-    let status: serde_json::Value = serde_json::from_str(&out).unwrap();
-    let entry = pinset_core::rollout::policy_set(&format!("oci://{}", releases.v3));
-    assert!(
-        status["target"].as_str().unwrap().contains(&entry),
-        "{status}"
-    );
-    assert_eq!(status["done"], 3, "{status}");
-    for (agent, pid) in agents.borrow_mut().iter_mut().zip(&pids) {
-        assert_eq!(agent.child.id(), *pid);
-        assert!(
-            agent.child.try_wait().unwrap().is_none(),
-            "an agent exited\n{}",
-            logs()
-        );
-    }
-    let m = metrics(ports[canary]).await;
-    assert!(
-        metric(&m, "pinset_policy_swaps_total{result=\"swapped\"}") >= 2,
-        "{m}"
-    );
-    assert!(
-        metric(&m, "pinset_policy_swaps_total{result=\"rejected\"}") >= 1,
-        "{m}"
-    );
-    let v3_digest = releases.v3.rsplit_once('@').unwrap().1.to_string();
+    let v3_digest = digest_of(&releases.v3);
+    let i = FLEET_NODES.iter().position(|n| *n == canary).unwrap();
+    let m = metrics(bed.agent_ports[i]).await;
+    let swapped = metric(&m, "pinset_policy_swaps_total{result=\"swapped\"}");
+    assert!(swapped >= 1, "{m}");
     assert!(m.contains(&format!("digest=\"{v3_digest}\"")), "{m}");
-    eventually(
-        "the pool reports the rollout and its Degraded lifts",
-        &logs,
-        || async {
-            let p = pools.get("worker").await.map_err(|e| e.to_string())?;
-            let (_, degraded, _) = rollout_of(&p);
-            let counts = p.status.unwrap_or_default().policies;
-            (degraded.is_empty() && counts.len() == 1 && counts[0].digest == v3_digest)
-                .then_some(())
-                .ok_or(format!("{degraded} {counts:?}"))
-        },
-    )
-    .await;
-    // The Events say it: the canary's refusal of v2, each swap, the pool's rollout of v3.
-    let events: Api<k8s_openapi::api::events::v1::Event> = Api::all(client.clone());
-    let v3_entry = pinset_core::rollout::policy_set(&format!("oci://{}", releases.v3));
+    let counted = |_: Option<PoolRollout>, degraded: String, _: String| Some(degraded);
+    let on_v3 = eventually("the pool counts every node on v3", &logs, || async {
+        let pool = bed.pools.get("worker").await.map_err(|e| e.to_string())?;
+        let counts = pool.status.unwrap_or_default().policies;
+        match counts.as_slice() {
+            [p] if p.digest == v3_digest && p.nodes == 3 => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    });
+    on_v3.await;
+    let degraded = bed.pool_when("the pool's conditions", counted).await;
+    assert!(degraded.is_empty(), "{degraded}");
     let v3_hex = v3_entry.trim_start_matches("policy@");
-    eventually("the policy Events are recorded", &logs, || async {
-        let list = events
-            .list(&Default::default())
-            .await
-            .map_err(|e| e.to_string())?;
-        let seen: Vec<(String, String, String)> = list
-            .items
-            .iter()
-            .map(|e| {
-                let r = e.regarding.clone().unwrap_or_default();
-                let why = (
-                    e.reason.clone().unwrap_or_default(),
-                    e.note.clone().unwrap_or_default(),
-                );
-                (r.name.unwrap_or_default(), why.0, why.1)
-            })
-            .collect();
-        let has = |name: &str, reason: &str, note: &str| {
-            seen.iter()
-                .any(|(n, r, t)| n == name && r == reason && t.contains(note))
-        };
-        let canary_name = FLEET_NODES[refused[0]];
-        (has(canary_name, "PolicyRejected", &v2_digest)
-            && has(canary_name, "PolicySwapped", "unthrottled")
-            && has("worker", "PolicyRolledOut", v3_hex))
-        .then_some(())
-        .ok_or(format!("{seen:?}"))
-    })
-    .await;
+    bed.events_of(canary, &[("PolicySwapped", "unthrottled")])
+        .await;
+    bed.events_of("worker", &[("PolicyRolledOut", v3_hex)])
+        .await;
+}
 
-    // 4. A policy change while a pull is in flight: the reconcile finishes with the module it
-    //    started with, nothing is cancelled, and the node swaps after it.
-    let late = support::push_images(&cluster.registry, "policy-late", 1, 50_000, 901).await;
+/// A policy change while a pull is in flight: the reconcile finishes with the module it started
+/// with, nothing is cancelled, and the node swaps after it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_policy_change_during_a_pull_waits_for_the_pull() {
+    let Some((bed, releases, _)) = policy_fleet("policy-pull", 930).await else {
+        return;
+    };
+    let (cluster, logs) = (&bed.cluster, || bed.logs());
+    let late = support::push_images(&cluster.registry, "policy-late", 1, 50_000, 931).await;
     cluster.registry.stop();
     cluster.create_set("late", "worker", &late).await;
     let puller = eventually("a canary is granted the new set", &logs, || async {
-        let l = look(&nodes, &[], "late", 1, &late).await;
+        let l = look(&bed.nodes, &[], "late", 1, &late).await;
         l.granted.iter().position(|g| *g).ok_or(format!("{l:?}"))
     })
     .await;
-    let again_lines = |i: usize| {
-        agents.borrow()[i]
-            .log()
-            .matches("the desired state changed: reconciling again")
-            .count()
-    };
+    let again = "the desired state changed: reconciling again";
+    let again_lines = || bed.agent_log(puller).matches(again).count();
     // The pull waits on the registry (the agent retries it): the policy changes meanwhile.
     eventually(
         "the canary pulls the new set, its registry away",
         &logs,
         || async {
-            let n = nodes
-                .get(FLEET_NODES[puller])
-                .await
-                .map_err(|e| e.to_string())?;
-            let (sets, progressing, _) = node_state(&n);
+            let n = bed.nodes.get(FLEET_NODES[puller]).await;
+            let (sets, progressing, _) = node_state(&n.map_err(|e| e.to_string())?);
             let pulling =
                 progressing == "True" && sets.iter().any(|s| s.0 == "late" && s.2.is_none());
             pulling
@@ -471,52 +396,54 @@ async fn a_pool_policy_change_rolls_out_canary_first_and_a_bad_one_is_held() {
         },
     )
     .await;
-    let restarts_before = again_lines(puller);
-    releases.configure(&client, &releases.v1, fleet).await;
-    let v1_digest = releases.v1.rsplit('@').next().unwrap().to_string();
-    eventually("the pool's target names v1", &logs, || async {
-        let (rollout, _, _) = rollout_of(&pools.get("worker").await.map_err(|e| e.to_string())?);
-        let target = rollout.map(|r| r.target).unwrap_or_default();
-        target.contains(&v1_digest).then_some(()).ok_or(target)
-    })
-    .await;
+    let restarts_before = again_lines();
+    releases
+        .configure(&cluster.client, &releases.v3, None)
+        .await;
+    let v3_digest = digest_of(&releases.v3);
+    let names_v3 =
+        |r: Option<PoolRollout>, _: String, _: String| r.filter(|r| r.target.contains(&v3_digest));
+    bed.pool_when("the pool's target names v3", names_v3).await;
     cluster.registry.restart();
-    eventually("every node pins the new set and runs v1", &logs, || async {
-        let l = look(&nodes, &[], "late", 1, &late).await;
-        let p = node_policies(&nodes).await;
-        let on_v1 = p.iter().all(|(m, _)| m.as_deref() == Some(v1.as_str()));
-        (l.done.iter().all(|d| *d) && on_v1)
-            .then_some(())
-            .ok_or(format!("{l:?} {p:?}"))
+    let v3 = format!("oci://{}", releases.v3);
+    eventually("every node pins the new set and runs v3", &logs, || async {
+        let l = look(&bed.nodes, &[], "late", 1, &late).await;
+        let p = node_policies(&bed.nodes).await;
+        let on_v3 = p.iter().all(|(m, _)| m.as_deref() == Some(v3.as_str()));
+        match l.done.iter().all(|d| *d) && on_v3 {
+            true => Ok(()),
+            false => Err(format!("{l:?} {p:?}")),
+        }
     })
     .await;
-    assert_eq!(
-        again_lines(puller),
-        restarts_before,
-        "the policy change cancelled {}'s reconcile\n{}",
-        FLEET_NODES[puller],
-        logs()
-    );
-    let change = releases.configure(&client, &releases.v3, fleet);
-    let (_, to_canary, to_pool) = follow_policy_rollout(&nodes, &releases.v3, change, &logs).await;
-    eprintln!("policy rollout v3 again: canary after {to_canary:?}, whole pool after {to_pool:?}");
-    // A set change, followed the moment it is made: exit 0 once every node pins its generation.
-    let more = support::push_images(&cluster.registry, "policy-more", 1, 50_000, 902).await;
+    let who = FLEET_NODES[puller];
+    let cancelled = format!("the policy change cancelled {who}'s reconcile\n{}", logs());
+    assert_eq!(again_lines(), restarts_before, "{cancelled}");
+}
+
+/// A set change, `rollout status` run the moment it is made: exit 0 once every node pins its
+/// new generation, the status of that generation.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rollout_status_follows_a_set_change_to_its_end() {
+    let Some((bed, _, _)) = policy_fleet("policy-set", 940).await else {
+        return;
+    };
+    let more = support::push_images(&bed.cluster.registry, "policy-more", 1, 50_000, 941).await;
     let change = async {
-        let mut apps = sets.get("apps").await.unwrap();
+        let mut apps = bed.sets.get("apps").await.unwrap();
         let extra = pinset_k8s::api::PinnedImageRef {
             name: more[0].clone(),
         };
         apps.spec.pinned_images.push(extra);
-        sets.replace("apps", &PostParams::default(), &apps)
-            .await
-            .unwrap();
+        let params = PostParams::default();
+        bed.sets.replace("apps", &params, &apps).await.unwrap();
         Instant::now()
     };
-    let (code, status, err) = status_after(change, &operator).await;
-    assert_eq!(code, 0, "{status}\n{err}\n{}", logs());
+    let (code, status, err) = status_after(change, &bed.operator).await;
+    assert_eq!(code, 0, "{status}\n{err}\n{}", bed.logs());
+    let target = status["target"].as_str().unwrap();
     assert!(
-        status["target"].as_str().unwrap().starts_with("apps@2,") && status["done"] == 3,
+        target.starts_with("apps@2,") && status["done"] == 3,
         "{status}"
     );
 }

@@ -109,7 +109,7 @@ async fn a_rule_missing_from_the_manifests_is_a_clear_refusal_retried_until_gran
 /// once and retired for the default, said as a refused signature.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_registry_away_is_waited_for_and_a_removed_key_retires_what_it_vouched_for() {
-    let Some(mut n) = PolicyNode::start("trust").await else {
+    let Some(n) = PolicyNode::start("trust").await else {
         return;
     };
     let client = n.cluster.client.clone();
