@@ -223,11 +223,7 @@ async fn a_missing_digest_fails_at_once_and_says_it_is_permanent() {
         return;
     };
     let refs = support::push_images(&bed.registry, "present", 1, 64_000, 60).await;
-    let missing = format!(
-        "{}/pinset/missing@sha256:{}",
-        bed.registry.host,
-        "0".repeat(64)
-    );
+    let missing = bed.registry.missing_image();
     let node = support::node("worker");
     let d = desired_of(&node, &[set("s", 1, &[refs[0].clone(), missing.clone()])]);
     let mut status = NodeStatus::default();

@@ -114,6 +114,11 @@ pub struct Registry {
 }
 
 impl Registry {
+    /// A reference by digest to an image this registry does not hold.
+    pub fn missing_image(&self) -> String {
+        format!("{}/pinset/missing@sha256:{}", self.host, "0".repeat(64))
+    }
+
     pub fn start() -> Option<Registry> {
         Self::start_with("")
     }

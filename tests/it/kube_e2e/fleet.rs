@@ -222,8 +222,7 @@ async fn a_failed_canary_holds_the_pool_and_no_other_node_pulls() {
         return;
     };
     let images = support::push_images(&bed.cluster.registry, "held", 1, 150_000, 720).await;
-    let registry = &bed.cluster.registry.host;
-    let missing = format!("{registry}/pinset/missing@sha256:{}", "0".repeat(64));
+    let missing = bed.cluster.registry.missing_image();
     bed.cluster.create_pool("worker", &["worker"]).await;
     let wanted = [images[0].clone(), missing.clone()];
     bed.cluster.create_set("apps", "worker", &wanted).await;
@@ -291,8 +290,7 @@ async fn a_hostile_fleet_module_is_replaced_by_the_default_for_each_decision() {
         return;
     };
     let images = support::push_images(&bed.cluster.registry, "hostile", 2, 150_000, 730).await;
-    let registry = &bed.cluster.registry.host;
-    let missing = format!("{registry}/pinset/missing@sha256:{}", "0".repeat(64));
+    let missing = bed.cluster.registry.missing_image();
     let mut worker = pool("worker", &["worker"], "node-role.kubernetes.io/worker");
     worker.metadata.annotations = Some(
         [

@@ -313,11 +313,7 @@ async fn a_missing_image_degrades_node_and_pool_with_events_and_metrics() {
     let Some(t) = ThreePools::start().await else {
         return;
     };
-    let missing = format!(
-        "{}/pinset/missing@sha256:{}",
-        t.cluster.registry.host,
-        "0".repeat(64)
-    );
+    let missing = t.cluster.registry.missing_image();
     t.cluster
         .create_set("broken", "master", std::slice::from_ref(&missing))
         .await;
