@@ -11,6 +11,12 @@ fn module() -> PathBuf {
     support::policy_path("pinset_policy_smallest_first")
 }
 
+/// The file `pulled` holds the bytes of [`module`].
+fn assert_is_the_module(pulled: &Path) {
+    let same = std::fs::read(pulled).unwrap() == std::fs::read(module()).unwrap();
+    assert!(same, "{} differs from the module pushed", pulled.display());
+}
+
 /// `pinset` with `args` and `COSIGN_PASSWORD`: (exit code, stdout, stderr).
 fn pinset(args: &[&str]) -> (i32, String, String) {
     support::pinset_with(args, &[("COSIGN_PASSWORD", "pinset-test")])
@@ -57,10 +63,7 @@ fn a_pushed_module_pulls_back_equal_and_one_module_has_one_digest() {
     ] {
         let (code, err) = pull(&registry.host, &by, &out, &[]);
         assert_eq!(code, 0, "{err}");
-        assert_eq!(
-            std::fs::read(&out).unwrap(),
-            std::fs::read(module()).unwrap()
-        );
+        assert_is_the_module(&out);
     }
 }
 
@@ -252,10 +255,7 @@ fn push_and_pull_go_through_the_token_flow_with_the_credentials_file() {
     args.extend_from_slice(&with_auth);
     let (code, _, err) = pinset(&args);
     assert_eq!(code, 0, "{err}");
-    assert_eq!(
-        std::fs::read(&out_file).unwrap(),
-        std::fs::read(module()).unwrap()
-    );
+    assert_is_the_module(&out_file);
 }
 
 #[test]
