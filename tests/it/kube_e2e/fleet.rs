@@ -8,8 +8,7 @@ use pinset_k8s::api::PoolRollout;
 /// `apps` of two of three `prefix` images of 150 kB, the agents and the controller running;
 /// the three images.
 async fn paused_fleet(prefix: &str, seed: u64) -> Option<(FleetBed, Vec<String>)> {
-    let bed = FleetBed::start().await?;
-    let images = support::push_images(&bed.cluster.registry, prefix, 3, 150_000, seed).await;
+    let (bed, images) = FleetBed::with_images(prefix, 3, seed).await?;
     let mut paused = pool("worker", &["worker"], "node-role.kubernetes.io/worker");
     paused.metadata.annotations =
         Some([("pinset.io/rollout-paused".to_string(), "true".to_string())].into());
@@ -18,8 +17,7 @@ async fn paused_fleet(prefix: &str, seed: u64) -> Option<(FleetBed, Vec<String>)
         .await
         .unwrap();
     bed.cluster.create_set("apps", "worker", &images[..2]).await;
-    bed.controller("controller.log", &[]);
-    bed.agents(&[], |_| Vec::new());
+    bed.run(&[]);
     Some((bed, images))
 }
 
@@ -218,16 +216,14 @@ async fn followed_to_the_end(follow: Child, out: &Path, canary: &str) {
 /// naming the canary and the image, `rollout status` says so, and the other nodes never pull.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_canary_holds_the_pool_and_no_other_node_pulls() {
-    let Some(bed) = FleetBed::start().await else {
+    let Some((bed, images)) = FleetBed::with_images("held", 1, 720).await else {
         return;
     };
-    let images = support::push_images(&bed.cluster.registry, "held", 1, 150_000, 720).await;
     let missing = bed.cluster.registry.missing_image();
     bed.cluster.create_pool("worker", &["worker"]).await;
     let wanted = [images[0].clone(), missing.clone()];
     bed.cluster.create_set("apps", "worker", &wanted).await;
-    bed.controller("controller.log", &[]);
-    bed.agents(&[], |_| Vec::new());
+    bed.run(&[]);
     let failed = |r: Option<PoolRollout>, d: String, _: String| {
         r.filter(|r| r.failed == 1 && d.contains("canary node w-"))
             .map(|r| (r, d))
@@ -286,10 +282,9 @@ async fn a_failed_canary_holds_the_pool_and_no_other_node_pulls() {
 /// says why.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hostile_fleet_module_is_replaced_by_the_default_for_each_decision() {
-    let Some(bed) = FleetBed::start().await else {
+    let Some((bed, images)) = FleetBed::with_images("hostile", 2, 730).await else {
         return;
     };
-    let images = support::push_images(&bed.cluster.registry, "hostile", 2, 150_000, 730).await;
     let missing = bed.cluster.registry.missing_image();
     let mut worker = pool("worker", &["worker"], "node-role.kubernetes.io/worker");
     worker.metadata.annotations = Some(
@@ -307,11 +302,7 @@ async fn a_hostile_fleet_module_is_replaced_by_the_default_for_each_decision() {
     let wanted = [images[0].clone(), missing.clone()];
     bed.cluster.create_set("apps", "worker", &wanted).await;
     let hostile = support::policy_dir().join("pinset_test_policy_hostile.wasm");
-    bed.controller(
-        "controller.log",
-        &[format!("--fleet-policy=worker={}", hostile.display())],
-    );
-    bed.agents(&[], |_| Vec::new());
+    bed.run(&[format!("--fleet-policy=worker={}", hostile.display())]);
     let over_the_ceiling = |r: Option<PoolRollout>, _: String, f: String| {
         r.filter(|r| r.failed == 1 && f.contains("ceiling"))
             .map(|r| (r, f))

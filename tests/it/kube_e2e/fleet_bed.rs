@@ -44,11 +44,29 @@ impl FleetBed {
         })
     }
 
+    /// [`FleetBed::start`], and `count` images of 150 kB pushed to its registry.
+    pub(super) async fn with_images(
+        prefix: &str,
+        count: usize,
+        seed: u64,
+    ) -> Option<(FleetBed, Vec<String>)> {
+        let bed = FleetBed::start().await?;
+        let registry = &bed.cluster.registry;
+        let images = support::push_images(registry, prefix, count, 150_000, seed).await;
+        Some((bed, images))
+    }
+
     /// Start the controller (after stopping the running one), logging to `log`.
     pub(super) fn controller(&self, log: &str, extra: &[String]) {
         self.stop_controller();
         let started = self.cluster.controller(self.controller_port, log, extra);
         *self.controller.borrow_mut() = Some(started);
+    }
+
+    /// The controller, with `flags`, and plain agents: the fleet scenarios' processes.
+    pub(super) fn run(&self, flags: &[String]) {
+        self.controller("controller.log", flags);
+        self.agents(&[], |_| Vec::new());
     }
 
     /// SIGTERM the controller, which must exit cleanly.
