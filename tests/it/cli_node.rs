@@ -293,10 +293,9 @@ fn watch_restarts_on_a_changed_set_and_abandons_pulls_in_flight() {
     support::reap(&mut child);
 }
 
-/// kubectl-grade habits: exit codes (0 ok, 1 failure, 2 usage), a dry run whose input is
-/// invalid fails, completions, `:PORT`, a module as an argument, a clear word for a non-module.
+/// kubectl's exit codes: 0 ok, 1 failure, 2 usage; a dry run whose input is invalid fails.
 #[test]
-fn exit_codes_completions_and_clear_words() {
+fn exit_codes_are_kubectls_and_a_dry_run_of_a_refusal_fails() {
     let dir = tempfile::tempdir().unwrap();
     let demo = workspace().join("examples/demo");
     // A tag is refused: `plan` is a dry run of that failure, so it fails.
@@ -327,7 +326,11 @@ fn exit_codes_completions_and_clear_words() {
         err.contains("'pinset=bogus' for '--log") && err.contains("EnvFilter"),
         "{err}"
     );
-    // Completions, and `:PORT` parses (the flag is checked before anything runs).
+}
+
+/// Completions, and `:PORT` parses (the flag is checked before anything runs).
+#[test]
+fn completions_are_printed_and_a_bare_port_parses() {
     let (code, out, _) = pinset(&["completion", "bash"]);
     assert_eq!(code, 0);
     assert!(
@@ -346,7 +349,12 @@ fn exit_codes_completions_and_clear_words() {
         err.contains("/nonexistent") && !err.contains("--metrics-addr"),
         "{err}"
     );
-    // The module as an argument; a file that is no module says so in a line.
+}
+
+/// `pinset policy info`: the module given as an argument (else the embedded default), each
+/// contract it implements, its sha256 and what it imports, as text, JSON or YAML.
+#[test]
+fn policy_info_describes_each_contract_a_module_implements() {
     let default = support::policy_path("pinset_policy_default");
     let (code, out, err) = pinset(&["policy", "info", default.to_str().unwrap()]);
     assert_eq!(code, 0, "{err}");
@@ -401,14 +409,20 @@ fn exit_codes_completions_and_clear_words() {
             && !out.contains("  node "),
         "{out}"
     );
+}
+
+/// A file that is no module says so in a line; a module built for a contract's next version is
+/// told about its own contract: the node contract's error for a node module, the fleet
+/// contract's for a fleet module.
+#[test]
+fn policy_info_names_a_non_module_and_a_module_of_another_version() {
+    let sets = workspace().join("examples/demo/sets.yaml");
     let (code, _, err) = pinset(&["policy", "info", sets.to_str().unwrap()]);
     assert_eq!(code, 1);
     assert!(
         err.contains("not WebAssembly at all") && err.lines().count() == 1,
         "{err}"
     );
-    // A module built for each contract's next version is told about its own contract: the
-    // node contract's error for a node module, the fleet contract's for a fleet module.
     for (stem, theirs, ours, not) in [
         (
             "pinset_test_policy_future_fleet",
