@@ -1033,115 +1033,165 @@ async fn play_agents(nodes: &Api<MachineConfigNode>, g: i64, fail: bool) {
     }
 }
 
-/// `pinset rollout pause | status | resume` against a real API server and the controller, the
-/// agents played by the test: a paused pool reads Paused and times out, a resumed one is
-/// followed until every node pinned the set (exit 0, the API server restarted on the way), a
-/// failed canary ends the follow with the
-/// pool Degraded naming the node and the image (exit 1); pausing twice, resuming twice and an
-/// unknown pool are errors.
+/// `pinset rollout ARGS` as the cluster's administrator, off the async runtime.
+async fn rollout_now(cluster: &Cluster, args: &[&str]) -> (i32, String, String) {
+    let kc = cluster.server.kubeconfig.display().to_string();
+    let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+    tokio::task::spawn_blocking(move || {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        rollout_cli(&kc, &args)
+    })
+    .await
+    .expect("pinset rollout ran")
+}
+
+/// A cluster with the pool `worker` (paused by `pinset rollout pause` when `paused`), the set
+/// `apps` of two images, its nodes n0 and n1 (played by the test) and the controller; once
+/// `pinset rollout status` reads the pool's status of `apps@1`, which it returns.
+async fn rollout_bed(paused: bool) -> Option<(Cluster, Running, serde_json::Value)> {
+    let cluster = cluster().await?;
+    let pp = PostParams::default();
+    let worker = pool("worker", &["worker"]);
+    cluster.pools.create(&pp, &worker).await.unwrap();
+    if paused {
+        let (code, out, _) = rollout_now(&cluster, &["pause", "worker"]).await;
+        assert_eq!((code, out.trim()), (0, "machineconfigpool/worker paused"));
+    }
+    let apps = serde_json::from_value(set("apps", &[image(1), image(2)])).unwrap();
+    cluster.sets.create(&pp, &apps).await.unwrap();
+    worker_nodes(&cluster.nodes, &["n0", "n1"]).await;
+    let running = spawn_controller(&cluster.client);
+    let status = ["status", "worker", "--watch=false", "-o", "json"];
+    let observed = support::wait_for("the pool's status", Duration::from_secs(30), || async {
+        let (code, out, err) = rollout_now(&cluster, &status).await;
+        assert_eq!(code, 0, "{err}");
+        let read: serde_json::Value = serde_json::from_str(&out).unwrap();
+        let observed = read["observed"] == json!(true);
+        observed.then_some(read.clone()).ok_or(read.to_string())
+    })
+    .await;
+    Some((cluster, running, observed))
+}
+
+/// `pinset rollout pause` and `resume` say what they did, refuse to do it twice, and name a
+/// pool that does not exist (as `status` does).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn pinset_rollout_follows_pauses_and_resumes_a_pool() {
-    let Some(Cluster {
-        server,
-        client,
-        pools,
-        sets,
-        nodes,
-    }) = cluster().await
-    else {
+async fn pinset_rollout_pause_and_resume_refuse_twice_and_name_an_unknown_pool() {
+    let Some(c) = cluster().await else {
         return;
     };
-    let kc = server.kubeconfig.display().to_string();
-    let cli = |args: &'static [&'static str]| {
-        let kc = kc.clone();
-        tokio::task::spawn_blocking(move || rollout_cli(&kc, args))
-    };
-    let pp = PostParams::default();
-    pools
-        .create(&pp, &pool("worker", &["worker"]))
+    let worker = pool("worker", &["worker"]);
+    c.pools
+        .create(&PostParams::default(), &worker)
         .await
         .unwrap();
-
-    let (code, out, _) = cli(&["pause", "worker"]).await.unwrap();
+    let (code, out, _) = rollout_now(&c, &["pause", "worker"]).await;
     assert_eq!((code, out.trim()), (0, "machineconfigpool/worker paused"));
-    let (code, _, err) = cli(&["pause", "worker"]).await.unwrap();
+    let (code, _, err) = rollout_now(&c, &["pause", "worker"]).await;
     assert!(
         code == 1 && err.contains("worker is already paused"),
         "{err}"
     );
-    let (code, _, err) = cli(&["pause", "nosuch"]).await.unwrap();
-    assert!(
-        code == 1 && err.contains("MachineConfigPool nosuch not found"),
-        "{err}"
-    );
-    let (code, _, err) = cli(&["status", "nosuch", "--watch=false"]).await.unwrap();
-    assert!(
-        code == 1 && err.contains("MachineConfigPool nosuch not found"),
-        "{err}"
-    );
-
-    sets.create(
-        &pp,
-        &serde_json::from_value(set("apps", &[image(1), image(2)])).unwrap(),
-    )
-    .await
-    .unwrap();
-    worker_nodes(&nodes, &["n0", "n1"]).await;
-    let (stop, controller) = spawn_controller(&client);
-
-    // Paused: read once as JSON (once the controller's status shows the target), then a
-    // follow that times out.
-    let mut paused = serde_json::Value::Null;
-    for _ in 0..100 {
-        let (code, out, err) = cli(&["status", "worker", "--watch=false", "-o", "json"])
-            .await
-            .unwrap();
-        assert_eq!(code, 0, "{err}");
-        paused = serde_json::from_str(&out).unwrap();
-        if paused["observed"] == json!(true) {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    assert_eq!(paused["observed"], json!(true), "{paused}");
-    assert_eq!(
-        (
-            &paused["standing"],
-            &paused["target"],
-            &paused["waiting"],
-            &paused["nodes"]
-        ),
-        (&json!("Paused"), &json!("apps@1"), &json!(2), &json!(2)),
-        "{paused}"
-    );
-    let (code, out, err) = cli(&["status", "worker", "--timeout", "3s"]).await.unwrap();
-    assert_eq!(code, 1, "{out}\n{err}");
-    assert!(
-        err.contains("timed out after 3s waiting for MachineConfigPool worker"),
-        "{err}"
-    );
-    assert!(
-        out.contains("Waiting for MachineConfigPool worker to roll out: 0 of 2 nodes at apps@1 (2 waiting): paused"),
-        "{out}"
-    );
-
-    let (code, out, err) = cli(&["resume", "worker"]).await.unwrap();
+    let (code, out, err) = rollout_now(&c, &["resume", "worker"]).await;
     assert_eq!(
         (code, out.trim()),
         (0, "machineconfigpool/worker resumed"),
         "{err}"
     );
-    let (code, _, err) = cli(&["resume", "worker"]).await.unwrap();
+    let (code, _, err) = rollout_now(&c, &["resume", "worker"]).await;
     assert!(code == 1 && err.contains("worker is not paused"), "{err}");
+    for args in [
+        &["pause", "nosuch"][..],
+        &["status", "nosuch", "--watch=false"],
+    ] {
+        let (code, _, err) = rollout_now(&c, args).await;
+        let named = err.contains("MachineConfigPool nosuch not found");
+        assert!(code == 1 && named, "{args:?}: {err}");
+    }
+}
 
-    // Followed to the end: the agents start once the follow has printed where it starts.
+/// A paused pool reads Paused (as JSON: its target, its nodes waiting), and a follow of it
+/// times out saying where it waited.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pinset_rollout_status_of_a_paused_pool_reads_paused_and_a_follow_times_out() {
+    let Some((c, (stop, controller), paused)) = rollout_bed(true).await else {
+        return;
+    };
+    let read = ["standing", "target", "waiting", "nodes"].map(|k| &paused[k]);
+    let want = [json!("Paused"), json!("apps@1"), json!(2), json!(2)];
+    assert_eq!(read, want.each_ref(), "{paused}");
+    let (code, out, err) = rollout_now(&c, &["status", "worker", "--timeout", "3s"]).await;
+    assert_eq!(code, 1, "{out}\n{err}");
+    let timed_out = "timed out after 3s waiting for MachineConfigPool worker";
+    assert!(err.contains(timed_out), "{err}");
+    let waited = "Waiting for MachineConfigPool worker to roll out: 0 of 2 nodes at apps@1 (2 waiting): paused";
+    assert!(out.contains(waited), "{out}");
+    stop_controller(stop, controller).await;
+}
+
+/// `pinset rollout status` follows a rollout to its end (exit 0) through an API server restart
+/// (said once, as retrying), and draws it: a bar per node, the second starting once the
+/// canary's ended.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pinset_rollout_status_follows_a_rollout_to_its_end_through_an_api_server_restart() {
+    let Some((c, (stop, controller), _)) = rollout_bed(false).await else {
+        return;
+    };
     let pictures = tempfile::tempdir().unwrap();
     let svg = pictures.path().join("rollout.svg");
+    let (first, mut lines, follow) = follow_worker(&c, &svg).await;
+    // The API server restarts under the follow (and the controller): both ride it out.
+    c.server.restart().await;
+    play_agents(&c.nodes, 1, false).await;
+    let status = tokio::task::spawn_blocking(move || follow.wait_with_output())
+        .await
+        .unwrap()
+        .unwrap();
+    let mut rest = Vec::new();
+    while let Some(line) = lines.recv().await {
+        rest.push(line);
+    }
+    let err = String::from_utf8_lossy(&status.stderr);
+    assert_eq!(status.status.code(), Some(0), "{first}\n{rest:?}\n{err}");
+    // The restart, said once per interruption, naming the watch; not again by kube's client.
+    assert!(err.contains("(retrying)"), "{err}");
+    let from_kube = err.contains("failed with error") || err.contains("eof in poll");
+    assert!(!from_kube, "{err}");
+    let start = "Waiting for MachineConfigPool worker to roll out: 0 of 2 nodes at apps@1";
+    assert!(first.starts_with(start), "{first}");
+    let end = "MachineConfigPool worker successfully rolled out: 2 of 2 nodes at apps@1";
+    assert_eq!(rest.last().map(String::as_str), Some(end), "{rest:?}");
+    assert!(
+        err.contains(&format!("timeline: {}", svg.display())),
+        "{err}"
+    );
+    assert!(std::fs::read_to_string(&svg).unwrap().contains("<svg"));
+    let bars = support::timeline_bars(&svg);
+    assert!(bars.iter().all(|b| b.3 == "pull"), "{bars:?}");
+    assert_eq!(bars.len(), 2, "{bars:?}");
+    let one_after_the_other = bars[1].0 >= bars[0].1;
+    assert!(
+        one_after_the_other,
+        "the nodes pulled one after the other: {bars:?}"
+    );
+    stop_controller(stop, controller).await;
+}
+
+/// `pinset rollout status worker --timeout 60s --timeline SVG`, started: its first line (where
+/// it starts from), the lines after it as they come, and the process.
+async fn follow_worker(
+    c: &Cluster,
+    svg: &std::path::Path,
+) -> (
+    String,
+    tokio::sync::mpsc::UnboundedReceiver<String>,
+    std::process::Child,
+) {
     let mut follow = std::process::Command::new(support::PINSET)
         .args(["rollout", "status", "worker", "--timeout", "60s"])
-        .args(["--kubeconfig", &kc])
+        .args(["--kubeconfig".as_ref(), c.server.kubeconfig.as_os_str()])
         .arg("--timeline")
-        .arg(&svg)
+        .arg(svg)
         .env("PINSET_LOG", "warn")
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
@@ -1158,70 +1208,34 @@ async fn pinset_rollout_follows_pauses_and_resumes_a_pool() {
         .await
         .expect("the follow prints where it starts")
         .unwrap();
-    // The API server restarts under the follow (and the controller): both ride it out.
-    server.restart().await;
-    play_agents(&nodes, 1, false).await;
-    let status = tokio::task::spawn_blocking(move || follow.wait_with_output())
-        .await
-        .unwrap()
-        .unwrap();
-    let mut rest = Vec::new();
-    while let Some(line) = rx.recv().await {
-        rest.push(line);
-    }
-    let err = String::from_utf8_lossy(&status.stderr);
-    assert_eq!(status.status.code(), Some(0), "{first}\n{rest:?}\n{err}");
-    // The restart, said once per interruption, naming the watch; not again by kube's client.
-    assert!(err.contains("(retrying)"), "{err}");
-    assert!(
-        !err.contains("failed with error") && !err.contains("eof in poll"),
-        "{err}"
-    );
-    assert!(
-        first.starts_with(
-            "Waiting for MachineConfigPool worker to roll out: 0 of 2 nodes at apps@1"
-        ),
-        "{first}"
-    );
-    assert_eq!(
-        rest.last().map(String::as_str),
-        Some("MachineConfigPool worker successfully rolled out: 2 of 2 nodes at apps@1"),
-        "{rest:?}"
-    );
-    // The picture: a bar per node, the second starting once the canary's ended.
-    assert!(
-        err.contains(&format!("timeline: {}", svg.display())),
-        "{err}"
-    );
-    assert!(std::fs::read_to_string(&svg).unwrap().contains("<svg"));
-    let bars = support::timeline_bars(&svg);
-    assert!(bars.iter().all(|b| b.3 == "pull"), "{bars:?}");
-    assert_eq!(bars.len(), 2, "{bars:?}");
-    assert!(
-        bars[1].0 >= bars[0].1,
-        "the nodes pulled one after the other: {bars:?}"
-    );
+    (first, rx, follow)
+}
 
-    // Generation 2: the canary fails; the follow ends with the pool Degraded, naming it.
-    let mut two = sets.get("apps").await.unwrap();
-    two.spec
-        .pinned_images
-        .push(serde_json::from_value(json!({"name": image(9)})).unwrap());
-    sets.replace("apps", &pp, &two).await.unwrap();
-    play_agents(&nodes, 2, true).await;
-    let (code, out, err) = cli(&["status", "worker", "--timeout", "60s", "-o", "yaml"])
+/// A new generation whose canary fails: `pinset rollout status` ends with the pool Degraded,
+/// naming the node and the image (exit 1), in YAML as asked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pinset_rollout_status_ends_on_a_failed_canary_naming_it() {
+    let Some((c, (stop, controller), _)) = rollout_bed(false).await else {
+        return;
+    };
+    play_agents(&c.nodes, 1, false).await;
+    let mut two = c.sets.get("apps").await.unwrap();
+    let added = serde_json::from_value(json!({"name": image(9)})).unwrap();
+    two.spec.pinned_images.push(added);
+    c.sets
+        .replace("apps", &PostParams::default(), &two)
         .await
         .unwrap();
+    play_agents(&c.nodes, 2, true).await;
+    let args = ["status", "worker", "--timeout", "60s", "-o", "yaml"];
+    let (code, out, err) = rollout_now(&c, &args).await;
     assert_eq!(code, 1, "{out}\n{err}");
     let held: serde_json::Value = serde_saphyr::from_str(&out).unwrap();
-    assert_eq!(
-        (&held["standing"], &held["failed"], &held["target"]),
-        (&json!("Degraded"), &json!(1), &json!("apps@2")),
-        "{out}"
-    );
-    let canary = held["members"]
-        .as_array()
-        .unwrap()
+    let read = ["standing", "failed", "target"].map(|k| &held[k]);
+    let want = [json!("Degraded"), json!(1), json!("apps@2")];
+    assert_eq!(read, want.each_ref(), "{out}");
+    let members = held["members"].as_array().unwrap();
+    let canary = members
         .iter()
         .find(|m| m["phase"] == json!("failed"))
         .unwrap();
@@ -1232,7 +1246,6 @@ async fn pinset_rollout_follows_pauses_and_resumes_a_pool() {
             && err.contains("manifest unknown"),
         "{err}"
     );
-
     stop_controller(stop, controller).await;
 }
 
