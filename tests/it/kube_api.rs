@@ -52,20 +52,20 @@ async fn cluster() -> Option<Cluster> {
     })
 }
 
+/// The seed's example, as written (v1alpha1), is served and read back as v1; a set's images are
+/// refused by name when not by digest, malformed, repeated, too many, none or too long, and 500
+/// are accepted.
 #[tokio::test]
-async fn the_server_validates_sets_and_node_status() {
+async fn the_server_serves_the_seeds_example_and_validates_sets() {
     let Some(Cluster {
         server,
         client,
         sets,
-        nodes,
         ..
     }) = cluster().await
     else {
         return;
     };
-
-    // The seed's example, as written (v1alpha1), is served and read back as v1.
     let alpha = ApiResource::from_gvk_with_plural(
         &GroupVersionKind::gvk(
             "machineconfiguration.openshift.io",
@@ -118,8 +118,20 @@ async fn the_server_validates_sets_and_node_status() {
     // 500 unique images is the limit, and it is accepted.
     let limit: PinnedImageSet = serde_json::from_value(set("limit", &many[..500])).unwrap();
     sets.create(&PostParams::default(), &limit).await.unwrap();
+}
 
-    // MachineConfigNode: named like its node; generation rules on the status.
+/// A MachineConfigNode is named like its node, and its status follows the generation rules.
+#[tokio::test]
+async fn the_server_validates_node_status_generations() {
+    // The server is bound so that it lives as long as the test.
+    let Some(Cluster {
+        server: _server,
+        nodes,
+        ..
+    }) = cluster().await
+    else {
+        return;
+    };
     let mcn = |name: &str, node: &str| -> MachineConfigNode {
         serde_json::from_value(json!({
             "apiVersion": "machineconfiguration.openshift.io/v1",
@@ -192,8 +204,21 @@ async fn the_server_validates_sets_and_node_status() {
         .unwrap_err();
     assert!(e.contains("desiredGeneration"), "{e}");
     apply(status(json!({"name": "a", "desiredGeneration": 4, "currentGeneration": 2, "lastFailedGeneration": 4, "lastFailedGenerationError": "q.io/x@sha256:00: not found"}))).await.unwrap();
+}
 
-    // A policy module named by tag is refused in words, not by a regular expression.
+/// A policy module named by tag is refused in words, not by a regular expression; a bad sha256
+/// is named by its field; a module by digest is accepted.
+#[tokio::test]
+async fn the_server_refuses_a_policy_module_by_tag_in_words() {
+    // The server is bound so that it lives as long as the test.
+    let Some(Cluster {
+        server: _server,
+        client,
+        ..
+    }) = cluster().await
+    else {
+        return;
+    };
     let policies: Api<pinset_k8s::api::PolicyConfiguration> = Api::all(client.clone());
     let config = |module: &str, sha256: Option<&str>| {
         serde_json::from_value(json!({
