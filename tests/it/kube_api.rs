@@ -1469,15 +1469,19 @@ fn raw(client: &kube::Client, kind: &str, plural: &str) -> Api<DynamicObject> {
     )
 }
 
-/// Objects written for OpenShift — with the fields of its v1 MachineConfigPool,
-/// MachineConfigNode and PinnedImageSet that pinset does not use, spec and status — are served
-/// and read back unchanged (nothing pruned); OpenShift's status rules hold where pinset writes
-/// (no count over the pool's machines), and the node-name rule says what it wants.
-#[tokio::test]
-async fn objects_written_for_openshift_keep_every_field() {
-    let Some(c) = cluster().await else {
-        return;
-    };
+/// An object as OpenShift writes it: (kind, plural, name, the object with its spec, its status).
+type OpenShiftObject = (
+    &'static str,
+    &'static str,
+    &'static str,
+    serde_json::Value,
+    serde_json::Value,
+);
+
+/// One object of each kind as OpenShift writes it — with the fields of its v1
+/// MachineConfigPool, MachineConfigNode and PinnedImageSet that pinset does not use, spec and
+/// status.
+fn openshift_objects() -> [OpenShiftObject; 3] {
     let pool_spec = json!({
         "machineConfigSelector": {"matchLabels": {"machineconfiguration.openshift.io/role": "worker"}},
         "nodeSelector": {"matchLabels": {"node-role.kubernetes.io/worker": ""}},
@@ -1518,7 +1522,7 @@ async fn objects_written_for_openshift_keep_every_field() {
         "conditions": [{"type": "Ready", "status": "True", "reason": "AsExpected", "message": "",
                         "lastTransitionTime": "2026-12-01T00:00:00Z"}]
     });
-    let cases = [
+    [
         (
             "MachineConfigPool",
             "machineconfigpools",
@@ -1540,23 +1544,42 @@ async fn objects_written_for_openshift_keep_every_field() {
             set("release", &[image(1)]),
             set_status,
         ),
-    ];
-    for (kind, plural, name, body, status) in cases {
-        let api = raw(&c.client, kind, plural);
-        let mut object = body.clone();
-        object["apiVersion"] = json!("machineconfiguration.openshift.io/v1");
-        object["kind"] = json!(kind);
-        object["metadata"] = json!({"name": name});
-        let object: DynamicObject = serde_json::from_value(object).unwrap();
-        let warnings = api.create(&PostParams::default(), &object).await;
-        warnings.unwrap_or_else(|e| panic!("{kind}: {e}"));
-        api.patch_status(
-            name,
-            &PatchParams::default(),
-            &Patch::Merge(json!({"status": status.clone()})),
-        )
-        .await
-        .unwrap_or_else(|e| panic!("{kind} status: {e}"));
+    ]
+}
+
+/// Write `object` (kind, plural, name, spec, status) as OpenShift would: created, then its
+/// status patched.
+async fn write_as_openshift(
+    client: &kube::Client,
+    (kind, plural, name, body, status): &OpenShiftObject,
+) -> Api<DynamicObject> {
+    let api = raw(client, kind, plural);
+    let mut object = body.clone();
+    object["apiVersion"] = json!("machineconfiguration.openshift.io/v1");
+    object["kind"] = json!(kind);
+    object["metadata"] = json!({"name": name});
+    let object: DynamicObject = serde_json::from_value(object).unwrap();
+    let warnings = api.create(&PostParams::default(), &object).await;
+    warnings.unwrap_or_else(|e| panic!("{kind}: {e}"));
+    let status = Patch::Merge(json!({"status": status}));
+    let patched = api
+        .patch_status(name, &PatchParams::default(), &status)
+        .await;
+    patched.unwrap_or_else(|e| panic!("{kind} status: {e}"));
+    api
+}
+
+/// Objects written for OpenShift — with the fields of its v1 MachineConfigPool,
+/// MachineConfigNode and PinnedImageSet that pinset does not use, spec and status — are served
+/// and read back unchanged (nothing pruned).
+#[tokio::test]
+async fn objects_written_for_openshift_keep_every_field() {
+    let Some(c) = cluster().await else {
+        return;
+    };
+    for case in openshift_objects() {
+        let api = write_as_openshift(&c.client, &case).await;
+        let (kind, _, name, body, status) = case;
         let back = api.get(name).await.unwrap();
         assert_eq!(back.data["spec"], body["spec"], "{kind}: spec read back");
         // Every field written is kept as written (the server may default pinset's own, as
@@ -1568,9 +1591,17 @@ async fn objects_written_for_openshift_keep_every_field() {
             );
         }
     }
+}
 
-    // OpenShift's rules where pinset writes: no count over the pool's machines.
-    let pools = raw(&c.client, "MachineConfigPool", "machineconfigpools");
+/// OpenShift's status rules hold where pinset writes: no count over the pool's machines, the
+/// observed generation moves back only to zero, no more nodes ready than available.
+#[tokio::test]
+async fn openshifts_status_rules_hold_on_a_pool() {
+    let Some(c) = cluster().await else {
+        return;
+    };
+    let [openshift_pool, ..] = openshift_objects();
+    let pools = write_as_openshift(&c.client, &openshift_pool).await;
     let over = json!({"status": {"poolSynchronizersStatus": [{
         "poolSynchronizerType": "PinnedImageSets", "machineCount": 3, "updatedMachineCount": 4,
         "readyMachineCount": 2, "availableMachineCount": 2, "unavailableMachineCount": 1
@@ -1617,8 +1648,17 @@ async fn objects_written_for_openshift_keep_every_field() {
     write(synchronizer(2, 1)).await.expect("on from zero");
     let e = write(synchronizer(-1, 1)).await.unwrap_err();
     assert!(e.contains("availableMachineCount: Invalid value"), "{e}");
+}
 
-    // A pool names its sets as OpenShift does: DNS subdomains only.
+/// A pool names its sets as OpenShift does (DNS subdomains only), and a MachineConfigNode named
+/// unlike its node is refused, saying why.
+#[tokio::test]
+async fn set_names_and_node_names_follow_openshifts_rules() {
+    let Some(c) = cluster().await else {
+        return;
+    };
+    let [openshift_pool, ..] = openshift_objects();
+    let pools = write_as_openshift(&c.client, &openshift_pool).await;
     for (name, ok) in [
         ("release-4.17.3", true),
         ("Release_4", false),
@@ -1637,7 +1677,6 @@ async fn objects_written_for_openshift_keep_every_field() {
         }
     }
 
-    // A node named unlike its node: refused, saying why.
     let nodes = raw(&c.client, "MachineConfigNode", "machineconfignodes");
     let wrong: DynamicObject = serde_json::from_value(json!({
         "apiVersion": "machineconfiguration.openshift.io/v1", "kind": "MachineConfigNode",
