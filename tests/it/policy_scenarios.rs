@@ -262,25 +262,28 @@ fn cli_refuses_a_module_with_the_wrong_sha256() {
     );
 }
 
+/// `pinset policy bench` with `extra` flags on 20 images, 5 iterations: (exit code, stdout,
+/// stderr). It shares two cores with the rest of the suite, where a 3000-node grant once overran
+/// the default 100 ms deadline (a debug build takes ~45 ms unloaded). These tests assert what
+/// the bench reports, not how fast: the deadline is lifted.
+fn bench(extra: &[&str]) -> (i32, String, String) {
+    let mut args = vec![
+        "policy",
+        "bench",
+        "--images",
+        "20",
+        "--iterations",
+        "5",
+        "--policy-deadline-ms",
+        "60000",
+    ];
+    args.extend_from_slice(extra);
+    pinset(&args)
+}
+
+/// Every hook of both contracts has its row, as text and as JSON, each against the native code.
 #[test]
 fn cli_bench_reports_every_hook() {
-    // The test binary is a debug build sharing two cores with the rest of the suite: a
-    // 3000-node grant takes ~45 ms there unloaded and overran the default 100 ms deadline in
-    // CI. This test asserts what the bench reports, not how fast; the deadline is lifted.
-    let bench = |extra: &[&str]| {
-        let mut args = vec![
-            "policy",
-            "bench",
-            "--images",
-            "20",
-            "--iterations",
-            "5",
-            "--policy-deadline-ms",
-            "60000",
-        ];
-        args.extend_from_slice(extra);
-        pinset(&args)
-    };
     let (code, stdout, stderr) = bench(&[]);
     assert_eq!(code, 0, "{stderr}");
     for row in [
@@ -322,8 +325,11 @@ fn cli_bench_reports_every_hook() {
     );
     assert!(rows.iter().all(|r| r["wasm"]["medianUs"].as_f64().unwrap() > 0.0 && r["ratio"].as_f64().is_some()));
     assert!(rows.iter().all(|r| r["baseline"] == "native"), "{stdout}");
+}
 
-    // With the floor module: a fresh instance and a reconcile against it, in the same run.
+/// With the floor module: a fresh instance and a reconcile against it, in the same run.
+#[test]
+fn cli_bench_measures_against_the_floor_module() {
     let floor = support::policy_path("pinset_test_policy_floor");
     let (code, stdout, stderr) = bench(&["--floor", floor.to_str().unwrap(), "-o", "json"]);
     assert_eq!(code, 0, "{stderr}");
@@ -343,8 +349,12 @@ fn cli_bench_reports_every_hook() {
         ],
         "{stdout}"
     );
+}
 
-    // A fleet-only module: the fleet rows alone, named as a fleet policy.
+/// A fleet-only module: the fleet rows alone, named as a fleet policy; the native column is the
+/// default's code, said so, and no ratio is drawn from it.
+#[test]
+fn cli_bench_of_a_fleet_module_has_the_fleet_rows_and_no_ratio() {
     let zones = support::policy_path("pinset_policy_zone_by_zone");
     let (code, stdout, stderr) = bench(&["--policy", zones.to_str().unwrap()]);
     assert_eq!(code, 0, "{stderr}");
@@ -359,8 +369,6 @@ fn cli_bench_reports_every_hook() {
         "{stdout}"
     );
     assert!(stdout.starts_with("fleet policy "), "{stdout}");
-    // Another module than the default: the native column is the default's code, said so, and
-    // no ratio is drawn from it.
     let (_, stdout, stderr) = bench(&["--policy", zones.to_str().unwrap(), "-o", "json"]);
     let report: serde_json::Value = serde_json::from_str(&stdout).expect(&stderr);
     assert!(
@@ -371,8 +379,12 @@ fn cli_bench_reports_every_hook() {
             .all(|r| r["baseline"] == "native default" && r["ratio"].is_null()),
         "{stdout}"
     );
+}
 
-    // A saved run as the baseline: a row slower than allowed fails the run (exit 1), naming it.
+/// A saved run as the baseline: the same run passes; a row slower than allowed fails the run
+/// (exit 1), naming it; a baseline that cannot be read is said.
+#[test]
+fn cli_bench_fails_on_a_regression_against_a_saved_run() {
     let dir = tempfile::tempdir().unwrap();
     let saved = dir.path().join("bench.json");
     let (code, _, stderr) = bench(&["--save", saved.to_str().unwrap()]);
