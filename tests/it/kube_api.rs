@@ -123,15 +123,10 @@ async fn the_server_serves_the_seeds_example_and_validates_sets() {
 /// A MachineConfigNode is named like its node, and its status follows the generation rules.
 #[tokio::test]
 async fn the_server_validates_node_status_generations() {
-    // The server is bound so that it lives as long as the test.
-    let Some(Cluster {
-        server: _server,
-        nodes,
-        ..
-    }) = cluster().await
-    else {
+    let Some(c) = cluster().await else {
         return;
     };
+    let nodes = &c.nodes;
     let mcn = |name: &str, node: &str| -> MachineConfigNode {
         serde_json::from_value(json!({
             "apiVersion": "machineconfiguration.openshift.io/v1",
@@ -210,15 +205,10 @@ async fn the_server_validates_node_status_generations() {
 /// is named by its field; a module by digest is accepted.
 #[tokio::test]
 async fn the_server_refuses_a_policy_module_by_tag_in_words() {
-    // The server is bound so that it lives as long as the test.
-    let Some(Cluster {
-        server: _server,
-        client,
-        ..
-    }) = cluster().await
-    else {
+    let Some(c) = cluster().await else {
         return;
     };
+    let client = &c.client;
     let policies: Api<pinset_k8s::api::PolicyConfiguration> = Api::all(client.clone());
     let config = |module: &str, sha256: Option<&str>| {
         serde_json::from_value(json!({
@@ -1593,15 +1583,22 @@ async fn objects_written_for_openshift_keep_every_field() {
     }
 }
 
+/// A cluster holding the pool `worker` as OpenShift wrote it ([`openshift_objects`]), and the
+/// pools' API.
+async fn cluster_with_openshifts_pool() -> Option<(Cluster, Api<DynamicObject>)> {
+    let c = cluster().await?;
+    let [openshift_pool, ..] = openshift_objects();
+    let pools = write_as_openshift(&c.client, &openshift_pool).await;
+    Some((c, pools))
+}
+
 /// OpenShift's status rules hold where pinset writes: no count over the pool's machines, the
 /// observed generation moves back only to zero, no more nodes ready than available.
 #[tokio::test]
 async fn openshifts_status_rules_hold_on_a_pool() {
-    let Some(c) = cluster().await else {
+    let Some((_cluster, pools)) = cluster_with_openshifts_pool().await else {
         return;
     };
-    let [openshift_pool, ..] = openshift_objects();
-    let pools = write_as_openshift(&c.client, &openshift_pool).await;
     let over = json!({"status": {"poolSynchronizersStatus": [{
         "poolSynchronizerType": "PinnedImageSets", "machineCount": 3, "updatedMachineCount": 4,
         "readyMachineCount": 2, "availableMachineCount": 2, "unavailableMachineCount": 1
@@ -1654,11 +1651,9 @@ async fn openshifts_status_rules_hold_on_a_pool() {
 /// unlike its node is refused, saying why.
 #[tokio::test]
 async fn set_names_and_node_names_follow_openshifts_rules() {
-    let Some(c) = cluster().await else {
+    let Some((c, pools)) = cluster_with_openshifts_pool().await else {
         return;
     };
-    let [openshift_pool, ..] = openshift_objects();
-    let pools = write_as_openshift(&c.client, &openshift_pool).await;
     for (name, ok) in [
         ("release-4.17.3", true),
         ("Release_4", false),
