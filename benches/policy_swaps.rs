@@ -35,8 +35,7 @@ impl Drop for Agent {
     }
 }
 
-/// Dropped in this order: the agent first.
-/// The agent (stopped first when dropped) and its world.
+/// The agent (stopped first when dropped: fields drop in order) and its world.
 struct Bed {
     agent: Agent,
     world: support::WorkerBed,

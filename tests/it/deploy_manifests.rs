@@ -296,15 +296,12 @@ fn check_policy_configuration(docs: &[Value]) {
         assert_eq!(rules.len(), 1, "{:?}", role["metadata"]["name"]);
         assert_eq!(
             rules[0]["resources"],
-            serde_saphyr::from_str::<Value>("[policyconfigurations]").unwrap()
+            serde_json::json!(["policyconfigurations"])
         );
-        assert_eq!(
-            rules[0]["resourceNames"],
-            serde_saphyr::from_str::<Value>(&format!("[{name}]")).unwrap()
-        );
+        assert_eq!(rules[0]["resourceNames"], serde_json::json!([name]));
         assert_eq!(
             rules[0]["verbs"],
-            serde_saphyr::from_str::<Value>("[get, list, watch]").unwrap()
+            serde_json::json!(["get", "list", "watch"])
         );
     }
 }

@@ -3,10 +3,11 @@
 //! fleet module is contained by the guard — the default fleet policy answers, the failure named.
 
 use crate::support;
+use crate::support::wasm_runtime as runtime;
 
 use pinset_policy::{
     Decided, Described, FleetContract, FleetInstance, FleetModule, Guarded, Hook, Limits,
-    LoadError, Node, PolicyError, PolicyInstance, WasmRuntime,
+    LoadError, Node, PolicyError, PolicyInstance,
 };
 use pinset_policy_sdk::{FleetNode, FleetPool, Phase, RolloutRequest};
 use std::path::PathBuf;
@@ -14,10 +15,6 @@ use std::time::{Duration, Instant};
 
 fn component(stem: &str) -> PathBuf {
     support::policy_path(stem)
-}
-
-fn runtime() -> &'static WasmRuntime {
-    support::wasm_runtime()
 }
 
 fn fleet(stem: &str) -> FleetModule {

@@ -62,8 +62,6 @@ fn measured(args: &[&str]) -> Run {
     }
 }
 
-/// `pinset plan` of a set of `image` (in `dir`) for `node`, `hostile` an insecure registry,
-/// with `extra` flags.
 /// `pinset set from-images apps ADDR/team/app:v1 --insecure-registry ADDR EXTRA…`, measured.
 fn from_images(addr: &str, extra: &[&str]) -> Run {
     let image = format!("{addr}/team/app:v1");
@@ -79,6 +77,8 @@ fn from_images(addr: &str, extra: &[&str]) -> Run {
     measured(&args)
 }
 
+/// `pinset plan` of a set of `image` (in `dir`) for `node`, `hostile` an insecure registry,
+/// with `extra` flags.
 fn plan(dir: &Path, node: &Path, hostile: &Hostile, image: &str, extra: &[&str]) -> Run {
     let sets = dir.join("sets.yaml");
     std::fs::write(&sets, support::set_yaml("apps", None, &[image.to_string()])).unwrap();

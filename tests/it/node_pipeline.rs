@@ -2,6 +2,7 @@
 //! socket) with injected faults, real Wasm policies and the CRI-O drop-in back end on real files.
 
 use crate::support;
+use crate::support::wasm_runtime as runtime;
 
 use pinset_core::desired::{self, Desired, NodeInfo, PinnedImageSet};
 use pinset_core::status::NodeStatus;
@@ -10,17 +11,13 @@ use pinset_node::cri::client::{CriClient, CriConfig};
 use pinset_node::executor::Backoff;
 use pinset_node::pin::crio::{self, CrioPins};
 use pinset_node::{Reconciler, Report};
-use pinset_policy::{EMBEDDED_DEFAULT, Limits, PolicyModule, WasmRuntime};
+use pinset_policy::{EMBEDDED_DEFAULT, Limits, PolicyModule};
 use pinset_policy_sdk::{MIB, Pressure};
 use pinset_registry::size::{Cached, ImageSize, TableSizer};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
-
-fn runtime() -> &'static WasmRuntime {
-    support::wasm_runtime()
-}
 
 fn default_policy() -> PolicyModule {
     runtime()

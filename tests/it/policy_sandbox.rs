@@ -3,6 +3,7 @@
 //! and modules that must not load are refused.
 
 use crate::support;
+use crate::support::wasm_runtime as runtime;
 
 use pinset_policy::{
     Compiler, Decisions, Guarded, Hook, Limits, LoadError, Node, PolicyError, PolicyInstance,
@@ -16,10 +17,6 @@ use std::time::{Duration, Instant};
 
 fn component(stem: &str) -> PathBuf {
     support::policy_path(stem)
-}
-
-fn runtime() -> &'static WasmRuntime {
-    support::wasm_runtime()
 }
 
 fn hostile() -> &'static PolicyModule {

@@ -446,9 +446,6 @@ pub fn keygen_empty(prefix: &std::path::Path) -> (std::path::PathBuf, String) {
     (prefix.with_extension("key"), public)
 }
 
-/// The flags of `pinset agent` for worker node `w-0` (its [`node_file`] written in `dir`) on the
-/// runtime at `cri`, against the API server of `kubeconfig`, pulling from `registry` over plain
-/// HTTP.
 /// One worker node's world for an agent run as its own process: a registry holding `count`
 /// images of `bytes` each (`seed` makes them unique), containerd, and an API server with pool
 /// `worker` and set `set` of those images; `args` start `pinset agent` as node `w-0` there, its
@@ -486,6 +483,9 @@ impl WorkerBed {
     }
 }
 
+/// The flags of `pinset agent` for worker node `w-0` (its [`node_file`] written in `dir`) on the
+/// runtime at `cri`, against the API server of `kubeconfig`, pulling from `registry` over plain
+/// HTTP.
 pub fn worker_agent_args(
     kubeconfig: &std::path::Path,
     dir: &std::path::Path,

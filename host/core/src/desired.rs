@@ -89,14 +89,14 @@ pub fn standard_pools() -> Vec<Pool> {
 pub(crate) fn infra_pool() -> Pool {
     Pool {
         name: "infra".into(),
-        machine_config_selector: crate::yaml::from_str(
-            &format!(
-                "matchExpressions: [{{key: {ROLE_LABEL}, operator: In, values: [worker, infra]}}]"
-            ),
-            crate::yaml::Fields::Strict,
-        )
-        .map(|(selector, _)| selector)
-        .expect("a valid selector"),
+        machine_config_selector: LabelSelector {
+            match_expressions: vec![crate::selector::Requirement {
+                key: ROLE_LABEL.into(),
+                operator: crate::selector::Operator::In,
+                values: vec!["worker".into(), "infra".into()],
+            }],
+            ..Default::default()
+        },
         node_selector: LabelSelector::labels(&[("node-role.kubernetes.io/infra", "")]),
         pinned_image_sets: None,
     }

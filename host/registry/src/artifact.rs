@@ -308,8 +308,8 @@ impl Artifacts {
         if reference.digest().is_some() {
             return Ok(reference.clone());
         }
-        let fetched = (self.fetch_manifest(reference).await)
-            .map_err(|e| ArtifactError::of(reference, "resolving the tag", e))?;
+        let fetched = self.fetch_manifest(reference).await;
+        let fetched = fetched.map_err(|e| ArtifactError::of(reference, "resolving the tag", e))?;
         Ok(reference.at(&fetched.digest))
     }
 
@@ -399,7 +399,7 @@ impl Artifacts {
             }
             Err(e) => return Err(ArtifactError::of(reference, "reading the manifest", e)),
         };
-        let not_wasm = |why: String| not_wasm(&reference.to_string(), why);
+        let not_wasm = |why: String| not_wasm(reference, why);
         if is_index(fetched.media_type.as_deref()) {
             return Err(not_wasm(AN_INDEX.into()));
         }
@@ -504,7 +504,8 @@ fn is_index(media_type: Option<&str>) -> bool {
     media_type.is_some_and(|t| t.starts_with(OCI_INDEX) || t.starts_with(DOCKER_LIST))
 }
 
-fn not_wasm(reference: &str, why: String) -> ArtifactError {
+/// `reference` names no Wasm module, for the reason `why`.
+fn not_wasm(reference: &ArtifactRef, why: String) -> ArtifactError {
     ArtifactError::NotWasm {
         reference: reference.to_string(),
         why,
@@ -516,7 +517,7 @@ fn wasm_layer<'m>(
     at: &ArtifactRef,
     manifest: &'m ImageManifest,
 ) -> Result<&'m Descriptor, ArtifactError> {
-    let not_wasm = |why: String| not_wasm(&at.to_string(), why);
+    let not_wasm = |why: String| not_wasm(at, why);
     if is_index(manifest.media_type.as_deref()) {
         return Err(not_wasm(AN_INDEX.into()));
     }

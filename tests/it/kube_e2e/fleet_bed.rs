@@ -27,8 +27,10 @@ pub(super) struct FleetBed {
 impl FleetBed {
     /// The cluster and the nodes' containerds; `None` as [`Cluster::with_runtime`].
     pub(super) async fn start() -> Option<FleetBed> {
-        let (cluster, runtimes) = Cluster::for_fleet().await?;
-        let (pools, sets, nodes) = cluster.apis();
+        let cluster = Cluster::start().await?;
+        let runtimes = cluster.runtimes(FLEET_NODES.len())?;
+        let all = || cluster.client.clone();
+        let (pools, sets, nodes) = (Api::all(all()), Api::all(all()), Api::all(all()));
         Some(FleetBed {
             cris: runtimes.iter().map(cri).collect(),
             operator: cluster.operator_kc.display().to_string(),

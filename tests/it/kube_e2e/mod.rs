@@ -319,26 +319,6 @@ impl Cluster {
         Some((cluster, runtime))
     }
 
-    /// A [`Cluster`] and a containerd for each of the [`FLEET_NODES`]; `None` as
-    /// [`Cluster::with_runtime`].
-    async fn for_fleet() -> Option<(Cluster, Vec<support::Containerd>)> {
-        let cluster = Cluster::start().await?;
-        let runtimes = cluster.runtimes(FLEET_NODES.len())?;
-        Some((cluster, runtimes))
-    }
-
-    /// The pools, sets and MachineConfigNodes, as the test (an administrator) reads them.
-    fn apis(
-        &self,
-    ) -> (
-        Api<MachineConfigPool>,
-        Api<PinnedImageSet>,
-        Api<MachineConfigNode>,
-    ) {
-        let all = || self.client.clone();
-        (Api::all(all()), Api::all(all()), Api::all(all()))
-    }
-
     /// `n` containerds of their own, each able to pull from the cluster's registry.
     fn runtimes(&self, n: usize) -> Option<Vec<support::Containerd>> {
         (0..n)
@@ -394,21 +374,6 @@ fn cri(runtime: &support::Containerd) -> pinset_node::cri::client::CriClient {
     .unwrap()
 }
 
-/// The master pool and one set `release` of `count` images of 1 MiB pushed to the bed's
-/// registry (a control-plane node pulls one at a time with a 1 s pause: about a second per
-/// image); the images, and the MachineConfigNode API.
-async fn release_set(
-    cluster: &Cluster,
-    prefix: &str,
-    count: usize,
-    seed: u64,
-) -> (Vec<String>, Api<MachineConfigNode>) {
-    let refs = support::push_images(&cluster.registry, prefix, count, 1 << 20, seed).await;
-    cluster.create_pool("master", &["master"]).await;
-    cluster.create_set("release", "master", &refs).await;
-    (refs, Api::all(cluster.client.clone()))
-}
-
 /// What [`release_bed`] starts: the cluster, its containerd, the release set's images, the
 /// MachineConfigNode API and the containerd's CRI as the test asks it.
 type ReleaseBed = (
@@ -419,12 +384,15 @@ type ReleaseBed = (
     pinset_node::cri::client::CriClient,
 );
 
-/// A [`Cluster`], one containerd, and [`release_set`] on it; `None` as
-/// [`Cluster::with_runtime`].
+/// A [`Cluster`] and one containerd, with the master pool and one set `release` of `count`
+/// images of 1 MiB pushed to the bed's registry (a control-plane node pulls one at a time with
+/// a 1 s pause: about a second per image); `None` as [`Cluster::with_runtime`].
 async fn release_bed(prefix: &str, count: usize, seed: u64) -> Option<ReleaseBed> {
     let (cluster, runtime) = Cluster::with_runtime().await?;
-    let (refs, nodes) = release_set(&cluster, prefix, count, seed).await;
-    let cri = cri(&runtime);
+    let refs = support::push_images(&cluster.registry, prefix, count, 1 << 20, seed).await;
+    cluster.create_pool("master", &["master"]).await;
+    cluster.create_set("release", "master", &refs).await;
+    let (nodes, cri) = (Api::all(cluster.client.clone()), cri(&runtime));
     Some((cluster, runtime, refs, nodes, cri))
 }
 
@@ -442,7 +410,7 @@ impl Cluster {
 }
 
 impl Cluster {
-    /// The agent of node cp-0 (the master pool of [`release_set`]) on `runtime`, free to pull
+    /// The agent of node cp-0 (the master pool of [`release_bed`]) on `runtime`, free to pull
     /// without a grant, serving metrics on `port` and logging to `log`.
     fn release_agent(&self, runtime: &support::Containerd, port: u16, log: &str) -> Proc {
         let free = ["--rollout=free".into()];
