@@ -52,8 +52,9 @@ pub fn build(
 ) {
     std::fs::create_dir_all(out).unwrap_or_else(|e| panic!("create {}: {e}", out.display()));
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    // One build per policy: in a shared build, cargo would unify the features of
-    // `pinset-policy-default` and export its decisions from every policy that reuses its rules.
+    // One build per policy: in a shared build, cargo would unify the SDK's features
+    // (`decisions`, `fleet`, `no-std`) across them, and a module would declare bindings for a
+    // contract it does not export.
     for &(package, stem) in policies {
         let mut cmd = guest_build(&cargo, workspace, target_dir, package);
         if !features.is_empty() {

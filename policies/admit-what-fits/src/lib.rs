@@ -28,7 +28,7 @@ pub fn budget(request: &AdmissionRequest) -> Option<(u64, &'static str)> {
     }
     let allocatable = request.node.allocatable_ephemeral_bytes?;
     Some((
-        allocatable.saturating_sub(pinset_policy_default::RESERVED_BYTES),
+        allocatable.saturating_sub(reference::RESERVED_BYTES),
         "allocatable ephemeral-storage",
     ))
 }
@@ -43,7 +43,7 @@ impl Policy for AdmitWhatFits {
     }
 
     fn admit(&self, request: &AdmissionRequest) -> Admission {
-        if let Some(reason) = pinset_policy_default::node_gate(&request.node) {
+        if let Some(reason) = reference::node_gate(&request.node) {
             return Admission::reject(reason);
         }
         let Some((budget, source)) = budget(request) else {
@@ -98,18 +98,6 @@ impl Policy for AdmitWhatFits {
             fmt_bytes(used),
             fmt_bytes(budget)
         ))
-    }
-
-    fn order(&self, node: &NodeFacts, images: &Images) -> Vec<u32> {
-        pinset_policy_default::DefaultPolicy.order(node, images)
-    }
-
-    fn concurrency(&self, node: &NodeFacts) -> u32 {
-        pinset_policy_default::DefaultPolicy.concurrency(node)
-    }
-
-    fn throttle(&self, node: &NodeFacts, outcome: &PullOutcome, pressure: &Pressure) -> u64 {
-        pinset_policy_default::DefaultPolicy.throttle(node, outcome, pressure)
     }
 }
 

@@ -1,42 +1,18 @@
-//! pinset's default pull policy: the reference behaviour, with the disk check done once for all
-//! sets of the node.
+//! pinset's default policy: the reference behaviour, with the disk check done once for all sets
+//! of the node, and the reference's rollout (a canary, then waves of 10 %).
 //!
-//! | decision     | rule                                                                          |
-//! |--------------|-------------------------------------------------------------------------------|
-//! | admission    | node Ready, no DiskPressure, allocatable ephemeral storage ≥ 16 GiB, and      |
-//! |              | 2 × (compressed bytes of absent images, shared layers once, ALL sets) <       |
-//! |              | allocatable − 16 GiB                                                          |
-//! | order        | the sets' order (the host has already removed duplicates)                     |
-//! | concurrency  | 1 on control-plane nodes, 5 elsewhere                                         |
-//! | throttle     | 1 s after every pull                                                          |
-//!
-//! Images of unknown size cannot be counted; they are admitted and named in the reason.
+//! It writes no decision of its own: every one is the SDK's default, the reference's rules in
+//! `pinset_policy_sdk::reference` (the table of what they decide is there). A policy that
+//! changes one decision writes that one and keeps the others alike.
 //! The same source is compiled into pinset as its native fallback policy. It needs no standard
 //! library (natively it is linked with pinset's): the module imports the contract's interfaces
 //! and nothing else (no WASI).
 
-// Without its `no-std` feature (a dependency of a policy with the standard library) it is linked
-// with that policy's library; with it (exported, or reused by a policy without one), the SDK's
-// `no-std` brings the panic handler, which a `std` here would define a second time.
-#![cfg_attr(all(target_arch = "wasm32", feature = "no-std"), no_std)]
+// Built as the module (`export`), the SDK's `no-std` brings the panic handler, which a `std` here
+// would define a second time.
+#![cfg_attr(all(target_arch = "wasm32", feature = "export"), no_std)]
 
-extern crate alloc;
-
-pub mod fleet;
-
-use alloc::format;
-use alloc::string::String;
-use alloc::vec::Vec;
-pub use fleet::DefaultFleet;
 use pinset_policy_sdk::*;
-
-/// Ephemeral storage a node keeps for everything else.
-pub const RESERVED_BYTES: u64 = 16 * GIB;
-/// Images are compressed: unpacking takes about as much again.
-pub const DECOMPRESSION_FACTOR: u64 = 2;
-pub const CONTROL_PLANE_CONCURRENCY: u32 = 1;
-pub const WORKER_CONCURRENCY: u32 = 5;
-pub const THROTTLE_MS: u64 = 1_000;
 
 #[derive(Clone, Copy, Debug, Default)]
 pub struct DefaultPolicy;
@@ -50,86 +26,20 @@ impl Policy for DefaultPolicy {
              throttle, disk admission against allocatable minus 16 GiB across all sets",
         )
     }
-
-    fn admit(&self, request: &AdmissionRequest) -> Admission {
-        admit(request)
-    }
-
-    fn order(&self, _node: &NodeFacts, images: &Images) -> Vec<u32> {
-        identity_order(images)
-    }
-
-    fn concurrency(&self, node: &NodeFacts) -> u32 {
-        node.by_role(CONTROL_PLANE_CONCURRENCY, WORKER_CONCURRENCY)
-    }
-
-    fn throttle(&self, _node: &NodeFacts, _outcome: &PullOutcome, _pressure: &Pressure) -> u64 {
-        THROTTLE_MS
-    }
 }
 
-/// The reference admission, summed over all sets of the node.
-pub fn admit(request: &AdmissionRequest) -> Admission {
-    let node = &request.node;
-    if let Some(reason) = node_gate(node) {
-        return Admission::reject(reason);
-    }
-    let Some(allocatable) = node.allocatable_ephemeral_bytes else {
-        return Admission::reject(format!(
-            "node {} does not report allocatable ephemeral-storage",
-            node.name
-        ));
-    };
-    if allocatable < RESERVED_BYTES {
-        return Admission::reject(format!(
-            "node {} has {} allocatable ephemeral-storage, less than the {} reserve",
-            node.name,
-            fmt_bytes(allocatable),
-            fmt_bytes(RESERVED_BYTES)
-        ));
-    }
-    let images = &request.images;
-    let bytes = images.pull_bytes(images.absent());
-    if bytes.images == 0 {
-        return Admission::admit_all("every image is present");
-    }
-    let needed = bytes.known.saturating_mul(DECOMPRESSION_FACTOR);
-    let usable = allocatable - RESERVED_BYTES;
-    let unknown = match bytes.unknown_images {
-        0 => String::new(),
-        n => format!("; {n} image(s) of unknown size not counted"),
-    };
-    if needed < usable {
-        Admission::admit_all(format!(
-            "{} image(s) to pull need {} (2 × {}), {} usable{unknown}",
-            bytes.images,
-            fmt_bytes(needed),
-            fmt_bytes(bytes.known),
-            fmt_bytes(usable)
-        ))
-    } else {
-        Admission::reject(format!(
-            "not enough disk on node {}: {} image(s) need {} (2 × {}) but only {} is usable \
-             (allocatable {} − {} reserve){unknown}",
-            node.name,
-            bytes.images,
-            fmt_bytes(needed),
-            fmt_bytes(bytes.known),
-            fmt_bytes(usable),
-            fmt_bytes(allocatable),
-            fmt_bytes(RESERVED_BYTES)
-        ))
-    }
-}
+#[derive(Clone, Copy, Debug, Default)]
+pub struct DefaultFleet;
 
-/// The node conditions every pull needs: `Some(reason)` when the node may not pull.
-pub fn node_gate(node: &NodeFacts) -> Option<String> {
-    if !node.ready {
-        Some(format!("node {} is not Ready", node.name))
-    } else if node.disk_pressure {
-        Some(format!("node {} has DiskPressure", node.name))
-    } else {
-        None
+impl Fleet for DefaultFleet {
+    fn info(&self) -> PolicyInfo {
+        PolicyInfo::new(
+            "default-fleet",
+            env!("CARGO_PKG_VERSION"),
+            "one canary node per pool first; after it pins the target, waves of max(1, 10%) of \
+             the pool's nodes (pinset.io/rollout-max-pulling overrides); a failed canary holds \
+             the rest",
+        )
     }
 }
 
@@ -142,88 +52,29 @@ export_fleet!(DefaultFleet);
 mod tests {
     use super::*;
 
-    fn node(control_plane: bool, allocatable: u64) -> NodeFacts {
-        NodeFacts {
-            name: "n1".into(),
-            control_plane,
+    #[test]
+    fn every_decision_is_the_references() {
+        let node = |control_plane| NodeFacts {
+            name: "n".into(),
             ready: true,
-            allocatable_ephemeral_bytes: Some(allocatable),
+            control_plane,
+            allocatable_ephemeral_bytes: Some(20 * GIB),
             ..Default::default()
-        }
-    }
-
-    fn request(allocatable: u64, sizes: &[u64]) -> AdmissionRequest {
+        };
         let mut images = Images::new();
-        for (i, &s) in sizes.iter().enumerate() {
-            let layer = images.add_layer(s);
-            images.push(
-                &format!("r/{i}@sha256:{i:064x}"),
-                ["set"],
-                false,
-                Some(s),
-                &[layer],
-            );
-        }
-        AdmissionRequest {
-            node: node(false, allocatable),
+        let layer = images.add_layer(3 * GIB);
+        images.push("q.io/a@sha256:00", ["s"], false, Some(3 * GIB), &[layer]);
+        let request = AdmissionRequest {
+            node: node(false),
             images,
             ..Default::default()
-        }
-    }
-
-    #[test]
-    fn disk_boundary_is_strict() {
-        // usable = 4 GiB; 2 × 2 GiB == 4 GiB is not strictly less: rejected.
-        let at_limit = admit(&request(20 * GIB, &[GIB, GIB]));
-        assert_eq!(at_limit.verdict, Verdict::Reject, "{}", at_limit.reason);
-        assert!(
-            at_limit.reason.contains("not enough disk"),
-            "{}",
-            at_limit.reason
-        );
-        let below = admit(&request(20 * GIB, &[GIB, GIB - 1]));
-        assert_eq!(below.verdict, Verdict::AdmitAll, "{}", below.reason);
-    }
-
-    #[test]
-    fn small_allocatable_and_conditions_reject() {
-        assert_eq!(admit(&request(16 * GIB - 1, &[])).verdict, Verdict::Reject);
-        let mut r = request(100 * GIB, &[GIB]);
-        r.node.ready = false;
-        assert!(admit(&r).reason.contains("not Ready"));
-        r.node.ready = true;
-        r.node.disk_pressure = true;
-        assert!(admit(&r).reason.contains("DiskPressure"));
-        r.node.disk_pressure = false;
-        r.node.allocatable_ephemeral_bytes = None;
-        assert!(admit(&r).reason.contains("allocatable"));
-    }
-
-    #[test]
-    fn unknown_sizes_are_admitted_and_named() {
-        let mut r = request(100 * GIB, &[GIB]);
-        r.images.push("x@sha256:00", ["set"], false, None, &[]);
-        let a = admit(&r);
-        assert_eq!(a.verdict, Verdict::AdmitAll);
-        assert!(
-            a.reason.contains("1 image(s) of unknown size"),
-            "{}",
-            a.reason
-        );
-    }
-
-    #[test]
-    fn concurrency_and_throttle_follow_the_reference() {
-        let p = DefaultPolicy;
-        assert_eq!(p.concurrency(&node(true, 0)), 1);
-        assert_eq!(p.concurrency(&node(false, 0)), 5);
-        assert_eq!(
-            p.throttle(
-                &node(true, 0),
-                &PullOutcome::default(),
-                &Pressure::default()
-            ),
-            1000
-        );
+        };
+        let (a, b) = (DefaultPolicy.admit(&request), reference::admit(&request));
+        assert_eq!((a.verdict, a.reason), (b.verdict, b.reason));
+        assert_eq!(DefaultPolicy.concurrency(&node(true)), 1);
+        assert_eq!(DefaultPolicy.concurrency(&node(false)), 5);
+        let pause =
+            DefaultPolicy.throttle(&node(false), &PullOutcome::default(), &Pressure::default());
+        assert_eq!(pause, reference::THROTTLE_MS);
     }
 }

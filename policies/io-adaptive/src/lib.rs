@@ -35,14 +35,6 @@ impl Policy for IoAdaptive {
         )
     }
 
-    fn admit(&self, request: &AdmissionRequest) -> Admission {
-        pinset_policy_default::admit(request)
-    }
-
-    fn order(&self, _node: &NodeFacts, images: &Images) -> Vec<u32> {
-        identity_order(images)
-    }
-
     fn concurrency(&self, node: &NodeFacts) -> u32 {
         node.by_role(CONTROL_PLANE_CONCURRENCY, WORKER_CONCURRENCY)
     }

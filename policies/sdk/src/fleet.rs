@@ -260,8 +260,11 @@ pub fn count_or_percent(text: &str, of: usize) -> Option<u32> {
 pub trait Fleet {
     /// Name, version and a one-line description.
     fn info(&self) -> PolicyInfo;
-    /// Which nodes of the pool may pull now.
-    fn grant(&self, rollout: &crate::Rollout) -> Grant;
+    /// Which nodes of the pool may pull now; unless written, the reference's
+    /// ([`crate::reference::fleet`]: a canary, then waves).
+    fn grant(&self, rollout: &crate::Rollout) -> Grant {
+        crate::reference::fleet::grant(rollout)
+    }
 }
 
 #[cfg(test)]

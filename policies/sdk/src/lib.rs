@@ -13,13 +13,7 @@
 //!
 //! impl Policy for TwoAtATime {
 //!     fn info(&self) -> PolicyInfo {
-//!         PolicyInfo::new("two-at-a-time", "0.1.0", "admit everything, two pulls at once")
-//!     }
-//!     fn admit(&self, _request: &AdmissionRequest) -> Admission {
-//!         Admission::admit_all("no limits")
-//!     }
-//!     fn order(&self, _node: &NodeFacts, images: &Images) -> Vec<u32> {
-//!         identity_order(images)
+//!         PolicyInfo::new("two-at-a-time", "0.1.0", "two pulls at once, no pause between them")
 //!     }
 //!     fn concurrency(&self, _node: &NodeFacts) -> u32 {
 //!         2
@@ -27,6 +21,7 @@
 //!     fn throttle(&self, _node: &NodeFacts, _outcome: &PullOutcome, _pressure: &Pressure) -> u64 {
 //!         0
 //!     }
+//!     // Admission and order are the reference's (`reference`).
 //! }
 //!
 //! export_policy!(TwoAtATime);
@@ -65,6 +60,7 @@ mod bare;
 pub mod fleet;
 mod fleet_view;
 mod helpers;
+pub mod reference;
 mod types;
 
 pub use fleet::{
@@ -79,18 +75,28 @@ use prelude::*;
 
 /// The decisions of a pull policy. See `wit/policy.wit` for the contract each method implements.
 ///
+/// Only [`info`](Policy::info) is required: a decision the policy does not write is the
+/// reference's ([`reference`]), so a policy names what it changes and nothing else.
 /// A policy instance lives for one reconcile at most: do not rely on state kept between calls.
 pub trait Policy {
     /// Name, version and a one-line description.
     fn info(&self) -> PolicyInfo;
     /// May the images be pulled? Called once per reconcile with every image of the node.
-    fn admit(&self, request: &AdmissionRequest) -> Admission;
+    fn admit(&self, request: &AdmissionRequest) -> Admission {
+        reference::admit(request)
+    }
     /// A permutation of `0..images.len()`: the order to pull the admitted, absent images in.
-    fn order(&self, node: &NodeFacts, images: &Images) -> Vec<u32>;
+    fn order(&self, node: &NodeFacts, images: &Images) -> Vec<u32> {
+        reference::order(node, images)
+    }
     /// Pulls at once on this node, 1..=64.
-    fn concurrency(&self, node: &NodeFacts) -> u32;
+    fn concurrency(&self, node: &NodeFacts) -> u32 {
+        reference::concurrency(node)
+    }
     /// Milliseconds a pull slot pauses after `outcome` (at most 600 000).
-    fn throttle(&self, node: &NodeFacts, outcome: &PullOutcome, pressure: &Pressure) -> u64;
+    fn throttle(&self, node: &NodeFacts, outcome: &PullOutcome, pressure: &Pressure) -> u64 {
+        reference::throttle(node, outcome, pressure)
+    }
 }
 
 /// Write a line to pinset's log. In a native build (unit tests), or a module exporting neither

@@ -25,10 +25,6 @@ impl Policy for SmallestFirst {
         )
     }
 
-    fn admit(&self, request: &AdmissionRequest) -> Admission {
-        pinset_policy_default::admit(request)
-    }
-
     fn order(&self, _node: &NodeFacts, images: &Images) -> Vec<u32> {
         let mut order = identity_order(images);
         // Stable: equal sizes keep the sets' order. Unknown sizes go last.

@@ -13,7 +13,7 @@
 //! one zone's pulls, never the whole pool's at once. This module exports only the fleet
 //! interface (`pinset:fleet/rollout`); nodes keep their own pull policy.
 
-use pinset_policy_default::fleet as default;
+use pinset_policy_sdk::reference::fleet as reference;
 use pinset_policy_sdk::*;
 
 pub const ZONE_LABEL: &str = "topology.kubernetes.io/zone";
@@ -41,7 +41,7 @@ impl Fleet for ZoneByZone {
             .iter()
             .any(|n| n.granted && n.phase == Phase::Done);
         if !proven {
-            return default::grant(rollout);
+            return reference::grant(rollout);
         }
         let mut zones: Vec<&str> = rollout
             .nodes

@@ -123,35 +123,30 @@ fn check_name(name: &str) -> Result<()> {
     Ok(())
 }
 
-/// Where the SDK comes from: the dependency's location for the SDK and for the default's rules,
-/// the source as the README names it, and the extra path remap of `build.sh`.
-fn sdk_source(args: &NewArgs) -> Result<(String, String, String, String)> {
+/// Where the SDK comes from: the dependency's location, the source as the README names it, and
+/// the extra path remap of `build.sh`.
+fn sdk_source(args: &NewArgs) -> Result<(String, String, String)> {
     Ok(match (&args.sdk_path, &args.sdk_git) {
         (Some(checkout), _) => {
             let checkout = std::path::absolute(checkout)
                 .with_context(|| format!("--sdk-path {}", checkout.display()))?;
+            let sdk = checkout.join("policies/sdk");
             anyhow::ensure!(
-                checkout.join("policies/sdk/Cargo.toml").exists(),
+                sdk.join("Cargo.toml").exists(),
                 "--sdk-path {}: not a checkout of pinset (no policies/sdk/Cargo.toml)",
                 checkout.display()
             );
-            let at = |dir: &str| format!("path = {:?}", checkout.join(dir).display().to_string());
             (
-                at("policies/sdk"),
-                at("policies/default"),
+                format!("path = {:?}", sdk.display().to_string()),
                 format!("the checkout {}", checkout.display()),
                 format!(" --remap-path-prefix={}=/pinset", checkout.display()),
             )
         }
-        (None, Some(url)) => {
-            let at = format!("git = {url:?}, tag = {:?}", args.sdk_tag);
-            (
-                at.clone(),
-                at,
-                format!("{url} at {}", args.sdk_tag),
-                String::new(),
-            )
-        }
+        (None, Some(url)) => (
+            format!("git = {url:?}, tag = {:?}", args.sdk_tag),
+            format!("{url} at {}", args.sdk_tag),
+            String::new(),
+        ),
         (None, None) => anyhow::bail!(
             "name where the SDK comes from: --sdk-git URL [--sdk-tag TAG] (pinset's repository) or --sdk-path CHECKOUT"
         ),
@@ -160,7 +155,7 @@ fn sdk_source(args: &NewArgs) -> Result<(String, String, String, String)> {
 
 /// The placeholders' values for `args`.
 fn values(args: &NewArgs) -> Result<Vec<(&'static str, String)>> {
-    let (location, location_default, source, remap) = sdk_source(args)?;
+    let (location, source, remap) = sdk_source(args)?;
     let features = match args.fleet {
         true => r#""decisions", "fleet", "no-std""#,
         false => r#""decisions", "no-std""#,
@@ -186,7 +181,6 @@ fn values(args: &NewArgs) -> Result<Vec<(&'static str, String)>> {
         ("{{fleet_impl}}", fleet(FLEET_IMPL)),
         ("{{fleet_test}}", fleet(FLEET_TEST)),
         ("{{fleet_doc}}", fleet(FLEET_DOC)),
-        ("{{location_default}}", location_default),
         (
             "{{remap_what}}",
             if remap.is_empty() {

@@ -16,7 +16,6 @@
 
 extern crate alloc;
 
-use alloc::vec::Vec;
 use pinset_policy_sdk::*;
 
 /// The node name on which `concurrency` panics.
@@ -35,9 +34,6 @@ impl Policy for Floor {
     }
     fn admit(&self, _request: &AdmissionRequest) -> Admission {
         Admission::admit_all("floor")
-    }
-    fn order(&self, _node: &NodeFacts, images: &Images) -> Vec<u32> {
-        identity_order(images)
     }
     fn concurrency(&self, node: &NodeFacts) -> u32 {
         if node.name == PANIC_NODE {

@@ -2,7 +2,7 @@
 //! annotation says (trap, loop, alloc, sleep, print, probe the sandbox, flood the log, answer
 //! nonsense); without it, answers like the default fleet policy.
 
-use pinset_policy_default::fleet as default;
+use pinset_policy_sdk::reference::fleet as default;
 use pinset_policy_sdk::*;
 
 pub const FLEET_MODE_ANNOTATION: &str = "pinset.test/hostile-fleet";

@@ -11,7 +11,6 @@
 
 mod fleet;
 
-use pinset_policy_default::DefaultPolicy;
 use pinset_policy_sdk::*;
 
 pub const MODE_LABEL: &str = "pinset.test/hostile";
@@ -94,7 +93,7 @@ impl Policy for Hostile {
         match misbehave(&request.node) {
             Some("bad-subset") => Admission::admit_some(vec![0, 9_999], "names an unknown image"),
             Some("giant-reason") => Admission::reject("z\n".repeat(2 << 20)),
-            _ => DefaultPolicy.admit(request),
+            _ => reference::admit(request),
         }
     }
 
@@ -102,7 +101,7 @@ impl Policy for Hostile {
         match misbehave(node) {
             Some("non-permutation") => vec![0; images.len()],
             Some("trap-order") => panic!("hostile policy traps in order on purpose"),
-            _ => DefaultPolicy.order(node, images),
+            _ => reference::order(node, images),
         }
     }
 
@@ -120,14 +119,14 @@ impl Policy for Hostile {
                 static CALLS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(41);
                 CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1 - 41
             }
-            _ => DefaultPolicy.concurrency(node),
+            _ => reference::concurrency(node),
         }
     }
 
     fn throttle(&self, node: &NodeFacts, outcome: &PullOutcome, pressure: &Pressure) -> u64 {
         match misbehave(node) {
             Some("throttle-year") => 365 * 24 * 3_600 * 1_000,
-            _ => DefaultPolicy.throttle(node, outcome, pressure),
+            _ => reference::throttle(node, outcome, pressure),
         }
     }
 }

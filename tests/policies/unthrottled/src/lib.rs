@@ -3,7 +3,6 @@
 
 #![cfg_attr(not(target_arch = "wasm32"), allow(dead_code))]
 
-use pinset_policy_default::DefaultPolicy;
 use pinset_policy_sdk::*;
 
 #[derive(Default)]
@@ -16,12 +15,6 @@ impl Policy for Unthrottled {
             "0.0.0",
             "5 pulls at once, no throttle (benchmarks only)",
         )
-    }
-    fn admit(&self, request: &AdmissionRequest) -> Admission {
-        DefaultPolicy.admit(request)
-    }
-    fn order(&self, node: &NodeFacts, images: &Images) -> Vec<u32> {
-        DefaultPolicy.order(node, images)
     }
     fn concurrency(&self, _node: &NodeFacts) -> u32 {
         5

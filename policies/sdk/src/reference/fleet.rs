@@ -1,4 +1,5 @@
-//! pinset's default fleet rollout policy: a canary first, then bounded waves.
+//! The reference's rollout, what a [`Fleet`](crate::Fleet) grants unless it writes its own
+//! `grant`: a canary first, then bounded waves.
 //!
 //! | state of the pool                               | grant                                       |
 //! |-------------------------------------------------|---------------------------------------------|
@@ -15,33 +16,11 @@
 //! retries with backoff and keeps its slot, so failures slow a rollout and a wave that fails
 //! whole stops it); a granted node that is not Ready frees its slot.
 
-use alloc::format;
-use alloc::string::String;
-use alloc::vec;
-use alloc::vec::Vec;
-use pinset_policy_sdk::*;
+use crate::prelude::*;
+use crate::{Grant, Phase, Rollout};
 
 /// Percent of a pool's nodes pulling at once after the canary.
 pub const WAVE_PERCENT: usize = 10;
-
-#[derive(Clone, Copy, Debug, Default)]
-pub struct DefaultFleet;
-
-impl Fleet for DefaultFleet {
-    fn info(&self) -> PolicyInfo {
-        PolicyInfo::new(
-            "default-fleet",
-            env!("CARGO_PKG_VERSION"),
-            "one canary node per pool first; after it pins the target, waves of max(1, 10%) of \
-             the pool's nodes (pinset.io/rollout-max-pulling overrides); a failed canary holds \
-             the rest",
-        )
-    }
-
-    fn grant(&self, rollout: &Rollout) -> Grant {
-        grant(rollout)
-    }
-}
 
 /// Nodes pulling at once after the canary: the host's ceiling when the pool sets one, else
 /// `max(1, 10 %)` of the pool.
@@ -52,6 +31,7 @@ pub fn wave(rollout: &Rollout) -> u32 {
         .unwrap_or_else(|| (rollout.nodes.len() * WAVE_PERCENT / 100).max(1) as u32)
 }
 
+/// The pool's grant now: see the table above.
 pub fn grant(rollout: &Rollout) -> Grant {
     let nodes = &rollout.nodes;
     let done = rollout.count(Phase::Done);
@@ -134,6 +114,7 @@ fn names(rollout: &Rollout, indices: &[u32]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::{FleetNode, FleetPool, RolloutRequest, SetState};
 
     fn node(name: &str, granted: bool, phase: Phase) -> FleetNode {
         FleetNode {
