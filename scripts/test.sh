@@ -27,6 +27,12 @@ rustup component add clippy
 step "cargo clippy --workspace --all-targets -D warnings (lints, and the crates' layering compiles)"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 
+step "cargo doc --workspace --document-private-items -D warnings (every doc link resolves)"
+# Private items too: the crates are read by the people who change them. A link from a public
+# item's doc to a private one is then a working link.
+RUSTDOCFLAGS="-D warnings -A rustdoc::private-intra-doc-links" \
+  cargo doc --workspace --no-deps --document-private-items --locked
+
 step "the checked-in generated code is what proto/ and wit/ give (scripts/codegen --check)"
 cargo run --quiet --locked --manifest-path scripts/codegen/Cargo.toml -- --check
 

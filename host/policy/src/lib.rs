@@ -9,7 +9,7 @@
 //! - [`Guarded<C>`]: what the rest of pinset uses. It asks the primary policy, validates every
 //!   answer ([`validate`]), and on any failure (trap, deadline, memory cap, invalid decision)
 //!   answers with the native reference instead and records the fallback. `Guarded<Node>`
-//!   implements the core's [`Decisions`](pinset_core::decisions::Decisions), which is all a
+//!   implements the core's [`Decisions`], which is all a
 //!   reconcile sees; `Guarded<FleetContract>` answers the controller's grants;
 //! - [`smoke_test`]: the check a module passes before it decides for a node or a pool.
 //!

@@ -143,10 +143,10 @@ pub(crate) fn in_flight(granted: bool, phase: Phase) -> bool {
 }
 
 /// A node counts against the pool's ceiling on nodes pulling at once
-/// ([`MAX_PULLING_ANNOTATION`]) while it is in flight ([`in_flight`]) and Ready: a granted node
+/// ([`MAX_PULLING_ANNOTATION`]) while it is in flight ([`FleetNode::in_flight`]) and Ready: a granted node
 /// that is not Ready frees its slot until it is Ready again (a node that went away must not hold
 /// the rollout). The one rule behind [`FleetNode::holds_slot`] and [`crate::Node::holds_slot`],
-/// which the default fleet policy counts its waves by and the host checks every answer with.
+/// which the reference's rollout counts its waves by and the host checks every answer with.
 pub fn holds_slot(granted: bool, phase: Phase, ready: bool) -> bool {
     ready && in_flight(granted, phase)
 }

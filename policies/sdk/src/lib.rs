@@ -76,7 +76,7 @@ use prelude::*;
 /// The decisions of a pull policy. See `wit/policy.wit` for the contract each method implements.
 ///
 /// Only [`info`](Policy::info) is required: a decision the policy does not write is the
-/// reference's ([`reference`]), so a policy names what it changes and nothing else.
+/// reference's ([`reference`](mod@reference)), so a policy names what it changes and nothing else.
 /// A policy instance lives for one reconcile at most: do not rely on state kept between calls.
 pub trait Policy {
     /// Name, version and a one-line description.

@@ -175,7 +175,7 @@ macro_rules! image_columns {
     };
 }
 
-/// [`Images`] and the SDK's views of its columns, from [`image_columns!`].
+/// [`Images`] and the SDK's views of its columns, from [`image_columns!`](crate::image_columns).
 macro_rules! column_views {
     ([] $($name:ident: $owned:ty => $borrowed:ty, $wit:literal;)*) => {
         /// The images wanted on the node, stored as columns exactly as they cross the sandbox

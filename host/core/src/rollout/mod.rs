@@ -4,7 +4,7 @@
 //!
 //! A grant is recorded per node as the sets and generations it may pull ([`RolloutGrant`]). A
 //! node pulls a set only when its grant covers the set's generation; the images it already
-//! holds are verified and pinned without one ([`gate`]).
+//! holds are verified and pinned without one ([`gate()`]).
 
 use crate::desired::{Desired, DesiredSet, Wanted};
 use crate::status::{Progress, SetStatus};

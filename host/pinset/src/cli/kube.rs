@@ -71,8 +71,8 @@ pub struct AgentOpts {
     /// when the controller grants it, and checked before it replaces the running one.
     #[arg(long, value_name = "NAME")]
     pub policy_configuration: Option<String>,
-    /// Policy of one pool: POOL=FILE.wasm[@sha256:HEX] or POOL=oci://REGISTRY/REPO@sha256:HEX;
-    /// repeatable; wins over --policy-config.
+    /// Policy of one pool: `POOL=FILE.wasm[@sha256:HEX]` or
+    /// `POOL=oci://REGISTRY/REPO@sha256:HEX`; repeatable; wins over --policy-config.
     #[arg(long, value_name = "POOL=FILE")]
     pub pool_policy: Vec<String>,
     /// Reconcile again this often even when nothing changed.

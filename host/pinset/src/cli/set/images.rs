@@ -10,7 +10,7 @@ use std::process::ExitCode;
 pub struct FromImagesArgs {
     /// The set's name (metadata.name).
     pub name: String,
-    /// Images: [host[:port]/]path[:tag] or …@sha256:<digest> (checked to exist).
+    /// Images: `[host[:port]/]path[:tag]` or `…@sha256:<digest>` (checked to exist).
     pub images: Vec<String>,
     /// More images, one per line (blank lines and # comments skipped; - for standard input).
     #[arg(long, value_name = "LIST")]

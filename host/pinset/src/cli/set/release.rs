@@ -12,7 +12,7 @@ use std::process::ExitCode;
 
 #[derive(clap::Args, Debug)]
 pub struct FromReleaseArgs {
-    /// Release images, by tag or digest ([host[:port]/]path[:tag] or …@sha256:<digest>); several
+    /// Release images, by tag or digest (`[host[:port]/]path[:tag]` or `…@sha256:<digest>`); several
     /// (an upgrade path, hop by hop) give the union of their images.
     #[arg(required = true, value_name = "RELEASE")]
     pub releases: Vec<String>,
