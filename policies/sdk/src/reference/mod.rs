@@ -10,7 +10,7 @@
 //! | order        | the sets' order (the host has already removed duplicates)                     |
 //! | concurrency  | 1 on control-plane nodes, 5 elsewhere                                         |
 //! | throttle     | 1 s after every pull                                                          |
-//! | rollout      | a canary, then waves of 10 % of the pool ([`fleet`])                           |
+//! | rollout      | a canary, then waves of 10 % of the pool ([`fleet`])                          |
 //!
 //! Images of unknown size cannot be counted; they are admitted and named in the reason. The
 //! functions are public so that a policy can build on them: admit what the reference admits,
