@@ -340,8 +340,7 @@ fn a_module_of_another_contract_version_is_refused() {
 
 /// A module built from a WIT that differs from the host's under the same version (one more
 /// column in `images`) is refused when it loads, naming the function and the record field that
-/// differs — not
-/// trapped and replaced on every call.
+/// differs — not trapped and replaced on every call.
 #[test]
 fn a_module_whose_types_differ_from_the_host_s_is_refused_naming_the_function_and_field() {
     let (err, msg) = support::refused_as::<Node>("pinset_test_policy_mismatch");
