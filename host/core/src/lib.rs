@@ -1,7 +1,7 @@
 //! pinset's pure core: the domain types and rules every other crate builds on.
 //!
-//! - [`reference`](mod@reference), [`selector`], [`quantity`]: image references by digest, label selectors,
-//!   Kubernetes quantities;
+//! - [`reference`](mod@reference), [`selector`], [`quantity`]: image references by digest,
+//!   label selectors, Kubernetes quantities;
 //! - [`desired`]: from PinnedImageSets, pools and a node to the node's desired state;
 //! - [`pool`]: which sets a pool lists and how its nodes count (the controller's rules);
 //! - [`decisions`]: the [`decisions::Decisions`] a reconcile asks for (implemented by the policy

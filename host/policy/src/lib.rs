@@ -9,8 +9,8 @@
 //! - [`Guarded<C>`]: what the rest of pinset uses. It asks the primary policy, validates every
 //!   answer ([`validate`]), and on any failure (trap, deadline, memory cap, invalid decision)
 //!   answers with the native reference instead and records the fallback. `Guarded<Node>`
-//!   implements the core's [`Decisions`], which is all a
-//!   reconcile sees; `Guarded<FleetContract>` answers the controller's grants;
+//!   implements the core's [`Decisions`], which is all a reconcile sees;
+//!   `Guarded<FleetContract>` answers the controller's grants;
 //! - [`smoke_test`]: the check a module passes before it decides for a node or a pool.
 //!
 //! Each contract's hooks are in its own file: `node.rs` ([`PolicyInstance`]) and `fleet.rs`

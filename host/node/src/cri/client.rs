@@ -157,13 +157,13 @@ impl CriClient {
 
     /// The runtime's name and version (`runtime_name`: `cri-o`, `containerd`).
     pub async fn version(&self) -> Result<VersionResponse, CriError> {
-        let version = || VersionRequest {
-            version: "v1".into(),
+        let v1 = |mut c: RuntimeServiceClient<Channel>| async move {
+            c.version(VersionRequest {
+                version: "v1".into(),
+            })
+            .await
         };
-        self.read("Version", &self.runtime, |mut c| async move {
-            c.version(version()).await
-        })
-        .await
+        self.read("Version", &self.runtime, v1).await
     }
 
     /// The directory of `hosts.toml` files the runtime reports it reads (containerd's CRI
