@@ -872,15 +872,6 @@ async fn pinset_refuses_to_run_beside_openshifts_machine_config_operator() {
     );
 }
 
-/// `pinset rollout …` as a process against the server, with the controller running.
-fn rollout_cli(kubeconfig: &str, args: &[&str]) -> (i32, String, String) {
-    let mut all = vec!["rollout"];
-    all.extend_from_slice(args);
-    all.push("--kubeconfig");
-    all.push(kubeconfig);
-    support::pinset(&all)
-}
-
 /// What an agent reports for set `apps` on node `name`: at `current`, or failed at `failed`.
 async fn agent_reports(
     nodes: &Api<MachineConfigNode>,
@@ -995,17 +986,9 @@ async fn stop_controller(
 /// Pool `worker` with `annotations`, set `apps` of one image for it, and a MachineConfigNode in
 /// the pool for each of `names` (as starting agents report them): a rollout about to start.
 async fn worker_rollout(c: &Cluster, annotations: &[(&str, &str)], names: &[&str]) {
-    let pp = PostParams::default();
-    let mut worker = pool("worker", &["worker"]);
-    worker.metadata.annotations = Some(
-        annotations
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect(),
-    );
-    c.pools.create(&pp, &worker).await.unwrap();
+    support::create_annotated_pool(&c.client, "worker", &["worker"], annotations).await;
     let apps = serde_json::from_value(set("apps", &[image(1)])).unwrap();
-    c.sets.create(&pp, &apps).await.unwrap();
+    c.sets.create(&PostParams::default(), &apps).await.unwrap();
     worker_nodes(&c.nodes, names).await;
 }
 
@@ -1051,13 +1034,8 @@ async fn play_agents(nodes: &Api<MachineConfigNode>, g: i64, fail: bool) {
 /// `pinset rollout ARGS` as the cluster's administrator, off the async runtime.
 async fn rollout_now(cluster: &Cluster, args: &[&str]) -> (i32, String, String) {
     let kc = cluster.server.kubeconfig.display().to_string();
-    let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
-    tokio::task::spawn_blocking(move || {
-        let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        rollout_cli(&kc, &args)
-    })
-    .await
-    .expect("pinset rollout ran")
+    let args = ["rollout"].iter().chain(args).map(|a| a.to_string());
+    support::pinset_blocking(args.chain(["--kubeconfig".into(), kc]).collect()).await
 }
 
 /// A cluster with the pool `worker` (paused by `pinset rollout pause` when `paused`), the set
@@ -1202,12 +1180,7 @@ async fn follow_worker(
     tokio::sync::mpsc::UnboundedReceiver<String>,
     std::process::Child,
 ) {
-    let mut follow = std::process::Command::new(support::PINSET)
-        .args(["rollout", "status", "worker", "--timeout", "60s"])
-        .args(["--kubeconfig".as_ref(), c.server.kubeconfig.as_os_str()])
-        .arg("--timeline")
-        .arg(svg)
-        .env("PINSET_LOG", "warn")
+    let mut follow = support::follow_worker_rollout(&c.server.kubeconfig, "60s", svg)
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn()

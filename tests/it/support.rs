@@ -42,6 +42,24 @@ pub async fn pinset_blocking(args: Vec<String>) -> (i32, String, String) {
     .expect("pinset ran")
 }
 
+/// `pinset rollout status worker --timeout TIMEOUT --timeline SVG` as `kubeconfig`'s user, to
+/// follow the pool's rollout to its end (its output for the caller to take).
+pub fn follow_worker_rollout(
+    kubeconfig: &std::path::Path,
+    timeout: &str,
+    svg: &std::path::Path,
+) -> Command {
+    let mut command = Command::new(PINSET);
+    command
+        .args(["rollout", "status", "worker", "--timeout", timeout])
+        .arg("--kubeconfig")
+        .arg(kubeconfig)
+        .arg("--timeline")
+        .arg(svg)
+        .env("PINSET_LOG", "warn");
+    command
+}
+
 /// `pinset plan --sets SETS --node NODE -o json EXTRA…`, which must succeed: the plan.
 pub async fn plan_json(
     sets: &std::path::Path,
@@ -302,9 +320,26 @@ pub fn set(name: &str, role: &str, images: &[String]) -> pinset_k8s::api::Pinned
 /// Create pool `name` of the nodes labelled `node-role.kubernetes.io/NAME`, selecting the sets
 /// of `roles`.
 pub async fn create_pool(client: &kube::Client, name: &str, roles: &[&str]) {
+    create_annotated_pool(client, name, roles, &[]).await
+}
+
+/// [`create_pool`], the pool annotated with `annotations` (key, value).
+pub async fn create_annotated_pool(
+    client: &kube::Client,
+    name: &str,
+    roles: &[&str],
+    annotations: &[(&str, &str)],
+) {
     let label = format!("node-role.kubernetes.io/{name}");
+    let mut pool = pool(name, roles, &label);
+    if !annotations.is_empty() {
+        let owned = annotations
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()));
+        pool.metadata.annotations = Some(owned.collect());
+    }
     kube::Api::<pinset_k8s::api::MachineConfigPool>::all(client.clone())
-        .create(&Default::default(), &pool(name, roles, &label))
+        .create(&Default::default(), &pool)
         .await
         .unwrap();
 }

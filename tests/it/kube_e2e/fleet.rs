@@ -9,13 +9,8 @@ use pinset_k8s::api::PoolRollout;
 /// the three images.
 async fn paused_fleet(prefix: &str, seed: u64) -> Option<(FleetBed, Vec<String>)> {
     let (bed, images) = FleetBed::with_images(prefix, 3, seed).await?;
-    let mut paused = pool("worker", &["worker"], "node-role.kubernetes.io/worker");
-    paused.metadata.annotations =
-        Some([("pinset.io/rollout-paused".to_string(), "true".to_string())].into());
-    bed.pools
-        .create(&PostParams::default(), &paused)
-        .await
-        .unwrap();
+    let paused = [("pinset.io/rollout-paused", "true")];
+    support::create_annotated_pool(&bed.cluster.client, "worker", &["worker"], &paused).await;
     bed.cluster.create_set("apps", "worker", &images[..2]).await;
     bed.run(&[]);
     Some((bed, images))
@@ -53,14 +48,14 @@ async fn a_paused_pool_grants_no_node_until_it_is_resumed() {
     let paused = "pinset_pool_rollout_paused{pool=\"worker\"}";
     let m = metrics(bed.controller_port).await;
     assert_eq!(metric(&m, paused), 1, "{m}");
-    for _ in 0..10 {
+    throughout(10, || async {
         let l = bed.look(1, &images[..2]).await;
         assert!(
             l.granted.iter().all(|g| !g) && l.present.iter().all(|p| *p == 0),
             "a paused pool granted or pulled: {l:?}"
         );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    })
+    .await;
     resume(&bed).await;
     let granted = |r: Option<PoolRollout>, _: String, _: String| r.filter(|r| r.granted >= 1);
     bed.pool_when("the canary granted once resumed", granted)
@@ -119,12 +114,7 @@ async fn the_canary_pins_first_then_one_node_at_a_time_through_a_controller_rest
 
 /// `pinset rollout status worker` following the rollout, its picture drawn, its output in `out`.
 fn follow_rollout(operator: &str, out: &Path) -> Child {
-    Command::new(support::PINSET)
-        .args(["rollout", "status", "worker", "--timeout", "120s"])
-        .args(["--kubeconfig", operator])
-        .arg("--timeline")
-        .arg(out.with_extension("svg"))
-        .env("PINSET_LOG", "warn")
+    support::follow_worker_rollout(operator.as_ref(), "120s", &out.with_extension("svg"))
         .stdout(std::fs::File::create(out).unwrap())
         .stderr(Stdio::piped())
         .spawn()
@@ -251,14 +241,14 @@ async fn a_failed_canary_holds_the_pool_and_no_other_node_pulls() {
             && err.contains(&missing),
         "{out}\n{err}"
     );
-    for _ in 0..20 {
+    throughout(20, || async {
         let l = bed.look(1, &images).await;
         for i in (0..3).filter(|&i| FLEET_NODES[i] != canary) {
             let untouched = !l.granted[i] && l.present[i] == 0;
             assert!(untouched, "a held node pulled: {l:?}");
         }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    })
+    .await;
     let other = FLEET_NODES.iter().find(|n| **n != canary).unwrap();
     let status = bed
         .nodes
@@ -286,19 +276,11 @@ async fn a_hostile_fleet_module_is_replaced_by_the_default_for_each_decision() {
         return;
     };
     let missing = bed.cluster.registry.missing_image();
-    let mut worker = pool("worker", &["worker"], "node-role.kubernetes.io/worker");
-    worker.metadata.annotations = Some(
-        [
-            ("pinset.io/rollout-max-pulling", "1"),
-            ("pinset.test/hostile-fleet", "all"),
-        ]
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .into(),
-    );
-    bed.pools
-        .create(&PostParams::default(), &worker)
-        .await
-        .unwrap();
+    let annotations = [
+        ("pinset.io/rollout-max-pulling", "1"),
+        ("pinset.test/hostile-fleet", "all"),
+    ];
+    support::create_annotated_pool(&bed.cluster.client, "worker", &["worker"], &annotations).await;
     let wanted = [images[0].clone(), missing.clone()];
     bed.cluster.create_set("apps", "worker", &wanted).await;
     let hostile = support::policy_dir().join("pinset_test_policy_hostile.wasm");
@@ -312,12 +294,12 @@ async fn a_hostile_fleet_module_is_replaced_by_the_default_for_each_decision() {
         .await;
     assert!(fallback.contains("hostile"), "{fallback}");
     assert_eq!((held.granted, held.failed), (1, 1), "{held:?}");
-    for _ in 0..10 {
+    throughout(10, || async {
         let l = bed.look(1, &images[..1]).await;
         let granted = l.granted.iter().filter(|g| **g).count();
         assert_eq!(granted, 1, "the canary alone: {l:?}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    })
+    .await;
     // The module loops now; the set is fixed, and its new generation rolls out all the same.
     let looping = json!({"metadata": {"annotations": {"pinset.test/hostile-fleet": "loop"}}});
     let patch = Patch::Merge(looping);

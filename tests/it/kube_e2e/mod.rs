@@ -31,7 +31,7 @@ mod pinning;
 mod policy_rollout;
 mod trust;
 
-use crate::support::{self, node_file, pool, roles};
+use crate::support::{self, node_file, roles};
 use fleet_bed::FleetBed;
 
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
@@ -113,6 +113,19 @@ where
 {
     let (within, every) = (Duration::from_secs(90), Duration::from_millis(150));
     support::poll_until(what, within, every, logs, check).await
+}
+
+/// Run `check` (which asserts) `looks` times, 100 ms apart: what must stay true for a while — a
+/// pause kept, a hold standing — is watched for that long, not awaited.
+async fn throughout<F, Fut>(looks: u32, check: F)
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    for _ in 0..looks {
+        check().await;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
 
 fn pool_sets(p: &MachineConfigPool) -> Vec<String> {

@@ -132,19 +132,17 @@ async fn follow_policy_rollout(
 /// `pinset rollout status worker --timeout 90s -o json` as `kubeconfig`, started now:
 /// (exit code, stdout, stderr).
 fn follow_worker(kubeconfig: &str) -> tokio::task::JoinHandle<(i32, String, String)> {
-    let kc = kubeconfig.to_string();
-    tokio::task::spawn_blocking(move || {
-        let args = [
-            "rollout",
-            "status",
-            "worker",
-            "--timeout",
-            "90s",
-            "-o",
-            "json",
-        ];
-        support::pinset(&[&args[..], &["--kubeconfig", &kc]].concat())
-    })
+    let status = [
+        "rollout",
+        "status",
+        "worker",
+        "--timeout",
+        "90s",
+        "-o",
+        "json",
+    ];
+    let args = status.into_iter().chain(["--kubeconfig", kubeconfig]);
+    tokio::spawn(support::pinset_blocking(args.map(String::from).collect()))
 }
 
 /// `pinset rollout status worker -o json` started right after `change` landed, with no pause
@@ -269,7 +267,7 @@ async fn a_module_the_canary_refuses_holds_the_pool_through_a_fleet_policy_swap(
     assert_eq!(refused.len(), 1, "{policies:?}");
     let canary = FLEET_NODES[refused[0]];
     assert!(held.contains(canary), "{held}");
-    for _ in 0..20 {
+    throughout(20, || async {
         let granted = policy_granted(&bed.nodes, &releases.v2).await;
         let others = (0..3).filter(|i| *i != refused[0]);
         let other_granted = others.filter(|&i| granted[i]).map(|i| FLEET_NODES[i]);
@@ -281,8 +279,8 @@ async fn a_module_the_canary_refuses_holds_the_pool_through_a_fleet_policy_swap(
         let p = node_policies(&bed.nodes).await;
         let on_v1 = p.iter().all(|(m, _)| m.as_deref() == Some(v1.as_str()));
         assert!(on_v1, "v1 everywhere: {p:?}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    })
+    .await;
     bed.events_of(canary, &[("PolicyRejected", &v2_digest)])
         .await;
     // The hostile module's fleet side, which answers as the default without its annotation,
