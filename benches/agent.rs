@@ -19,7 +19,6 @@ use std::time::{Duration, Instant};
 
 #[tokio::main]
 async fn main() {
-    let _ = rustls::crypto::ring::default_provider().install_default();
     let repeats = support::repeats_or(3);
     println!("agent: one set of 20 images × 8 MiB on a worker node");
     println!(

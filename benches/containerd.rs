@@ -64,7 +64,6 @@ fn reconciler(c: &support::Containerd, host: &str) -> Reconciler<RegistrySizer, 
 
 #[tokio::main]
 async fn main() {
-    let _ = rustls::crypto::ring::default_provider().install_default();
     let Some(registry) = support::Registry::start() else {
         return;
     };

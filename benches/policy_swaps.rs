@@ -101,7 +101,6 @@ async fn start() -> Option<Bed> {
 
 #[tokio::main]
 async fn main() {
-    let _ = rustls::crypto::ring::default_provider().install_default();
     let repeats = support::repeats_or(3);
     println!("policy swaps: {SWAPS} changes of a pool's module on one agent");
     println!(

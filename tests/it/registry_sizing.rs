@@ -12,28 +12,18 @@ async fn sizes_match_what_was_pushed_with_indexes_resolved_and_shared_layers_nam
     let Some(registry) = support::Registry::start() else {
         return;
     };
-    let _ = rustls::crypto::ring::default_provider().install_default();
     let client = registry.client();
     let host = registry.host.clone();
     let base = support::layer(1, 300_000);
     let a_own = support::layer(2, 120_000);
     let b_own = support::layer(3, 50_000);
-    let (a, a_manifest) = support::push_image(
-        &client,
-        &host,
-        "pinset/a",
-        support::arch(),
-        &[base.clone(), a_own.clone()],
-    )
-    .await;
-    let (b, _) = support::push_image(
-        &client,
-        &host,
-        "pinset/b",
-        support::arch(),
-        &[base.clone(), b_own.clone()],
-    )
-    .await;
+    // Two images on one base layer.
+    let push = async |repo: &str, own: &Vec<u8>| {
+        let layers = [base.clone(), own.clone()];
+        support::push_image(&client, &host, repo, support::arch(), &layers).await
+    };
+    let (a, a_manifest) = push("pinset/a", &a_own).await;
+    let (b, _) = push("pinset/b", &b_own).await;
     // A multi-platform image: the other platform's manifest is much larger; the node's is sized.
     let index = support::push_two_platforms(
         &client,
@@ -127,7 +117,6 @@ impl TokenService {
 /// goes through the distribution client's token flow, for this image and the next.
 #[tokio::test]
 async fn a_registry_that_wants_a_token_is_sized_through_the_token_flow() {
-    let _ = rustls::crypto::ring::default_provider().install_default();
     let tokens = TokenService::start();
     let auth = format!(
         "auth:\n  silly:\n    realm: http://{}/token\n    service: pinset-test\n",

@@ -75,8 +75,9 @@ pub fn watcher_config() -> kube::runtime::watcher::Config {
     kube::runtime::watcher::Config::default().any_semantic()
 }
 
-/// What pinset watches: its own kinds, read whole.
-pub(crate) trait Watched:
+/// A kind pinset watches, read whole: each is named below, so that a new watch names its kind
+/// here first.
+pub(crate) trait WatchedKind:
     kube::Resource<DynamicType = ()>
     + Clone
     + std::fmt::Debug
@@ -87,21 +88,16 @@ pub(crate) trait Watched:
 {
 }
 
-impl<K> Watched for K where
-    K: kube::Resource<DynamicType = ()>
-        + Clone
-        + std::fmt::Debug
-        + serde::de::DeserializeOwned
-        + Send
-        + Sync
-        + 'static
-{
-}
+impl WatchedKind for k8s_openapi::api::core::v1::Node {}
+impl WatchedKind for api::MachineConfigNode {}
+impl WatchedKind for api::PinnedImageSet {}
+impl WatchedKind for api::MachineConfigPool {}
+impl WatchedKind for api::PolicyConfiguration {}
 
 /// Every watch of pinset's: the objects of `api` that `config` selects, kept in a new cache
 /// without `managedFields`, retried on the watch's own backoff (0.8 s doubling to 30 s). The
 /// cache, and the watch's events once the cache has taken them.
-pub(crate) fn cached_watch<K: Watched>(
+pub(crate) fn cached_watch<K: WatchedKind>(
     api: kube::Api<K>,
     config: kube::runtime::watcher::Config,
 ) -> (
@@ -121,7 +117,7 @@ pub(crate) fn cached_watch<K: Watched>(
 
 /// Follow every `K` that `config` selects in a new cache (see [`cached_watch`]) until `shutdown`:
 /// `on_change` after each change the cache took, watch errors said and counted where they arrive.
-pub(crate) fn spawn_reflector<K: Watched>(
+pub(crate) fn spawn_reflector<K: WatchedKind>(
     client: kube::Client,
     config: kube::runtime::watcher::Config,
     on_change: impl Fn() + Send + 'static,

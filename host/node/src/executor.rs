@@ -331,6 +331,16 @@ mod tests {
         }
     }
 
+    impl Script {
+        /// A script whose every pull takes `delay`.
+        fn taking(delay: Duration) -> Script {
+            Script {
+                delay,
+                ..Default::default()
+            }
+        }
+    }
+
     impl Puller for Script {
         async fn pull(&self, reference: &str) -> Result<(), PullFailure> {
             self.calls.lock().unwrap().push(reference.to_string());
@@ -481,10 +491,7 @@ mod tests {
 
     #[tokio::test]
     async fn no_space_fails_at_once_and_drains_the_queue() {
-        let script = Script {
-            delay: Duration::from_millis(10),
-            ..Default::default()
-        };
+        let script = Script::taking(Duration::from_millis(10));
         script.results.lock().unwrap().insert(
             "img1".into(),
             [fail("write: no space left on device")].into(),
@@ -503,10 +510,7 @@ mod tests {
 
     #[tokio::test]
     async fn concurrency_caps_pulls_in_flight() {
-        let script = Script {
-            delay: Duration::from_millis(50),
-            ..Default::default()
-        };
+        let script = Script::taking(Duration::from_millis(50));
         let (out, _) = go(&script, jobs(12), 5, CancellationToken::new()).await;
         assert_eq!(out.pulled.len(), 12);
         assert_eq!(script.max_in_flight.load(Ordering::SeqCst), 5);
@@ -526,10 +530,7 @@ mod tests {
     #[tokio::test]
     async fn throttle_pauses_each_slot_after_a_pull() {
         // Reference policy: 1 s after every pull. 3 images, 1 slot: 2 pauses (none after the last).
-        let script = Script {
-            delay: Duration::from_millis(100),
-            ..Default::default()
-        };
+        let script = Script::taking(Duration::from_millis(100));
         let started = Instant::now();
         let (out, events) = go(&script, jobs(3), 1, CancellationToken::new()).await;
         assert_eq!(out.pulled.len(), 3);
@@ -540,10 +541,7 @@ mod tests {
 
     #[tokio::test]
     async fn cancellation_abandons_pulls_in_flight_and_leaks_no_task() {
-        let script = Script {
-            delay: Duration::from_secs(3600),
-            ..Default::default()
-        };
+        let script = Script::taking(Duration::from_secs(3600));
         let cancel = CancellationToken::new();
         let handle = {
             let (script, cancel) = (script.clone(), cancel.clone());

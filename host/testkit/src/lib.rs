@@ -806,7 +806,6 @@ pub fn reconciler(
 > {
     use pinset_registry::size::{Cached, RegistrySizer};
     use std::sync::Arc;
-    let _ = rustls::crypto::ring::default_provider().install_default();
     let credentials = Arc::new(pinset_registry::auth::Credentials::default());
     let endpoint = containerd.endpoint();
     let cri = pinset_node::cri::client::CriClient::new(pinset_node::cri::client::CriConfig {

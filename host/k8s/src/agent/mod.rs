@@ -271,7 +271,7 @@ impl<S: Sizer + 'static, B: PinBackend> Agent<S, B> {
         }
     }
 
-    fn reflector<K: crate::Watched>(
+    fn reflector<K: crate::WatchedKind>(
         &self,
         config: kube::runtime::watcher::Config,
         changes: &signal::Sender<u64>,

@@ -34,7 +34,7 @@ impl kube::runtime::utils::Backoff for OwnBackoffOnly {
 
 /// A watch of every `K`, kept in a new cache without `managedFields` and retried on its own
 /// backoff: the cache, and the objects whose `key` changed ([`changed_objects`]).
-pub(super) fn cached_changes<K: crate::Watched, T: PartialEq + Send + 'static>(
+pub(super) fn cached_changes<K: crate::WatchedKind, T: PartialEq + Send + 'static>(
     api: kube::Api<K>,
     key: impl Fn(&K) -> T + Send + 'static,
     metrics: Metrics,

@@ -257,6 +257,15 @@ pub fn read_input(path: &std::path::Path, flag: Option<&str>) -> anyhow::Result<
     }
 }
 
+/// `1 pulling, 2 failed`: each count that is not zero, with what it counts.
+pub fn nonzero(counts: &[(u32, &str)]) -> Vec<String> {
+    counts
+        .iter()
+        .filter(|(n, _)| *n > 0)
+        .map(|(n, what)| format!("{n} {what}"))
+        .collect()
+}
+
 /// An error and its causes on one line, each said once: a cause whose text a message already
 /// quotes (`"… : {source}"`) is not repeated after it.
 pub fn error_line(e: &anyhow::Error) -> String {

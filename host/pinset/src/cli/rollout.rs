@@ -169,16 +169,11 @@ fn at(s: &RolloutStatus) -> String {
     } else {
         s.target.clone()
     };
-    let mut rest = Vec::new();
-    for (n, what) in [
+    let rest = super::nonzero(&[
         (s.pulling, "pulling"),
         (s.failed, "failed"),
         (s.waiting, "waiting"),
-    ] {
-        if n > 0 {
-            rest.push(format!("{n} {what}"));
-        }
-    }
+    ]);
     let rest = if rest.is_empty() {
         String::new()
     } else {

@@ -330,15 +330,11 @@ fn summary(run: &Run) -> String {
         ),
         None => {
             let mut parts = vec![format!("{}/{nodes} at the target", run.done)];
-            for (count, what) in [
+            parts.extend(super::nonzero(&[
                 (run.failed, "failed"),
                 (run.stalled, "granted but never Ready"),
                 (run.waiting, "never granted"),
-            ] {
-                if count > 0 {
-                    parts.push(format!("{count} {what}"));
-                }
-            }
+            ]));
             format!(
                 "rollout held after {}: {}; at most {} in flight, {} fallback(s)",
                 human(run.end_ms),
