@@ -12,8 +12,8 @@
 //! compiled code are freed).
 //!
 //! `cargo bench --bench policy_swaps` (needs the whole bed: `bash scripts/test.sh` installs it).
-//! `REPEATS` (default 3). Without a controller the agent runs `--rollout=free`: each change is
-//! taken without a grant (the canary-first path is timed in tests/it/kube_e2e/policy_rollout.rs).
+//! `REPEATS` (default 3). Without a controller the agent runs `--rollout=free` (the worker bed's
+//! flags): each change is taken without a grant (the canary-first path is timed in tests/it/kube_e2e/policy_rollout.rs).
 
 #[path = "../tests/it/support.rs"]
 mod support;
@@ -82,7 +82,6 @@ async fn start() -> Option<Bed> {
     let agent = Command::new(support::PINSET)
         .args(&world.args)
         .args([
-            "--rollout=free",
             "--policy-configuration=cluster",
             &format!("--policy-insecure-registry={}", registry.host),
             &format!("--policy-cache={}", dir.path().join("cache").display()),

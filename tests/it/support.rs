@@ -484,7 +484,7 @@ pub fn keygen_empty(prefix: &std::path::Path) -> (std::path::PathBuf, String) {
 /// One worker node's world for an agent run as its own process: a registry holding `count`
 /// images of `bytes` each (`seed` makes them unique), containerd, and an API server with pool
 /// `worker` and set `set` of those images; `args` start `pinset agent` as node `w-0` there, its
-/// files in `dir`.
+/// files in `dir`. No controller runs in it: the agent pulls without a grant (`--rollout=free`).
 pub struct WorkerBed {
     pub registry: Registry,
     pub containerd: Containerd,
@@ -520,7 +520,7 @@ impl WorkerBed {
 
 /// The flags of `pinset agent` for worker node `w-0` (its [`node_file`] written in `dir`) on the
 /// runtime at `cri`, against the API server of `kubeconfig`, pulling from `registry` over plain
-/// HTTP.
+/// HTTP, without waiting for a controller's grants.
 pub fn worker_agent_args(
     kubeconfig: &std::path::Path,
     dir: &std::path::Path,
@@ -537,6 +537,7 @@ pub fn worker_agent_args(
         format!("--cri={cri}"),
         "--pin=containerd".into(),
         format!("--insecure-registry={registry}"),
+        "--rollout=free".into(),
     ]
 }
 
