@@ -438,6 +438,38 @@ fn a_module_compiled_in_a_child_process_decides_as_one_compiled_here() {
     }
 }
 
+/// The agent's compiled cache across a restart: the module the child compiled is kept, and the
+/// next process's runtime (same engine, no compiler of its own) loads it without a compiler —
+/// here one that cannot run; a module not in the cache is then a compiler error naming it.
+#[test]
+fn a_module_the_child_compiled_is_kept_and_loaded_by_the_next_agent_without_compiling() {
+    let cache = tempfile::tempdir().unwrap();
+    let with_cache = |exe: &str| child_runtime(exe).with_compiled_cache(cache.path().into());
+    let default = component("pinset_policy_default");
+    let first = with_cache(support::PINSET)
+        .load_file(&default, None, Limits::default())
+        .unwrap();
+    let no_compiler = with_cache("/nonexistent/pinset");
+    let next = no_compiler
+        .load_file(&default, None, Limits::default())
+        .unwrap_or_else(|e| panic!("not loaded from the cache: {e}"));
+    assert_eq!(first.sha256(), next.sha256());
+    let request = synth::request(40, 1);
+    assert_eq!(
+        first.instance().admit(&request).unwrap(),
+        next.instance().admit(&request).unwrap()
+    );
+    let other = component("pinset_policy_smallest_first");
+    let Err(e) = no_compiler.load_file(&other, None, Limits::default()) else {
+        panic!("compiled without a compiler");
+    };
+    let e = e.to_string();
+    assert!(
+        e.contains("/nonexistent/pinset") && e.contains("smallest_first"),
+        "{e}"
+    );
+}
+
 #[test]
 fn the_sandbox_holds_for_a_module_compiled_in_a_child_process() {
     let child = child_runtime(support::PINSET);

@@ -127,9 +127,14 @@ impl WasmRuntime {
         Self::with_compiler(Compiler::InProcess)
     }
 
+    /// A runtime whose modules are compiled by `compiler`. One that compiles in a child builds
+    /// no compiler of its own: it only loads the child's artifacts (wasmtime still checks that
+    /// each was compiled for this engine's settings and this CPU), and Cranelift's code is
+    /// never run in this process.
     pub fn with_compiler(compiler: Compiler) -> Result<Self, LoadError> {
-        let engine =
-            Engine::new(&engine_config()).map_err(|e| LoadError::Engine(format!("{e:#}")))?;
+        let mut config = engine_config();
+        config.enable_compiler(matches!(compiler, Compiler::InProcess));
+        let engine = Engine::new(&config).map_err(|e| LoadError::Engine(format!("{e:#}")))?;
         let mut linker = Linker::new(&engine);
         super::wasi::add_to_linker(&mut linker)
             .map_err(|e| LoadError::Engine(format!("linking WASI: {e:#}")))?;
@@ -163,7 +168,9 @@ impl WasmRuntime {
 
     /// Keep compiled modules in `dir`, by the module's sha256 and this engine's version and
     /// configuration (a compiled module only loads into an engine of both): a restarted
-    /// process loads them instead of compiling again.
+    /// process loads them instead of compiling again. An engine that compiles in process and
+    /// one that does not (its modules compiled in a child) count as two configurations: each
+    /// keeps its own copy of a module in a directory they share.
     pub fn with_compiled_cache(mut self, dir: std::path::PathBuf) -> Self {
         self.compiled_cache = Some(dir);
         self
