@@ -722,7 +722,9 @@ async fn the_controller_rides_out_an_api_server_restart_without_rewriting() {
         1,
         "only the new set's status: {before:?} → {after:?}"
     );
-    assert!(after.2 - before.2 <= 1, "{before:?} → {after:?}");
+    // The pool's status says which generation of the pool it speaks of: a reconcile that ran
+    // before the selection's own write came back through the watch writes it once more.
+    assert!(after.2 - before.2 <= 2, "{before:?} → {after:?}");
     stop_controller(stop, task).await;
 }
 
