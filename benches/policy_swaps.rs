@@ -13,7 +13,8 @@
 //!
 //! `cargo bench --bench policy_swaps` (needs the whole bed: `bash scripts/test.sh` installs it).
 //! `REPEATS` (default 3). Without a controller the agent runs `--rollout=free` (the worker bed's
-//! flags): each change is taken without a grant (the canary-first path is timed in tests/it/kube_e2e/policy_rollout.rs).
+//! flags): each change is taken without a grant (the canary-first path is timed in
+//! tests/it/kube_e2e/policy_rollout.rs).
 
 #[path = "../tests/it/support.rs"]
 mod support;
