@@ -440,6 +440,30 @@ async fn selects(cluster: &Cluster, name: &str, want: &[&str], within: Duration)
     .await
 }
 
+/// Wait until pool `name`'s status speaks of its current generation and the controller has no
+/// pool status left to write (none pending is not enough: a pool whose reconcile has not handed
+/// its status over yet has none pending either).
+async fn pool_status_lands(
+    pools: &Api<MachineConfigPool>,
+    name: &str,
+    metrics: &pinset_k8s::metrics::Metrics,
+) {
+    let what = format!("pool {name}'s status");
+    support::wait_for(&what, Duration::from_secs(60), || async {
+        let p = pools.get(name).await.map_err(|e| e.to_string())?;
+        let observed = p.status.as_ref().and_then(|s| s.observed.as_ref());
+        let generation = observed.map(|o| o.generation);
+        match generation == p.metadata.generation && metrics.pool_status_writes_pending() == 0 {
+            true => Ok(()),
+            false => Err(format!(
+                "observed {generation:?} of {:?}",
+                p.metadata.generation
+            )),
+        }
+    })
+    .await
+}
+
 /// Wait until set `name`'s status says it is in `pools` and the controller has no pool status
 /// left to write.
 async fn set_lands_in(
@@ -689,26 +713,9 @@ async fn the_controller_rides_out_an_api_server_restart_without_rewriting() {
     };
     let (server, sets) = (&cluster.server, &cluster.sets);
     let sixty = Duration::from_secs(60);
-    // The set's status and the pool's status land too: the pool's for its current generation
-    // (a pool whose reconcile has not handed its status over yet has none pending either).
+    // The set's status and the pool's status land too.
     set_lands_in(sets, "w", &["worker"], &metrics).await;
-    support::wait_for("the pool's status", sixty, || async {
-        let p = cluster
-            .pools
-            .get("worker")
-            .await
-            .map_err(|e| e.to_string())?;
-        let observed = p.status.as_ref().and_then(|s| s.observed.as_ref());
-        let generation = observed.map(|o| o.generation);
-        match generation == p.metadata.generation && metrics.pool_status_writes_pending() == 0 {
-            true => Ok(()),
-            false => Err(format!(
-                "observed {generation:?} of {:?}",
-                p.metadata.generation
-            )),
-        }
-    })
-    .await;
+    pool_status_lands(&cluster.pools, "worker", &metrics).await;
     let writes = |m: &pinset_k8s::metrics::Metrics| {
         (
             m.api_writes("pool_spec"),
@@ -729,6 +736,7 @@ async fn the_controller_rides_out_an_api_server_restart_without_rewriting() {
     .await;
     selects(&cluster, "worker", &["w", "w2"], sixty).await;
     set_lands_in(sets, "w2", &["worker"], &metrics).await;
+    pool_status_lands(&cluster.pools, "worker", &metrics).await;
     let after = writes(&metrics);
     assert_eq!(
         after.0 - before.0,
