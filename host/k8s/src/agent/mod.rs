@@ -20,6 +20,7 @@ pub use watch::desired_of;
 use crate::api::{MachineConfigNode, MachineConfigPool, PinnedImageSet};
 use crate::metrics::Metrics;
 use crate::policy_config::{ConfigSource, PolicyConfig};
+use k8s_openapi::api::core::v1::Node;
 use kube::Client;
 use kube::api::Api;
 use kube::runtime::reflector::Store;
@@ -48,7 +49,8 @@ pub enum AgentError {
     #[error("node {node}: {source}")]
     NodeFile {
         node: String,
-        source: crate::objects::ObjectError,
+        /// Boxed: the largest of the agent's errors, which travel by value.
+        source: Box<crate::objects::ObjectError>,
     },
     #[error("node {node}: {file}: no Node object named {node} in the file")]
     NodeMissing { node: String, file: PathBuf },
@@ -128,6 +130,8 @@ struct Caches {
     sets: Store<PinnedImageSet>,
     /// The node's own MachineConfigNode (its rollout grant).
     own: Store<MachineConfigNode>,
+    /// The node's own Node object (its facts); `None` with a `--node-file`.
+    node: Option<Store<Node>>,
     changed: signal::Receiver<u64>,
 }
 
@@ -168,7 +172,7 @@ impl<S: Sizer + 'static, B: PinBackend> Agent<S, B> {
         let mut known: Option<NodeInfo> = None;
         loop {
             rounds.caches.changed.borrow_and_update();
-            let node = match watch::node_info(&self.config, &self.client).await {
+            let node = match watch::node_info(&self.config, &self.client, &rounds.caches).await {
                 Ok(node) => known.insert(node).clone(),
                 // The API server is away: the node's last known facts do while it is.
                 Err(e @ AgentError::NodeApi { .. }) if known.is_some() => {
@@ -266,7 +270,9 @@ impl<S: Sizer + 'static, B: PinBackend> Agent<S, B> {
         Caches {
             pools: self.reflector(crate::watcher_config(), changes, shutdown),
             sets: self.reflector(crate::watcher_config(), changes, shutdown),
-            own: self.reflector(own_only, changes, shutdown),
+            own: self.reflector(own_only.clone(), changes, shutdown),
+            node: (self.config.node_file.is_none())
+                .then(|| self.reflector(own_only, changes, shutdown)),
             changed,
         }
     }
@@ -511,7 +517,7 @@ impl<S: Sizer + 'static, B: PinBackend> Agent<S, B> {
             &self.config,
             &self.metrics,
         );
-        let watch_changes = self.changed(&rounds.caches, desired, node);
+        let watch_changes = watch::until_changed(&self.config, &rounds.caches, desired, node);
         let work = async { tokio::join!(reconcile, progress) };
         tokio::pin!(work, watch_changes);
         let (result, mut written) = tokio::select! {
@@ -536,17 +542,8 @@ impl<S: Sizer + 'static, B: PinBackend> Agent<S, B> {
         Box::new(Guarded::of(module).with_observer(Arc::new(self.metrics.clone())))
     }
 
-    /// Resolves when the desired state differs from `desired` (a pool, a set, the node file).
-    fn changed<'a>(
-        &'a self,
-        caches: &'a Caches,
-        desired: &'a Desired,
-        node: &'a NodeInfo,
-    ) -> impl Future<Output = ()> + 'a {
-        watch::until_changed(&self.config, &self.client, caches, desired, node)
-    }
-
-    /// Sleep until the desired state changes, `wait` passes, or the agent stops.
+    /// Sleep until the desired state or a fact of the node changes, `wait` passes, or the agent
+    /// stops.
     async fn idle(
         &self,
         rounds: &Rounds,
@@ -555,7 +552,8 @@ impl<S: Sizer + 'static, B: PinBackend> Agent<S, B> {
         wait: Duration,
         shutdown: &CancellationToken,
     ) {
-        let wait_change = self.changed(&rounds.caches, desired, node);
+        let wait_change =
+            watch::until_changed_or_facts(&self.config, &rounds.caches, desired, node);
         let policy_due = async {
             let mut changed = rounds.caches.changed.clone();
             while !self.policy_due(rounds, desired) {

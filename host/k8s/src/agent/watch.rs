@@ -1,5 +1,6 @@
-//! What the agent watches: the pools and sets (reflector caches), the node's facts (the Node
-//! object or a file), and whether the desired state changed.
+//! What the agent watches: the pools and sets (reflector caches), the node's facts (its Node
+//! object, followed by a watch of that one object, or a file), and whether the desired state
+//! changed.
 
 use super::{AgentConfig, AgentError};
 use crate::api::{MachineConfigNode, MachineConfigPool, PinnedImageSet};
@@ -12,41 +13,60 @@ use pinset_core::desired::{self, Desired, NodeInfo};
 use pinset_core::rollout::RolloutGrant;
 use std::time::Duration;
 
-/// Node facts: the `--node-file` or the Node object.
+/// Node facts: the `--node-file`, or the Node object — as the watch of it last saw it, read from
+/// the API while the watch has not seen it (the agent just started, or its role may not watch
+/// Nodes).
 pub(super) async fn node_info(
     config: &AgentConfig,
     client: &Client,
+    caches: &super::Caches,
 ) -> Result<NodeInfo, AgentError> {
     let name = &config.node_name;
-    match &config.node_file {
-        Some(file) => {
-            let mut objects = crate::objects::Objects::default();
-            crate::objects::load_file(file, pinset_core::yaml::Fields::Strict, &mut objects)
-                .map_err(|source| AgentError::NodeFile {
-                    node: name.clone(),
-                    source,
-                })?;
-            objects
-                .nodes
-                .into_iter()
-                .find(|n| &n.name == name)
-                .ok_or_else(|| AgentError::NodeMissing {
-                    node: name.clone(),
-                    file: file.clone(),
-                })
-        }
-        None => {
-            let api: Api<Node> = Api::all(client.clone());
-            let node = api.get(name).await.map_err(|source| AgentError::NodeApi {
-                node: name.clone(),
-                source,
-            })?;
-            convert::node(&node).map_err(|source| AgentError::Convert {
-                node: name.clone(),
-                source,
-            })
-        }
+    if let Some(file) = &config.node_file {
+        return node_from_file(name, file);
     }
+    if let Some(cached) = cached_node(config, caches) {
+        return cached;
+    }
+    let api: Api<Node> = Api::all(client.clone());
+    let node = api.get(name).await.map_err(|source| AgentError::NodeApi {
+        node: name.clone(),
+        source,
+    })?;
+    convert::node(&node).map_err(|source| AgentError::Convert {
+        node: name.clone(),
+        source,
+    })
+}
+
+fn node_from_file(name: &str, file: &std::path::Path) -> Result<NodeInfo, AgentError> {
+    let mut objects = crate::objects::Objects::default();
+    crate::objects::load_file(file, pinset_core::yaml::Fields::Strict, &mut objects).map_err(
+        |source| AgentError::NodeFile {
+            node: name.to_string(),
+            source: Box::new(source),
+        },
+    )?;
+    (objects.nodes.into_iter().find(|n| n.name == name)).ok_or_else(|| AgentError::NodeMissing {
+        node: name.to_string(),
+        file: file.to_path_buf(),
+    })
+}
+
+/// The node's facts from the watch of its Node object: `None` while it has not seen the object
+/// (or with a node file, which has no watch).
+fn cached_node(
+    config: &AgentConfig,
+    caches: &super::Caches,
+) -> Option<Result<NodeInfo, AgentError>> {
+    let node = caches
+        .node
+        .as_ref()?
+        .get(&ObjectRef::new(&config.node_name))?;
+    Some(convert::node(&node).map_err(|source| AgentError::Convert {
+        node: config.node_name.clone(),
+        source,
+    }))
 }
 
 /// The desired state of `node` from the cached pools and sets. A pool that cannot be read (a bad
@@ -101,40 +121,75 @@ pub(super) fn desired_now(
     desired
 }
 
-/// Return as soon as the desired state differs from `running` (a pool, a set or the node's
-/// grant changed, or the node file).
+/// Return as soon as the desired state differs from `running`: a pool, a set or the node's grant
+/// changed, or a node label that moves it between pools (in its Node object or its file). What
+/// a reconcile in flight is cancelled for.
 pub(super) async fn until_changed(
     config: &AgentConfig,
-    client: &Client,
     caches: &super::Caches,
     running: &Desired,
     node: &NodeInfo,
 ) {
-    let mut changed = caches.changed.clone();
+    until(config, caches, node, |now| {
+        &desired_now(config, now, caches) != running
+    })
+    .await
+}
+
+/// [`until_changed`], or a fact of the node a policy decides on changed (a label, readiness,
+/// disk pressure, ephemeral storage; not a heartbeat or the kubelet's image list, which are no
+/// facts): what ends an idle agent's wait — a node Ready again, or with room again, is
+/// reconciled at once rather than at its next retry.
+pub(super) async fn until_changed_or_facts(
+    config: &AgentConfig,
+    caches: &super::Caches,
+    running: &Desired,
+    node: &NodeInfo,
+) {
+    until(config, caches, node, |now| {
+        now != node || &desired_now(config, now, caches) != running
+    })
+    .await
+}
+
+/// Wait for each change of the caches (or of the node file, polled every second) until
+/// `changed` holds for the node's facts as they are then.
+async fn until(
+    config: &AgentConfig,
+    caches: &super::Caches,
+    last: &NodeInfo,
+    changed: impl Fn(&NodeInfo) -> bool,
+) {
+    let mut signal = caches.changed.clone();
     let mut file_stamp = stamp(config);
     loop {
         tokio::select! {
-            r = changed.changed() => if r.is_err() { std::future::pending::<()>().await },
+            r = signal.changed() => if r.is_err() { std::future::pending::<()>().await },
             _ = tokio::time::sleep(Duration::from_secs(1)), if config.node_file.is_some() => {
                 let now = stamp(config);
                 if now == file_stamp { continue; }
                 file_stamp = now;
             }
         }
-        let node = if config.node_file.is_some() {
-            match node_info(config, client).await {
-                Ok(n) => n,
-                Err(e) => {
-                    tracing::warn!(error = %e, "node file unreadable; keeping the last facts");
-                    node.clone()
-                }
-            }
-        } else {
-            node.clone()
-        };
-        if &desired_now(config, &node, caches) != running {
+        if changed(&facts_now(config, caches, last)) {
             return;
         }
+    }
+}
+
+/// The node's facts as they are now, `last` where they cannot be read (said in the log).
+fn facts_now(config: &AgentConfig, caches: &super::Caches, last: &NodeInfo) -> NodeInfo {
+    let now = match &config.node_file {
+        Some(file) => Some(node_from_file(&config.node_name, file)),
+        None => cached_node(config, caches),
+    };
+    match now {
+        Some(Ok(node)) => node,
+        Some(Err(e)) => {
+            tracing::warn!(error = %e, "node facts unreadable; keeping the last ones");
+            last.clone()
+        }
+        None => last.clone(),
     }
 }
 
@@ -143,4 +198,210 @@ fn stamp(config: &AgentConfig) -> Option<std::time::SystemTime> {
         .node_file
         .as_ref()
         .and_then(|f| std::fs::metadata(f).and_then(|m| m.modified()).ok())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kube::runtime::reflector::{self, store::Writer};
+    use kube::runtime::watcher::Event;
+    use serde_json::json;
+
+    /// Pools `worker` and `infra`, each taking the sets of its role, with set `base` (worker)
+    /// and `tools` (infra); the node's own Node object, followed as the agent follows it.
+    struct World {
+        caches: super::super::Caches,
+        config: AgentConfig,
+        watch: NodeWatch,
+    }
+
+    /// What the watch of the node's Node object sees, and the signal the agent's reflectors give.
+    struct NodeWatch {
+        nodes: Writer<Node>,
+        changes: tokio::sync::watch::Sender<u64>,
+    }
+
+    fn filled<K: Clone + kube::Resource<DynamicType = ()>>(objects: Vec<K>) -> Store<K> {
+        let (store, mut writer) = reflector::store();
+        for o in objects {
+            writer.apply_watcher_event(&Event::Apply(o));
+        }
+        store
+    }
+
+    fn world() -> World {
+        let pool = |name: &str| -> MachineConfigPool {
+            serde_json::from_value(json!({
+                "metadata": {"name": name},
+                "spec": {
+                    "machineConfigSelector": {"matchLabels": {"machineconfiguration.openshift.io/role": name}},
+                    "nodeSelector": {"matchLabels": {format!("node-role.kubernetes.io/{name}"): ""}}
+                }
+            }))
+            .unwrap()
+        };
+        let set = |name: &str, role: &str| -> PinnedImageSet {
+            let image = format!("q.io/x/{name}@sha256:{}", "a".repeat(64));
+            serde_json::from_value(json!({
+                "metadata": {"name": name, "generation": 1,
+                             "labels": {"machineconfiguration.openshift.io/role": role}},
+                "spec": {"pinnedImages": [{"name": image}]}
+            }))
+            .unwrap()
+        };
+        let (changes, changed) = tokio::sync::watch::channel(0);
+        let (node, nodes) = reflector::store();
+        let caches = super::super::Caches {
+            pools: filled(vec![pool("worker"), pool("infra")]),
+            sets: filled(vec![set("base", "worker"), set("tools", "infra")]),
+            own: filled(vec![]),
+            node: Some(node),
+            changed,
+        };
+        let mut config = AgentConfig::new("w-0".into());
+        config.wait_for_grants = false;
+        World {
+            caches,
+            config,
+            watch: NodeWatch { nodes, changes },
+        }
+    }
+
+    /// Node `w-0` with `labels`, Ready, its heartbeat at `beat` and `images` in its image list.
+    fn api_node(labels: serde_json::Value, beat: &str, images: &[&str]) -> Node {
+        let images: Vec<_> = images.iter().map(|i| json!({"names": [i]})).collect();
+        serde_json::from_value(json!({
+            "metadata": {"name": "w-0", "labels": labels},
+            "status": {
+                "allocatable": {"ephemeral-storage": "100Gi"},
+                "conditions": [{"type": "Ready", "status": "True", "lastHeartbeatTime": beat}],
+                "images": images
+            }
+        }))
+        .unwrap()
+    }
+
+    impl NodeWatch {
+        /// The watch sees `node`, and says so as the agent's reflectors do.
+        fn sees(&mut self, node: Node) {
+            self.nodes.apply_watcher_event(&Event::Apply(node));
+            self.changes.send_modify(|n| *n += 1);
+        }
+    }
+
+    impl World {
+        fn sets(&self, node: &NodeInfo) -> Vec<String> {
+            let desired = desired_now(&self.config, node, &self.caches);
+            desired.sets.iter().map(|s| s.name.clone()).collect()
+        }
+    }
+
+    const WORKER: &str = "node-role.kubernetes.io/worker";
+    const INFRA: &str = "node-role.kubernetes.io/infra";
+
+    #[tokio::test]
+    async fn the_facts_come_from_the_watched_node_without_a_request() {
+        let mut w = world();
+        w.watch
+            .sees(api_node(json!({WORKER: ""}), "2026-12-07T00:00:00Z", &[]));
+        // Nothing listens there: a request would fail with NodeApi.
+        let client =
+            Client::try_from(kube::Config::new("http://127.0.0.1:9".parse().unwrap())).unwrap();
+        let node = node_info(&w.config, &client, &w.caches).await.unwrap();
+        assert_eq!(node.name, "w-0");
+        assert_eq!(w.sets(&node), ["base"]);
+    }
+
+    #[tokio::test]
+    async fn a_node_relabelled_into_a_pool_ends_the_wait_with_that_pool_s_sets() {
+        let mut w = world();
+        w.watch
+            .sees(api_node(json!({WORKER: ""}), "2026-12-07T00:00:00Z", &[]));
+        let node = cached_node(&w.config, &w.caches).unwrap().unwrap();
+        let running = desired_now(&w.config, &node, &w.caches);
+        let wait = until_changed(&w.config, &w.caches, &running, &node);
+        let mut wait = std::pin::pin!(wait);
+        tokio::select! {
+            () = &mut wait => panic!("the wait ended with nothing changed"),
+            () = tokio::task::yield_now() => {}
+        }
+        w.watch.sees(api_node(
+            json!({WORKER: "", INFRA: ""}),
+            "2026-12-07T00:00:00Z",
+            &[],
+        ));
+        tokio::time::timeout(Duration::from_secs(10), wait)
+            .await
+            .expect("the new label ends the wait");
+        let now = facts_now(&w.config, &w.caches, &node);
+        assert_eq!(w.sets(&now), ["tools", "base"]);
+    }
+
+    #[tokio::test]
+    async fn an_idle_wait_ends_when_the_node_is_ready_again() {
+        let mut w = world();
+        let mut down = api_node(json!({WORKER: ""}), "2026-12-07T00:00:00Z", &[]);
+        let conditions = down.status.as_mut().unwrap().conditions.as_mut().unwrap();
+        conditions[0].status = "False".into();
+        w.watch.sees(down);
+        let node = cached_node(&w.config, &w.caches).unwrap().unwrap();
+        assert!(!node.ready);
+        let running = desired_now(&w.config, &node, &w.caches);
+        let idle = until_changed_or_facts(&w.config, &w.caches, &running, &node);
+        let mut idle = std::pin::pin!(idle);
+        tokio::select! {
+            () = &mut idle => panic!("the wait ended with nothing changed"),
+            () = tokio::task::yield_now() => {}
+        }
+        w.watch
+            .sees(api_node(json!({WORKER: ""}), "2026-12-07T00:01:00Z", &[]));
+        tokio::time::timeout(Duration::from_secs(10), idle)
+            .await
+            .expect("Ready again ends the idle wait");
+        // A reconcile in flight is not cancelled for it: its desired state is the same.
+        let now = facts_now(&w.config, &w.caches, &node);
+        assert!(now.ready);
+        assert_eq!(desired_now(&w.config, &now, &w.caches), running);
+    }
+
+    #[test]
+    fn a_heartbeat_or_a_new_image_list_changes_no_decision() {
+        let mut w = world();
+        w.watch
+            .sees(api_node(json!({WORKER: ""}), "2026-12-07T00:00:00Z", &[]));
+        let node = cached_node(&w.config, &w.caches).unwrap().unwrap();
+        let running = desired_now(&w.config, &node, &w.caches);
+        w.watch.sees(api_node(
+            json!({WORKER: ""}),
+            "2026-12-07T00:05:00Z",
+            &["q.io/x/base:1"],
+        ));
+        let now = facts_now(&w.config, &w.caches, &node);
+        assert_eq!(now, node);
+        assert_eq!(desired_now(&w.config, &now, &w.caches), running);
+        // And a fact it decides on does.
+        let mut pressed = api_node(json!({WORKER: ""}), "2026-12-07T00:06:00Z", &[]);
+        let conditions = pressed
+            .status
+            .as_mut()
+            .unwrap()
+            .conditions
+            .as_mut()
+            .unwrap();
+        conditions[0].status = "False".into();
+        w.watch.sees(pressed);
+        assert!(!facts_now(&w.config, &w.caches, &node).ready);
+    }
+
+    #[test]
+    fn without_the_watched_node_the_last_facts_stay() {
+        let w = world();
+        let last = worker_facts();
+        assert_eq!(facts_now(&w.config, &w.caches, &last), last);
+        assert!(cached_node(&w.config, &w.caches).is_none());
+    }
+
+    fn worker_facts() -> NodeInfo {
+        convert::node(&api_node(json!({WORKER: ""}), "2026-12-07T00:00:00Z", &[])).unwrap()
+    }
 }
