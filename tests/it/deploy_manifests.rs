@@ -239,7 +239,7 @@ fn check_base(docs: &[Value], crd_names: &BTreeSet<String>) {
     check_controller(of_kind(docs, "Deployment")[0]);
     check_agent(of_kind(docs, "DaemonSet")[0]);
     check_policy_configuration(docs);
-    check_node_watch(docs);
+    check_node_rules(docs);
     for role in component_roles(docs) {
         let rule = role["rules"]
             .as_array()
@@ -263,21 +263,24 @@ fn check_base(docs: &[Value], crd_names: &BTreeSet<String>) {
 }
 
 /// The agent may watch its Node (it follows its own facts by a watch, named by a field
-/// selector) and write no Node; the controller reads no Node at all.
-fn check_node_watch(docs: &[Value]) {
-    let node_verbs = |role: &str| -> Vec<String> {
+/// selector) and write no Node, and may delete MachineConfigNodes (what an API server that
+/// enforces owner-reference permissions asks of who names the Node as the owner); the
+/// controller reads no Node at all.
+fn check_node_rules(docs: &[Value]) {
+    let verbs = |role: &str, resource: &str| -> Vec<String> {
         let role = (of_kind(docs, "ClusterRole").into_iter())
             .find(|r| r["metadata"]["name"] == role)
             .unwrap_or_else(|| panic!("no ClusterRole {role}"));
         let rules = role["rules"].as_array().unwrap().iter();
-        let nodes = rules.filter(|r| r["apiGroups"][0] == "" && r["resources"][0] == "nodes");
-        nodes
-            .flat_map(|r| r["verbs"].as_array().unwrap().clone())
+        let of = rules.filter(|r| (r["resources"].as_array().unwrap()).contains(&resource.into()));
+        of.flat_map(|r| r["verbs"].as_array().unwrap().clone())
             .map(|v| v.as_str().unwrap().to_string())
             .collect()
     };
-    assert_eq!(node_verbs("pinset-agent"), ["get", "list", "watch"]);
-    assert!(node_verbs("pinset-controller").is_empty());
+    assert_eq!(verbs("pinset-agent", "nodes"), ["get", "list", "watch"]);
+    assert!(verbs("pinset-controller", "nodes").is_empty());
+    let mcn = verbs("pinset-agent", "machineconfignodes");
+    assert!(mcn.contains(&"delete".to_string()), "{mcn:?}");
 }
 
 /// The controller and the agent follow one PolicyConfiguration, and each ClusterRole lets its

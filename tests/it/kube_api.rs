@@ -1685,3 +1685,55 @@ async fn set_names_and_node_names_follow_openshifts_rules() {
         .to_string();
     assert!(e.contains("metadata.name must equal spec.node.name"), "{e}");
 }
+
+/// A node's MachineConfigNode is owned by its Node once the agent knows the Node's uid (the
+/// garbage collector then deletes it with the Node, as OpenShift's): the owner reference stays
+/// through the controller's grants and the agent's status, and follows the Node when it is
+/// created again under the same name (a new uid).
+#[tokio::test]
+async fn a_machine_config_node_is_owned_by_its_node_through_every_writer() {
+    let Some(c) = cluster().await else {
+        return;
+    };
+    use pinset_k8s::{agent, apply, controller};
+    let (first, second) = (
+        "3f1c2a4e-0000-4000-8000-000000000001",
+        "3f1c2a4e-0000-4000-8000-000000000002",
+    );
+    let spec = json!({"node": {"name": "n0"}, "pool": {"name": "worker"}});
+    let owners = |uid: &str| vec![apply::node_owner("n0", uid)];
+    let agent_spec = |owners: Vec<serde_json::Value>| {
+        let (nodes, spec) = (c.nodes.clone(), spec.clone());
+        async move { apply::node_spec(&nodes, "n0", agent::FIELD_MANAGER, spec, &owners).await }
+    };
+    let owned_by = || async {
+        let mcn = c.nodes.get("n0").await.unwrap();
+        let refs = mcn.metadata.owner_references.unwrap_or_default();
+        refs.iter()
+            .map(|r| format!("{}/{} {} {}", r.api_version, r.kind, r.name, r.uid))
+            .collect::<Vec<_>>()
+    };
+    agent_spec(owners(first)).await.unwrap();
+    assert_eq!(owned_by().await, [format!("v1/Node n0 {first}")]);
+    let grant = json!({"rolloutGrant": {"sets": [{"name": "apps", "generation": 1}]}});
+    apply::node_part(&c.nodes, "n0", controller::FIELD_MANAGER, "spec", grant)
+        .await
+        .unwrap();
+    let status = json!({"pinnedImageSets": [{"name": "apps", "desiredGeneration": 1}]});
+    apply::node_part(&c.nodes, "n0", agent::FIELD_MANAGER, "status", status)
+        .await
+        .unwrap();
+    assert_eq!(
+        owned_by().await,
+        [format!("v1/Node n0 {first}")],
+        "a grant and a status keep the owner"
+    );
+    agent_spec(owners(second)).await.unwrap();
+    assert_eq!(
+        owned_by().await,
+        [format!("v1/Node n0 {second}")],
+        "the Node created again owns it, the one deleted no longer"
+    );
+    let mcn = c.nodes.get("n0").await.unwrap();
+    assert_eq!(granted(&c.nodes, "n0").await, Some(1), "{mcn:?}");
+}

@@ -150,6 +150,9 @@ struct Rounds {
     policy: NodePolicy,
     /// Policy checks running in the background, and their rechecks.
     checks: checks::Checks,
+    /// The uid of the node's Node object, when its facts came from the API: the owner of its
+    /// MachineConfigNode.
+    node_uid: Option<String>,
 }
 
 /// What follows a round.
@@ -173,7 +176,10 @@ impl<S: Sizer + 'static, B: PinBackend> Agent<S, B> {
         loop {
             rounds.caches.changed.borrow_and_update();
             let node = match watch::node_info(&self.config, &self.client, &rounds.caches).await {
-                Ok(node) => known.insert(node).clone(),
+                Ok(read) => {
+                    rounds.node_uid = read.uid;
+                    known.insert(read.facts).clone()
+                }
                 // The API server is away: the node's last known facts do while it is.
                 Err(e @ AgentError::NodeApi { .. }) if known.is_some() => {
                     tracing::warn!(error = %e, "using the node's last known facts");
@@ -254,6 +260,7 @@ impl<S: Sizer + 'static, B: PinBackend> Agent<S, B> {
             last_config,
             policy,
             checks,
+            node_uid: None,
         };
         self.prune_cache(&rounds);
         Some(rounds)
@@ -576,21 +583,27 @@ impl<S: Sizer + 'static, B: PinBackend> Agent<S, B> {
         }
     }
 
-    /// The MachineConfigNode's spec names the node and its primary pool.
+    /// The MachineConfigNode's spec names the node and its primary pool, and the Node owns it
+    /// when the agent knows the Node's uid: the garbage collector deletes it with the Node, so a
+    /// node removed from the cluster leaves no member its pool waits for.
     async fn sync_spec(&self, rounds: &mut Rounds, desired: &Desired) {
-        let pool = desired.pools.first().cloned();
-        if rounds.published.pool.as_ref() == Some(&pool) {
+        let published = status::PublishedSpec {
+            pool: desired.pools.first().cloned(),
+            owner: rounds.node_uid.clone(),
+        };
+        if rounds.published.spec.as_ref() == Some(&published) {
             return;
         }
         let name = &self.config.node_name;
         let mut spec = json!({"node": {"name": name}});
-        if let Some(pool) = &pool {
+        if let Some(pool) = &published.pool {
             spec["pool"] = json!({"name": pool});
         }
-        match status::apply_node(&rounds.node_api, name, "spec", spec).await {
+        let owner = published.owner.as_deref();
+        match status::apply_spec(&rounds.node_api, name, spec, owner).await {
             Ok(()) => {
                 self.metrics.count_api_write("node_spec");
-                rounds.published.pool = Some(pool);
+                rounds.published.spec = Some(published);
             }
             Err(e) => match crate::forbidden::refusal(&e) {
                 Some(why) => {

@@ -125,9 +125,18 @@ fn policy_events(status: &NodeStatus, seen: &Seen) -> Vec<kube::runtime::events:
 /// What the agent last wrote, so unchanged status is not written again.
 #[derive(Default)]
 pub(super) struct Published {
-    pub(super) pool: Option<Option<String>>,
+    pub(super) spec: Option<PublishedSpec>,
     pub(super) status: Option<MachineConfigNodeStatus>,
     pub(super) conditions: Vec<Condition>,
+}
+
+/// What the MachineConfigNode's spec and owner were last written with.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(super) struct PublishedSpec {
+    /// The node's primary pool.
+    pub(super) pool: Option<String>,
+    /// The uid of the Node that owns the MachineConfigNode.
+    pub(super) owner: Option<String>,
 }
 
 /// Publish progress while the reconcile runs (at most once per `publish_interval`). Returns what
@@ -408,6 +417,27 @@ pub(super) async fn apply_node(
         .map_err(|source| AgentError::Write {
             node: name.into(),
             what: part,
+            source,
+        })
+}
+
+/// Server-side apply of the node's MachineConfigNode spec, with the Node of uid `owner` as its
+/// owner when known ([`crate::apply::node_owner`]).
+pub(super) async fn apply_spec(
+    api: &Api<MachineConfigNode>,
+    name: &str,
+    spec: serde_json::Value,
+    owner: Option<&str>,
+) -> Result<(), AgentError> {
+    let owners: Vec<_> = owner
+        .map(|uid| crate::apply::node_owner(name, uid))
+        .into_iter()
+        .collect();
+    crate::apply::node_spec(api, name, FIELD_MANAGER, spec, &owners)
+        .await
+        .map_err(|source| AgentError::Write {
+            node: name.into(),
+            what: "spec",
             source,
         })
 }

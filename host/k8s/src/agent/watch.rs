@@ -13,6 +13,14 @@ use pinset_core::desired::{self, Desired, NodeInfo};
 use pinset_core::rollout::RolloutGrant;
 use std::time::Duration;
 
+/// The node's facts, and its Node object's uid when they came from the API — the owner of its
+/// MachineConfigNode. A node file names no object of a cluster: no uid from it.
+#[derive(Debug)]
+pub(super) struct NodeRead {
+    pub(super) facts: NodeInfo,
+    pub(super) uid: Option<String>,
+}
+
 /// Node facts: the `--node-file`, or the Node object — as the watch of it last saw it, read from
 /// the API while the watch has not seen it (the agent just started, or its role may not watch
 /// Nodes).
@@ -20,10 +28,11 @@ pub(super) async fn node_info(
     config: &AgentConfig,
     client: &Client,
     caches: &super::Caches,
-) -> Result<NodeInfo, AgentError> {
+) -> Result<NodeRead, AgentError> {
     let name = &config.node_name;
     if let Some(file) = &config.node_file {
-        return node_from_file(name, file);
+        let facts = node_from_file(name, file)?;
+        return Ok(NodeRead { facts, uid: None });
     }
     if let Some(cached) = cached_node(config, caches) {
         return cached;
@@ -33,10 +42,16 @@ pub(super) async fn node_info(
         node: name.clone(),
         source,
     })?;
-    convert::node(&node).map_err(|source| AgentError::Convert {
-        node: name.clone(),
+    read_api_node(name, &node)
+}
+
+fn read_api_node(name: &str, node: &Node) -> Result<NodeRead, AgentError> {
+    let facts = convert::node(node).map_err(|source| AgentError::Convert {
+        node: name.to_string(),
         source,
-    })
+    })?;
+    let uid = node.metadata.uid.clone();
+    Ok(NodeRead { facts, uid })
 }
 
 fn node_from_file(name: &str, file: &std::path::Path) -> Result<NodeInfo, AgentError> {
@@ -58,15 +73,12 @@ fn node_from_file(name: &str, file: &std::path::Path) -> Result<NodeInfo, AgentE
 fn cached_node(
     config: &AgentConfig,
     caches: &super::Caches,
-) -> Option<Result<NodeInfo, AgentError>> {
+) -> Option<Result<NodeRead, AgentError>> {
     let node = caches
         .node
         .as_ref()?
         .get(&ObjectRef::new(&config.node_name))?;
-    Some(convert::node(&node).map_err(|source| AgentError::Convert {
-        node: config.node_name.clone(),
-        source,
-    }))
+    Some(read_api_node(&config.node_name, &node))
 }
 
 /// The desired state of `node` from the cached pools and sets. A pool that cannot be read (a bad
@@ -181,7 +193,7 @@ async fn until(
 fn facts_now(config: &AgentConfig, caches: &super::Caches, last: &NodeInfo) -> NodeInfo {
     let now = match &config.node_file {
         Some(file) => Some(node_from_file(&config.node_name, file)),
-        None => cached_node(config, caches),
+        None => cached_node(config, caches).map(|read| read.map(|r| r.facts)),
     };
     match now {
         Some(Ok(node)) => node,
@@ -271,7 +283,7 @@ mod tests {
     fn api_node(labels: serde_json::Value, beat: &str, images: &[&str]) -> Node {
         let images: Vec<_> = images.iter().map(|i| json!({"names": [i]})).collect();
         serde_json::from_value(json!({
-            "metadata": {"name": "w-0", "labels": labels},
+            "metadata": {"name": "w-0", "uid": W0_UID, "labels": labels},
             "status": {
                 "allocatable": {"ephemeral-storage": "100Gi"},
                 "conditions": [{"type": "Ready", "status": "True", "lastHeartbeatTime": beat}],
@@ -297,6 +309,7 @@ mod tests {
     }
 
     const WORKER: &str = "node-role.kubernetes.io/worker";
+    const W0_UID: &str = "0b6f5c1e-7a51-4c59-9d0e-2f5d3c9a8e11";
     const INFRA: &str = "node-role.kubernetes.io/infra";
 
     #[tokio::test]
@@ -308,8 +321,9 @@ mod tests {
         let client =
             Client::try_from(kube::Config::new("http://127.0.0.1:9".parse().unwrap())).unwrap();
         let node = node_info(&w.config, &client, &w.caches).await.unwrap();
-        assert_eq!(node.name, "w-0");
-        assert_eq!(w.sets(&node), ["base"]);
+        assert_eq!(node.facts.name, "w-0");
+        assert_eq!(node.uid.as_deref(), Some(W0_UID));
+        assert_eq!(w.sets(&node.facts), ["base"]);
     }
 
     #[tokio::test]
@@ -317,7 +331,7 @@ mod tests {
         let mut w = world();
         w.watch
             .sees(api_node(json!({WORKER: ""}), "2026-12-07T00:00:00Z", &[]));
-        let node = cached_node(&w.config, &w.caches).unwrap().unwrap();
+        let node = cached_node(&w.config, &w.caches).unwrap().unwrap().facts;
         let running = desired_now(&w.config, &node, &w.caches);
         let wait = until_changed(&w.config, &w.caches, &running, &node);
         let mut wait = std::pin::pin!(wait);
@@ -344,7 +358,7 @@ mod tests {
         let conditions = down.status.as_mut().unwrap().conditions.as_mut().unwrap();
         conditions[0].status = "False".into();
         w.watch.sees(down);
-        let node = cached_node(&w.config, &w.caches).unwrap().unwrap();
+        let node = cached_node(&w.config, &w.caches).unwrap().unwrap().facts;
         assert!(!node.ready);
         let running = desired_now(&w.config, &node, &w.caches);
         let idle = until_changed_or_facts(&w.config, &w.caches, &running, &node);
@@ -369,7 +383,7 @@ mod tests {
         let mut w = world();
         w.watch
             .sees(api_node(json!({WORKER: ""}), "2026-12-07T00:00:00Z", &[]));
-        let node = cached_node(&w.config, &w.caches).unwrap().unwrap();
+        let node = cached_node(&w.config, &w.caches).unwrap().unwrap().facts;
         let running = desired_now(&w.config, &node, &w.caches);
         w.watch.sees(api_node(
             json!({WORKER: ""}),
