@@ -539,3 +539,36 @@ async fn the_agent_works_through_an_api_server_outage_and_publishes_when_it_retu
     );
     assert!(agent.log().contains("status not published"), "{}", logs());
 }
+
+/// A node's MachineConfigNode deleted under a running agent (by hand, or with its CRD) is
+/// written again, spec and status, without a restart and before the next resync: the pool
+/// would otherwise stop counting the node, and the controller have nowhere to grant it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_machine_config_node_deleted_under_its_agent_is_written_again() {
+    let Some((cluster, runtime, _refs, nodes, _cri)) = release_bed("d", 2, 1100).await else {
+        return;
+    };
+    let server = &cluster.server;
+    let agent = cluster.release_agent(&runtime, support::free_port(), "agent.log");
+    let logs = || format!("{}\n{}", agent.log(), server.log());
+    let what = "the agent pins the set";
+    node_settles(&nodes, "cp-0", &[("release", 1)], what, &logs).await;
+    let before = nodes.get("cp-0").await.unwrap();
+    nodes
+        .delete("cp-0", &DeleteParams::default())
+        .await
+        .unwrap();
+    let what = "the MachineConfigNode written again, its set still pinned";
+    node_settles(&nodes, "cp-0", &[("release", 1)], what, &logs).await;
+    let after = nodes.get("cp-0").await.unwrap();
+    assert_ne!(after.metadata.uid, before.metadata.uid, "a new object");
+    assert_eq!(after.spec.pool.name, "master");
+    assert_eq!(after.spec.node.name, "cp-0");
+    assert!(
+        agent
+            .log()
+            .contains("the MachineConfigNode is gone; writing it again"),
+        "{}",
+        agent.log()
+    );
+}

@@ -401,6 +401,11 @@ impl<S: Sizer + 'static, B: PinBackend> Agent<S, B> {
         desired: &Desired,
         shutdown: &CancellationToken,
     ) -> Next {
+        if rounds.published.spec.is_some() && watch::own_missing(&self.config, &rounds.caches) {
+            // Deleted since it was written (by hand, or with its CRD): written again, whole.
+            tracing::warn!(node = %self.config.node_name, "the MachineConfigNode is gone; writing it again");
+            rounds.published = status::Published::default();
+        }
         self.sync_spec(rounds, desired).await;
         rounds.status.node_ready = Some(node.ready);
         rounds.status.node_labels = node.labels.clone();

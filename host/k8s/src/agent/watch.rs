@@ -150,18 +150,30 @@ pub(super) async fn until_changed(
 
 /// [`until_changed`], or a fact of the node a policy decides on changed (a label, readiness,
 /// disk pressure, ephemeral storage; not a heartbeat or the kubelet's image list, which are no
-/// facts): what ends an idle agent's wait — a node Ready again, or with room again, is
-/// reconciled at once rather than at its next retry.
+/// facts), or the node's MachineConfigNode, seen in the cache, left it (deleted by hand, or
+/// with its CRD): what ends an idle agent's wait — a node Ready again, or with room again, is
+/// reconciled at once rather than at its next retry, and a MachineConfigNode gone is written
+/// again.
 pub(super) async fn until_changed_or_facts(
     config: &AgentConfig,
     caches: &super::Caches,
     running: &Desired,
     node: &NodeInfo,
 ) {
-    until(config, caches, node, |now| {
-        now != node || &desired_now(config, now, caches) != running
+    let mut own_seen = !own_missing(config, caches);
+    until(config, caches, node, move |now| {
+        let own_there = !own_missing(config, caches);
+        let own_gone = own_seen && !own_there;
+        own_seen |= own_there;
+        own_gone || now != node || &desired_now(config, now, caches) != running
     })
     .await
+}
+
+/// The node's MachineConfigNode is not in the cache of its watch.
+pub(super) fn own_missing(config: &AgentConfig, caches: &super::Caches) -> bool {
+    let own = ObjectRef::new(&config.node_name);
+    caches.own.get(&own).is_none()
 }
 
 /// Wait for each change of the caches (or of the node file, polled every second) until
@@ -170,7 +182,7 @@ async fn until(
     config: &AgentConfig,
     caches: &super::Caches,
     last: &NodeInfo,
-    changed: impl Fn(&NodeInfo) -> bool,
+    mut changed: impl FnMut(&NodeInfo) -> bool,
 ) {
     let mut signal = caches.changed.clone();
     let mut file_stamp = stamp(config);
