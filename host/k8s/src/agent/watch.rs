@@ -320,6 +320,26 @@ mod tests {
         }
     }
 
+    /// `node`, its Ready condition False.
+    fn not_ready(mut node: Node) -> Node {
+        let conditions = node.status.as_mut().unwrap().conditions.as_mut().unwrap();
+        conditions[0].status = "False".into();
+        node
+    }
+
+    /// `wait` is still waiting once polled; after `change`, it ends within 10 s.
+    async fn ends_only_after(wait: impl Future<Output = ()>, change: impl FnOnce(), what: &str) {
+        let mut wait = std::pin::pin!(wait);
+        tokio::select! {
+            () = &mut wait => panic!("the wait ended with nothing changed"),
+            () = tokio::task::yield_now() => {}
+        }
+        change();
+        tokio::time::timeout(Duration::from_secs(10), wait)
+            .await
+            .expect(what);
+    }
+
     const WORKER: &str = "node-role.kubernetes.io/worker";
     const W0_UID: &str = "0b6f5c1e-7a51-4c59-9d0e-2f5d3c9a8e11";
     const INFRA: &str = "node-role.kubernetes.io/infra";
@@ -346,19 +366,9 @@ mod tests {
         let node = cached_node(&w.config, &w.caches).unwrap().unwrap().facts;
         let running = desired_now(&w.config, &node, &w.caches);
         let wait = until_changed(&w.config, &w.caches, &running, &node);
-        let mut wait = std::pin::pin!(wait);
-        tokio::select! {
-            () = &mut wait => panic!("the wait ended with nothing changed"),
-            () = tokio::task::yield_now() => {}
-        }
-        w.watch.sees(api_node(
-            json!({WORKER: "", INFRA: ""}),
-            "2026-12-07T00:00:00Z",
-            &[],
-        ));
-        tokio::time::timeout(Duration::from_secs(10), wait)
-            .await
-            .expect("the new label ends the wait");
+        let relabelled = api_node(json!({WORKER: "", INFRA: ""}), "2026-12-07T00:00:00Z", &[]);
+        let what = "the new label ends the wait";
+        ends_only_after(wait, || w.watch.sees(relabelled), what).await;
         let now = facts_now(&w.config, &w.caches, &node);
         assert_eq!(w.sets(&now), ["tools", "base"]);
     }
@@ -366,24 +376,18 @@ mod tests {
     #[tokio::test]
     async fn an_idle_wait_ends_when_the_node_is_ready_again() {
         let mut w = world();
-        let mut down = api_node(json!({WORKER: ""}), "2026-12-07T00:00:00Z", &[]);
-        let conditions = down.status.as_mut().unwrap().conditions.as_mut().unwrap();
-        conditions[0].status = "False".into();
-        w.watch.sees(down);
+        w.watch.sees(not_ready(api_node(
+            json!({WORKER: ""}),
+            "2026-12-07T00:00:00Z",
+            &[],
+        )));
         let node = cached_node(&w.config, &w.caches).unwrap().unwrap().facts;
         assert!(!node.ready);
         let running = desired_now(&w.config, &node, &w.caches);
         let idle = until_changed_or_facts(&w.config, &w.caches, &running, &node);
-        let mut idle = std::pin::pin!(idle);
-        tokio::select! {
-            () = &mut idle => panic!("the wait ended with nothing changed"),
-            () = tokio::task::yield_now() => {}
-        }
-        w.watch
-            .sees(api_node(json!({WORKER: ""}), "2026-12-07T00:01:00Z", &[]));
-        tokio::time::timeout(Duration::from_secs(10), idle)
-            .await
-            .expect("Ready again ends the idle wait");
+        let up = api_node(json!({WORKER: ""}), "2026-12-07T00:01:00Z", &[]);
+        let what = "Ready again ends the idle wait";
+        ends_only_after(idle, || w.watch.sees(up), what).await;
         // A reconcile in flight is not cancelled for it: its desired state is the same.
         let now = facts_now(&w.config, &w.caches, &node);
         assert!(now.ready);
@@ -406,16 +410,8 @@ mod tests {
         assert_eq!(now, node);
         assert_eq!(desired_now(&w.config, &now, &w.caches), running);
         // And a fact it decides on does.
-        let mut pressed = api_node(json!({WORKER: ""}), "2026-12-07T00:06:00Z", &[]);
-        let conditions = pressed
-            .status
-            .as_mut()
-            .unwrap()
-            .conditions
-            .as_mut()
-            .unwrap();
-        conditions[0].status = "False".into();
-        w.watch.sees(pressed);
+        let down = api_node(json!({WORKER: ""}), "2026-12-07T00:06:00Z", &[]);
+        w.watch.sees(not_ready(down));
         assert!(!facts_now(&w.config, &w.caches, &node).ready);
     }
 
