@@ -429,6 +429,11 @@ impl Cluster {
         let free = ["--rollout=free".into()];
         self.agent("cp-0", &roles(&["master"]), runtime, port, log, &free)
     }
+
+    /// `agent`'s log and the API server's: what a failed wait shows.
+    fn logs_with(&self, agent: &Proc) -> String {
+        format!("{}\n{}", agent.log(), self.server.log())
+    }
 }
 
 /// `pinset rollout status worker --watch=false` with `extra` flags as `kubeconfig`, off the

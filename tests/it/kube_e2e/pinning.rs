@@ -441,10 +441,8 @@ async fn an_agent_killed_mid_run_is_finished_by_the_next_one_without_pulling_twi
     let Some((cluster, runtime, refs, nodes, cri)) = release_bed("k", 10, 700).await else {
         return;
     };
-    let server = &cluster.server;
-
     let mut first = cluster.release_agent(&runtime, support::free_port(), "first.log");
-    let logs = || format!("{}\n{}", first.log(), server.log());
+    let logs = || cluster.logs_with(&first);
     // Kill it once some images are in and others are not.
     eventually("some images pulled", &logs, || async {
         let (present, _) = present_and_pinned(&cri, &refs).await;
@@ -468,7 +466,7 @@ async fn an_agent_killed_mid_run_is_finished_by_the_next_one_without_pulling_twi
 
     let port = support::free_port();
     let second = cluster.release_agent(&runtime, port, "second.log");
-    let logs = || format!("{}\n{}", second.log(), server.log());
+    let logs = || cluster.logs_with(&second);
     node_settles(
         &nodes,
         "cp-0",
@@ -498,7 +496,7 @@ async fn the_agent_works_through_an_api_server_outage_and_publishes_when_it_retu
     };
     let server = &cluster.server;
     let agent = cluster.release_agent(&runtime, support::free_port(), "agent.log");
-    let logs = || format!("{}\n{}", agent.log(), server.log());
+    let logs = || cluster.logs_with(&agent);
     eventually("the first image pulled", &logs, || async {
         let (present, _) = present_and_pinned(&cri, &refs).await;
         (present >= 1)
@@ -548,9 +546,8 @@ async fn a_machine_config_node_deleted_under_its_agent_is_written_again() {
     let Some((cluster, runtime, _refs, nodes, _cri)) = release_bed("d", 2, 1100).await else {
         return;
     };
-    let server = &cluster.server;
     let agent = cluster.release_agent(&runtime, support::free_port(), "agent.log");
-    let logs = || format!("{}\n{}", agent.log(), server.log());
+    let logs = || cluster.logs_with(&agent);
     let what = "the agent pins the set";
     node_settles(&nodes, "cp-0", &[("release", 1)], what, &logs).await;
     let before = nodes.get("cp-0").await.unwrap();
