@@ -1,7 +1,8 @@
 //! pinset's test bed (a dev-dependency only): a real registry (`docker-registry` from Debian) on
 //! loopback, OCI images built here — tar layers of chosen sizes with random content — pushed
 //! through the registry's HTTP API, a real containerd ([`Containerd`]), a real API server
-//! ([`apiserver::ApiServer`]), and every policy of the workspace built for Wasm, the test-only
+//! ([`apiserver::ApiServer`]) with the core API's Nodes in front of it ([`core_api`]), and
+//! every policy of the workspace built for Wasm, the test-only
 //! ones included ([`policy_path`]). No docker, no downloads.
 //!
 //! A test that needs the bed calls [`Registry::start`] (or [`Containerd::start`], …): where the
@@ -13,6 +14,7 @@
 //! nothing test-only is built into `pinset`.
 
 pub mod apiserver;
+pub mod core_api;
 pub mod hostile;
 pub mod procfs;
 pub mod rbac;

@@ -256,6 +256,7 @@ pub fn request_of(review: &Value) -> Request {
 }
 
 /// The authorizer, serving on a loopback port until the process ends.
+#[derive(Clone)]
 pub struct Authorizer {
     pub url: String,
     rbac: Arc<Mutex<Rbac>>,
@@ -283,6 +284,12 @@ impl Authorizer {
             decisions,
             refusable: Default::default(),
         }
+    }
+
+    /// Decide `request` as for a review the API server sends (a front end that serves what the
+    /// server does not, [`crate::core_api`]), the decision recorded with the others.
+    pub fn decide(&self, request: Request) -> bool {
+        decide(&request, &self.rbac, &self.decisions)
     }
 
     /// Decide from other rules from now on.
@@ -332,7 +339,6 @@ impl Authorizer {
     }
 }
 
-/// Answer the reviews of one connection.
 /// Whether `request` is allowed: always for `system:masters` (the tests' own client), else by
 /// the rules, the decision recorded.
 fn decide(request: &Request, rbac: &Mutex<Rbac>, decisions: &Mutex<Vec<Decision>>) -> bool {
@@ -348,6 +354,7 @@ fn decide(request: &Request, rbac: &Mutex<Rbac>, decisions: &Mutex<Vec<Decision>
     allowed
 }
 
+/// Answer the reviews of one connection.
 fn serve(stream: std::net::TcpStream, rbac: &Mutex<Rbac>, decisions: &Mutex<Vec<Decision>>) {
     let mut writer = match stream.try_clone() {
         Ok(w) => w,

@@ -27,6 +27,7 @@
 mod fleet;
 mod fleet_bed;
 mod image;
+mod node_api;
 mod pinning;
 mod policy_rollout;
 mod trust;

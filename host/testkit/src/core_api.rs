@@ -1,0 +1,337 @@
+//! The core API's Nodes for tests, in front of the test API server (which serves none): a plain
+//! HTTP endpoint on loopback that answers `/api/v1/nodes` — get, list and watch, a field
+//! selector on `metadata.name` honoured — from Nodes a test writes ([`CoreApi::apply`]), and
+//! forwards every other request to the real API server as one client's identity (kube's
+//! [`kube::Client::send`]). Node requests are decided by the bed's RBAC authorizer, as the real
+//! server decides the rest; each decision is recorded with the others.
+//!
+//! A component pointed at it (a kubeconfig naming its URL, [`CoreApi::kubeconfig`]) runs as in
+//! a cluster: its Node from the API, watched, and everything else from the real server.
+
+use crate::rbac::{Authorizer, Request as Review};
+use bytes::Bytes;
+use http::{Method, Request, Response, StatusCode};
+use http_body_util::combinators::UnsyncBoxBody;
+use http_body_util::{BodyExt, Full, StreamBody};
+use hyper::body::{Frame, Incoming};
+use hyper_util::rt::TokioIo;
+use serde_json::{Value, json};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use tokio::sync::broadcast;
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+type Body = UnsyncBoxBody<Bytes, BoxError>;
+
+/// The endpoint; it serves until the test's runtime ends.
+pub struct CoreApi {
+    pub url: String,
+    state: Arc<State>,
+}
+
+/// Who the forwarded requests are sent as, and who decides the Node requests.
+pub struct Identity {
+    /// A client of the real API server with the identity's credentials.
+    pub upstream: kube::Client,
+    pub user: String,
+    pub groups: Vec<String>,
+    pub authorizer: Authorizer,
+}
+
+struct State {
+    identity: Identity,
+    nodes: Mutex<Nodes>,
+    events: broadcast::Sender<Change>,
+}
+
+/// The Nodes, their resource version, and every change (what a watch from a version replays).
+#[derive(Default)]
+struct Nodes {
+    version: u64,
+    objects: BTreeMap<String, Value>,
+    history: Vec<Change>,
+}
+
+#[derive(Clone)]
+struct Change {
+    version: u64,
+    kind: &'static str,
+    object: Value,
+}
+
+impl CoreApi {
+    /// Serve on a free loopback port, as `identity`.
+    pub async fn start(identity: Identity) -> CoreApi {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let state = Arc::new(State {
+            identity,
+            nodes: Mutex::default(),
+            events: broadcast::channel(256).0,
+        });
+        let served = state.clone();
+        tokio::spawn(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                let state = served.clone();
+                tokio::spawn(async move {
+                    let service = hyper::service::service_fn(move |req| {
+                        let state = state.clone();
+                        async move { Ok::<_, std::convert::Infallible>(state.answer(req).await) }
+                    });
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(TokioIo::new(stream), service)
+                        .await;
+                });
+            }
+        });
+        CoreApi { url, state }
+    }
+
+    /// Create or replace Node `node` (its uid kept from the one it replaces, else made up): the
+    /// watches see it.
+    pub fn apply(&self, mut node: Value) {
+        let mut nodes = self.state.nodes.lock().unwrap();
+        let name = node["metadata"]["name"].as_str().unwrap().to_string();
+        nodes.version += 1;
+        let uid = (nodes.objects.get(&name))
+            .map(|old| old["metadata"]["uid"].clone())
+            .unwrap_or_else(|| json!(format!("{:08x}-0000-4000-8000-{:012x}", nodes.version, 1)));
+        node["metadata"]["uid"] = uid;
+        node["metadata"]["resourceVersion"] = json!(nodes.version.to_string());
+        node["apiVersion"] = json!("v1");
+        node["kind"] = json!("Node");
+        let kind = match nodes.objects.insert(name, node.clone()) {
+            Some(_) => "MODIFIED",
+            None => "ADDED",
+        };
+        let change = Change {
+            version: nodes.version,
+            kind,
+            object: node,
+        };
+        nodes.history.push(change.clone());
+        let _ = self.state.events.send(change);
+    }
+
+    /// Node `name` as served now.
+    pub fn node(&self, name: &str) -> Option<Value> {
+        self.state.nodes.lock().unwrap().objects.get(name).cloned()
+    }
+
+    /// A kubeconfig that names this endpoint, without credentials of its own (the endpoint
+    /// forwards with the identity's).
+    pub fn kubeconfig(&self, dir: &Path, name: &str) -> PathBuf {
+        let path = dir.join(format!("{name}.kubeconfig"));
+        let text = format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: core\n  cluster:\n    server: {}\n\
+             users:\n- name: {name}\n  user: {{}}\ncontexts:\n- name: core\n  context: {{cluster: \
+             core, user: {name}}}\ncurrent-context: core\n",
+            self.url
+        );
+        std::fs::write(&path, text).unwrap();
+        path
+    }
+}
+
+impl State {
+    async fn answer(&self, req: Request<Incoming>) -> Response<Body> {
+        let path = req.uri().path();
+        if path == "/api/v1/nodes" || path.starts_with("/api/v1/nodes/") {
+            return self.nodes(&req);
+        }
+        match self.forward(req).await {
+            Ok(response) => response,
+            Err(e) => status(StatusCode::BAD_GATEWAY, "BadGateway", &e.to_string()),
+        }
+    }
+
+    /// A request to the real server, as the identity; its answer as it streams.
+    async fn forward(&self, req: Request<Incoming>) -> Result<Response<Body>, BoxError> {
+        let (parts, body) = req.into_parts();
+        let bytes = body.collect().await?.to_bytes();
+        let target = parts.uri.path_and_query().map_or("/", |p| p.as_str());
+        let mut out = Request::builder().method(parts.method).uri(target);
+        for (name, value) in &parts.headers {
+            if !matches!(name.as_str(), "host" | "connection" | "content-length") {
+                out = out.header(name, value);
+            }
+        }
+        let out = out.body(kube::client::Body::from(bytes.to_vec()))?;
+        let response = self.identity.upstream.send(out).await?;
+        Ok(response.map(|b| b.map_err(|e| Box::new(e) as BoxError).boxed_unsync()))
+    }
+
+    fn nodes(&self, req: &Request<Incoming>) -> Response<Body> {
+        let name = req.uri().path().strip_prefix("/api/v1/nodes/");
+        let query = query(req.uri().query().unwrap_or(""));
+        let verb = match (name, query.get("watch").map(String::as_str)) {
+            _ if req.method() != Method::GET => {
+                return status(
+                    StatusCode::METHOD_NOT_ALLOWED,
+                    "MethodNotAllowed",
+                    "nodes are read only here",
+                );
+            }
+            (Some(_), _) => "get",
+            (None, Some("true" | "1")) => "watch",
+            (None, _) => "list",
+        };
+        if !self.allowed(verb, name.unwrap_or("")) {
+            let user = &self.identity.user;
+            let why = format!(
+                "nodes is forbidden: User \"{user}\" cannot {verb} resource \"nodes\" in API group \"\" at the cluster scope"
+            );
+            return status(StatusCode::FORBIDDEN, "Forbidden", &why);
+        }
+        let selected = query
+            .get("fieldSelector")
+            .and_then(|s| s.strip_prefix("metadata.name="));
+        let nodes = self.nodes.lock().unwrap();
+        match (verb, name) {
+            ("get", Some(name)) => match nodes.objects.get(name) {
+                Some(node) => json_response(node),
+                None => status(
+                    StatusCode::NOT_FOUND,
+                    "NotFound",
+                    &format!("nodes \"{name}\" not found"),
+                ),
+            },
+            ("list", _) => {
+                let items: Vec<&Value> = nodes
+                    .objects
+                    .values()
+                    .filter(|n| selects(selected, n))
+                    .collect();
+                let version = nodes.version.to_string();
+                json_response(
+                    &json!({"apiVersion": "v1", "kind": "NodeList", "metadata": {"resourceVersion": version}, "items": items}),
+                )
+            }
+            _ => {
+                let from = query
+                    .get("resourceVersion")
+                    .and_then(|v| v.parse().ok())
+                    .unwrap_or(0);
+                let selected = selected.map(str::to_string);
+                self.watch(&nodes, from, selected)
+            }
+        }
+    }
+
+    fn allowed(&self, verb: &str, name: &str) -> bool {
+        let review = Review {
+            user: self.identity.user.clone(),
+            groups: self.identity.groups.clone(),
+            verb: verb.into(),
+            resource: "nodes".into(),
+            name: name.into(),
+            ..Default::default()
+        };
+        self.identity.authorizer.decide(review)
+    }
+
+    /// The changes after version `from`, then each new one, of the Nodes `selected` names (all
+    /// when `None`): one JSON event a line, as the API server streams them.
+    fn watch(&self, nodes: &Nodes, from: u64, selected: Option<String>) -> Response<Body> {
+        let past: Vec<Change> = nodes
+            .history
+            .iter()
+            .filter(|c| c.version > from)
+            .cloned()
+            .collect();
+        // Subscribed under the lock that the past was read under: no change falls between.
+        let live = self.events.subscribe();
+        let stream =
+            futures::stream::unfold((past.into_iter(), live), move |(mut past, mut live)| {
+                let selected = selected.clone();
+                async move {
+                    loop {
+                        let change = match past.next() {
+                            Some(c) => c,
+                            None => match live.recv().await {
+                                Ok(c) => c,
+                                Err(broadcast::error::RecvError::Lagged(_)) => continue,
+                                Err(broadcast::error::RecvError::Closed) => return None,
+                            },
+                        };
+                        if selects(selected.as_deref(), &change.object) {
+                            let mut line =
+                                json!({"type": change.kind, "object": change.object}).to_string();
+                            line.push('\n');
+                            let frame: Result<Frame<Bytes>, BoxError> =
+                                Ok(Frame::data(Bytes::from(line)));
+                            return Some((frame, (past, live)));
+                        }
+                    }
+                }
+            });
+        Response::builder()
+            .header("content-type", "application/json")
+            .body(StreamBody::new(stream).boxed_unsync())
+            .unwrap()
+    }
+}
+
+fn selects(name: Option<&str>, node: &Value) -> bool {
+    name.is_none_or(|n| node["metadata"]["name"] == n)
+}
+
+/// A query string's parameters, percent-decoded.
+fn query(q: &str) -> BTreeMap<String, String> {
+    let decode = |s: &str| {
+        let bytes = s.as_bytes();
+        let mut out = Vec::with_capacity(bytes.len());
+        let mut i = 0;
+        while i < bytes.len() {
+            let hex = bytes
+                .get(i + 1..i + 3)
+                .and_then(|h| std::str::from_utf8(h).ok());
+            match (bytes[i], hex.and_then(|h| u8::from_str_radix(h, 16).ok())) {
+                (b'%', Some(b)) => {
+                    out.push(b);
+                    i += 3;
+                }
+                (b'+', _) => {
+                    out.push(b' ');
+                    i += 1;
+                }
+                (b, _) => {
+                    out.push(b);
+                    i += 1;
+                }
+            }
+        }
+        String::from_utf8_lossy(&out).into_owned()
+    };
+    q.split('&')
+        .filter(|p| !p.is_empty())
+        .map(|p| match p.split_once('=') {
+            Some((k, v)) => (decode(k), decode(v)),
+            None => (decode(p), String::new()),
+        })
+        .collect()
+}
+
+fn json_response(value: &Value) -> Response<Body> {
+    Response::builder()
+        .header("content-type", "application/json")
+        .body(full(value.to_string()))
+        .unwrap()
+}
+
+/// A `Status` answer, as the API server gives for an error.
+fn status(code: StatusCode, reason: &str, message: &str) -> Response<Body> {
+    let body = json!({"apiVersion": "v1", "kind": "Status", "status": "Failure", "message": message, "reason": reason, "code": code.as_u16()});
+    Response::builder()
+        .status(code)
+        .header("content-type", "application/json")
+        .body(full(body.to_string()))
+        .unwrap()
+}
+
+fn full(text: String) -> Body {
+    Full::new(Bytes::from(text))
+        .map_err(|e| match e {})
+        .boxed_unsync()
+}
