@@ -1,6 +1,7 @@
 //! The node agent's memory (release build): `pinset agent` as its own process, against a real
 //! API server, containerd and registry, pulling and pinning one set of 20 images × 8 MiB on a
-//! worker node (5 pulls at once, sized from the registry), then idle.
+//! worker node (5 pulls at once, sized from the registry), then idle. Its Node comes from the
+//! API, as deployed (the bed's core API in front of the server, [`support::WorkerBed`]).
 //!
 //! Reported per repetition: peak RSS (VmHWM) while pulling, RSS once the set is pinned and the
 //! agent idles (after 3 s) with its anonymous (heap, stacks) and file-backed (the binary's own

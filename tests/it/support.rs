@@ -481,15 +481,17 @@ pub fn keygen_empty(prefix: &std::path::Path) -> (std::path::PathBuf, String) {
     (prefix.with_extension("key"), public)
 }
 
-/// One worker node's world for an agent run as its own process: a registry holding `count`
-/// images of `bytes` each (`seed` makes them unique), containerd, and an API server with pool
-/// `worker` and set `set` of those images; `args` start `pinset agent` as node `w-0` there, its
-/// files in `dir`. No controller runs in it: the agent pulls without a grant (`--rollout=free`).
+/// One worker node's world for an agent run as its own process, as deployed: a registry holding
+/// `count` images of `bytes` each (`seed` makes them unique), containerd, an API server with
+/// pool `worker` and set `set` of those images, and Node `w-0` (a worker) served in front of it
+/// ([`core_api::CoreApi`]); `args` start `pinset agent` as that node, its Node from the API
+/// over TLS. No controller runs in it: the agent pulls without a grant (`--rollout=free`).
 pub struct WorkerBed {
     pub registry: Registry,
     pub containerd: Containerd,
     pub server: apiserver::ApiServer,
     pub client: kube::Client,
+    pub core: core_api::CoreApi,
     pub dir: tempfile::TempDir,
     pub args: Vec<String>,
 }
@@ -505,35 +507,52 @@ impl WorkerBed {
         create_pool(&client, "worker", &["worker"]).await;
         create_set(&client, set, "worker", &refs).await;
         let dir = tempfile::tempdir().unwrap();
-        let (cri, kubeconfig) = (containerd.endpoint(), &server.kubeconfig);
-        let args = worker_agent_args(kubeconfig, dir.path(), &cri, &registry.host);
+        let identity = core_api::Identity {
+            upstream: client.clone(),
+            user: "admin".into(),
+            groups: vec!["system:masters".into()],
+            authorizer: None,
+        };
+        let core = core_api::CoreApi::start(&server, identity).await;
+        core.apply(worker_node("w-0"));
+        let kubeconfig = core.kubeconfig(&server.kubeconfig, dir.path(), "agent");
+        let args = worker_agent_args(&kubeconfig, &containerd.endpoint(), &registry.host);
         Some(WorkerBed {
             registry,
             containerd,
             server,
             client,
+            core,
             dir,
             args,
         })
     }
 }
 
-/// The flags of `pinset agent` for worker node `w-0` (its [`node_file`] written in `dir`) on the
-/// runtime at `cri`, against the API server of `kubeconfig`, pulling from `registry` over plain
-/// HTTP, without waiting for a controller's grants.
-pub fn worker_agent_args(
-    kubeconfig: &std::path::Path,
-    dir: &std::path::Path,
-    cri: &str,
-    registry: &str,
-) -> Vec<String> {
-    let node = node_file(dir, "w-0", &roles(&["worker"]));
+/// Worker Node `name` as the core API serves it: Ready, no disk pressure, 100 GiB of ephemeral
+/// storage.
+pub fn worker_node(name: &str) -> serde_json::Value {
+    serde_json::json!({
+        "metadata": {"name": name, "labels": {"node-role.kubernetes.io/worker": ""}},
+        "status": {
+            "allocatable": {"ephemeral-storage": "100Gi"},
+            "conditions": [
+                {"type": "Ready", "status": "True"},
+                {"type": "DiskPressure", "status": "False"}
+            ]
+        }
+    })
+}
+
+/// The flags of `pinset agent` for worker node `w-0` on the runtime at `cri`, against the API
+/// of `kubeconfig`, pulling from `registry` over plain HTTP, without waiting for a controller's
+/// grants.
+pub fn worker_agent_args(kubeconfig: &std::path::Path, cri: &str, registry: &str) -> Vec<String> {
     vec![
         "agent".into(),
         format!("--kubeconfig={}", kubeconfig.display()),
         format!("--metrics-addr=127.0.0.1:{}", free_port()),
         "--node-name=w-0".into(),
-        format!("--node-file={}", node.display()),
         format!("--cri={cri}"),
         "--pin=containerd".into(),
         format!("--insecure-registry={registry}"),

@@ -263,6 +263,13 @@ impl ApiServer {
         path
     }
 
+    /// The server's certificate and key files (for 127.0.0.1, signed by the CA every kubeconfig
+    /// trusts): what an endpoint in front of it serves with.
+    pub fn serving_certificate(&self) -> (PathBuf, PathBuf) {
+        let d = self.dir.path();
+        (d.join("server.crt"), d.join("server.key"))
+    }
+
     /// A client from a kubeconfig file (another identity than the admin's).
     pub async fn client_from(&self, kubeconfig: &Path) -> kube::Client {
         let config = kube::config::Kubeconfig::read_from(kubeconfig).unwrap();

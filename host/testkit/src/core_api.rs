@@ -1,12 +1,13 @@
-//! The core API's Nodes for tests, in front of the test API server (which serves none): a plain
-//! HTTP endpoint on loopback that answers `/api/v1/nodes` — get, list and watch, a field
+//! The core API's Nodes for tests, in front of the test API server (which serves none): an HTTPS
+//! endpoint on loopback, with the server's own certificate, that answers `/api/v1/nodes` — get, list and watch, a field
 //! selector on `metadata.name` honoured — from Nodes a test writes ([`CoreApi::apply`]), and
 //! forwards every other request to the real API server as one client's identity (kube's
 //! [`kube::Client::send`]). Node requests are decided by the bed's RBAC authorizer, as the real
 //! server decides the rest; each decision is recorded with the others.
 //!
-//! A component pointed at it (a kubeconfig naming its URL, [`CoreApi::kubeconfig`]) runs as in
-//! a cluster: its Node from the API, watched, and everything else from the real server.
+//! A component pointed at it (its kubeconfig naming this URL instead, [`CoreApi::kubeconfig`])
+//! runs as in a cluster, over TLS: its Node from the API, watched, everything else from the real
+//! server.
 
 use crate::rbac::{Authorizer, Request as Review};
 use bytes::Bytes;
@@ -27,6 +28,8 @@ type Body = UnsyncBoxBody<Bytes, BoxError>;
 /// The endpoint; it serves until the test's runtime ends.
 pub struct CoreApi {
     pub url: String,
+    /// The real server's URL, which the identity's kubeconfig names.
+    upstream_url: String,
     state: Arc<State>,
 }
 
@@ -36,7 +39,8 @@ pub struct Identity {
     pub upstream: kube::Client,
     pub user: String,
     pub groups: Vec<String>,
-    pub authorizer: Authorizer,
+    /// Decides the Node requests; `None`: every one is allowed, as by a server without one.
+    pub authorizer: Option<Authorizer>,
 }
 
 struct State {
@@ -61,10 +65,12 @@ struct Change {
 }
 
 impl CoreApi {
-    /// Serve on a free loopback port, as `identity`.
-    pub async fn start(identity: Identity) -> CoreApi {
+    /// Serve on a free loopback port in front of `server`, as `identity`, with the server's
+    /// certificate.
+    pub async fn start(server: &crate::apiserver::ApiServer, identity: Identity) -> CoreApi {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let url = format!("http://{}", listener.local_addr().unwrap());
+        let url = format!("https://{}", listener.local_addr().unwrap());
+        let tls = tls_acceptor(&server.serving_certificate());
         let state = Arc::new(State {
             identity,
             nodes: Mutex::default(),
@@ -73,8 +79,14 @@ impl CoreApi {
         let served = state.clone();
         tokio::spawn(async move {
             while let Ok((stream, _)) = listener.accept().await {
-                let state = served.clone();
+                let (state, tls) = (served.clone(), tls.clone());
+                // As Go's servers do: a watch event is a small write, which Nagle's algorithm
+                // would hold for the client's delayed acknowledgement (40-200 ms).
+                let _ = stream.set_nodelay(true);
                 tokio::spawn(async move {
+                    let Ok(stream) = tls.accept(stream).await else {
+                        return;
+                    };
                     let service = hyper::service::service_fn(move |req| {
                         let state = state.clone();
                         async move { Ok::<_, std::convert::Infallible>(state.answer(req).await) }
@@ -85,7 +97,11 @@ impl CoreApi {
                 });
             }
         });
-        CoreApi { url, state }
+        CoreApi {
+            url,
+            upstream_url: server.url.clone(),
+            state,
+        }
     }
 
     /// Create or replace Node `node` (its uid kept from the one it replaces, else made up): the
@@ -119,19 +135,45 @@ impl CoreApi {
         self.state.nodes.lock().unwrap().objects.get(name).cloned()
     }
 
-    /// A kubeconfig that names this endpoint, without credentials of its own (the endpoint
-    /// forwards with the identity's).
-    pub fn kubeconfig(&self, dir: &Path, name: &str) -> PathBuf {
-        let path = dir.join(format!("{name}.kubeconfig"));
-        let text = format!(
-            "apiVersion: v1\nkind: Config\nclusters:\n- name: core\n  cluster:\n    server: {}\n\
-             users:\n- name: {name}\n  user: {{}}\ncontexts:\n- name: core\n  context: {{cluster: \
-             core, user: {name}}}\ncurrent-context: core\n",
-            self.url
+    /// The identity's kubeconfig `identity`, naming this endpoint instead of the real server
+    /// (its certificate authority and credentials kept), written as `NAME.kubeconfig` in `dir`.
+    pub fn kubeconfig(&self, identity: &Path, dir: &Path, name: &str) -> PathBuf {
+        let text = std::fs::read_to_string(identity).unwrap();
+        let from = format!("server: {}\n", self.upstream_url);
+        assert!(
+            text.contains(&from),
+            "{} names {}",
+            identity.display(),
+            self.upstream_url
         );
-        std::fs::write(&path, text).unwrap();
+        let path = dir.join(format!("{name}.kubeconfig"));
+        std::fs::write(
+            &path,
+            text.replace(&from, &format!("server: {}\n", self.url)),
+        )
+        .unwrap();
         path
     }
+}
+
+/// A TLS acceptor with the certificate and key files `(cert, key)`, HTTP/1.1 only.
+fn tls_acceptor((cert, key): &(PathBuf, PathBuf)) -> tokio_rustls::TlsAcceptor {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    let chain: Vec<_> = CertificateDer::pem_file_iter(cert)
+        .unwrap()
+        .map(Result::unwrap)
+        .collect();
+    let key = PrivateKeyDer::from_pem_file(key).unwrap();
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut config = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_no_client_auth()
+        .with_single_cert(chain, key)
+        .unwrap();
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    tokio_rustls::TlsAcceptor::from(Arc::new(config))
 }
 
 impl State {
@@ -228,7 +270,7 @@ impl State {
             name: name.into(),
             ..Default::default()
         };
-        self.identity.authorizer.decide(review)
+        (self.identity.authorizer.as_ref()).is_none_or(|a| a.decide(review))
     }
 
     /// The changes after version `from`, then each new one, of the Nodes `selected` names (all

@@ -20,14 +20,11 @@ struct NodeApiBed {
 const WORKER: &str = "node-role.kubernetes.io/worker";
 const INFRA: &str = "node-role.kubernetes.io/infra";
 
+/// Worker Node `w-0` with `labels` instead.
 fn node(labels: Value) -> Value {
-    json!({
-        "metadata": {"name": "w-0", "labels": labels},
-        "status": {
-            "allocatable": {"ephemeral-storage": "100Gi"},
-            "conditions": [{"type": "Ready", "status": "True"}, {"type": "DiskPressure", "status": "False"}]
-        }
-    })
+    let mut node = support::worker_node("w-0");
+    node["metadata"]["labels"] = labels;
+    node
 }
 
 impl NodeApiBed {
@@ -46,11 +43,11 @@ impl NodeApiBed {
             groups: ["system:serviceaccounts", "system:serviceaccounts:pinset"]
                 .map(String::from)
                 .to_vec(),
-            authorizer: cluster.authorizer.clone(),
+            authorizer: Some(cluster.authorizer.clone()),
         };
-        let core = CoreApi::start(identity).await;
+        let core = CoreApi::start(&cluster.server, identity).await;
         core.apply(node(json!({WORKER: ""})));
-        let kubeconfig = core.kubeconfig(cluster.dir.path(), "agent-core");
+        let kubeconfig = core.kubeconfig(&cluster.agent_kc, cluster.dir.path(), "agent-core");
         let args = [
             "agent".to_string(),
             format!("--kubeconfig={}", kubeconfig.display()),
