@@ -1,7 +1,7 @@
 //! The node agent's memory (release build): `pinset agent` as its own process, against a real
 //! API server, containerd and registry, pulling and pinning one set of 20 images × 8 MiB on a
-//! worker node (5 pulls at once, sized from the registry), then idle. Its Node comes from the
-//! API, as deployed (the bed's core API in front of the server, [`support::WorkerBed`]).
+//! worker node (5 pulls at once, sized from the registry), then idle. It runs as in a pod: its
+//! in-cluster configuration, its Node from the API ([`support::WorkerBed::agent`]).
 //!
 //! Reported per repetition: peak RSS (VmHWM) while pulling, RSS once the set is pinned and the
 //! agent idles (after 3 s) with its anonymous (heap, stacks) and file-backed (the binary's own
@@ -15,7 +15,7 @@ mod support;
 
 use kube::api::Api;
 use pinset_k8s::api::MachineConfigNode;
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 #[tokio::main]
@@ -32,8 +32,8 @@ async fn main() {
             return;
         };
         let nodes: Api<MachineConfigNode> = Api::all(bed.client.clone());
-        let mut agent = Command::new(support::PINSET)
-            .args(&bed.args)
+        let mut agent = bed
+            .agent()
             .env("PINSET_LOG", "warn")
             .stdout(Stdio::null())
             .spawn()

@@ -22,7 +22,7 @@ mod support;
 use kube::api::Api;
 use pinset_k8s::api::MachineConfigNode;
 use serde_json::json;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
 const SWAPS: usize = 20;
@@ -80,8 +80,8 @@ async fn wait_for(nodes: &Api<MachineConfigNode>, module: &str, log: &std::path:
 async fn start() -> Option<Bed> {
     let world = support::WorkerBed::start("swaps", 1, 1 << 20, 77).await?;
     let (registry, dir) = (&world.registry, &world.dir);
-    let agent = Command::new(support::PINSET)
-        .args(&world.args)
+    let agent = world
+        .agent()
         .args([
             "--policy-configuration=cluster",
             &format!("--policy-insecure-registry={}", registry.host),

@@ -483,9 +483,9 @@ pub fn keygen_empty(prefix: &std::path::Path) -> (std::path::PathBuf, String) {
 
 /// One worker node's world for an agent run as its own process, as deployed: a registry holding
 /// `count` images of `bytes` each (`seed` makes them unique), containerd, an API server with
-/// pool `worker` and set `set` of those images, and Node `w-0` (a worker) served in front of it
-/// ([`core_api::CoreApi`]); `args` start `pinset agent` as that node, its Node from the API
-/// over TLS. No controller runs in it: the agent pulls without a grant (`--rollout=free`).
+/// Events, pool `worker` and set `set` of those images, and Node `w-0` (a worker) served in
+/// front of it ([`core_api::CoreApi`]); [`WorkerBed::agent`] starts `pinset agent` as that node
+/// as in a pod. No controller runs in it: the agent pulls without a grant (`--rollout=free`).
 pub struct WorkerBed {
     pub registry: Registry,
     pub containerd: Containerd,
@@ -493,6 +493,7 @@ pub struct WorkerBed {
     pub client: kube::Client,
     pub core: core_api::CoreApi,
     pub dir: tempfile::TempDir,
+    /// The agent's flags (no kubeconfig: it finds the API as a pod does).
     pub args: Vec<String>,
 }
 
@@ -502,6 +503,7 @@ impl WorkerBed {
         let containerd = Containerd::start(&registry.host)?;
         let server = apiserver::ApiServer::start().await?;
         server.install_crds().await;
+        server.install_events().await;
         let client = server.client().await;
         let refs = push_images(&registry, set, count, bytes, seed).await;
         create_pool(&client, "worker", &["worker"]).await;
@@ -515,8 +517,7 @@ impl WorkerBed {
         };
         let core = core_api::CoreApi::start(&server, identity).await;
         core.apply(worker_node("w-0"));
-        let kubeconfig = core.kubeconfig(&server.kubeconfig, dir.path(), "agent");
-        let args = worker_agent_args(&kubeconfig, &containerd.endpoint(), &registry.host);
+        let args = worker_agent_args(&containerd.endpoint(), &registry.host);
         Some(WorkerBed {
             registry,
             containerd,
@@ -526,6 +527,33 @@ impl WorkerBed {
             dir,
             args,
         })
+    }
+
+    /// `pinset agent` with [`WorkerBed::args`] (more may be added) as in a pod: the API's
+    /// address in `KUBERNETES_SERVICE_HOST`/`_PORT`, a service account's token, CA and
+    /// namespace at `/var/run/secrets/kubernetes.io/serviceaccount` — in a mount namespace of
+    /// its own (`unshare`, as root), over a private `/run` — and no kubeconfig: kube's client
+    /// takes its in-cluster configuration, reading no YAML. The process is the agent itself.
+    pub fn agent(&self) -> Command {
+        let account = self.dir.path().join("serviceaccount");
+        std::fs::create_dir_all(&account).unwrap();
+        std::fs::copy(self.server.ca_certificate(), account.join("ca.crt")).unwrap();
+        std::fs::write(account.join("token"), "a-token-the-bed-does-not-check").unwrap();
+        std::fs::write(account.join("namespace"), "pinset").unwrap();
+        let home = self.dir.path().join("home");
+        std::fs::create_dir_all(&home).unwrap();
+        let script = "mount -t tmpfs tmpfs /run && mkdir -p \"$SA_DIR\" && cp \"$SA\"/* \"$SA_DIR\" && exec \"$@\"";
+        let mut command = Command::new("unshare");
+        command
+            .args(["--mount", "--", "sh", "-c", script, "sh", PINSET])
+            .args(&self.args)
+            .env("SA", &account)
+            .env("SA_DIR", "/run/secrets/kubernetes.io/serviceaccount")
+            .env("KUBERNETES_SERVICE_HOST", self.core.addr.ip().to_string())
+            .env("KUBERNETES_SERVICE_PORT", self.core.addr.port().to_string())
+            .env("HOME", &home)
+            .env_remove("KUBECONFIG");
+        command
     }
 }
 
@@ -544,13 +572,11 @@ pub fn worker_node(name: &str) -> serde_json::Value {
     })
 }
 
-/// The flags of `pinset agent` for worker node `w-0` on the runtime at `cri`, against the API
-/// of `kubeconfig`, pulling from `registry` over plain HTTP, without waiting for a controller's
-/// grants.
-pub fn worker_agent_args(kubeconfig: &std::path::Path, cri: &str, registry: &str) -> Vec<String> {
+/// The flags of `pinset agent` for worker node `w-0` on the runtime at `cri`, pulling from
+/// `registry` over plain HTTP, without waiting for a controller's grants.
+pub fn worker_agent_args(cri: &str, registry: &str) -> Vec<String> {
     vec![
         "agent".into(),
-        format!("--kubeconfig={}", kubeconfig.display()),
         format!("--metrics-addr=127.0.0.1:{}", free_port()),
         "--node-name=w-0".into(),
         format!("--cri={cri}"),

@@ -263,6 +263,11 @@ impl ApiServer {
         path
     }
 
+    /// The certificate authority every certificate of the server's is signed by.
+    pub fn ca_certificate(&self) -> PathBuf {
+        self.dir.path().join("ca.crt")
+    }
+
     /// The server's certificate and key files (for 127.0.0.1, signed by the CA every kubeconfig
     /// trusts): what an endpoint in front of it serves with.
     pub fn serving_certificate(&self) -> (PathBuf, PathBuf) {

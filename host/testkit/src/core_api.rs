@@ -28,6 +28,7 @@ type Body = UnsyncBoxBody<Bytes, BoxError>;
 /// The endpoint; it serves until the test's runtime ends.
 pub struct CoreApi {
     pub url: String,
+    pub addr: std::net::SocketAddr,
     /// The real server's URL, which the identity's kubeconfig names.
     upstream_url: String,
     state: Arc<State>,
@@ -69,7 +70,8 @@ impl CoreApi {
     /// certificate.
     pub async fn start(server: &crate::apiserver::ApiServer, identity: Identity) -> CoreApi {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let url = format!("https://{}", listener.local_addr().unwrap());
+        let addr = listener.local_addr().unwrap();
+        let url = format!("https://{addr}");
         let tls = tls_acceptor(&server.serving_certificate());
         let state = Arc::new(State {
             identity,
@@ -99,6 +101,7 @@ impl CoreApi {
         });
         CoreApi {
             url,
+            addr,
             upstream_url: server.url.clone(),
             state,
         }
@@ -195,7 +198,10 @@ impl State {
         let target = parts.uri.path_and_query().map_or("/", |p| p.as_str());
         let mut out = Request::builder().method(parts.method).uri(target);
         for (name, value) in &parts.headers {
-            if !matches!(name.as_str(), "host" | "connection" | "content-length") {
+            // The endpoint sends as the identity: the client's own credentials (a service
+            // account's token) are not the real server's to judge.
+            let hop = matches!(name.as_str(), "host" | "connection" | "content-length");
+            if !hop && name != http::header::AUTHORIZATION {
                 out = out.header(name, value);
             }
         }
