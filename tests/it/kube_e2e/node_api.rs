@@ -28,7 +28,13 @@ fn node(labels: Value) -> Value {
 }
 
 impl NodeApiBed {
+    /// The bed with w-0 a Ready worker and its agent retrying a failed round after 1 s.
     async fn start() -> Option<NodeApiBed> {
+        Self::start_with(node(json!({WORKER: ""})), 1).await
+    }
+
+    /// The bed with `w0` as Node w-0 and its agent retrying a failed round after `retry` s.
+    async fn start_with(w0: Value, retry: u64) -> Option<NodeApiBed> {
         let (cluster, runtime) = Cluster::with_runtime().await?;
         let registry = &cluster.registry;
         let base = support::push_images(registry, "base", 1, 100_000, 1200).await;
@@ -46,7 +52,7 @@ impl NodeApiBed {
             authorizer: Some(cluster.authorizer.clone()),
         };
         let core = CoreApi::start(&cluster.server, identity).await;
-        core.apply(node(json!({WORKER: ""})));
+        core.apply(w0);
         let kubeconfig = core.kubeconfig(&cluster.agent_kc, cluster.dir.path(), "agent-core");
         let args = [
             "agent".to_string(),
@@ -56,7 +62,7 @@ impl NodeApiBed {
             format!("--cri={}", runtime.endpoint()),
             "--pin=containerd".into(),
             format!("--insecure-registry={}", registry.host),
-            "--retry-seconds=1".into(),
+            format!("--retry-seconds={retry}"),
             "--rollout=free".into(),
         ];
         let agent = Proc::start(&args, cluster.dir.path().join("agent.log"));
@@ -135,4 +141,31 @@ async fn the_machine_config_node_of_an_agent_on_the_api_is_owned_by_its_node() {
         .collect();
     assert_eq!(owners, [("v1", "Node", "w-0", uid)]);
     assert_eq!(bed.cluster.refused(), Vec::<String>::new());
+}
+
+/// A node that is not Ready fails its round (the reference's gate); once its Node is Ready
+/// again it is reconciled at once — the agent idles on its Node's watch — not at its next
+/// retry, ten minutes away here.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_ready_again_is_reconciled_at_once_not_at_its_next_retry() {
+    let mut down = node(json!({WORKER: ""}));
+    down["status"]["conditions"][0]["status"] = json!("False");
+    let Some(bed) = NodeApiBed::start_with(down, 600).await else {
+        return;
+    };
+    let logs = || bed.logs();
+    let failed = eventually("w-0 fails its round: not Ready", &logs, || async {
+        let n = bed.nodes.get_opt("w-0").await.map_err(|e| e.to_string())?;
+        let st = n.and_then(|n| n.status).unwrap_or_default();
+        let degraded = condition::find(&st.conditions, CONDITION_DEGRADED);
+        match degraded {
+            Some(c) if c.status == "True" => Ok(c.message.clone()),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await;
+    assert!(failed.contains("Ready"), "{failed}");
+    bed.core.apply(node(json!({WORKER: ""})));
+    let what = "w-0 pins the worker set once Ready, long before its retry";
+    node_settles(&bed.nodes, "w-0", &[("base", 1)], what, &logs).await;
 }
