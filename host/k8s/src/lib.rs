@@ -116,11 +116,12 @@ pub(crate) fn cached_watch<K: WatchedKind>(
 }
 
 /// Follow every `K` that `config` selects in a new cache (see [`cached_watch`]) until `shutdown`:
-/// `on_change` after each change the cache took, watch errors said and counted where they arrive.
+/// `on_change` with each event once the cache took it, watch errors said and counted where they
+/// arrive.
 pub(crate) fn spawn_reflector<K: WatchedKind>(
     client: kube::Client,
     config: kube::runtime::watcher::Config,
-    on_change: impl Fn() + Send + 'static,
+    on_change: impl Fn(&kube::runtime::watcher::Event<K>) + Send + 'static,
     metrics: metrics::Metrics,
     shutdown: tokio_util::sync::CancellationToken,
 ) -> kube::runtime::reflector::Store<K> {
@@ -136,7 +137,7 @@ pub(crate) fn spawn_reflector<K: WatchedKind>(
             match next {
                 None => return,
                 Some(Err(e)) => watch_interrupted::<K>(&metrics, &e),
-                Some(Ok(_)) => on_change(),
+                Some(Ok(event)) => on_change(&event),
             }
         }
     });

@@ -224,7 +224,7 @@ impl ConfigSource {
         let store = crate::spawn_reflector::<PolicyConfiguration>(
             client,
             config,
-            on_change,
+            move |_| on_change(),
             metrics,
             shutdown.clone(),
         );

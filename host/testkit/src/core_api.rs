@@ -1,9 +1,9 @@
-//! The core API's Nodes for tests, in front of the test API server (which serves none): an HTTPS
-//! endpoint on loopback, with the server's own certificate, that answers `/api/v1/nodes` — get, list and watch, a field
-//! selector on `metadata.name` honoured — from Nodes a test writes ([`CoreApi::apply`]), and
-//! forwards every other request to the real API server as one client's identity (kube's
-//! [`kube::Client::send`]). Node requests are decided by the bed's RBAC authorizer, as the real
-//! server decides the rest; each decision is recorded with the others.
+//! The core API's Nodes for tests, in front of the test API server (which serves none): an
+//! HTTPS endpoint on loopback, with the server's own certificate, that answers `/api/v1/nodes` —
+//! get, list and watch, a field selector on `metadata.name` honoured — from Nodes a test writes
+//! ([`CoreApi::apply`]), and forwards every other request to the real API server as one client's
+//! identity (kube's [`kube::Client::send`]). Node requests are decided by the bed's RBAC
+//! authorizer, as the real server decides the rest; each decision is recorded with the others.
 //!
 //! A component pointed at it (its kubeconfig naming this URL instead, [`CoreApi::kubeconfig`])
 //! runs as in a cluster, over TLS: its Node from the API, watched, everything else from the real
@@ -228,7 +228,8 @@ impl State {
         if !self.allowed(verb, name.unwrap_or("")) {
             let user = &self.identity.user;
             let why = format!(
-                "nodes is forbidden: User \"{user}\" cannot {verb} resource \"nodes\" in API group \"\" at the cluster scope"
+                "nodes is forbidden: User \"{user}\" cannot {verb} resource \"nodes\" in API \
+                 group \"\" at the cluster scope"
             );
             return status(StatusCode::FORBIDDEN, "Forbidden", &why);
         }
@@ -252,9 +253,10 @@ impl State {
                     .filter(|n| selects(selected, n))
                     .collect();
                 let version = nodes.version.to_string();
-                json_response(
-                    &json!({"apiVersion": "v1", "kind": "NodeList", "metadata": {"resourceVersion": version}, "items": items}),
-                )
+                let meta = json!({"resourceVersion": version});
+                let mut list = json!({"apiVersion": "v1", "kind": "NodeList", "metadata": meta});
+                list["items"] = json!(items);
+                json_response(&list)
             }
             _ => {
                 let from = query
@@ -370,7 +372,10 @@ fn json_response(value: &Value) -> Response<Body> {
 
 /// A `Status` answer, as the API server gives for an error.
 fn status(code: StatusCode, reason: &str, message: &str) -> Response<Body> {
-    let body = json!({"apiVersion": "v1", "kind": "Status", "status": "Failure", "message": message, "reason": reason, "code": code.as_u16()});
+    let body = json!({
+        "apiVersion": "v1", "kind": "Status", "status": "Failure",
+        "message": message, "reason": reason, "code": code.as_u16()
+    });
     Response::builder()
         .status(code)
         .header("content-type", "application/json")

@@ -24,6 +24,7 @@ use k8s_openapi::api::core::v1::Node;
 use kube::Client;
 use kube::api::Api;
 use kube::runtime::reflector::Store;
+use kube::runtime::watcher;
 use pinset_core::decisions::Decisions;
 use pinset_core::desired::{Desired, NodeInfo};
 use pinset_core::status::{NodeStatus, Progress};
@@ -132,6 +133,9 @@ struct Caches {
     own: Store<MachineConfigNode>,
     /// The node's own Node object (its facts); `None` with a `--node-file`.
     node: Option<Store<Node>>,
+    /// Set when the watch of the node's MachineConfigNode sees it deleted; taken by the round
+    /// that writes it again.
+    own_deleted: Arc<AtomicBool>,
     changed: signal::Receiver<u64>,
 }
 
@@ -274,27 +278,41 @@ impl<S: Sizer + 'static, B: PinBackend> Agent<S, B> {
     ) -> Caches {
         let own_only =
             crate::watcher_config().fields(&format!("metadata.name={}", self.config.node_name));
+        let own_deleted = Arc::new(AtomicBool::new(false));
+        let deleted = own_deleted.clone();
+        let on_own = move |event: &watcher::Event<MachineConfigNode>| {
+            if let watcher::Event::Delete(_) = event {
+                deleted.store(true, Ordering::Relaxed);
+            }
+        };
         Caches {
-            pools: self.reflector(crate::watcher_config(), changes, shutdown),
-            sets: self.reflector(crate::watcher_config(), changes, shutdown),
-            own: self.reflector(own_only.clone(), changes, shutdown),
+            pools: self.reflector(crate::watcher_config(), changes, shutdown, |_| {}),
+            sets: self.reflector(crate::watcher_config(), changes, shutdown, |_| {}),
+            own: self.reflector(own_only.clone(), changes, shutdown, on_own),
             node: (self.config.node_file.is_none())
-                .then(|| self.reflector(own_only, changes, shutdown)),
+                .then(|| self.reflector(own_only, changes, shutdown, |_| {})),
+            own_deleted,
             changed,
         }
     }
 
+    /// A cache of the `K` that `config` selects; each event is given to `also`, then signalled
+    /// on `changes`.
     fn reflector<K: crate::WatchedKind>(
         &self,
-        config: kube::runtime::watcher::Config,
+        config: watcher::Config,
         changes: &signal::Sender<u64>,
         shutdown: &CancellationToken,
+        also: impl Fn(&watcher::Event<K>) + Send + 'static,
     ) -> Store<K> {
         let changes = changes.clone();
         crate::spawn_reflector::<K>(
             self.client.clone(),
             config,
-            move || changes.send_modify(|n| *n += 1),
+            move |event| {
+                also(event);
+                changes.send_modify(|n| *n += 1)
+            },
             self.metrics.clone(),
             shutdown.clone(),
         )
@@ -401,7 +419,10 @@ impl<S: Sizer + 'static, B: PinBackend> Agent<S, B> {
         desired: &Desired,
         shutdown: &CancellationToken,
     ) -> Next {
-        if rounds.published.spec.is_some() && watch::own_missing(&self.config, &rounds.caches) {
+        let deleted = rounds.caches.own_deleted.swap(false, Ordering::Relaxed);
+        let missing =
+            rounds.published.spec.is_some() && watch::own_missing(&self.config, &rounds.caches);
+        if deleted || missing {
             // Deleted since it was written (by hand, or with its CRD): written again, whole.
             tracing::warn!(node = %self.config.node_name, "the MachineConfigNode is gone; writing it again");
             rounds.published = status::Published::default();

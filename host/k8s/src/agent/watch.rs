@@ -150,8 +150,8 @@ pub(super) async fn until_changed(
 
 /// [`until_changed`], or a fact of the node a policy decides on changed (a label, readiness,
 /// disk pressure, ephemeral storage; not a heartbeat or the kubelet's image list, which are no
-/// facts), or the node's MachineConfigNode, seen in the cache, left it (deleted by hand, or
-/// with its CRD): what ends an idle agent's wait — a node Ready again, or with room again, is
+/// facts), or the watch of the node's MachineConfigNode saw it deleted (by hand, or with its
+/// CRD): what ends an idle agent's wait — a node Ready again, or with room again, is
 /// reconciled at once rather than at its next retry, and a MachineConfigNode gone is written
 /// again.
 pub(super) async fn until_changed_or_facts(
@@ -160,12 +160,16 @@ pub(super) async fn until_changed_or_facts(
     running: &Desired,
     node: &NodeInfo,
 ) {
-    let mut own_seen = !own_missing(config, caches);
-    until(config, caches, node, move |now| {
-        let own_there = !own_missing(config, caches);
-        let own_gone = own_seen && !own_there;
-        own_seen |= own_there;
-        own_gone || now != node || &desired_now(config, now, caches) != running
+    let own_deleted = || {
+        caches
+            .own_deleted
+            .load(std::sync::atomic::Ordering::Relaxed)
+    };
+    if own_deleted() {
+        return;
+    }
+    until(config, caches, node, |now| {
+        own_deleted() || now != node || &desired_now(config, now, caches) != running
     })
     .await
 }
@@ -258,7 +262,8 @@ mod tests {
             serde_json::from_value(json!({
                 "metadata": {"name": name},
                 "spec": {
-                    "machineConfigSelector": {"matchLabels": {"machineconfiguration.openshift.io/role": name}},
+                    "machineConfigSelector":
+                        {"matchLabels": {"machineconfiguration.openshift.io/role": name}},
                     "nodeSelector": {"matchLabels": {format!("node-role.kubernetes.io/{name}"): ""}}
                 }
             }))
@@ -280,6 +285,7 @@ mod tests {
             sets: filled(vec![set("base", "worker"), set("tools", "infra")]),
             own: filled(vec![]),
             node: Some(node),
+            own_deleted: Default::default(),
             changed,
         };
         let mut config = AgentConfig::new("w-0".into());
@@ -318,6 +324,15 @@ mod tests {
             let desired = desired_now(&self.config, node, &self.caches);
             desired.sets.iter().map(|s| s.name.clone()).collect()
         }
+    }
+
+    /// A world whose watch has seen `node`: it, the node's facts and the desired state from them.
+    fn seeing(node: Node) -> (World, NodeInfo, Desired) {
+        let mut w = world();
+        w.watch.sees(node);
+        let facts = cached_node(&w.config, &w.caches).unwrap().unwrap().facts;
+        let running = desired_now(&w.config, &facts, &w.caches);
+        (w, facts, running)
     }
 
     /// `node`, its Ready condition False.
@@ -360,11 +375,8 @@ mod tests {
 
     #[tokio::test]
     async fn a_node_relabelled_into_a_pool_ends_the_wait_with_that_pool_s_sets() {
-        let mut w = world();
-        w.watch
-            .sees(api_node(json!({WORKER: ""}), "2026-12-07T00:00:00Z", &[]));
-        let node = cached_node(&w.config, &w.caches).unwrap().unwrap().facts;
-        let running = desired_now(&w.config, &node, &w.caches);
+        let (mut w, node, running) =
+            seeing(api_node(json!({WORKER: ""}), "2026-12-07T00:00:00Z", &[]));
         let wait = until_changed(&w.config, &w.caches, &running, &node);
         let relabelled = api_node(json!({WORKER: "", INFRA: ""}), "2026-12-07T00:00:00Z", &[]);
         let what = "the new label ends the wait";
@@ -375,15 +387,12 @@ mod tests {
 
     #[tokio::test]
     async fn an_idle_wait_ends_when_the_node_is_ready_again() {
-        let mut w = world();
-        w.watch.sees(not_ready(api_node(
+        let (mut w, node, running) = seeing(not_ready(api_node(
             json!({WORKER: ""}),
             "2026-12-07T00:00:00Z",
             &[],
         )));
-        let node = cached_node(&w.config, &w.caches).unwrap().unwrap().facts;
         assert!(!node.ready);
-        let running = desired_now(&w.config, &node, &w.caches);
         let idle = until_changed_or_facts(&w.config, &w.caches, &running, &node);
         let up = api_node(json!({WORKER: ""}), "2026-12-07T00:01:00Z", &[]);
         let what = "Ready again ends the idle wait";
@@ -394,13 +403,27 @@ mod tests {
         assert_eq!(desired_now(&w.config, &now, &w.caches), running);
     }
 
+    #[tokio::test]
+    async fn an_idle_wait_ends_when_the_machine_config_node_is_deleted() {
+        let (w, node, running) = seeing(api_node(json!({WORKER: ""}), "2026-12-07T00:00:00Z", &[]));
+        let idle = until_changed_or_facts(&w.config, &w.caches, &running, &node);
+        let (deleted, changes) = (&w.caches.own_deleted, &w.watch.changes);
+        let deletion = || {
+            deleted.store(true, std::sync::atomic::Ordering::Relaxed);
+            changes.send_modify(|n| *n += 1);
+        };
+        ends_only_after(idle, deletion, "the deletion ends the idle wait").await;
+        // And a wait that starts after it ends at once.
+        let again = until_changed_or_facts(&w.config, &w.caches, &running, &node);
+        tokio::time::timeout(Duration::from_secs(10), again)
+            .await
+            .expect("a deletion not yet taken ends a new wait");
+    }
+
     #[test]
     fn a_heartbeat_or_a_new_image_list_changes_no_decision() {
-        let mut w = world();
-        w.watch
-            .sees(api_node(json!({WORKER: ""}), "2026-12-07T00:00:00Z", &[]));
-        let node = cached_node(&w.config, &w.caches).unwrap().unwrap().facts;
-        let running = desired_now(&w.config, &node, &w.caches);
+        let (mut w, node, running) =
+            seeing(api_node(json!({WORKER: ""}), "2026-12-07T00:00:00Z", &[]));
         w.watch.sees(api_node(
             json!({WORKER: ""}),
             "2026-12-07T00:05:00Z",
