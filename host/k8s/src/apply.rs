@@ -15,13 +15,7 @@ pub async fn node_part(
     part: &str,
     value: serde_json::Value,
 ) -> Result<(), kube::Error> {
-    let body = json!({
-        "apiVersion": MachineConfigNode::api_version(&()),
-        "kind": MachineConfigNode::kind(&()),
-        "metadata": {"name": name},
-        part: value,
-    });
-    send(api, name, manager, part, &body).await
+    send(api, name, manager, part, &object(name, part, value)).await
 }
 
 /// Apply `spec` as the spec of MachineConfigNode `name` with `owners` as its owner references,
@@ -34,12 +28,7 @@ pub async fn node_spec(
     spec: serde_json::Value,
     owners: &[serde_json::Value],
 ) -> Result<(), kube::Error> {
-    let mut body = json!({
-        "apiVersion": MachineConfigNode::api_version(&()),
-        "kind": MachineConfigNode::kind(&()),
-        "metadata": {"name": name},
-        "spec": spec,
-    });
+    let mut body = object(name, "spec", spec);
     if !owners.is_empty() {
         body["metadata"]["ownerReferences"] = json!(owners);
     }
@@ -51,6 +40,16 @@ pub async fn node_spec(
 /// Node (which would need the right to update the Node's finalizers).
 pub fn node_owner(node: &str, uid: &str) -> serde_json::Value {
     json!({"apiVersion": "v1", "kind": "Node", "name": node, "uid": uid})
+}
+
+/// MachineConfigNode `name` with only `part` set to `value`: what one writer applies.
+fn object(name: &str, part: &str, value: serde_json::Value) -> serde_json::Value {
+    json!({
+        "apiVersion": MachineConfigNode::api_version(&()),
+        "kind": MachineConfigNode::kind(&()),
+        "metadata": {"name": name},
+        part: value,
+    })
 }
 
 async fn send(

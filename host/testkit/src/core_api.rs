@@ -25,6 +25,9 @@ use tokio::sync::broadcast;
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 type Body = UnsyncBoxBody<Bytes, BoxError>;
 
+/// The largest request body forwarded (the API server's own limit is 3 MiB).
+const REQUEST_LIMIT: usize = 3 << 20;
+
 /// The endpoint; it serves until the test's runtime ends.
 pub struct CoreApi {
     pub url: String,
@@ -194,7 +197,11 @@ impl State {
     /// A request to the real server, as the identity; its answer as it streams.
     async fn forward(&self, req: Request<Incoming>) -> Result<Response<Body>, BoxError> {
         let (parts, body) = req.into_parts();
-        let bytes = body.collect().await?.to_bytes();
+        // A component's request: an object or a patch, never near this bound.
+        let bytes = http_body_util::Limited::new(body, REQUEST_LIMIT)
+            .collect()
+            .await?
+            .to_bytes();
         let target = parts.uri.path_and_query().map_or("/", |p| p.as_str());
         let mut out = Request::builder().method(parts.method).uri(target);
         for (name, value) in &parts.headers {
@@ -205,7 +212,7 @@ impl State {
                 out = out.header(name, value);
             }
         }
-        let out = out.body(kube::client::Body::from(bytes.to_vec()))?;
+        let out = out.body(kube::client::Body::from(bytes))?;
         let response = self.identity.upstream.send(out).await?;
         Ok(response.map(|b| b.map_err(|e| Box::new(e) as BoxError).boxed_unsync()))
     }
@@ -327,40 +334,9 @@ fn selects(name: Option<&str>, node: &Value) -> bool {
     name.is_none_or(|n| node["metadata"]["name"] == n)
 }
 
-/// A query string's parameters, percent-decoded.
+/// A query string's parameters, decoded as kube's client encodes them.
 fn query(q: &str) -> BTreeMap<String, String> {
-    let decode = |s: &str| {
-        let bytes = s.as_bytes();
-        let mut out = Vec::with_capacity(bytes.len());
-        let mut i = 0;
-        while i < bytes.len() {
-            let hex = bytes
-                .get(i + 1..i + 3)
-                .and_then(|h| std::str::from_utf8(h).ok());
-            match (bytes[i], hex.and_then(|h| u8::from_str_radix(h, 16).ok())) {
-                (b'%', Some(b)) => {
-                    out.push(b);
-                    i += 3;
-                }
-                (b'+', _) => {
-                    out.push(b' ');
-                    i += 1;
-                }
-                (b, _) => {
-                    out.push(b);
-                    i += 1;
-                }
-            }
-        }
-        String::from_utf8_lossy(&out).into_owned()
-    };
-    q.split('&')
-        .filter(|p| !p.is_empty())
-        .map(|p| match p.split_once('=') {
-            Some((k, v)) => (decode(k), decode(v)),
-            None => (decode(p), String::new()),
-        })
-        .collect()
+    form_urlencoded::parse(q.as_bytes()).into_owned().collect()
 }
 
 fn json_response(value: &Value) -> Response<Body> {
