@@ -635,6 +635,68 @@ fn hostile_policies_cannot_crash_stall_or_flood_pinset_node() {
     }
 }
 
+/// An input without end — a device, a pipe fed forever — is refused at its kind's bound with
+/// the bound named, in well under a second and without taking the machine's memory: objects,
+/// configuration, scenarios, modules and standard input alike.
+#[test]
+fn inputs_without_end_are_refused_at_their_bound() {
+    let sets = workspace().join("examples/demo/sets.yaml");
+    let sets = sets.to_str().unwrap();
+    let objects = "larger than 64 MiB, the most pinset reads from a file of Kubernetes objects";
+    let config = "larger than 16 MiB, the most pinset reads from a configuration file";
+    for (extra, sets, said) in [
+        (
+            &[][..],
+            "/dev/zero",
+            format!("/dev/zero: cannot read: {objects}"),
+        ),
+        (
+            &["--registries", "/dev/zero"][..],
+            sets,
+            format!("/dev/zero: {config}"),
+        ),
+        (
+            &["--policy", "/dev/zero"][..],
+            sets,
+            "policy module /dev/zero: 16777217 bytes, over the limit".to_string(),
+        ),
+    ] {
+        let args = [&["--node-name", "worker-0", "--no-sizing"][..], extra].concat();
+        let (code, _, err) = on_demo_nodes("plan", Path::new(sets), &args);
+        assert_eq!(code, 1, "{extra:?}: {err}");
+        assert!(err.contains(&said), "{extra:?}: {err}");
+    }
+    let (code, _, err) = pinset(&["set", "from-manifests", "web", "/dev/zero"]);
+    assert_eq!(
+        (code, err.trim()),
+        (1, &*format!("error: /dev/zero: {objects}"))
+    );
+    let (code, out, _) = pinset(&["policy", "test", "/dev/zero"]);
+    assert_eq!(code, 1, "{out}");
+    assert!(
+        out.contains("larger than 64 MiB, the most pinset reads from a scenario file"),
+        "{out}"
+    );
+    // Standard input from a producer that never stops.
+    let mut yes = Command::new("yes")
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let out = Command::new(support::PINSET)
+        .args(["set", "from-manifests", "web", "-"])
+        .stdin(yes.stdout.take().unwrap())
+        .output()
+        .unwrap();
+    let _ = yes.kill();
+    let _ = yes.wait();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains(&format!("-: standard input: {objects}")),
+        "{err}"
+    );
+}
+
 /// The last lines of a long output.
 fn tail(text: &str) -> String {
     let lines: Vec<&str> = text.lines().collect();

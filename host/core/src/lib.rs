@@ -27,6 +27,7 @@ pub mod desired;
 pub mod diff;
 pub mod drift;
 pub mod fleet_scenario;
+pub mod input;
 pub mod plan;
 pub mod pool;
 pub mod quantity;

@@ -208,7 +208,7 @@ pub fn collect(paths: &[PathBuf]) -> Result<Vec<PathBuf>, ScenarioError> {
 
 /// A scenario file's text (node or fleet).
 pub fn read(path: &Path) -> Result<String, ScenarioError> {
-    std::fs::read_to_string(path).map_err(|source| ScenarioError::Read {
+    crate::input::text(path, crate::input::SCENARIO).map_err(|source| ScenarioError::Read {
         path: path.into(),
         source,
     })

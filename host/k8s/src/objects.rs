@@ -9,6 +9,7 @@ use crate::api::{MachineConfigPool, PinnedImageSet};
 use crate::convert;
 use k8s_openapi::api::core::v1::Node;
 use pinset_core::desired::{self, NodeInfo, Pool};
+use pinset_core::input;
 use pinset_core::yaml::{self, Fields, YamlError};
 use serde::Deserialize;
 use std::path::{Path, PathBuf};
@@ -83,7 +84,7 @@ pub fn load_path(path: &Path, fields: Fields, out: &mut Objects) -> Result<(), O
 }
 
 pub fn load_file(path: &Path, fields: Fields, out: &mut Objects) -> Result<(), ObjectError> {
-    let text = std::fs::read_to_string(path).map_err(|source| ObjectError::Read {
+    let text = input::text(path, input::OBJECTS).map_err(|source| ObjectError::Read {
         path: path.into(),
         source,
     })?;

@@ -16,6 +16,7 @@
 
 use crate::api::PolicyConfiguration;
 use kube::runtime::reflector::{ObjectRef, Store};
+use pinset_core::input;
 use pinset_registry::signature::VerifyingKey;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -78,7 +79,7 @@ impl ModuleRef {
 impl PolicyConfig {
     pub fn read(path: &Path) -> Result<Self, PolicyConfigError> {
         let origin = path.display().to_string();
-        let text = std::fs::read_to_string(path).map_err(|e| PolicyConfigError::Config {
+        let text = input::text(path, input::CONFIG).map_err(|e| PolicyConfigError::Config {
             origin: origin.clone(),
             why: e.to_string(),
         })?;

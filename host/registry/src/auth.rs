@@ -3,6 +3,7 @@
 //! longest matching prefix wins) or URLs (`https://quay.io/v1/`).
 
 use base64::Engine;
+use pinset_core::input;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
@@ -43,7 +44,7 @@ impl Credentials {
     /// means no credentials (said once, at info); a file that cannot be read or parsed is an
     /// error naming it.
     pub fn load(path: &Path) -> Result<Self, AuthError> {
-        let text = match std::fs::read_to_string(path) {
+        let text = match input::text(path, input::CONFIG) {
             Ok(text) => text,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
                 tracing::info!(path = %path.display(), "no registry credentials file: pulling without credentials");

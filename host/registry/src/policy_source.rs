@@ -12,6 +12,7 @@ use crate::artifact::{ArtifactError, ArtifactRef, Artifacts, SCHEME, sha256_dige
 use crate::files::write_atomic;
 use crate::limits::POLICY_FETCH;
 use crate::signature::{SignatureError, VerifyingKey};
+use pinset_core::input;
 use std::path::{Path, PathBuf};
 
 /// A module as a policy configuration names it.
@@ -190,9 +191,15 @@ impl Fetcher {
     fn cached(&self, reference: &ArtifactRef) -> Option<(Vec<u8>, Record)> {
         let (module, record) = self.paths(reference)?;
         touch(&module);
-        let rec: Record = serde_json::from_slice(&std::fs::read(&record).ok()?).ok()?;
-        let bytes = std::fs::read(&module).ok()?;
-        if bytes.len() as u64 > self.max_bytes || sha256_digest(&bytes) != rec.module_digest {
+        let rec: Record =
+            serde_json::from_slice(&input::bytes(&record, input::CONFIG).ok()?).ok()?;
+        // Over the limit (lowered since it was kept): fetched again, and the fetch rewrites it.
+        let bytes = input::bytes(
+            &module,
+            input::Limit::new("a policy module", self.max_bytes),
+        )
+        .ok()?;
+        if sha256_digest(&bytes) != rec.module_digest {
             tracing::warn!(module = %module.display(), reference = %reference,
                 "cached policy module does not match its digest: discarded, fetching again");
             let _ = std::fs::remove_file(&module);
@@ -218,7 +225,7 @@ impl Fetcher {
             source,
         };
         std::fs::create_dir_all(dir).map_err(err)?;
-        let mut rec: Record = std::fs::read(&record)
+        let mut rec: Record = input::bytes(&record, input::CONFIG)
             .ok()
             .and_then(|b| serde_json::from_slice(&b).ok())
             .unwrap_or_default();
@@ -237,9 +244,9 @@ impl Fetcher {
 }
 
 /// A module file: refused when a signature is required (a file carries none), its size
-/// checked before a byte is read and its read bounded by `max_bytes` (a file may grow).
+/// checked before a byte is read and its read bounded by `max_bytes` (a file may grow, a device
+/// or FIFO says no size).
 fn read_file(path: &Path, keys: &[VerifyingKey], max_bytes: u64) -> Result<Fetched, SourceError> {
-    use std::io::Read as _;
     if !keys.is_empty() {
         return Err(SourceError::Unsigned { path: path.into() });
     }
@@ -247,23 +254,17 @@ fn read_file(path: &Path, keys: &[VerifyingKey], max_bytes: u64) -> Result<Fetch
         path: path.to_path_buf(),
         source,
     };
-    let file = std::fs::File::open(path).map_err(read)?;
-    let too_large = |size| SourceError::TooLarge {
-        path: path.into(),
-        size,
-        max: max_bytes,
+    let size = std::fs::metadata(path).map_err(read)?.len();
+    let bytes = match input::bytes(path, input::Limit::new("a policy module", max_bytes)) {
+        Err(e) if e.kind() == std::io::ErrorKind::FileTooLarge => {
+            return Err(SourceError::TooLarge {
+                path: path.into(),
+                size: size.max(max_bytes + 1),
+                max: max_bytes,
+            });
+        }
+        read_bytes => read_bytes.map_err(read)?,
     };
-    let size = file.metadata().map_err(read)?.len();
-    if size > max_bytes {
-        return Err(too_large(size));
-    }
-    let mut bytes = Vec::with_capacity(size as usize);
-    file.take(max_bytes + 1)
-        .read_to_end(&mut bytes)
-        .map_err(read)?;
-    if bytes.len() as u64 > max_bytes {
-        return Err(too_large(bytes.len() as u64));
-    }
     Ok(Fetched {
         name: path.display().to_string(),
         bytes,

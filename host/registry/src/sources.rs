@@ -12,6 +12,7 @@
 //! `--insecure-registry` / `--policy-insecure-registry` (added to the file's list) and `--auth` /
 //! `--policy-auth` (over the file's) stay as shorthands.
 
+use pinset_core::input;
 use std::path::{Path, PathBuf};
 
 /// The variable naming the registries file.
@@ -67,7 +68,7 @@ impl Sources {
     /// The file at `path`: strict fields, an error naming FILE:LINE:COL.
     pub fn read(path: &Path) -> Result<Sources, SourcesError> {
         let shown = path.display().to_string();
-        let text = std::fs::read_to_string(path).map_err(|source| SourcesError::Read {
+        let text = input::text(path, input::CONFIG).map_err(|source| SourcesError::Read {
             path: shown.clone(),
             source,
         })?;

@@ -10,6 +10,7 @@ pub use super::reload::Reload;
 use super::{PinBackend, PinChange, PinError};
 use crate::os::write_atomic;
 use pinset_core::drift::{Drift, DriftKind};
+use pinset_core::input;
 use std::collections::{BTreeSet, HashSet};
 use std::path::PathBuf;
 use std::sync::PoisonError;
@@ -134,7 +135,7 @@ impl PinBackend for CrioPins {
             action,
             source,
         };
-        let old = match std::fs::read_to_string(&path) {
+        let old = match input::text(&path, input::CONFIG) {
             Ok(s) => Some(s),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
             Err(e) => return Err(file_err("read", e)),

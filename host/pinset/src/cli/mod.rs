@@ -19,6 +19,7 @@ pub mod sources;
 pub mod terminal;
 
 use anyhow::Context;
+use pinset_core::input;
 use pinset_k8s::policy_config::ModuleRef;
 use pinset_k8s::policy_loader::Loader;
 use pinset_policy::{CompiledModule, Compiler, Limits, PolicyModule, WasmRuntime};
@@ -143,7 +144,7 @@ pub fn verifying_keys(
     paths
         .iter()
         .map(|path| {
-            let text = std::fs::read_to_string(path)
+            let text = input::text(path, input::CONFIG)
                 .with_context(|| format!("reading {}", path.display()))?;
             pinset_registry::signature::VerifyingKey::from_pem(&text)
                 .with_context(|| format!("public key {}", path.display()))
@@ -250,10 +251,9 @@ pub fn warn_if_empty(flag: &str, paths: &[std::path::PathBuf], found: usize, kin
 pub fn read_input(path: &std::path::Path, flag: Option<&str>) -> anyhow::Result<String> {
     let prefix = flag.map_or(String::new(), |f| format!("{f} "));
     if path.as_os_str() == "-" {
-        std::io::read_to_string(std::io::stdin())
-            .with_context(|| format!("{prefix}-: standard input"))
+        input::stdin_text(input::OBJECTS).with_context(|| format!("{prefix}-: standard input"))
     } else {
-        std::fs::read_to_string(path).with_context(|| format!("{prefix}{}", path.display()))
+        input::text(path, input::OBJECTS).with_context(|| format!("{prefix}{}", path.display()))
     }
 }
 

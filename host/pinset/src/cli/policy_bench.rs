@@ -302,7 +302,7 @@ fn confirmed(
 
 /// A saved run.
 fn read_saved(path: &Path) -> Result<SavedRun> {
-    let text = std::fs::read_to_string(path)
+    let text = pinset_core::input::text(path, pinset_core::input::CONFIG)
         .with_context(|| format!("--baseline {}: cannot read", path.display()))?;
     let doc: serde_json::Value = serde_json::from_str(&text)
         .with_context(|| format!("--baseline {}: not JSON", path.display()))?;

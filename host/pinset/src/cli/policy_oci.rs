@@ -141,7 +141,8 @@ pub fn push(args: &PushArgs) -> Result<ExitCode> {
         "{}: {size} bytes, over the limit of {max} bytes (--max-module-mib)",
         args.module.display()
     );
-    let bytes = std::fs::read(&args.module)
+    let limit = pinset_core::input::Limit::new("a policy module", max);
+    let bytes = pinset_core::input::bytes(&args.module, limit)
         .with_context(|| format!("reading {}", args.module.display()))?;
     let name = args.module.display().to_string();
     let config = config_for(&name, &bytes, args.author.clone(), max)?;
@@ -215,8 +216,8 @@ fn new_password(allow_empty: bool) -> Result<Vec<u8>> {
 
 /// `sign`'s key, decrypted with its password; the error says where the password came from.
 fn signing_key(path: &Path) -> Result<SigningKey> {
-    let text =
-        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let text = pinset_core::input::text(path, pinset_core::input::CONFIG)
+        .with_context(|| format!("reading {}", path.display()))?;
     let password = password("Enter password for private key: ", false)?;
     let tried = password.clone().unwrap_or_default();
     SigningKey::from_pem(&text, &tried).with_context(|| match password {

@@ -4,6 +4,11 @@
 use super::engine::{WasmRuntime, engine_config};
 use super::shorten;
 use crate::LoadError;
+use pinset_core::input::{self, Limit};
+
+/// A compiled module in the cache: native code, a few times its module's size (16 MiB at most
+/// by default). One over it is compiled again.
+const COMPILED: Limit = Limit::new("a compiled policy module", 256 << 20);
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use wasmtime::Engine;
@@ -129,8 +134,8 @@ impl WasmRuntime {
     /// and this engine takes them; anything else is removed.
     fn load_compiled(&self, path: &Path) -> Option<Component> {
         use sha2::Digest;
-        let artifact = std::fs::read(path).ok()?;
-        let sum = std::fs::read_to_string(path.with_extension("sha256")).ok();
+        let artifact = input::bytes(path, COMPILED).ok()?;
+        let sum = input::text(&path.with_extension("sha256"), input::CONFIG).ok();
         let whole = sum.as_deref().map(str::trim)
             == Some(&super::module::hex(&sha2::Sha256::digest(&artifact)));
         // SAFETY: `deserialize` trusts its input to be an artifact wasmtime produced. This one

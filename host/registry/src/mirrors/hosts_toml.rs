@@ -6,6 +6,7 @@
 //! other than the server carry `?ns=REGISTRY`, as containerd's do.
 
 use super::{Endpoint, MirrorError, Scheme, Target, Tls, api_host};
+use pinset_core::input;
 use serde::Deserialize;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -85,7 +86,7 @@ impl HostsDir {
         // Directories only, as containerd looks: other files there are not registries.
         for entry in entries.filter_map(Result::ok).filter(|e| e.path().is_dir()) {
             let file = entry.path().join("hosts.toml");
-            let text = match std::fs::read_to_string(&file) {
+            let text = match input::text(&file, input::CONFIG) {
                 Ok(text) => text,
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
                 Err(e) => return Err(MirrorError::read(&file, &e)),

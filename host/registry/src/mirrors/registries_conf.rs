@@ -6,6 +6,7 @@
 //! The version 1 tables (`[registries.insecure]`, `[registries.block]`) are read too.
 
 use super::{Endpoint, MirrorError, Scheme, Target, Tls, api_host, split_reference};
+use pinset_core::input;
 use serde::Deserialize;
 use std::path::{Path, PathBuf};
 use toml::Spanned;
@@ -103,7 +104,7 @@ impl RegistriesConf {
     /// configuration, as for CRI-O.
     pub fn load(file: &Path) -> Result<RegistriesConf, MirrorError> {
         let mut conf = RegistriesConf::default();
-        match std::fs::read_to_string(file) {
+        match input::text(file, input::CONFIG) {
             Ok(text) => conf.merge(file, &text)?,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
             Err(e) => return Err(MirrorError::read(file, &e)),
@@ -112,7 +113,7 @@ impl RegistriesConf {
         dir.push(".d");
         for dropin in dropins(Path::new(&dir))? {
             let text =
-                std::fs::read_to_string(&dropin).map_err(|e| MirrorError::read(&dropin, &e))?;
+                input::text(&dropin, input::CONFIG).map_err(|e| MirrorError::read(&dropin, &e))?;
             conf.merge(&dropin, &text)?;
         }
         Ok(conf)
