@@ -697,6 +697,41 @@ fn inputs_without_end_are_refused_at_their_bound() {
     );
 }
 
+/// A long-running `pinset node --watch` compiles its policy in a child bounded by its
+/// `--policy-compile-*` flags: a module too costly to compile is refused with the bound named.
+#[test]
+fn a_watching_node_refuses_a_module_too_costly_to_compile_naming_the_bound() {
+    let dir = tempfile::tempdir().unwrap();
+    let module = dir.path().join("costly.wasm");
+    std::fs::write(&module, support::costly_component(200_000)).unwrap();
+    let sets = workspace().join("examples/demo/sets.yaml");
+    let module = module.to_str().unwrap();
+    for (flags, said) in [
+        (
+            &["--policy-compile-memory-mib", "32"][..],
+            "compiling it needs more than 32 MiB of memory (--policy-compile-memory-mib)",
+        ),
+        // 1.8 s here unbounded: memory enough for it, and the deadline cuts it.
+        (
+            &[
+                "--policy-compile-seconds",
+                "1",
+                "--policy-compile-memory-mib",
+                "4096",
+            ][..],
+            "compiling it took longer than 1 s (--policy-compile-seconds)",
+        ),
+    ] {
+        let mut args = vec!["--watch", "--node-name", "worker-0", "--policy", module];
+        args.extend_from_slice(flags);
+        args.extend(["--cri", "unix:///nonexistent/cri.sock"]);
+        let (code, _, err) = on_demo_nodes("node", &sets, &args);
+        assert_eq!(code, 1, "{err}");
+        let want = format!("error: policy module {module}: too costly to compile: {said}");
+        assert_eq!(err.trim(), want);
+    }
+}
+
 /// The last lines of a long output.
 fn tail(text: &str) -> String {
     let lines: Vec<&str> = text.lines().collect();

@@ -6,8 +6,8 @@ use crate::support;
 use crate::support::wasm_runtime as runtime;
 
 use pinset_policy::{
-    Compiler, Decisions, Guarded, Hook, Limits, LoadError, Node, PolicyError, PolicyInstance,
-    PolicyModule, WasmRuntime,
+    ChildCompiler, Compiler, Decisions, Guarded, Hook, Limits, LoadError, Node, PolicyError,
+    PolicyInstance, PolicyModule, WasmRuntime,
 };
 use pinset_policy_bench::synth;
 use pinset_policy_sdk::{NodeFacts, Pressure, PullOutcome, Verdict};
@@ -400,7 +400,11 @@ fn a_missing_file_is_named() {
 /// The agent's way of loading: the module is compiled by `pinset compile-policy` in a child
 /// process and only the artifact is loaded here.
 fn child_runtime(exe: &str) -> WasmRuntime {
-    WasmRuntime::with_compiler(Compiler::Subprocess(PathBuf::from(exe))).expect("runtime")
+    bounded_child_runtime(ChildCompiler::new(exe))
+}
+
+fn bounded_child_runtime(child: ChildCompiler) -> WasmRuntime {
+    WasmRuntime::with_compiler(Compiler::Subprocess(child)).expect("runtime")
 }
 
 #[test]
@@ -540,6 +544,55 @@ fn a_child_compiler_that_fails_is_reported_with_the_module_and_the_cause() {
         assert!(msg.contains(&exe) && msg.contains(cause), "{msg}");
         assert!(msg.len() < 4096, "the child's message is quoted in part");
     }
+}
+
+/// A module whose compilation costs far more than its size (Cranelift: ~10 µs and ~1 KiB a
+/// value) is refused as too costly to compile at the child's memory bound or its deadline,
+/// with the bound and its flag named, and in about the deadline's time; the default policy
+/// compiles under both bounds (the test above).
+#[test]
+fn a_module_too_costly_to_compile_is_refused_at_the_childs_bounds() {
+    let costly = support::costly_component(200_000);
+    assert!(costly.len() < 1 << 20, "{} bytes", costly.len());
+    let bounded = |deadline: Duration, memory_mib: u64| {
+        let mut child = ChildCompiler::new(support::PINSET);
+        (child.deadline, child.memory_bytes) = (deadline, memory_mib << 20);
+        bounded_child_runtime(child)
+    };
+    let started = Instant::now();
+    let e = bounded(Duration::from_secs(60), 64)
+        .load("costly.wasm", &costly, None, Limits::default())
+        .err()
+        .expect("refused");
+    assert!(matches!(e, LoadError::TooCostly { .. }), "{e}");
+    assert_eq!(
+        e.to_string(),
+        "policy module costly.wasm: too costly to compile: compiling it needs more than 64 MiB \
+         of memory (--policy-compile-memory-mib)"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(30),
+        "{:?}",
+        started.elapsed()
+    );
+
+    let slow = support::costly_component(1_000_000);
+    let started = Instant::now();
+    let e = bounded(Duration::from_secs(1), 4096)
+        .load("slow.wasm", &slow, None, Limits::default())
+        .err()
+        .expect("refused");
+    let took = started.elapsed();
+    assert!(matches!(e, LoadError::TooCostly { .. }), "{e}");
+    assert!(
+        e.to_string()
+            .ends_with("compiling it took longer than 1 s (--policy-compile-seconds)"),
+        "{e}"
+    );
+    assert!(
+        took >= Duration::from_secs(1) && took < Duration::from_secs(5),
+        "{took:?}"
+    );
 }
 
 #[test]

@@ -79,7 +79,7 @@ fn utf8(bytes: Vec<u8>) -> io::Result<String> {
 }
 
 fn too_large(limit: Limit) -> io::Error {
-    let max = if limit.max_bytes % MIB == 0 {
+    let max = if limit.max_bytes.is_multiple_of(MIB) {
         format!("{} MiB", limit.max_bytes / MIB)
     } else {
         format!("{} bytes", limit.max_bytes)

@@ -156,7 +156,11 @@ enum Command {
     /// Compile a policy module for a running agent or node: the component on stdin, the
     /// artifact on stdout; exit 65 with the reason on stderr when the module is not valid.
     #[command(name = pinset_policy::COMPILE_SUBCOMMAND, hide = true)]
-    CompilePolicy,
+    CompilePolicy {
+        /// The most this process may allocate (`RLIMIT_DATA`), set before the module is read.
+        #[arg(long = pinset_policy::MEMORY_FLAG, value_name = "BYTES")]
+        memory_bytes: Option<u64>,
+    },
     /// Print a generated reference page (Markdown): the command line (docs/cli.md), the CRDs'
     /// fields, the metrics or the Events (docs/reference/).
     #[command(hide = true)]
@@ -280,7 +284,7 @@ fn run(args: Args) -> Result<ExitCode> {
         Command::Rollout(cmd) => rt()?.block_on(cli::rollout::run(cmd)),
         Command::Set(cmd) => rt()?.block_on(cli::set::run(cmd)),
         Command::Crds => Ok(cli::kube::crds()),
-        Command::CompilePolicy => cli::policy::compile_child(),
+        Command::CompilePolicy { memory_bytes } => cli::policy::compile_child(memory_bytes),
         Command::Reference { page } => Ok(reference(page)),
         Command::Completion { shell } => Ok(completion(shell)),
         Command::Man { dir } => man(&dir),

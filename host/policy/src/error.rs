@@ -97,6 +97,9 @@ pub enum LoadError {
         found: String,
         hint: String,
     },
+    /// Compiling it went past a bound of the child compiler (time, memory, output).
+    #[error("policy module {module}: too costly to compile: {cause}")]
+    TooCostly { module: String, cause: String },
     #[error("policy module {module}: compiling it in a child process ({exe}): {cause}")]
     Compiler {
         module: String,

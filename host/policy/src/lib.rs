@@ -44,10 +44,11 @@ pub use pinset_policy_sdk::{
 };
 pub use smoke::smoke_test;
 pub use wasm::{
-    COMPILE_INVALID_MODULE, COMPILE_SUBCOMMAND, CONTRACT, CONTRACTS, CompiledModule, Compiler,
-    Contract, FLEET_CONTRACT, FleetContract, FleetModule, Limits, MAX_LOG_BYTES,
-    MAX_LOG_LINE_BYTES, MAX_LOG_LINES, MAX_REASON_BYTES, Module, NO_WAITING, Node, PolicyModule,
-    Role, STDERR_CAPTURE_BYTES, WasmInstance, WasmRuntime, bounded, instance_strategy, precompile,
+    COMPILE_INVALID_MODULE, COMPILE_SUBCOMMAND, CONTRACT, CONTRACTS, ChildCompiler, CompiledModule,
+    Compiler, Contract, FLEET_CONTRACT, FleetContract, FleetModule, Limits, MAX_LOG_BYTES,
+    MAX_LOG_LINE_BYTES, MAX_LOG_LINES, MAX_REASON_BYTES, MEMORY_FLAG, Module, NO_WAITING, Node,
+    PolicyModule, Role, STDERR_CAPTURE_BYTES, WasmInstance, WasmRuntime, bound_memory, bounded,
+    instance_strategy, precompile,
 };
 
 pub use pinset_core::decisions::Hook;

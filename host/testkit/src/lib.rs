@@ -15,6 +15,8 @@
 
 pub mod apiserver;
 pub mod core_api;
+mod costly;
+pub use costly::costly_component;
 pub mod hostile;
 pub mod procfs;
 pub mod rbac;

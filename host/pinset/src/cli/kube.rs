@@ -198,7 +198,7 @@ fn fleet_table(
 pub async fn controller(opts: &ClusterOpts, controller_opts: &ControllerOpts) -> Result<ExitCode> {
     let shutdown = shutdown_on_signals();
     let fetch = &controller_opts.fetch;
-    let runtime = fetch.runtime(super::child_compiler()?)?;
+    let runtime = fetch.runtime(super::child_compiler(fetch)?)?;
     let flags = fleet_table(&controller_opts.fleet_policy, fetch, &runtime)?;
     let loader = fetch.loader(&runtime, pinset_policy::Limits::default())?;
     let gate = controller::SignatureGate::new(Some(loader.fetcher.artifacts.clone()));
@@ -227,7 +227,7 @@ pub async fn agent(
     policy: &PolicyOpts,
 ) -> Result<ExitCode> {
     let shutdown = shutdown_on_signals();
-    let (wasm, default) = super::load_policy_with(policy, super::child_compiler()?)?;
+    let (wasm, default) = super::load_policy_with(policy, super::child_compiler(&policy.fetch)?)?;
     let policy_settings = match &agent_opts.policy_configuration {
         Some(name) => agent::PolicySettings::Followed {
             name: name.clone(),

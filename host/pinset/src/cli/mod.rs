@@ -22,7 +22,7 @@ use anyhow::Context;
 use pinset_core::input;
 use pinset_k8s::policy_config::ModuleRef;
 use pinset_k8s::policy_loader::Loader;
-use pinset_policy::{CompiledModule, Compiler, Limits, PolicyModule, WasmRuntime};
+use pinset_policy::{ChildCompiler, CompiledModule, Compiler, Limits, PolicyModule, WasmRuntime};
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -68,6 +68,19 @@ pub struct FetchOpts {
     /// prunes it at start and after each swap.
     #[arg(long, default_value_t = 256, value_name = "MIB")]
     pub policy_cache_max_mib: u64,
+    /// Where modules compile in a child process (the agent, the controller, `pinset node
+    /// --watch`): the most time one compile may take, in seconds. The child is killed then and
+    /// the module refused as too costly to compile (a policy of a few hundred KiB takes 0.2 s).
+    #[arg(long, default_value_t = 60, value_name = "SECONDS",
+          value_parser = clap::value_parser!(u64).range(1..=3600))]
+    pub policy_compile_seconds: u64,
+    /// Where modules compile in a child process: the most memory one compile may allocate, in
+    /// MiB, the compiler's included (a policy of a few hundred KiB takes 30). Past it the module
+    /// is refused as too costly to compile. The child runs in the agent's pod, under its memory
+    /// limit: raise both together.
+    #[arg(long, default_value_t = 192, value_name = "MIB",
+          value_parser = clap::value_parser!(u64).range(16..=65536))]
+    pub policy_compile_memory_mib: u64,
     #[command(flatten)]
     pub policy_registry: RegistryOpts,
 }
@@ -213,13 +226,17 @@ pub fn load_policy_with(
 
 /// The compiler of long-running processes: this executable, as a child process (see
 /// [`Compiler::Subprocess`]). On Linux through `/proc/self/exe`, which still works after the
-/// file was replaced by an upgrade.
-pub fn child_compiler() -> anyhow::Result<Compiler> {
-    if cfg!(target_os = "linux") {
-        return Ok(Compiler::Subprocess(PathBuf::from("/proc/self/exe")));
-    }
-    let exe = std::env::current_exe().context("finding this executable")?;
-    Ok(Compiler::Subprocess(exe))
+/// file was replaced by an upgrade; bounded by `fetch`'s `--policy-compile-*` flags.
+pub fn child_compiler(fetch: &FetchOpts) -> anyhow::Result<Compiler> {
+    let exe = match cfg!(target_os = "linux") {
+        true => PathBuf::from("/proc/self/exe"),
+        false => std::env::current_exe().context("finding this executable")?,
+    };
+    Ok(Compiler::Subprocess(ChildCompiler {
+        exe,
+        deadline: Duration::from_secs(fetch.policy_compile_seconds),
+        memory_bytes: fetch.policy_compile_memory_mib << 20,
+    }))
 }
 
 /// Draw `t` into `path` (SVG) and the same data into `path`'s `.trace.json` (Chrome trace

@@ -425,7 +425,7 @@ pub async fn node_cmd(
 ) -> Result<ExitCode> {
     // A watching node runs for long: it compiles its policy in a child process.
     let compiler = match watch {
-        true => super::child_compiler()?,
+        true => super::child_compiler(&policy.fetch)?,
         false => pinset_policy::Compiler::InProcess,
     };
     let (_wasm, module) = super::load_policy_with(policy, compiler)?;

@@ -81,9 +81,12 @@ pub enum PolicyCommand {
 }
 
 /// `pinset compile-policy`, the child of [`pinset_policy::Compiler::Subprocess`].
-pub fn compile_child() -> Result<ExitCode> {
+pub fn compile_child(memory_bytes: Option<u64>) -> Result<ExitCode> {
     use anyhow::Context;
     use std::io::{Read, Write};
+    if let Some(bytes) = memory_bytes {
+        pinset_policy::bound_memory(bytes).context("bounding this process's memory")?;
+    }
     let mut module = Vec::new();
     std::io::stdin()
         .read_to_end(&mut module)

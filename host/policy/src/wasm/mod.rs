@@ -8,6 +8,7 @@
 //!   ticker that enforces deadlines);
 //! - [`compile`]: where a module becomes machine code — in this process, or in a child process
 //!   ([`Compiler::Subprocess`]) so that the agent itself never runs the compiler;
+//! - [`child`]: both sides of that child, bounded in time and memory ([`ChildCompiler`]);
 //! - [`module`]: loading — size, sha256 pin and compilation once per module
 //!   ([`CompiledModule`]), then bound to a contract ([`Module`]);
 //! - [`store`]: one store's state — the empty WASI context, the memory cap, the log budget
@@ -23,6 +24,7 @@
 //! May depend on wasmtime, wasmtime-wasi, the SDK's types and the crate's error types; nothing
 //! here decides what to do with an answer (that is `validate` and the guards).
 //!
+mod child;
 mod compile;
 mod contract;
 mod engine;
@@ -34,7 +36,11 @@ mod node;
 mod store;
 mod wasi;
 
-pub use compile::{COMPILE_INVALID_MODULE, COMPILE_SUBCOMMAND, Compiler, precompile};
+pub use child::{
+    COMPILE_INVALID_MODULE, COMPILE_SUBCOMMAND, ChildCompiler, MEMORY_FLAG, bound_memory,
+    precompile,
+};
+pub use compile::Compiler;
 pub use contract::{CONTRACTS, Contract, FleetContract, Node, Role};
 pub use engine::{WasmRuntime, instance_strategy};
 pub use fleet::FLEET_CONTRACT;
