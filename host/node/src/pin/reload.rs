@@ -6,6 +6,8 @@
 //! override for hosts that reload differently.
 
 use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Reload {
@@ -52,7 +54,7 @@ impl Reload {
         match self {
             Reload::None => Ok(()),
             Reload::Signal { proc } => signal_crio(proc),
-            Reload::Command(command) => run_command(command).await,
+            Reload::Command(command) => run_command(command, COMMAND_DEADLINE).await,
         }
     }
 }
@@ -103,23 +105,48 @@ pub fn processes_named(proc: &Path, name: &str) -> std::io::Result<Vec<i32>> {
     Ok(pids)
 }
 
-async fn run_command(command: &[String]) -> Result<(), String> {
+/// How long a reload command may take; it is killed then, and the reload failed (a pin change
+/// is retried with the reconcile). `systemctl reload crio` returns in milliseconds.
+pub const COMMAND_DEADLINE: Duration = Duration::from_secs(30);
+/// How much of a reload command's stderr its error quotes (the rest is read and dropped).
+const KEPT_STDERR: u64 = 4096;
+
+/// Run `command` within `deadline`, its stderr read while it runs and quoted in part.
+async fn run_command(command: &[String], deadline: Duration) -> Result<(), String> {
+    use tokio::io::AsyncReadExt;
     let Some((program, args)) = command.split_first() else {
         return Ok(());
     };
-    let out = tokio::process::Command::new(program)
+    let mut child = tokio::process::Command::new(program)
         .args(args)
-        .output()
-        .await
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
         .map_err(|e| e.to_string())?;
-    if !out.status.success() {
-        return Err(format!(
-            "{}: {}",
-            out.status,
-            String::from_utf8_lossy(&out.stderr).trim()
-        ));
+    let stderr = child.stderr.take();
+    let ran = async {
+        let mut said = Vec::new();
+        if let Some(mut stderr) = stderr {
+            (&mut stderr)
+                .take(KEPT_STDERR)
+                .read_to_end(&mut said)
+                .await?;
+            tokio::io::copy(&mut stderr, &mut tokio::io::sink()).await?;
+        }
+        Ok::<_, std::io::Error>((child.wait().await?, said))
+    };
+    match tokio::time::timeout(deadline, ran).await {
+        // Dropped with the future: killed (`kill_on_drop`).
+        Err(_) => Err(format!("did not finish within {deadline:?}: killed")),
+        Ok(Err(e)) => Err(e.to_string()),
+        Ok(Ok((status, _))) if status.success() => Ok(()),
+        Ok(Ok((status, said))) => Err(format!(
+            "{status}: {}",
+            String::from_utf8_lossy(&said).trim()
+        )),
     }
-    Ok(())
 }
 
 #[cfg(test)]
@@ -175,6 +202,30 @@ mod tests {
         Reload::default().run().await.unwrap();
         let status = child.wait().unwrap();
         assert_eq!(status.signal(), Some(libc::SIGHUP), "{status:?}");
+    }
+
+    /// A reload command that hangs is killed at its deadline, and one that floods its stderr
+    /// is read to its end and quoted in part: neither holds the pin step.
+    #[tokio::test]
+    async fn a_reload_command_is_bounded_in_time_and_words() {
+        let started = std::time::Instant::now();
+        let e = run_command(&["sleep".into(), "60".into()], Duration::from_millis(300))
+            .await
+            .unwrap_err();
+        assert_eq!(e, "did not finish within 300ms: killed");
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "{:?}",
+            started.elapsed()
+        );
+        let flood = "head -c 1000000 /dev/zero | tr '\\0' x >&2; exit 3";
+        let e = run_command(&["sh".into(), "-c".into(), flood.into()], COMMAND_DEADLINE)
+            .await
+            .unwrap_err();
+        assert!(e.starts_with("exit status: 3: xxx"), "{e}");
+        assert_eq!(e.len(), "exit status: 3: ".len() + KEPT_STDERR as usize);
+        let ok = ["true".to_string()];
+        assert_eq!(run_command(&ok, COMMAND_DEADLINE).await, Ok(()));
     }
 
     #[tokio::test]

@@ -52,8 +52,9 @@ pub struct PolicyOpts {
     pub policy_max_module_mib: u64,
 }
 
-/// How `oci://` policy modules are fetched and verified.
-#[derive(clap::Args, Clone, Debug, Default)]
+/// How policy modules are fetched and verified (`oci://`), kept (the cache), and compiled where
+/// a long-running command compiles them in a child process (its bounds).
+#[derive(clap::Args, Clone, Debug)]
 pub struct FetchOpts {
     /// Require the module's cosign signature by this public key (`cosign.pub`); repeatable, one
     /// key verifying is enough. Only an `oci://` module can carry a signature.

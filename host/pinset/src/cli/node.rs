@@ -63,8 +63,8 @@ pub struct RuntimeOpts {
     /// Directory of the CRI-O drop-in.
     #[arg(long, default_value = crio::DEFAULT_DIR, value_name = "DIR")]
     pub crio_dropin_dir: PathBuf,
-    /// Command that makes CRI-O re-read its configuration (split on white space; "" for none).
-    /// Default: SIGHUP to the host's crio process, found in /proc (what `systemctl reload crio`
+    /// Command that makes CRI-O re-read its configuration (split on white space; "" for none),
+    /// killed if it runs past 30 s (the pin change is then retried with the reconcile). Default: SIGHUP to the host's crio process, found in /proc (what `systemctl reload crio`
     /// does; the agent needs the host's PID namespace).
     #[arg(long, value_name = "COMMAND")]
     pub crio_reload: Option<String>,
