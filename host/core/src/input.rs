@@ -37,6 +37,11 @@ pub const CONFIG: Limit = Limit::new("a configuration file", 16 * MIB);
 /// Policy scenarios (`pinset policy test`).
 pub const SCENARIO: Limit = Limit::new("a scenario file", 64 * MIB);
 
+/// A policy module, within its `--policy-max-module-mib`.
+pub const fn module(max_bytes: u64) -> Limit {
+    Limit::new("a policy module", max_bytes)
+}
+
 /// The bytes of the file at `path`, refused past `limit`.
 pub fn bytes(path: &Path, limit: Limit) -> io::Result<Vec<u8>> {
     let file = std::fs::File::open(path)?;

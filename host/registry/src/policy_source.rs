@@ -194,11 +194,7 @@ impl Fetcher {
         let rec: Record =
             serde_json::from_slice(&input::bytes(&record, input::CONFIG).ok()?).ok()?;
         // Over the limit (lowered since it was kept): fetched again, and the fetch rewrites it.
-        let bytes = input::bytes(
-            &module,
-            input::Limit::new("a policy module", self.max_bytes),
-        )
-        .ok()?;
+        let bytes = input::bytes(&module, input::module(self.max_bytes)).ok()?;
         if sha256_digest(&bytes) != rec.module_digest {
             tracing::warn!(module = %module.display(), reference = %reference,
                 "cached policy module does not match its digest: discarded, fetching again");
@@ -255,7 +251,7 @@ fn read_file(path: &Path, keys: &[VerifyingKey], max_bytes: u64) -> Result<Fetch
         source,
     };
     let size = std::fs::metadata(path).map_err(read)?.len();
-    let bytes = match input::bytes(path, input::Limit::new("a policy module", max_bytes)) {
+    let bytes = match input::bytes(path, input::module(max_bytes)) {
         Err(e) if e.kind() == std::io::ErrorKind::FileTooLarge => {
             return Err(SourceError::TooLarge {
                 path: path.into(),

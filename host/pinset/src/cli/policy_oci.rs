@@ -141,7 +141,7 @@ pub fn push(args: &PushArgs) -> Result<ExitCode> {
         "{}: {size} bytes, over the limit of {max} bytes (--max-module-mib)",
         args.module.display()
     );
-    let limit = pinset_core::input::Limit::new("a policy module", max);
+    let limit = pinset_core::input::module(max);
     let bytes = pinset_core::input::bytes(&args.module, limit)
         .with_context(|| format!("reading {}", args.module.display()))?;
     let name = args.module.display().to_string();

@@ -219,7 +219,7 @@ pub(super) fn read_module(path: &Path, limits: Limits) -> Result<Vec<u8>, LoadEr
     };
     let size = std::fs::metadata(path).map_err(read)?.len();
     too_large(&path.display().to_string(), size, limits)?;
-    let limit = pinset_core::input::Limit::new("a policy module", limits.max_module_bytes as u64);
+    let limit = pinset_core::input::module(limits.max_module_bytes as u64);
     match pinset_core::input::bytes(path, limit) {
         // Grown since, or a device or FIFO, which says no size.
         Err(e) if e.kind() == std::io::ErrorKind::FileTooLarge => Err(LoadError::TooLarge {
