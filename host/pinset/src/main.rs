@@ -89,6 +89,8 @@ enum Command {
         /// Keep running: reconcile again whenever an input file changes.
         #[arg(long)]
         watch: bool,
+        #[command(flatten)]
+        compile: cli::CompileOpts,
         /// Draw the pulls of each reconcile into FILE (SVG: one lane per pull slot, a bar per
         /// pull, throttle pauses and retries marked) and FILE's .trace.json (Chrome trace format).
         #[arg(long, value_name = "FILE.svg")]
@@ -255,12 +257,13 @@ fn run(args: Args) -> Result<ExitCode> {
             runtime,
             policy,
             watch,
+            compile,
             timeline,
         } => rt()?.block_on(cli::node::node_cmd(
             &inputs,
             &runtime,
             &policy,
-            watch,
+            watch.then_some(&compile),
             timeline.as_deref(),
         )),
         Command::Plan {
@@ -298,5 +301,17 @@ fn run(args: Args) -> Result<ExitCode> {
             runtime,
             policy,
         } => rt()?.block_on(cli::kube::agent(&cluster, &agent, &runtime, &policy)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// clap's own checks of the whole command line (no two arguments of a command share a name
+    /// or a short flag, every `requires` and `conflicts_with` names an argument): a release
+    /// build would not assert them, and a flattened group added to a command could collide.
+    #[test]
+    fn the_command_line_is_consistent() {
+        use clap::CommandFactory;
+        super::Args::command().debug_assert();
     }
 }

@@ -38,6 +38,8 @@ pub struct ControllerOpts {
     /// How `oci://` fleet policies are fetched and verified.
     #[command(flatten)]
     pub fetch: super::FetchOpts,
+    #[command(flatten)]
+    pub compile: super::CompileOpts,
     /// The PolicyConfiguration the agents follow: a change of a pool's node policy module
     /// rolls out to its nodes canary-first, like a change of its sets.
     #[arg(long, value_name = "NAME")]
@@ -58,6 +60,8 @@ pub struct AgentOpts {
     /// This node's name (the DaemonSet passes it from the downward API).
     #[arg(long, env = "NODE_NAME")]
     pub node_name: String,
+    #[command(flatten)]
+    pub compile: super::CompileOpts,
     /// Read this node's facts (labels, conditions, allocatable) from a Node YAML file instead of
     /// the core API (environments without one).
     #[arg(long, value_name = "FILE")]
@@ -198,7 +202,7 @@ fn fleet_table(
 pub async fn controller(opts: &ClusterOpts, controller_opts: &ControllerOpts) -> Result<ExitCode> {
     let shutdown = shutdown_on_signals();
     let fetch = &controller_opts.fetch;
-    let runtime = fetch.runtime(super::child_compiler(fetch)?)?;
+    let runtime = fetch.runtime(super::child_compiler(&controller_opts.compile)?)?;
     let flags = fleet_table(&controller_opts.fleet_policy, fetch, &runtime)?;
     let loader = fetch.loader(&runtime, pinset_policy::Limits::default())?;
     let gate = controller::SignatureGate::new(Some(loader.fetcher.artifacts.clone()));
@@ -227,7 +231,8 @@ pub async fn agent(
     policy: &PolicyOpts,
 ) -> Result<ExitCode> {
     let shutdown = shutdown_on_signals();
-    let (wasm, default) = super::load_policy_with(policy, super::child_compiler(&policy.fetch)?)?;
+    let (wasm, default) =
+        super::load_policy_with(policy, super::child_compiler(&agent_opts.compile)?)?;
     let policy_settings = match &agent_opts.policy_configuration {
         Some(name) => agent::PolicySettings::Followed {
             name: name.clone(),

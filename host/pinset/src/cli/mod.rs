@@ -52,9 +52,27 @@ pub struct PolicyOpts {
     pub policy_max_module_mib: u64,
 }
 
-/// How policy modules are fetched and verified (`oci://`), kept (the cache), and compiled where
-/// a long-running command compiles them in a child process (its bounds).
+/// The bounds of a compile in a child process: the long-running commands' (the agent, the
+/// controller, `pinset node --watch`), which never run the compiler themselves.
 #[derive(clap::Args, Clone, Debug)]
+pub struct CompileOpts {
+    /// The most time one policy module's compile may take, in seconds, where it runs in a child
+    /// process (the agent, the controller, `node --watch`). The child is killed then and the
+    /// module refused as too costly to compile (a policy of a few hundred KiB takes 0.2 s).
+    #[arg(long, default_value_t = 60, value_name = "SECONDS",
+          value_parser = clap::value_parser!(u64).range(1..=3600))]
+    pub policy_compile_seconds: u64,
+    /// The most memory one policy module's compile may allocate, in MiB, the compiler's
+    /// included (a policy of a few hundred KiB takes 30). Past it the module is refused as too
+    /// costly to compile. The child runs in the agent's pod, under its memory limit: raise both
+    /// together.
+    #[arg(long, default_value_t = 192, value_name = "MIB",
+          value_parser = clap::value_parser!(u64).range(16..=65536))]
+    pub policy_compile_memory_mib: u64,
+}
+
+/// How `oci://` policy modules are fetched and verified.
+#[derive(clap::Args, Clone, Debug, Default)]
 pub struct FetchOpts {
     /// Require the module's cosign signature by this public key (`cosign.pub`); repeatable, one
     /// key verifying is enough. Only an `oci://` module can carry a signature.
@@ -69,19 +87,6 @@ pub struct FetchOpts {
     /// prunes it at start and after each swap.
     #[arg(long, default_value_t = 256, value_name = "MIB")]
     pub policy_cache_max_mib: u64,
-    /// Where modules compile in a child process (the agent, the controller, `pinset node
-    /// --watch`): the most time one compile may take, in seconds. The child is killed then and
-    /// the module refused as too costly to compile (a policy of a few hundred KiB takes 0.2 s).
-    #[arg(long, default_value_t = 60, value_name = "SECONDS",
-          value_parser = clap::value_parser!(u64).range(1..=3600))]
-    pub policy_compile_seconds: u64,
-    /// Where modules compile in a child process: the most memory one compile may allocate, in
-    /// MiB, the compiler's included (a policy of a few hundred KiB takes 30). Past it the module
-    /// is refused as too costly to compile. The child runs in the agent's pod, under its memory
-    /// limit: raise both together.
-    #[arg(long, default_value_t = 192, value_name = "MIB",
-          value_parser = clap::value_parser!(u64).range(16..=65536))]
-    pub policy_compile_memory_mib: u64,
     #[command(flatten)]
     pub policy_registry: RegistryOpts,
 }
@@ -227,16 +232,16 @@ pub fn load_policy_with(
 
 /// The compiler of long-running processes: this executable, as a child process (see
 /// [`Compiler::Subprocess`]). On Linux through `/proc/self/exe`, which still works after the
-/// file was replaced by an upgrade; bounded by `fetch`'s `--policy-compile-*` flags.
-pub fn child_compiler(fetch: &FetchOpts) -> anyhow::Result<Compiler> {
+/// file was replaced by an upgrade; bounded by the `--policy-compile-*` flags.
+pub fn child_compiler(bounds: &CompileOpts) -> anyhow::Result<Compiler> {
     let exe = match cfg!(target_os = "linux") {
         true => PathBuf::from("/proc/self/exe"),
         false => std::env::current_exe().context("finding this executable")?,
     };
     Ok(Compiler::Subprocess(ChildCompiler {
         exe,
-        deadline: Duration::from_secs(fetch.policy_compile_seconds),
-        memory_bytes: fetch.policy_compile_memory_mib << 20,
+        deadline: Duration::from_secs(bounds.policy_compile_seconds),
+        memory_bytes: bounds.policy_compile_memory_mib << 20,
     }))
 }
 

@@ -420,17 +420,17 @@ pub async fn node_cmd(
     inputs: &Inputs,
     runtime: &RuntimeOpts,
     policy: &PolicyOpts,
-    watch: bool,
+    watch: Option<&super::CompileOpts>,
     timeline: Option<&Path>,
 ) -> Result<ExitCode> {
     // A watching node runs for long: it compiles its policy in a child process.
     let compiler = match watch {
-        true => super::child_compiler(&policy.fetch)?,
-        false => pinset_policy::Compiler::InProcess,
+        Some(bounds) => super::child_compiler(bounds)?,
+        None => pinset_policy::Compiler::InProcess,
     };
     let (_wasm, module) = super::load_policy_with(policy, compiler)?;
     let reconciler = runtime.config()?.connect().await?;
-    node_loop(inputs, &reconciler, &module, watch, timeline).await
+    node_loop(inputs, &reconciler, &module, watch.is_some(), timeline).await
 }
 
 impl RuntimeOpts {
