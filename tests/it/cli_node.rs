@@ -658,7 +658,8 @@ fn inputs_without_end_are_refused_at_their_bound() {
         (
             &["--policy", "/dev/zero"][..],
             sets,
-            "policy module /dev/zero: 16777217 bytes, over the limit".to_string(),
+            "policy module /dev/zero: over the limit of 16777216 bytes (--policy-max-module-mib)"
+                .to_string(),
         ),
     ] {
         let args = [&["--node-name", "worker-0", "--no-sizing"][..], extra].concat();

@@ -622,6 +622,16 @@ fn a_module_over_the_size_limit_is_refused_before_it_is_read() {
         .err()
         .expect("refused");
     assert!(matches!(e, LoadError::TooLarge { max: 1024, .. }), "{e}");
+    // A device says no size and never ends: read to the limit, refused without a size.
+    let e = runtime()
+        .load_file(std::path::Path::new("/dev/zero"), None, Limits::default())
+        .err()
+        .expect("refused");
+    assert!(matches!(e, LoadError::TooLarge { bytes: None, .. }), "{e}");
+    assert_eq!(
+        e.to_string(),
+        "policy module /dev/zero: over the limit of 16777216 bytes (--policy-max-module-mib)"
+    );
 }
 
 #[test]

@@ -42,6 +42,12 @@ pub const fn module(max_bytes: u64) -> Limit {
     Limit::new("a policy module", max_bytes)
 }
 
+/// An input's size as a refusal says it: `17825792 bytes, ` when known, nothing when the read
+/// stopped at the bound (a device, a pipe or a growing file: what it holds is unknown).
+pub fn size_said(size: Option<u64>) -> String {
+    size.map_or(String::new(), |s| format!("{s} bytes, "))
+}
+
 /// The bytes of the file at `path`, refused past `limit`.
 pub fn bytes(path: &Path, limit: Limit) -> io::Result<Vec<u8>> {
     let file = std::fs::File::open(path)?;

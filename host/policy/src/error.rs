@@ -70,13 +70,14 @@ pub enum LoadError {
     BadSha256 { module: String, value: String },
     #[error("policy module {module}: not a valid WebAssembly component: {cause}")]
     Compile { module: String, cause: String },
+    /// `bytes`: its size, when known (a read stopped at the bound knows none).
     #[error(
-        "policy module {module}: {bytes} bytes, over the limit of {max} bytes \
-         (--policy-max-module-mib)"
+        "policy module {module}: {}over the limit of {max} bytes (--policy-max-module-mib)",
+        pinset_core::input::size_said(*bytes)
     )]
     TooLarge {
         module: String,
-        bytes: u64,
+        bytes: Option<u64>,
         max: usize,
     },
     #[error(

@@ -37,8 +37,13 @@ pub enum SourceError {
     /// Keys are configured, and a file carries no signature.
     #[error("{}: a signature is required and a file carries none: reference a signed oci:// artifact", path.display())]
     Unsigned { path: PathBuf },
-    #[error("policy module {}: {size} bytes, over the limit of {max} bytes (--policy-max-module-mib)", path.display())]
-    TooLarge { path: PathBuf, size: u64, max: u64 },
+    /// `size`: when known (a read stopped at the bound knows none).
+    #[error("policy module {}: {}over the limit of {max} bytes (--policy-max-module-mib)", path.display(), input::size_said(*size))]
+    TooLarge {
+        path: PathBuf,
+        size: Option<u64>,
+        max: u64,
+    },
     #[error("policy cache {path}: {source}")]
     Cache {
         path: PathBuf,
@@ -255,7 +260,7 @@ fn read_file(path: &Path, keys: &[VerifyingKey], max_bytes: u64) -> Result<Fetch
         Err(e) if e.kind() == std::io::ErrorKind::FileTooLarge => {
             return Err(SourceError::TooLarge {
                 path: path.into(),
-                size: size.max(max_bytes + 1),
+                size: (size > max_bytes).then_some(size),
                 max: max_bytes,
             });
         }
@@ -454,8 +459,10 @@ mod tests {
         let path = dir.path().join("big.wasm");
         std::fs::write(&path, vec![0u8; fetcher.max_bytes as usize + 1]).unwrap();
         let e = fetch_blocking(&fetcher, &Source::File(path.clone()), &[]).unwrap_err();
-        assert!(matches!(e, SourceError::TooLarge { size, max, .. }
-            if size == max + 1 && max == fetcher.max_bytes));
+        assert!(
+            matches!(e, SourceError::TooLarge { size: Some(size), max, .. }
+            if size == max + 1 && max == fetcher.max_bytes)
+        );
         assert_eq!(e.refusal(), pinset_core::refusal::Refusal::NotAPolicy);
         assert!(e.to_string().contains("--policy-max-module-mib"), "{e}");
         std::fs::write(&path, vec![0u8; fetcher.max_bytes as usize]).unwrap();

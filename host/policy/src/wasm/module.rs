@@ -224,7 +224,7 @@ pub(super) fn read_module(path: &Path, limits: Limits) -> Result<Vec<u8>, LoadEr
         // Grown since, or a device or FIFO, which says no size.
         Err(e) if e.kind() == std::io::ErrorKind::FileTooLarge => Err(LoadError::TooLarge {
             module: path.display().to_string(),
-            bytes: limit.max_bytes + 1,
+            bytes: None,
             max: limits.max_module_bytes,
         }),
         read_bytes => read_bytes.map_err(read),
@@ -235,7 +235,7 @@ pub(super) fn too_large(name: &str, bytes: u64, limits: Limits) -> Result<(), Lo
     if bytes > limits.max_module_bytes as u64 {
         return Err(LoadError::TooLarge {
             module: name.into(),
-            bytes,
+            bytes: Some(bytes),
             max: limits.max_module_bytes,
         });
     }
