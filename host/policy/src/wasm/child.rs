@@ -181,22 +181,26 @@ fn kept(from: Option<impl Read>, max: u64) -> (Vec<u8>, bool) {
     (out, more > 0)
 }
 
-/// The child's exit status, or `None` when it was still running at `deadline` (it is killed
-/// then, and reaped). Polled: a compile takes a fraction of a second, the poll at most 20 ms.
+/// The child's exit status, or `None` when it was still running at `deadline`. Polled: a
+/// compile takes a fraction of a second, the poll at most 20 ms. A child not seen to end — the
+/// deadline passed, or it cannot be waited for — is killed and reaped, so that its pipes close
+/// and the threads reading them end.
 fn wait_within(child: &mut Child, deadline: Duration) -> std::io::Result<Option<ExitStatus>> {
     let start = Instant::now();
     let mut pause = Duration::from_millis(1);
-    loop {
-        if let Some(status) = child.try_wait()? {
-            return Ok(Some(status));
+    let ended = loop {
+        match child.try_wait() {
+            Ok(Some(status)) => return Ok(Some(status)),
+            Ok(None) => {}
+            Err(e) => break Err(e),
         }
         let left = deadline.saturating_sub(start.elapsed());
         if left.is_zero() {
-            child.kill()?;
-            child.wait()?;
-            return Ok(None);
+            break Ok(None);
         }
         std::thread::sleep(pause.min(left));
         pause = (pause * 2).min(Duration::from_millis(20));
-    }
+    };
+    let killed = child.kill().and_then(|()| child.wait());
+    ended.and_then(|none| killed.map(|_| none))
 }
