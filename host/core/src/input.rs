@@ -53,7 +53,7 @@ pub fn bytes(path: &Path, limit: Limit) -> io::Result<Vec<u8>> {
     let file = std::fs::File::open(path)?;
     let len = file.metadata()?.len();
     if len > limit.max_bytes {
-        return Err(too_large(limit));
+        return Err(too_large(limit, Some(len)));
     }
     read_sized(file, limit, len)
 }
@@ -79,7 +79,7 @@ fn read_sized(reader: impl Read, limit: Limit, hint: u64) -> io::Result<Vec<u8>>
     let mut out = Vec::with_capacity(hint.min(limit.max_bytes) as usize);
     reader.take(limit.max_bytes + 1).read_to_end(&mut out)?;
     if out.len() as u64 > limit.max_bytes {
-        return Err(too_large(limit));
+        return Err(too_large(limit, None));
     }
     Ok(out)
 }
@@ -89,19 +89,35 @@ fn utf8(bytes: Vec<u8>) -> io::Result<String> {
         .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, format!("not UTF-8 text: {e}")))
 }
 
-fn too_large(limit: Limit) -> io::Error {
-    let max = if limit.max_bytes.is_multiple_of(MIB) {
-        format!("{} MiB", limit.max_bytes / MIB)
-    } else {
-        format!("{} bytes", limit.max_bytes)
-    };
-    io::Error::new(
-        io::ErrorKind::FileTooLarge,
-        format!(
-            "larger than {max}, the most pinset reads from {}",
-            limit.what
-        ),
-    )
+/// Why an input was refused: its bound, and its size when the file said one (a device, a pipe
+/// or a file grown while read says none that holds). Carried inside the `io::Error`;
+/// [`refused`] finds it.
+#[derive(Debug)]
+pub struct TooLarge {
+    pub limit: Limit,
+    pub size: Option<u64>,
+}
+
+impl std::fmt::Display for TooLarge {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let max = self.limit.max_bytes;
+        match max.is_multiple_of(MIB) {
+            true => write!(f, "larger than {} MiB", max / MIB)?,
+            false => write!(f, "larger than {max} bytes")?,
+        }
+        write!(f, ", the most pinset reads from {}", self.limit.what)
+    }
+}
+
+impl std::error::Error for TooLarge {}
+
+/// The refusal inside `e`, when `e` is one of this module's.
+pub fn refused(e: &io::Error) -> Option<&TooLarge> {
+    e.get_ref()?.downcast_ref::<TooLarge>()
+}
+
+fn too_large(limit: Limit, size: Option<u64>) -> io::Error {
+    io::Error::new(io::ErrorKind::FileTooLarge, TooLarge { limit, size })
 }
 
 #[cfg(test)]
@@ -130,6 +146,7 @@ mod tests {
             e.to_string(),
             "larger than 8 bytes, the most pinset reads from a test input"
         );
+        assert_eq!(refused(&e).map(|r| r.size), Some(Some(9)));
         assert_eq!(bytes(&path, Limit::new("x", MIB)).unwrap().len(), 9);
     }
 
@@ -139,6 +156,11 @@ mod tests {
         let e = bytes(Path::new("/dev/zero"), Limit::new("a device", MIB)).unwrap_err();
         assert_eq!(e.kind(), io::ErrorKind::FileTooLarge);
         assert!(e.to_string().contains("larger than 1 MiB"), "{e}");
+        assert_eq!(
+            refused(&e).map(|r| r.size),
+            Some(None),
+            "a device says no size"
+        );
         let e = read(io::repeat(b'a'), SMALL).unwrap_err();
         assert_eq!(e.kind(), io::ErrorKind::FileTooLarge);
     }

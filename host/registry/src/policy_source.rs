@@ -255,17 +255,15 @@ fn read_file(path: &Path, keys: &[VerifyingKey], max_bytes: u64) -> Result<Fetch
         path: path.to_path_buf(),
         source,
     };
-    let size = std::fs::metadata(path).map_err(read)?.len();
-    let bytes = match input::bytes(path, input::module(max_bytes)) {
-        Err(e) if e.kind() == std::io::ErrorKind::FileTooLarge => {
-            return Err(SourceError::TooLarge {
+    let bytes =
+        input::bytes(path, input::module(max_bytes)).map_err(|e| match input::refused(&e) {
+            Some(refused) => SourceError::TooLarge {
                 path: path.into(),
-                size: (size > max_bytes).then_some(size),
+                size: refused.size,
                 max: max_bytes,
-            });
-        }
-        read_bytes => read_bytes.map_err(read)?,
-    };
+            },
+            None => read(e),
+        })?;
     Ok(Fetched {
         name: path.display().to_string(),
         bytes,

@@ -133,17 +133,16 @@ fn config_for(name: &str, bytes: &[u8], author: Option<String>, max: u64) -> Res
 pub fn push(args: &PushArgs) -> Result<ExitCode> {
     let reference = ArtifactRef::parse(&args.reference)?;
     let max = args.max_module_mib << 20;
-    let size = std::fs::metadata(&args.module)
-        .with_context(|| format!("reading {}", args.module.display()))?
-        .len();
-    anyhow::ensure!(
-        size <= max,
-        "{}: {size} bytes, over the limit of {max} bytes (--max-module-mib)",
-        args.module.display()
-    );
-    let limit = pinset_core::input::module(max);
-    let bytes = pinset_core::input::bytes(&args.module, limit)
-        .with_context(|| format!("reading {}", args.module.display()))?;
+    use pinset_core::input;
+    let shown = args.module.display();
+    let bytes =
+        input::bytes(&args.module, input::module(max)).map_err(|e| match input::refused(&e) {
+            Some(r) => anyhow::anyhow!(
+                "{shown}: {}over the limit of {max} bytes (--max-module-mib)",
+                input::size_said(r.size)
+            ),
+            None => anyhow::Error::new(e).context(format!("reading {shown}")),
+        })?;
     let name = args.module.display().to_string();
     let config = config_for(&name, &bytes, args.author.clone(), max)?;
     let artifacts = args.oci.artifacts()?;

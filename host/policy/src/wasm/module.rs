@@ -210,25 +210,22 @@ fn check_header(name: &str, bytes: &[u8]) -> Result<(), LoadError> {
     })
 }
 
-/// A module file's bytes, refused before it is read when it is over the size limit: a module's
-/// size bounds what loading it costs.
+/// A module file's bytes, refused before it is read when its size is over the limit (and at the
+/// limit when it says none): a module's size bounds what loading it costs.
 pub(super) fn read_module(path: &Path, limits: Limits) -> Result<Vec<u8>, LoadError> {
     let read = |source| LoadError::Read {
         path: path.to_path_buf(),
         source,
     };
-    let size = std::fs::metadata(path).map_err(read)?.len();
-    too_large(&path.display().to_string(), size, limits)?;
     let limit = pinset_core::input::module(limits.max_module_bytes as u64);
-    match pinset_core::input::bytes(path, limit) {
-        // Grown since, or a device or FIFO, which says no size.
-        Err(e) if e.kind() == std::io::ErrorKind::FileTooLarge => Err(LoadError::TooLarge {
+    pinset_core::input::bytes(path, limit).map_err(|e| match pinset_core::input::refused(&e) {
+        Some(refused) => LoadError::TooLarge {
             module: path.display().to_string(),
-            bytes: None,
+            bytes: refused.size,
             max: limits.max_module_bytes,
-        }),
-        read_bytes => read_bytes.map_err(read),
-    }
+        },
+        None => read(e),
+    })
 }
 
 pub(super) fn too_large(name: &str, bytes: u64, limits: Limits) -> Result<(), LoadError> {
