@@ -112,7 +112,7 @@ async fn pulls_and_pins_into_real_containerd_then_unpins_a_removed_set() {
     assert!(status.done(), "{status:?}");
     // Sizes came from the registry: the policy's reason counts the shared base layer once.
     let reason = &report.plan.as_ref().unwrap().admission.reason;
-    assert!(reason.contains("3 image(s) to pull"), "{reason}");
+    support::assert_says(&reason, &["3 image(s) to pull"]);
     for r in &refs {
         let image = cri
             .image_status(r)
@@ -163,7 +163,7 @@ async fn registry_down_fails_each_image_clearly_and_the_next_reconcile_completes
         .last_failed_generation_error
         .clone()
         .unwrap();
-    assert!(err.contains(&refs[0]) && err.contains(&refs[1]), "{err}");
+    support::assert_says(&err, &[&refs[0], &refs[1]]);
     assert!(
         err.contains("(after 5 attempts)"),
         "a down registry is retried: {err}"
@@ -238,10 +238,7 @@ async fn a_missing_digest_fails_at_once_and_says_it_is_permanent() {
         .last_failed_generation_error
         .clone()
         .unwrap();
-    assert!(
-        err.contains(&missing) && err.contains("not found") && err.contains("permanent"),
-        "{err}"
-    );
+    support::assert_says(&err, &[&missing, "not found", "permanent"]);
 }
 
 #[tokio::test]
@@ -449,7 +446,7 @@ async fn a_full_disk_drains_the_queue_at_once_and_names_the_images() {
         .no_space
         .clone()
         .unwrap_or_else(|| panic!("no ENOSPC seen: {r:?}"));
-    assert!(no_space.contains("no space left on device"), "{no_space}");
+    support::assert_says(&no_space, &["no space left on device"]);
     // Retrying a full disk 5 times (1+2+4+8 s of waits) would take 15 s; it fails fast instead.
     assert!(took < Duration::from_secs(5), "took {took:?}");
     assert!(r.outcome.pulled.len() < refs.len(), "{r:?}");
@@ -465,10 +462,7 @@ async fn a_full_disk_drains_the_queue_at_once_and_names_the_images() {
         .iter()
         .filter(|x| !r.outcome.pulled.contains(x))
         .count();
-    assert!(
-        err.contains(&format!("{missing} image(s) missing")),
-        "{err}"
-    );
+    support::assert_says(&err, &[&format!("{missing} image(s) missing")]);
     assert!(status.degraded.is_some() && status.sets["s"].current_generation.is_none());
     for reference in &refs {
         let pinned = reconciler

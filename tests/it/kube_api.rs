@@ -90,12 +90,9 @@ async fn the_server_serves_the_seeds_example_and_validates_sets() {
         set("tagged", &["quay.io/openshift/origin-cli:latest".into()]),
     )
     .await;
-    assert!(
-        tag.contains("tags are not allowed") && tag.contains("spec.pinnedImages[0].name"),
-        "{tag}"
-    );
+    support::assert_says(&tag, &["tags are not allowed", "spec.pinnedImages[0].name"]);
     let short = create_err(&sets, set("short", &["quay.io/x/y@sha256:abc".into()])).await;
-    assert!(short.contains("64 lowercase hexadecimal digits"), "{short}");
+    support::assert_says(&short, &["64 lowercase hexadecimal digits"]);
     let upper = create_err(
         &sets,
         set(
@@ -104,17 +101,17 @@ async fn the_server_serves_the_seeds_example_and_validates_sets() {
         ),
     )
     .await;
-    assert!(upper.contains("64 lowercase hexadecimal digits"), "{upper}");
+    support::assert_says(&upper, &["64 lowercase hexadecimal digits"]);
     let dup = create_err(&sets, set("dup", &[image(1), image(2), image(1)])).await;
-    assert!(dup.contains("Duplicate value"), "{dup}");
+    support::assert_says(&dup, &["Duplicate value"]);
     let many: Vec<String> = (0..501).map(image).collect();
     let too_many = create_err(&sets, set("too-many", &many)).await;
-    assert!(too_many.contains("500"), "{too_many}");
+    support::assert_says(&too_many, &["500"]);
     let empty = create_err(&sets, set("empty", &[])).await;
-    assert!(empty.contains("spec.pinnedImages"), "{empty}");
+    support::assert_says(&empty, &["spec.pinnedImages"]);
     let long = format!("quay.io/{}/y@sha256:{DIGEST}", "a".repeat(400));
     let long = create_err(&sets, set("long", &[long])).await;
-    assert!(long.contains("447"), "{long}");
+    support::assert_says(&long, &["447"]);
     // 500 unique images is the limit, and it is accepted.
     let limit: PinnedImageSet = serde_json::from_value(set("limit", &many[..500])).unwrap();
     sets.create(&PostParams::default(), &limit).await.unwrap();
@@ -141,7 +138,7 @@ async fn the_server_validates_node_status_generations() {
         .await
         .unwrap_err()
         .to_string();
-    assert!(e.contains("metadata.name must equal spec.node.name"), "{e}");
+    support::assert_says(&e, &["metadata.name must equal spec.node.name"]);
     nodes
         .create(&PostParams::default(), &mcn("w-1", "w-1"))
         .await
@@ -178,26 +175,23 @@ async fn the_server_validates_node_status_generations() {
     ))
     .await
     .unwrap_err();
-    assert!(
-        e.contains("greater than or equal to currentGeneration"),
-        "{e}"
-    );
+    support::assert_says(&e, &["greater than or equal to currentGeneration"]);
     let e = apply(status(json!({"name": "a", "desiredGeneration": 2})))
         .await
         .unwrap_err();
-    assert!(e.contains("desiredGeneration must not decrease"), "{e}");
+    support::assert_says(&e, &["desiredGeneration must not decrease"]);
     let e = apply(status(
         json!({"name": "a", "desiredGeneration": 3, "currentGeneration": 1}),
     ))
     .await
     .unwrap_err();
-    assert!(e.contains("currentGeneration must not decrease"), "{e}");
+    support::assert_says(&e, &["currentGeneration must not decrease"]);
     let e = apply(status(json!({"name": "a", "desiredGeneration": 3, "currentGeneration": 2, "lastFailedGeneration": 3}))).await.unwrap_err();
-    assert!(e.contains("lastFailedGenerationError is required"), "{e}");
+    support::assert_says(&e, &["lastFailedGenerationError is required"]);
     let e = apply(status(json!({"name": "a", "desiredGeneration": 0})))
         .await
         .unwrap_err();
-    assert!(e.contains("desiredGeneration"), "{e}");
+    support::assert_says(&e, &["desiredGeneration"]);
     apply(status(json!({"name": "a", "desiredGeneration": 4, "currentGeneration": 2, "lastFailedGeneration": 4, "lastFailedGenerationError": "q.io/x@sha256:00: not found"}))).await.unwrap();
 }
 
@@ -238,7 +232,7 @@ async fn the_server_refuses_a_policy_module_by_tag_in_words() {
         .await
         .unwrap_err()
         .to_string();
-    assert!(e.contains("spec.pools.worker.sha256"), "{e}");
+    support::assert_says(&e, &["spec.pools.worker.sha256"]);
     let good = format!("oci://r.example/p@sha256:{DIGEST}");
     policies
         .create(&PostParams::default(), &config(&good, None))
@@ -865,13 +859,14 @@ async fn pinset_refuses_to_run_beside_openshifts_machine_config_operator() {
         let (code, _, err) = support::pinset_blocking(args).await;
         assert_eq!(code, 1, "{err}");
         assert!(started.elapsed() < std::time::Duration::from_secs(20));
-        for says in [
-            "belongs to OpenShift (annotation",
-            "Machine Config Operator",
-            "see docs/openshift.md",
-        ] {
-            assert!(err.contains(says), "{says:?} not in: {err}");
-        }
+        support::assert_says(
+            &err,
+            &[
+                "belongs to OpenShift (annotation",
+                "Machine Config Operator",
+                "see docs/openshift.md",
+            ],
+        );
         assert_eq!(
             err.matches("belongs to OpenShift").count(),
             1,
@@ -1142,9 +1137,9 @@ async fn pinset_rollout_status_of_a_paused_pool_reads_paused_and_a_follow_times_
     let (code, out, err) = rollout_now(&c, &["status", "worker", "--timeout", "3s"]).await;
     assert_eq!(code, 1, "{out}\n{err}");
     let timed_out = "timed out after 3s waiting for MachineConfigPool worker";
-    assert!(err.contains(timed_out), "{err}");
+    support::assert_says(&err, &[timed_out]);
     let waited = "Waiting for MachineConfigPool worker to roll out: 0 of 2 nodes at apps@1 (2 waiting): paused";
-    assert!(out.contains(waited), "{out}");
+    support::assert_says(&out, &[waited]);
     stop_controller(stop, controller).await;
 }
 
@@ -1173,17 +1168,14 @@ async fn pinset_rollout_status_follows_a_rollout_to_its_end_through_an_api_serve
     let err = String::from_utf8_lossy(&status.stderr);
     assert_eq!(status.status.code(), Some(0), "{first}\n{rest:?}\n{err}");
     // The restart, said once per interruption, naming the watch; not again by kube's client.
-    assert!(err.contains("(retrying)"), "{err}");
+    support::assert_says(&err, &["(retrying)"]);
     let from_kube = err.contains("failed with error") || err.contains("eof in poll");
     assert!(!from_kube, "{err}");
     let start = "Waiting for MachineConfigPool worker to roll out: 0 of 2 nodes at apps@1";
     assert!(first.starts_with(start), "{first}");
     let end = "MachineConfigPool worker successfully rolled out: 2 of 2 nodes at apps@1";
     assert_eq!(rest.last().map(String::as_str), Some(end), "{rest:?}");
-    assert!(
-        err.contains(&format!("timeline: {}", svg.display())),
-        "{err}"
-    );
+    support::assert_says(&err, &[&format!("timeline: {}", svg.display())]);
     assert!(std::fs::read_to_string(&svg).unwrap().contains("<svg"));
     let bars = support::timeline_bars(&svg);
     assert!(bars.iter().all(|b| b.3 == "pull"), "{bars:?}");
@@ -1254,11 +1246,13 @@ async fn pinset_rollout_status_ends_on_a_failed_canary_naming_it() {
         .find(|m| m["phase"] == json!("failed"))
         .unwrap();
     let name = canary["name"].as_str().unwrap();
-    assert!(
-        err.contains("MachineConfigPool worker is Degraded")
-            && err.contains(name)
-            && err.contains("manifest unknown"),
-        "{err}"
+    support::assert_says(
+        &err,
+        &[
+            "MachineConfigPool worker is Degraded",
+            name,
+            "manifest unknown",
+        ],
     );
     stop_controller(stop, controller).await;
 }
@@ -1396,9 +1390,9 @@ async fn the_controller_refuses_a_grant_over_the_ceiling_whatever_the_nodes_stat
     let (stop, controller) = spawn_controller_with_fleet(&c.client, fleet);
     let (_, fallback) = pool_until(pools, "the fallback is reported", |_, f| f.is_some()).await;
     let fallback = fallback.unwrap();
-    assert!(
-        fallback.contains("3 nodes pulling at once, over the pool's ceiling of 2"),
-        "{fallback}"
+    support::assert_says(
+        &fallback,
+        &["3 nodes pulling at once, over the pool's ceiling of 2"],
     );
     assert_eq!(granted(nodes, "n2").await, Some(1), "the default's canary");
     // The status the decision wrote counts the one grant it made.
@@ -1607,9 +1601,9 @@ async fn openshifts_status_rules_hold_on_a_pool() {
         .await
         .unwrap_err()
         .to_string();
-    assert!(
-        e.contains("machineCount must be greater than or equal to updatedMachineCount"),
-        "{e}"
+    support::assert_says(
+        &e,
+        &["machineCount must be greater than or equal to updatedMachineCount"],
     );
     // OpenShift's verdicts, case for case: the observed generation (3 now) moves back only to
     // zero, and no more nodes are ready than available.
@@ -1631,19 +1625,19 @@ async fn openshifts_status_rules_hold_on_a_pool() {
         }
     };
     let e = write(synchronizer(2, 2)).await.unwrap_err();
-    assert!(
-        e.contains("observedGeneration must not move backwards except to zero"),
-        "{e}"
+    support::assert_says(
+        &e,
+        &["observedGeneration must not move backwards except to zero"],
     );
     let e = write(synchronizer(1, 3)).await.unwrap_err();
-    assert!(
-        e.contains("availableMachineCount must be greater than or equal to readyMachineCount"),
-        "{e}"
+    support::assert_says(
+        &e,
+        &["availableMachineCount must be greater than or equal to readyMachineCount"],
     );
     write(synchronizer(2, 0)).await.expect("back to zero");
     write(synchronizer(2, 1)).await.expect("on from zero");
     let e = write(synchronizer(-1, 1)).await.unwrap_err();
-    assert!(e.contains("availableMachineCount: Invalid value"), "{e}");
+    support::assert_says(&e, &["availableMachineCount: Invalid value"]);
 }
 
 /// A pool names its sets as OpenShift does (DNS subdomains only), and a MachineConfigNode named
@@ -1683,7 +1677,7 @@ async fn set_names_and_node_names_follow_openshifts_rules() {
         .await
         .unwrap_err()
         .to_string();
-    assert!(e.contains("metadata.name must equal spec.node.name"), "{e}");
+    support::assert_says(&e, &["metadata.name must equal spec.node.name"]);
 }
 
 /// A node's MachineConfigNode is owned by its Node once the agent knows the Node's uid (the

@@ -288,10 +288,7 @@ async fn set_from_images_resolves_tags_through_the_mirror() {
         ],
         "{out}"
     );
-    assert!(
-        out.contains(&tagged_a) && out.contains("pinset.io/source-tags"),
-        "{out}"
-    );
+    support::assert_says(&out, &[&tagged_a, "pinset.io/source-tags"]);
 
     let node = hosts.path().join("node.yaml");
     std::fs::write(&node, support::worker_yaml("")).unwrap();
@@ -342,10 +339,7 @@ async fn set_from_images_resolves_tags_through_the_mirror() {
     let (code, out, err) = support::pinset_blocking(args(&[&tagged_a, &unknown])).await;
     assert_eq!(code, 1, "{err}");
     assert!(out.is_empty(), "nothing printed: {out}");
-    assert!(
-        err.contains(&format!("error: {unknown}: ")) && err.contains("404"),
-        "{err}"
-    );
+    support::assert_says(&err, &[&format!("error: {unknown}: "), "404"]);
     assert_eq!(
         dark.connections(),
         contacted,

@@ -270,10 +270,7 @@ async fn transient_failures_are_retried_and_permanent_ones_named() {
         (None, Some(4))
     );
     let err = broken.last_failed_generation_error.as_deref().unwrap();
-    assert!(
-        err.contains(&image(2)) && err.contains("connection refused"),
-        "{err}"
-    );
+    support::assert_says(&err, &[&image(2), "connection refused"]);
     assert!(
         status
             .degraded
@@ -315,13 +312,14 @@ async fn a_full_disk_drains_the_queue_at_once_and_names_the_image() {
         .last_failed_generation_error
         .clone()
         .unwrap();
-    assert!(
-        err.contains(&image(2)) && err.contains("no space left on device"),
-        "{err}"
-    );
-    assert!(
-        err.contains(&image(3)) && err.contains("the disk filled up"),
-        "{err}"
+    support::assert_says(
+        &err,
+        &[
+            &image(2),
+            "no space left on device",
+            &image(3),
+            "the disk filled up",
+        ],
     );
     assert!(b.pinned().is_empty());
 }
@@ -470,10 +468,7 @@ async fn a_rejected_admission_pulls_nothing_and_says_why() {
         .last_failed_generation_error
         .clone()
         .unwrap();
-    assert!(
-        err.contains("not admitted") && err.contains("not enough disk"),
-        "{err}"
-    );
+    support::assert_says(&err, &["not admitted", "not enough disk"]);
 }
 
 /// Every class of hostile module through the reconcile on a multi-threaded runtime, as the
@@ -550,9 +545,9 @@ async fn lost_pins_are_repaired_within_one_reconcile_and_reported() {
     assert_eq!(std::fs::read_to_string(&b.drop_in).unwrap(), written);
     assert!(status.done(), "{status:?}");
     let said = status.pin_drift.clone().unwrap();
-    assert!(
-        said.contains("repaired 4 lost pin(s) (3 pin-removed, 1 dropin-deleted)"),
-        "{said}"
+    support::assert_says(
+        &said,
+        &["repaired 4 lost pin(s) (3 pin-removed, 1 dropin-deleted)"],
     );
 
     // Edited by hand: rewritten, reported.

@@ -280,10 +280,7 @@ fn a_registry_refusing_the_credentials_is_named() {
         config.to_str().unwrap(),
     ]);
     assert_eq!(code, 1, "{err}");
-    assert!(
-        err.contains(&target) && err.contains("authenticating"),
-        "{err}"
-    );
+    support::assert_says(&err, &[&target, "authenticating"]);
 }
 
 /// A plain-HTTP registry is named once, for images and policies alike: without it, the error
@@ -319,11 +316,13 @@ fn a_plain_http_registry_is_named_once_for_images_and_policies() {
     };
     let (code, _, err) = run(None, &push_args);
     assert_eq!(code, 1, "{err}");
-    assert!(
-        err.contains(&format!("{host} answers in plain HTTP, not TLS"))
-            && err.contains(&format!("--insecure-registry {host}"))
-            && err.contains("insecureRegistries"),
-        "{err}"
+    support::assert_says(
+        &err,
+        &[
+            &format!("{host} answers in plain HTTP, not TLS"),
+            &format!("--insecure-registry {host}"),
+            "insecureRegistries",
+        ],
     );
     let sources = dir.path().join("registries.yaml");
     std::fs::write(&sources, format!("insecureRegistries: [{host}]\n")).unwrap();
@@ -360,10 +359,7 @@ fn a_plain_http_registry_is_named_once_for_images_and_policies() {
     .unwrap();
     let (code, _, err) = run(Some(&sources), &push_args);
     assert_eq!(code, 1);
-    assert!(
-        err.contains(&format!("{}:2:1", sources.display())) && err.contains("insecure"),
-        "{err}"
-    );
+    support::assert_says(&err, &[&format!("{}:2:1", sources.display()), "insecure"]);
 }
 
 /// The controller's `--fleet-policy oci://…` is fetched and verified before it connects: an
@@ -395,10 +391,7 @@ fn the_controller_verifies_an_oci_fleet_policy_before_it_starts() {
     };
     let (code, _, err) = controller(&unsigned);
     assert_eq!(code, 1, "{err}");
-    assert!(
-        err.contains(&unsigned) && err.contains("no cosign signature"),
-        "{err}"
-    );
+    support::assert_says(&err, &[&unsigned, "no cosign signature"]);
     let (code, _, err) = controller(&signed);
     assert_eq!(code, 1, "{err}");
     assert!(
@@ -444,7 +437,7 @@ fn a_key_gets_a_password_unless_an_empty_one_is_asked_for() {
     assert!(!dir.path().join("a.key").exists(), "nothing written");
     let (code, err) = run(Some(""), &[&keygen[..], &[&prefix("b")]].concat());
     assert_eq!(code, 1, "{err}");
-    assert!(err.contains("the password is empty"), "{err}");
+    support::assert_says(&err, &["the password is empty"]);
     let c = prefix("c");
     let empty = [&keygen[..], &[&c, "--allow-empty-password"]].concat();
     assert_eq!(run(None, &empty).0, 0);
@@ -460,10 +453,7 @@ fn a_key_gets_a_password_unless_an_empty_one_is_asked_for() {
         &[&sign[..2], &[&reference, "--key", &prefix("d.key")]].concat(),
     );
     assert_eq!(code, 1, "{err}");
-    assert!(
-        err.contains("$COSIGN_PASSWORD is unset") && err.contains("d.key"),
-        "{err}"
-    );
+    support::assert_says(&err, &["$COSIGN_PASSWORD is unset", "d.key"]);
     let (code, err) = run(
         Some("wrong"),
         &[&sign[..2], &[&reference, "--key", &prefix("d.key")]].concat(),
@@ -566,23 +556,17 @@ async fn a_signature_verifies_only_with_its_key_and_for_the_digest_it_signed() {
     assert_eq!(code, 0, "a tag resolves to the signed digest: {out}");
     let (code, out) = sign_or_verify(&registry, "verify", &signed, &p2);
     assert_eq!(code, 1, "{out}");
-    assert!(
-        out.contains(&signed) && out.contains("another key"),
-        "{out}"
-    );
+    support::assert_says(&out, &[&signed, "another key"]);
     let (code, out) = sign_or_verify(&registry, "verify", &other, &p1);
     assert_eq!(code, 1, "{out}");
-    assert!(out.contains("no cosign signature"), "{out}");
+    support::assert_says(&out, &["no cosign signature"]);
 
     // The signature of one digest placed as another's.
     forge(&registry, &signed, &other, |_| {}).await;
     let (code, out) = sign_or_verify(&registry, "verify", &other, &p1);
     assert_eq!(code, 1, "{out}");
     let digest = signed.split_once('@').unwrap().1;
-    assert!(
-        out.contains(&format!("it signs {digest}, not this digest")),
-        "{out}"
-    );
+    support::assert_says(&out, &[&format!("it signs {digest}, not this digest")]);
 
     // A corrupted signature of the right digest.
     let (code, out) = sign_or_verify(&registry, "sign", &third, &k1);
@@ -650,7 +634,7 @@ fn an_oci_module_loads_verified_and_from_the_cache_when_the_registry_is_away() {
 
     let (code, out, err) = info(&registry, &format!("oci://{signed}"), &verified);
     assert_eq!(code, 0, "{err}");
-    assert!(out.contains(sha.strip_prefix("sha256:").unwrap()), "{out}");
+    support::assert_says(&out, &[sha.strip_prefix("sha256:").unwrap()]);
     let compiled: Vec<_> = std::fs::read_dir(cache.join("compiled"))
         .unwrap()
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
@@ -663,17 +647,14 @@ fn an_oci_module_loads_verified_and_from_the_cache_when_the_registry_is_away() {
     );
     let (code, _, err) = info(&registry, &format!("oci://{unsigned}"), &verified);
     assert_eq!(code, 1, "{err}");
-    assert!(
-        err.contains(&unsigned) && err.contains("no cosign signature"),
-        "{err}"
-    );
+    support::assert_says(&err, &[&unsigned, "no cosign signature"]);
     let (code, _, err) = info(
         &registry,
         &format!("oci://{}/policies/node:v1", registry.host),
         &[],
     );
     assert_eq!(code, 1, "{err}");
-    assert!(err.contains("by digest"), "{err}");
+    support::assert_says(&err, &["by digest"]);
 
     // The registry away: the cache serves the verified module; a damaged cache file does not.
     registry.stop();
@@ -685,7 +666,7 @@ fn an_oci_module_loads_verified_and_from_the_cache_when_the_registry_is_away() {
     std::fs::write(&cached, &full[..full.len() / 2]).unwrap();
     let (code, _, err) = info(&registry, &format!("oci://{signed}"), &verified);
     assert_eq!(code, 1, "a truncated cache file is not used: {err}");
-    assert!(err.contains(&signed), "{err}");
+    support::assert_says(&err, &[&signed]);
     registry.restart();
     let (code, _, err) = info(&registry, &format!("oci://{signed}"), &verified);
     assert_eq!(code, 0, "fetched again: {err}");

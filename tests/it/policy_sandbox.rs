@@ -66,9 +66,9 @@ fn infinite_loop_hits_the_deadline_in_every_hook_and_falls_back() {
         "deadline not enforced: {elapsed:?}"
     );
     let msg = err.to_string();
-    assert!(
-        msg.contains("pinset_test_policy_hostile.wasm") && msg.contains("hook concurrency"),
-        "{msg}"
+    support::assert_says(
+        &msg,
+        &["pinset_test_policy_hostile.wasm", "hook concurrency"],
     );
 
     let mut guarded = Guarded::of(hostile());
@@ -142,10 +142,7 @@ fn a_trap_is_reported_with_the_panic_message_and_the_instance_recovers() {
         panic!("expected a trap: {err}")
     };
     assert_eq!(*hook, Hook::Order);
-    assert!(
-        message.contains("hostile policy traps on purpose"),
-        "{message}"
-    );
+    support::assert_says(&message, &["hostile policy traps on purpose"]);
     assert_eq!(instance.concurrency(&node("none")).unwrap(), 5);
 }
 
@@ -297,11 +294,13 @@ fn a_policy_without_stderr_reports_its_panic_through_the_contract_log() {
         panic!("expected a trap: {err}")
     };
     assert_eq!(*hook, Hook::Concurrency);
-    assert!(
-        message.contains("panicked at ")
-            && message.contains("src/lib.rs:")
-            && message.contains("asked to panic on node floor-panics"),
-        "{message}"
+    support::assert_says(
+        &message,
+        &[
+            "panicked at ",
+            "src/lib.rs:",
+            "asked to panic on node floor-panics",
+        ],
     );
     // A fresh instance answers again; its allocator and panic state start over.
     assert_eq!(instance.concurrency(&synth::node(false)).unwrap(), 1);
@@ -334,8 +333,13 @@ fn corrupt_bytes_are_refused() {
 fn a_module_of_another_contract_version_is_refused() {
     let (err, msg) = support::refused_as::<Node>("pinset_test_policy_future_contract");
     assert!(matches!(err, LoadError::Contract { .. }), "{msg}");
-    assert!(msg.contains("pinset:policy/decisions@0.2.0"), "{msg}");
-    assert!(msg.contains("pinset:policy/decisions@0.1.0"), "{msg}");
+    support::assert_says(
+        &msg,
+        &[
+            "pinset:policy/decisions@0.2.0",
+            "pinset:policy/decisions@0.1.0",
+        ],
+    );
 }
 
 /// A module built from a WIT that differs from the host's under the same version (one more
@@ -345,8 +349,7 @@ fn a_module_of_another_contract_version_is_refused() {
 fn a_module_whose_types_differ_from_the_host_s_is_refused_naming_the_function_and_field() {
     let (err, msg) = support::refused_as::<Node>("pinset_test_policy_mismatch");
     assert!(matches!(err, LoadError::Mismatch { .. }), "{msg}");
-    assert!(msg.contains("function `admit`"), "{msg}");
-    assert!(msg.contains("pinset:policy/decisions@0.1.0"), "{msg}");
+    support::assert_says(&msg, &["function `admit`", "pinset:policy/decisions@0.1.0"]);
     assert!(
         msg.contains("field images: expected record of 11 fields, found 12"),
         "the field is named: {msg}"
@@ -468,10 +471,7 @@ fn a_module_the_child_compiled_is_kept_and_loaded_by_the_next_agent_without_comp
         panic!("compiled without a compiler");
     };
     let e = e.to_string();
-    assert!(
-        e.contains("/nonexistent/pinset") && e.contains("smallest_first"),
-        "{e}"
-    );
+    support::assert_says(&e, &["/nonexistent/pinset", "smallest_first"]);
 }
 
 #[test]
@@ -541,7 +541,7 @@ fn a_child_compiler_that_fails_is_reported_with_the_module_and_the_cause() {
         let msg = err.to_string();
         assert!(matches!(err, LoadError::Compiler { .. }), "{msg}");
         assert!(msg.starts_with("policy module default.wasm: "), "{msg}");
-        assert!(msg.contains(&exe) && msg.contains(cause), "{msg}");
+        support::assert_says(&msg, &[&exe, cause]);
         assert!(msg.len() < 4096, "the child's message is quoted in part");
     }
 }
@@ -607,11 +607,14 @@ fn a_module_over_the_size_limit_is_refused_before_it_is_read() {
         .expect("refused");
     assert!(matches!(e, LoadError::TooLarge { .. }), "{e}");
     let text = e.to_string();
-    assert!(
-        text.contains("big.wasm") && text.contains(&(17u64 << 20).to_string()),
-        "{text}"
+    support::assert_says(
+        &text,
+        &[
+            "big.wasm",
+            &(17u64 << 20).to_string(),
+            "--policy-max-module-mib",
+        ],
     );
-    assert!(text.contains("--policy-max-module-mib"), "{text}");
     // The limit is the caller's: a real module over a tiny limit is refused the same way.
     let tiny = Limits {
         max_module_bytes: 1024,

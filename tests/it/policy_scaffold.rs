@@ -92,7 +92,7 @@ fn a_new_policy_tests_builds_reproducibly_and_passes_its_scenarios_outside_the_w
     }
 
     let tests = run(cargo_in(&a).args(["test", "--offline"]));
-    assert!(tests.contains("test result: ok. 3 passed"), "{tests}");
+    support::assert_says(&tests, &["test result: ok. 3 passed"]);
 
     let (module, sha_a) = build(&a);
     let (_, sha_b) = build(&b);
@@ -138,7 +138,7 @@ fn a_new_policy_tests_builds_reproducibly_and_passes_its_scenarios_outside_the_w
         a.join("scenarios").to_str().unwrap(),
     ]);
     assert_eq!(code, 0, "{out}{err}");
-    assert!(out.contains("3 passed, 0 failed"), "{out}");
+    support::assert_says(&out, &["3 passed, 0 failed"]);
 
     // A directory that holds anything is left as it is.
     let (code, _, err) = support::pinset(&[
@@ -151,5 +151,5 @@ fn a_new_policy_tests_builds_reproducibly_and_passes_its_scenarios_outside_the_w
         "https://example.com/p.git",
     ]);
     assert_eq!(code, 1, "{err}");
-    assert!(err.contains("not empty"), "{err}");
+    support::assert_says(&err, &["not empty"]);
 }

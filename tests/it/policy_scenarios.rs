@@ -140,7 +140,7 @@ fn cli_policy_test_passes_and_fails_with_a_diff() {
     let scenarios = workspace().join("examples/scenarios");
     let (code, stdout, _) = pinset(&["policy", "test", scenarios.to_str().unwrap()]);
     assert_eq!(code, 0, "{stdout}");
-    assert!(stdout.contains("13 passed, 0 failed"), "{stdout}");
+    support::assert_says(&stdout, &["13 passed, 0 failed"]);
 
     let (dir, bad) = support::scratch_file(
         "wrong.yaml",
@@ -148,15 +148,15 @@ fn cli_policy_test_passes_and_fails_with_a_diff() {
     );
     let (code, stdout, _) = pinset(&["policy", "test", bad.to_str().unwrap()]);
     assert_eq!(code, 1, "{stdout}");
-    assert!(
-        stdout.contains("FAIL  expects the wrong concurrency"),
-        "{stdout}"
+    support::assert_says(
+        &stdout,
+        &[
+            "FAIL  expects the wrong concurrency",
+            "- expected 5",
+            "+ actual   1",
+            "0 passed, 1 failed",
+        ],
     );
-    assert!(
-        stdout.contains("- expected 5") && stdout.contains("+ actual   1"),
-        "{stdout}"
-    );
-    assert!(stdout.contains("0 passed, 1 failed"), "{stdout}");
 
     // The same run for machines: JSON on stdout, JUnit XML for CI systems.
     let junit = dir.path().join("junit.xml");
@@ -229,15 +229,12 @@ expect:
     .unwrap();
     let (code, stdout, _) = pinset(&["policy", "test", order.to_str().unwrap()]);
     assert_eq!(code, 1, "{stdout}");
-    assert!(
-        stdout.contains(
-            "first difference at position 1: expected r/c@sha256:cc, actual r/b@sha256:bb"
-        ),
-        "{stdout}"
-    );
-    assert!(
-        stdout.contains("expect.admission.images: names image(s) the scenario's images do not list: [\"r/x@sha256:00\"]"),
-        "{stdout}"
+    support::assert_says(
+        &stdout,
+        &[
+            "first difference at position 1: expected r/c@sha256:cc, actual r/b@sha256:bb",
+            "expect.admission.images: names image(s) the scenario's images do not list: [\"r/x@sha256:00\"]",
+        ],
     );
 }
 
@@ -256,10 +253,7 @@ fn cli_refuses_a_module_with_the_wrong_sha256() {
     ]);
     // A failure (1), not a usage error (2): the flag is well formed, the module is refused.
     assert_eq!(code, 1, "{stderr}");
-    assert!(
-        stderr.contains("sha256 is") && stderr.contains("refusing to load it"),
-        "{stderr}"
-    );
+    support::assert_says(&stderr, &["sha256 is", "refusing to load it"]);
 }
 
 /// `pinset policy bench` with `extra` flags on 20 images, 5 iterations: (exit code, stdout,
@@ -301,7 +295,7 @@ fn cli_bench_reports_every_hook() {
             "{row} missing:\n{stdout}"
         );
     }
-    assert!(stdout.contains("µs"), "{stdout}");
+    support::assert_says(&stdout, &["µs"]);
     assert!(
         stdout
             .lines()
@@ -400,11 +394,9 @@ fn cli_bench_fails_on_a_regression_against_a_saved_run() {
         "100000%",
     ]);
     assert_eq!(code, 0, "{stdout}{stderr}");
-    assert!(
-        stdout.contains(
-            "against the saved run (slower by at most 100000%, the noise of both runs or 2 µs"
-        ),
-        "{stdout}"
+    support::assert_says(
+        &stdout,
+        &["against the saved run (slower by at most 100000%, the noise of both runs or 2 µs"],
     );
     for row in doc["rows"].as_array_mut().unwrap() {
         let fast = row["wasm"]["medianUs"].as_f64().unwrap() / 1000.0;
@@ -437,10 +429,7 @@ fn cli_bench_fails_on_a_regression_against_a_saved_run() {
     assert_eq!(report["baseline"]["maxRegressionPercent"], 20.0);
     let (code, _, stderr) = bench(&["--baseline", "/nonexistent.json"]);
     assert_eq!(code, 1);
-    assert!(
-        stderr.contains("--baseline /nonexistent.json: cannot read"),
-        "{stderr}"
-    );
+    support::assert_says(&stderr, &["--baseline /nonexistent.json: cannot read"]);
 }
 
 /// The scenario reference's examples are scenarios that pass with the embedded default, and
@@ -589,10 +578,7 @@ fn fleet_scenarios_pass_for_the_default_and_the_zone_policy_and_bite() {
         zone_dir.join("zone-at-a-time.yaml").to_str().unwrap(),
     ]);
     assert_eq!(code, 1, "{stdout}");
-    assert!(
-        stdout.contains("FAIL") && stdout.contains("grant:"),
-        "{stdout}"
-    );
+    support::assert_says(&stdout, &["FAIL", "grant:"]);
     // A fleet-only module cannot answer node scenarios: the error names the contract.
     let (code, _, stderr) = pinset(&[
         "policy",
@@ -601,7 +587,7 @@ fn fleet_scenarios_pass_for_the_default_and_the_zone_policy_and_bite() {
         workspace().join("examples/scenarios").to_str().unwrap(),
     ]);
     assert_eq!(code, 1);
-    assert!(stderr.contains("pinset:policy/decisions@0.1.0"), "{stderr}");
+    support::assert_says(&stderr, &["pinset:policy/decisions@0.1.0"]);
 }
 
 /// `pinset policy simulate -o json ARGS`: (exit code, the report).
@@ -710,19 +696,13 @@ fn cli_simulate_draws_the_rollout_and_refuses_unknown_nodes() {
         svg.to_str().unwrap(),
     ]);
     assert_eq!(code, 0, "{stderr}");
-    assert!(
-        stdout.contains("worker-02  ·") && stdout.contains("rollout complete in"),
-        "{stdout}"
-    );
+    support::assert_says(&stdout, &["worker-02  ·", "rollout complete in"]);
     let picture = std::fs::read_to_string(&svg).unwrap();
-    assert!(
-        picture.contains(">worker-02<title>worker-02</title>"),
-        "{picture}"
-    );
+    support::assert_says(&picture, &[">worker-02<title>worker-02</title>"]);
     assert!(dir.path().join("rollout.trace.json").exists());
     let (code, _, stderr) = pinset(&["policy", "simulate", "--nodes", "3", "--fail", "worker-7"]);
     assert_eq!(code, 1);
-    assert!(stderr.contains("--fail worker-7: no such node"), "{stderr}");
+    support::assert_says(&stderr, &["--fail worker-7: no such node"]);
 }
 
 #[test]
@@ -741,18 +721,17 @@ fn cli_simulate_shows_a_paused_pool_granting_no_one() {
     };
     let (code, stdout, stderr) = paused("true");
     assert_eq!(code, 1, "a paused pool does not complete: {stderr}");
-    assert!(
-        stdout.contains("decisions that granted nodes (0)")
-            && stdout.contains("paused by pinset.io/rollout-paused")
-            && stdout.contains("4 never granted"),
-        "{stdout}"
+    support::assert_says(
+        &stdout,
+        &[
+            "decisions that granted nodes (0)",
+            "paused by pinset.io/rollout-paused",
+            "4 never granted",
+        ],
     );
     let (code, stdout, _) = paused("false");
     assert_eq!(code, 0, "{stdout}");
     let (code, _, stderr) = paused("yes");
     assert_eq!(code, 1);
-    assert!(
-        stderr.contains("pinset.io/rollout-paused=\"yes\" is neither"),
-        "{stderr}"
-    );
+    support::assert_says(&stderr, &["pinset.io/rollout-paused=\"yes\" is neither"]);
 }

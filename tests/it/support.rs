@@ -13,6 +13,27 @@ use std::time::Duration;
 /// The `pinset` binary cargo built for these tests.
 pub const PINSET: &str = env!("CARGO_BIN_EXE_pinset");
 
+/// Assert that `text` (a command's output, an error, a document) says each of `phrases`; a
+/// failure lists the phrases missing and shows the whole text.
+#[track_caller]
+pub fn assert_says(text: &str, phrases: &[&str]) {
+    let missing: Vec<&str> = phrases
+        .iter()
+        .copied()
+        .filter(|p| !text.contains(p))
+        .collect();
+    assert!(missing.is_empty(), "missing {missing:?} in:\n{text}");
+}
+
+#[test]
+fn assert_says_names_what_is_missing() {
+    assert_says("pulled 3, pinned 3", &["pulled 3", "pinned 3"]);
+    let missed = std::panic::catch_unwind(|| assert_says("pulled 3", &["pulled", "pinned", "3"]))
+        .expect_err("a phrase is missing");
+    let said = missed.downcast_ref::<String>().unwrap();
+    assert_eq!(said, "missing [\"pinned\"] in:\npulled 3");
+}
+
 /// Run the `pinset` binary with `args`: (exit code, stdout, stderr).
 pub fn pinset(args: &[&str]) -> (i32, String, String) {
     pinset_with(args, &[])

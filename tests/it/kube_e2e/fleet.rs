@@ -44,7 +44,7 @@ async fn a_paused_pool_grants_no_node_until_it_is_resumed() {
         return;
     };
     let why = three_waiting(&bed).await;
-    assert!(why.contains("3 wait, 0/3 at the target"), "{why}");
+    support::assert_says(&why, &["3 wait, 0/3 at the target"]);
     let paused = "pinset_pool_rollout_paused{pool=\"worker\"}";
     let m = metrics(bed.controller_port).await;
     assert_eq!(metric(&m, paused), 1, "{m}");
@@ -221,7 +221,7 @@ async fn a_failed_canary_holds_the_pool_and_no_other_node_pulls() {
     let (held, degraded) = bed
         .pool_when("the pool holds on the failed canary", failed)
         .await;
-    assert!(degraded.contains(&missing), "{degraded}");
+    support::assert_says(&degraded, &[&missing]);
     assert_eq!(
         (held.granted, held.target.as_str()),
         (1, "apps@1"),
@@ -229,10 +229,7 @@ async fn a_failed_canary_holds_the_pool_and_no_other_node_pulls() {
     );
     let l = bed.look(1, &images).await;
     let canary = FLEET_NODES[l.granted.iter().position(|g| *g).expect("a canary")];
-    assert!(
-        degraded.contains(&format!("canary node {canary}")),
-        "{degraded}"
-    );
+    support::assert_says(&degraded, &[&format!("canary node {canary}")]);
     let (code, out, err) = worker_status_now(&bed.operator, &[]).await;
     assert!(
         code == 1
@@ -292,7 +289,7 @@ async fn a_hostile_fleet_module_is_replaced_by_the_default_for_each_decision() {
     let (held, fallback) = bed
         .pool_when("the pool names the fallback", over_the_ceiling)
         .await;
-    assert!(fallback.contains("hostile"), "{fallback}");
+    support::assert_says(&fallback, &["hostile"]);
     assert_eq!((held.granted, held.failed), (1, 1), "{held:?}");
     throughout(10, || async {
         let l = bed.look(1, &images[..1]).await;
@@ -309,7 +306,7 @@ async fn a_hostile_fleet_module_is_replaced_by_the_default_for_each_decision() {
         .unwrap();
     bed.set_images(&images).await;
     let looped = rolled_out_one_at_a_time(&bed, 2, &images).await;
-    assert!(looped.contains("deadline"), "{looped}");
+    support::assert_says(&looped, &["deadline"]);
     bed.pool_events(&["RolloutHeld", "RolloutWave", "PolicyFallback"])
         .await;
 }

@@ -171,10 +171,12 @@ fn the_image_runs_under_containerd_and_says_its_version() {
         stdout.starts_with(&expected),
         "{stdout:?} does not start with {expected:?}"
     );
-    assert!(
-        stdout.contains("policy contracts pinset:policy/decisions@")
-            && stdout.contains(" pinset:fleet/rollout@"),
-        "{stdout}"
+    support::assert_says(
+        &stdout,
+        &[
+            "policy contracts pinset:policy/decisions@",
+            " pinset:fleet/rollout@",
+        ],
     );
 }
 

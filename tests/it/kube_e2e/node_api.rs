@@ -164,7 +164,7 @@ async fn a_node_ready_again_is_reconciled_at_once_not_at_its_next_retry() {
         }
     })
     .await;
-    assert!(failed.contains("Ready"), "{failed}");
+    support::assert_says(&failed, &["Ready"]);
     bed.core.apply(node(json!({WORKER: ""})));
     let what = "w-0 pins the worker set once Ready, long before its retry";
     node_settles(&bed.nodes, "w-0", &[("base", 1)], what, &logs).await;

@@ -326,10 +326,7 @@ async fn a_missing_image_degrades_node_and_pool_with_events_and_metrics() {
         }
     })
     .await;
-    assert!(
-        message.contains(&missing) && message.contains("broken"),
-        "{message}"
-    );
+    support::assert_says(&message, &[&missing, "broken"]);
     let pool_message = eventually("master pool degraded", &|| t.logs(), || async {
         let p = t.pools.get("master").await.map_err(|e| e.to_string())?;
         match pool_counts(&p) {
@@ -338,9 +335,10 @@ async fn a_missing_image_degrades_node_and_pool_with_events_and_metrics() {
         }
     })
     .await;
-    for said in ["node cp-0", "PinnedImageSet broken", missing.as_str()] {
-        assert!(pool_message.contains(said), "{said:?} in {pool_message}");
-    }
+    support::assert_says(
+        &pool_message,
+        &["node cp-0", "PinnedImageSet broken", missing.as_str()],
+    );
     let seen = events_seen(&t).await;
     let failed = seen.iter().find(|e| e.2 == "SetFailed").unwrap();
     assert!(
@@ -406,9 +404,14 @@ async fn events_seen(t: &ThreePools) -> Vec<(String, String, String, String)> {
 /// controller's writes; both builds and health endpoints.
 async fn assert_metrics(t: &ThreePools) {
     let m = metrics(t.cp_port).await;
-    assert!(m.contains("pinset_images_pulled_total 2"), "{m}");
-    assert!(m.contains("pinset_image_pull_failures_total"), "{m}");
-    assert!(m.contains("pinset_policy_call_seconds_bucket"), "{m}");
+    support::assert_says(
+        &m,
+        &[
+            "pinset_images_pulled_total 2",
+            "pinset_image_pull_failures_total",
+            "pinset_policy_call_seconds_bucket",
+        ],
+    );
     for port in [t.cp_port, t.controller_port] {
         for path in ["/healthz", "/readyz"] {
             let r = get(port, path).await;
@@ -416,10 +419,7 @@ async fn assert_metrics(t: &ThreePools) {
         }
     }
     let c = metrics(t.controller_port).await;
-    assert!(
-        c.contains("pinset_api_writes_total{kind=\"pool_spec\"}"),
-        "{c}"
-    );
+    support::assert_says(&c, &["pinset_api_writes_total{kind=\"pool_spec\"}"]);
     let build = format!(
         "pinset_build_info{{version=\"{}\",commit=\"",
         env!("CARGO_PKG_VERSION")
@@ -427,7 +427,7 @@ async fn assert_metrics(t: &ThreePools) {
     assert!(m.contains(&build) && c.contains(&build), "{build}\n{m}");
     for state in ["pinned", "failed", "pending"] {
         let family = format!("pinset_node_sets{{state=\"{state}\"}}");
-        assert!(m.contains(&family), "{m}");
+        support::assert_says(&m, &[&family]);
     }
     let last = metric(&m, "pinset_last_successful_reconcile_timestamp_seconds");
     assert!(

@@ -248,10 +248,7 @@ async fn a_module_the_canary_refuses_holds_the_pool_through_a_fleet_policy_swap(
     assert_eq!(status["standing"], "Degraded", "{status}");
     let message = status["message"].as_str().unwrap_or("");
     assert!(message.contains(&v2_digest), "{status}");
-    assert!(
-        err.contains("MachineConfigPool worker is Degraded"),
-        "{err}"
-    );
+    support::assert_says(&err, &["MachineConfigPool worker is Degraded"]);
     let canary_refused = |_: Option<PoolRollout>, degraded: String, _: String| {
         let held = degraded.contains("canary node") && degraded.contains(&v2_digest);
         held.then_some(degraded)
@@ -259,14 +256,12 @@ async fn a_module_the_canary_refuses_holds_the_pool_through_a_fleet_policy_swap(
     let held = bed
         .pool_when("the canary refuses v2 and the pool holds", canary_refused)
         .await;
-    for said in ["smoke test", "order", "trap"] {
-        assert!(held.contains(said), "{said:?} in {held}");
-    }
+    support::assert_says(&held, &["smoke test", "order", "trap"]);
     let policies = node_policies(&bed.nodes).await;
     let refused: Vec<usize> = (0..3).filter(|&i| policies[i].1.is_some()).collect();
     assert_eq!(refused.len(), 1, "{policies:?}");
     let canary = FLEET_NODES[refused[0]];
-    assert!(held.contains(canary), "{held}");
+    support::assert_says(&held, &[canary]);
     throughout(20, || async {
         let granted = policy_granted(&bed.nodes, &releases.v2).await;
         let others = (0..3).filter(|i| *i != refused[0]);
@@ -341,7 +336,7 @@ async fn a_good_module_rolls_out_canary_first_and_no_agent_restarts() {
     let m = metrics(bed.agent_ports[i]).await;
     let swapped = metric(&m, "pinset_policy_swaps_total{result=\"swapped\"}");
     assert!(swapped >= 1, "{m}");
-    assert!(m.contains(&format!("digest=\"{v3_digest}\"")), "{m}");
+    support::assert_says(&m, &[&format!("digest=\"{v3_digest}\"")]);
     let counted = |_: Option<PoolRollout>, degraded: String, _: String| Some(degraded);
     let on_v3 = eventually("the pool counts every node on v3", &logs, || async {
         let pool = bed.pools.get("worker").await.map_err(|e| e.to_string())?;
@@ -462,14 +457,15 @@ async fn an_unsigned_or_missing_module_is_refused_before_any_node() {
     let (code, status, err) = status_after(change, &operator).await;
     assert_eq!(code, 1, "{status}\n{err}\n{}", n.logs());
     let why = status["message"].as_str().unwrap_or_default().to_string();
-    for said in [
-        "worker-unsigned",
-        "(Unsigned)",
-        "no cosign signature",
-        "every node keeps its module",
-    ] {
-        assert!(why.contains(said), "{said:?} in {why}");
-    }
+    support::assert_says(
+        &why,
+        &[
+            "worker-unsigned",
+            "(Unsigned)",
+            "no cosign signature",
+            "every node keeps its module",
+        ],
+    );
     let (repo, _) = releases.unsigned.rsplit_once('@').unwrap();
     let missing = format!("{repo}@sha256:{}", "0".repeat(64));
     let change = releases.configure(&client, &missing, None);
@@ -518,7 +514,7 @@ async fn a_restarted_agent_decides_from_its_cache_with_the_registry_gone() {
     n.runs(&n.releases.v3).await;
     let log = n.agent.log();
     let from_cache = "deciding with the module the node ran before the restart";
-    assert!(log.contains(from_cache), "{log}");
+    support::assert_says(&log, &[from_cache]);
     assert!(!log.contains("refused"), "{log}");
 }
 

@@ -59,14 +59,14 @@ pub struct CompileOpts {
     /// The most time one policy module's compile may take, in seconds, where it runs in a child
     /// process (the agent, the controller, `node --watch`). The child is killed then and the
     /// module refused as too costly to compile (a policy of a few hundred KiB takes 0.2 s).
-    #[arg(long, default_value_t = 60, value_name = "SECONDS",
+    #[arg(long, default_value_t = ChildCompiler::DEADLINE.as_secs(), value_name = "SECONDS",
           value_parser = clap::value_parser!(u64).range(1..=3600))]
     pub policy_compile_seconds: u64,
     /// The most memory one policy module's compile may allocate, in MiB, the compiler's
     /// included (a policy of a few hundred KiB takes 30). Past it the module is refused as too
     /// costly to compile. The child runs in the agent's pod, under its memory limit: raise both
     /// together.
-    #[arg(long, default_value_t = 192, value_name = "MIB",
+    #[arg(long, default_value_t = ChildCompiler::MEMORY_BYTES >> 20, value_name = "MIB",
           value_parser = clap::value_parser!(u64).range(16..=65536))]
     pub policy_compile_memory_mib: u64,
 }
