@@ -112,7 +112,7 @@ async fn pulls_and_pins_into_real_containerd_then_unpins_a_removed_set() {
     assert!(status.done(), "{status:?}");
     // Sizes came from the registry: the policy's reason counts the shared base layer once.
     let reason = &report.plan.as_ref().unwrap().admission.reason;
-    support::assert_says(&reason, &["3 image(s) to pull"]);
+    support::assert_says(reason, &["3 image(s) to pull"]);
     for r in &refs {
         let image = cri
             .image_status(r)

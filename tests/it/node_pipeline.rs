@@ -270,7 +270,7 @@ async fn transient_failures_are_retried_and_permanent_ones_named() {
         (None, Some(4))
     );
     let err = broken.last_failed_generation_error.as_deref().unwrap();
-    support::assert_says(&err, &[&image(2), "connection refused"]);
+    support::assert_says(err, &[&image(2), "connection refused"]);
     assert!(
         status
             .degraded

@@ -142,7 +142,7 @@ fn a_trap_is_reported_with_the_panic_message_and_the_instance_recovers() {
         panic!("expected a trap: {err}")
     };
     assert_eq!(*hook, Hook::Order);
-    support::assert_says(&message, &["hostile policy traps on purpose"]);
+    support::assert_says(message, &["hostile policy traps on purpose"]);
     assert_eq!(instance.concurrency(&node("none")).unwrap(), 5);
 }
 
@@ -295,7 +295,7 @@ fn a_policy_without_stderr_reports_its_panic_through_the_contract_log() {
     };
     assert_eq!(*hook, Hook::Concurrency);
     support::assert_says(
-        &message,
+        message,
         &[
             "panicked at ",
             "src/lib.rs:",
