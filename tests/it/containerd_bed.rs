@@ -199,6 +199,7 @@ async fn pin_auto_picks_the_label_back_end_for_containerd() {
         crio_dropin_dir: "/nonexistent".into(),
         crio_reload: pinset_node::pin::crio::Reload::None,
         auth: None,
+        credential_providers: None,
         insecure_registries: Vec::new(),
         sizing: false,
         mirrors: Default::default(),

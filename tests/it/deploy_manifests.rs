@@ -358,7 +358,7 @@ fn every_variant_renders_with_kubectl_and_matches_the_binary() {
     // The base with every component, as a user's kustomization would combine them (kustomize
     // takes relative paths only: the directory lies in target/, two levels below deploy/'s).
     let dir = tempfile::tempdir_in(support::workspace().join("target")).unwrap();
-    let components = ["crds", "metrics", "openshift"]
+    let components = ["crds", "metrics", "openshift", "eks-credential-provider"]
         .map(|c| format!("  - ../../deploy/components/{c}\n"))
         .concat();
     std::fs::write(
@@ -389,6 +389,28 @@ fn every_variant_renders_with_kubectl_and_matches_the_binary() {
             "the --metrics-addr port"
         );
     }
+    // The kubelet's credential providers: both flags, their paths under a read-only mount.
+    let agent = of_kind(&all, "DaemonSet")[0];
+    let container = &agent["spec"]["template"]["spec"]["containers"][0];
+    let args = serde_saphyr::to_string(&container["args"]).unwrap();
+    let dir = "/host/etc/eks/image-credential-provider";
+    support::assert_says(
+        &args,
+        &[
+            &format!("--image-credential-provider-config={dir}/config.json"),
+            &format!("--image-credential-provider-bin-dir={dir}"),
+        ],
+    );
+    let mounts = container["volumeMounts"].as_array().unwrap();
+    assert!(
+        mounts
+            .iter()
+            .any(|m| m["mountPath"] == dir && m["readOnly"] == true),
+        "{mounts:?}"
+    );
+    let flags = flags("agent");
+    assert!(flags.contains("--image-credential-provider-config"));
+    assert!(flags.contains("--image-credential-provider-bin-dir"));
     let bindings: BTreeSet<&str> = of_kind(&all, "RoleBinding")
         .iter()
         .map(|b| b["roleRef"]["name"].as_str().unwrap())

@@ -11,6 +11,7 @@ mod support;
 
 mod cli_node;
 mod containerd_bed;
+mod credential_providers;
 mod deploy_manifests;
 mod docs;
 mod fleet_sandbox;

@@ -71,6 +71,7 @@ async fn containerd_pulls_and_pinset_sizes_through_the_hosts_toml_mirror() {
         crio_dropin_dir: "/nonexistent".into(),
         crio_reload: pinset_node::pin::crio::Reload::None,
         auth: None,
+        credential_providers: None,
         insecure_registries: Vec::new(),
         sizing: true,
         mirrors: Default::default(),

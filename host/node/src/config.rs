@@ -7,6 +7,7 @@ use crate::pin::containerd::ContainerdPins;
 use crate::pin::crio::CrioPins;
 use crate::reconcile::Reconciler;
 use pinset_registry::auth::{AuthError, Credentials};
+use pinset_registry::credential_provider::Providers;
 use pinset_registry::mirrors::{CONTAINERD_HOSTS_DIR, MirrorSource, REGISTRIES_CONF};
 use pinset_registry::size::{Cached, RegistrySizer};
 use std::path::PathBuf;
@@ -35,6 +36,8 @@ pub struct NodeConfig {
     pub crio_reload: crate::pin::reload::Reload,
     /// Registry credentials (kubelet `config.json`).
     pub auth: Option<PathBuf>,
+    /// The kubelet's image credential providers, for what `auth` has no credential for.
+    pub credential_providers: Option<ProviderFiles>,
     /// Registries (`host[:port]`) spoken to over plain HTTP when sizing.
     pub insecure_registries: Vec<String>,
     /// Size absent images from their registries.
@@ -43,6 +46,16 @@ pub struct NodeConfig {
     pub mirrors: MirrorFlags,
     /// The total time of one round of sizing.
     pub sizing_budget: std::time::Duration,
+}
+
+/// The kubelet's image credential providers as its flags name them
+/// (`--image-credential-provider-config`, `--image-credential-provider-bin-dir`).
+#[derive(Clone, Debug)]
+pub struct ProviderFiles {
+    /// The `CredentialProviderConfig` (YAML or JSON).
+    pub config: PathBuf,
+    /// The directory of the plugins, each named as its provider.
+    pub bin_dir: PathBuf,
 }
 
 /// The node's mirror configuration as flags name it; what is not named is found as the runtime
@@ -140,7 +153,7 @@ impl NodeConfig {
             }
             chosen => chosen,
         };
-        let credentials = credentials(self.auth.as_deref())?;
+        let credentials = credentials(self.auth.as_deref(), self.credential_providers.as_ref())?;
         let pins = match pin {
             PinKind::Containerd => AnyPins::Containerd(Box::new(ContainerdPins::new(&self.cri)?)),
             // (`Auto` was resolved above.)
@@ -162,11 +175,19 @@ impl NodeConfig {
     }
 }
 
-/// The registry credentials of a kubelet `config.json` (none without one).
-pub fn credentials(auth: Option<&std::path::Path>) -> Result<Arc<Credentials>, AuthError> {
-    Ok(Arc::new(match auth {
+/// The registry credentials of a kubelet `config.json` (none without one), and of the kubelet's
+/// image credential providers where they are named.
+pub fn credentials(
+    auth: Option<&std::path::Path>,
+    providers: Option<&ProviderFiles>,
+) -> Result<Arc<Credentials>, AuthError> {
+    let credentials = match auth {
         Some(path) => Credentials::load(path)?,
         None => Credentials::default(),
+    };
+    Ok(Arc::new(match providers {
+        Some(files) => credentials.with_providers(Providers::load(&files.config, &files.bin_dir)?),
+        None => credentials,
     }))
 }
 

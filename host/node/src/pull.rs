@@ -16,15 +16,22 @@ pub struct CriPuller {
 
 impl Puller for CriPuller {
     async fn pull(&self, reference: &str) -> Result<(), PullFailure> {
-        let auth = ImageRef::parse(reference).ok().and_then(|r| {
-            let c = self.credentials.lookup(r.registry(), r.repository())?;
-            Some(AuthConfig {
-                username: c.username.clone(),
-                password: c.password.clone(),
-                server_address: r.registry().to_string(),
-                ..Default::default()
-            })
-        });
+        let auth = match ImageRef::parse(reference) {
+            Ok(r) => self
+                .credentials
+                .resolve(r.registry(), r.repository(), reference)
+                .await
+                // No `server_address`, as from the kubelet: containerd parses it as a URL and
+                // fails the pull on `host:port` (no scheme), or drops the credential unless the
+                // URL's host is exactly the one it pulls from (not for Docker Hub's endpoint or
+                // a mirror).
+                .map(|c| AuthConfig {
+                    username: c.username,
+                    password: c.password,
+                    ..Default::default()
+                }),
+            Err(_) => None,
+        };
         self.cri
             .pull_image(reference, auth)
             .await

@@ -2,10 +2,12 @@
 //! `user:password`. Keys may be bare hosts (`quay.io`), hosts with a path (`quay.io/org`, the
 //! longest matching prefix wins) or URLs (`https://quay.io/v1/`).
 
+use crate::credential_provider::Providers;
 use base64::Engine;
 use pinset_core::input;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 #[derive(Debug, thiserror::Error)]
 pub enum AuthError {
@@ -25,6 +27,8 @@ pub enum AuthError {
         key: String,
         why: String,
     },
+    #[error(transparent)]
+    Providers(#[from] crate::credential_provider::ConfigError),
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -33,10 +37,12 @@ pub struct Credential {
     pub password: String,
 }
 
-/// Credentials by registry key, normalised (no scheme, no trailing slash).
+/// Credentials by registry key, normalised (no scheme, no trailing slash), and the node's
+/// image credential providers, when it has them.
 #[derive(Clone, Debug, Default)]
 pub struct Credentials {
     entries: BTreeMap<String, Credential>,
+    providers: Option<Arc<Providers>>,
 }
 
 impl Credentials {
@@ -110,7 +116,33 @@ impl Credentials {
             };
             entries.insert(normalise(&key), cred);
         }
-        Ok(Self { entries })
+        Ok(Self {
+            entries,
+            providers: None,
+        })
+    }
+
+    /// These credentials, and `providers`' for the images they have none for.
+    pub fn with_providers(self, providers: Providers) -> Self {
+        Self {
+            providers: Some(Arc::new(providers)),
+            ..self
+        }
+    }
+
+    /// The credential for `image` (a reference, or `registry/repository`) of `repository` on
+    /// `registry`: the file's when it has one (it is the operator's word), else the first an
+    /// image credential provider gives (the provider runs when its answer is not kept).
+    pub async fn resolve(
+        &self,
+        registry: &str,
+        repository: &str,
+        image: &str,
+    ) -> Option<Credential> {
+        if let Some(c) = self.lookup(registry, repository) {
+            return Some(c.clone());
+        }
+        self.providers.as_ref()?.credential(image).await
     }
 
     /// Credentials for an image `repository` of `registry` (`host[:port]`), if any.

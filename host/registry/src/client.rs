@@ -179,7 +179,7 @@ impl Client {
                 self.remember(key, &token);
                 bearer(request, &token)
             }
-            Some(Challenge::Basic) => match self.basic_credential(endpoint, &answer.url) {
+            Some(Challenge::Basic) => match self.basic_credential(endpoint, &answer.url).await {
                 Some(c) => basic(request, &c),
                 None => return Ok(answer),
             },
@@ -201,12 +201,21 @@ impl Client {
 
     /// The endpoint registry's credential, when it may be sent to `url` as basic auth: over
     /// HTTPS, or plain HTTP to a registry configured insecure.
-    fn basic_credential(&self, endpoint: &Endpoint, url: &str) -> Option<Credential> {
-        let credential = self
-            .credentials
-            .lookup(&endpoint.auth_host, &endpoint.repository)?;
+    async fn basic_credential(&self, endpoint: &Endpoint, url: &str) -> Option<Credential> {
         let plain = url.starts_with("http://");
-        (!plain || self.plain_allowed(endpoint)).then(|| credential.clone())
+        if plain && !self.plain_allowed(endpoint) {
+            return None;
+        }
+        self.credential(endpoint).await
+    }
+
+    /// The credential of the endpoint's registry: the credentials file's, else an image
+    /// credential provider's.
+    async fn credential(&self, endpoint: &Endpoint) -> Option<Credential> {
+        let image = format!("{}/{}", endpoint.auth_host, endpoint.repository);
+        self.credentials
+            .resolve(&endpoint.auth_host, &endpoint.repository, &image)
+            .await
     }
 
     fn plain_allowed(&self, endpoint: &Endpoint) -> bool {
@@ -230,17 +239,12 @@ impl Client {
         let mut query = vec![("scope", scope)];
         query.extend(service.map(|s| ("service", s)));
         let mut request = Request::get(with_query(realm, &query));
-        if self.realm_trusted(endpoint, realm)
-            && let Some(c) = self
-                .credentials
-                .lookup(&endpoint.auth_host, &endpoint.repository)
+        let credential = self.credential(endpoint).await;
+        if let Some(c) = &credential
+            && self.realm_trusted(endpoint, realm)
         {
             request = basic(request, c);
-        } else if self
-            .credentials
-            .lookup(&endpoint.auth_host, &endpoint.repository)
-            .is_some()
-        {
+        } else if credential.is_some() {
             tracing::warn!(registry = %endpoint.auth_host, %realm, "the registry's token realm is not its own host: asking it for an anonymous token");
         }
         let tls = match authority(realm) == authority(&format!("https://{}", endpoint.host)) {

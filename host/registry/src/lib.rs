@@ -20,6 +20,7 @@
 pub mod artifact;
 pub mod auth;
 pub mod client;
+pub mod credential_provider;
 pub mod distribution;
 pub mod files;
 pub mod http;

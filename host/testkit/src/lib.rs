@@ -808,9 +808,23 @@ pub fn reconciler(
     pinset_registry::size::RegistrySizer,
     pinset_node::pin::containerd::ContainerdPins,
 > {
+    let credentials = std::sync::Arc::new(pinset_registry::auth::Credentials::default());
+    reconciler_with(containerd, registry, backoff, sizing, credentials)
+}
+
+/// [`reconciler`] with these registry credentials, for pulls and sizes alike.
+pub fn reconciler_with(
+    containerd: &Containerd,
+    registry: &str,
+    backoff: pinset_node::executor::Backoff,
+    sizing: bool,
+    credentials: std::sync::Arc<pinset_registry::auth::Credentials>,
+) -> pinset_node::Reconciler<
+    pinset_registry::size::RegistrySizer,
+    pinset_node::pin::containerd::ContainerdPins,
+> {
     use pinset_registry::size::{Cached, RegistrySizer};
     use std::sync::Arc;
-    let credentials = Arc::new(pinset_registry::auth::Credentials::default());
     let endpoint = containerd.endpoint();
     let cri = pinset_node::cri::client::CriClient::new(pinset_node::cri::client::CriConfig {
         endpoint: endpoint.clone(),

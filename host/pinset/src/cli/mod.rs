@@ -147,8 +147,10 @@ pub struct RegistryOpts {
 impl RegistryOpts {
     pub fn artifacts(&self) -> anyhow::Result<pinset_registry::artifact::Artifacts> {
         let sources = sources::get();
-        let credentials =
-            pinset_node::config::credentials(sources.auth(self.policy_auth.as_deref()).as_deref())?;
+        let credentials = pinset_node::config::credentials(
+            sources.auth(self.policy_auth.as_deref()).as_deref(),
+            None,
+        )?;
         Ok(pinset_registry::artifact::Artifacts::new(
             sources.insecure(&self.policy_insecure_registry),
             credentials,

@@ -10,7 +10,7 @@ use pinset_core::status::NodeStatus;
 use pinset_core::timeline::Recorder;
 use pinset_core::yaml::Fields;
 use pinset_k8s::objects::{self, Objects};
-use pinset_node::config::MirrorFlags;
+use pinset_node::config::{MirrorFlags, ProviderFiles};
 use pinset_node::cri::client::{STANDARD_ENDPOINTS, find_endpoint};
 use pinset_node::executor::Event;
 use pinset_node::pin::AnyPins;
@@ -18,6 +18,7 @@ use pinset_node::pin::crio::{self, Reload};
 use pinset_node::{NodeConfig, ReconcileError, Reconciler, Report};
 use pinset_policy::{Guarded, PolicyModule};
 use pinset_policy_sdk::fmt_bytes;
+use pinset_registry::auth::Credentials;
 use pinset_registry::mirrors::MirrorSource;
 use pinset_registry::size::{Cached, RegistrySizer};
 use std::path::{Path, PathBuf};
@@ -88,12 +89,45 @@ pub struct RegistryAccess {
     /// containerd node: the config_path the runtime reports, else /etc/containerd/certs.d.
     #[arg(long, value_name = "DIR")]
     pub registry_config_path: Option<PathBuf>,
+    /// The kubelet's image credential provider configuration (a CredentialProviderConfig, YAML
+    /// or JSON, as the kubelet's flag of this name reads it): the exec plugins that give
+    /// credentials for the registries --auth has none for (ECR, ACR, Artifact Registry).
+    #[arg(
+        long,
+        value_name = "FILE",
+        requires = "image_credential_provider_bin_dir"
+    )]
+    pub image_credential_provider_config: Option<PathBuf>,
+    /// The directory of the credential provider plugins, each named as its provider (the
+    /// kubelet's flag of this name).
+    #[arg(
+        long,
+        value_name = "DIR",
+        requires = "image_credential_provider_config"
+    )]
+    pub image_credential_provider_bin_dir: Option<PathBuf>,
 }
 
 impl RegistryAccess {
     /// The credentials file: `--auth`, else the registries file's.
     pub fn auth(&self) -> Option<PathBuf> {
         super::sources::get().auth(self.auth.as_deref())
+    }
+
+    /// The kubelet's image credential providers, when named.
+    pub fn credential_providers(&self) -> Option<ProviderFiles> {
+        Some(ProviderFiles {
+            config: self.image_credential_provider_config.clone()?,
+            bin_dir: self.image_credential_provider_bin_dir.clone()?,
+        })
+    }
+
+    /// The credentials these flags name: the credentials file's and the providers'.
+    pub fn credentials(&self) -> Result<Arc<Credentials>> {
+        Ok(pinset_node::config::credentials(
+            self.auth().as_deref(),
+            self.credential_providers().as_ref(),
+        )?)
     }
 
     /// The registries spoken to over plain HTTP (`--insecure-registry` and the file's).
@@ -140,7 +174,7 @@ impl SizingOpts {
         if self.no_sizing {
             return Ok(None);
         }
-        let credentials = pinset_node::config::credentials(self.registry.auth().as_deref())?;
+        let credentials = self.registry.credentials()?;
         Ok(Some(pinset_node::config::sizer(
             &self.registry.insecure(),
             credentials,
@@ -451,6 +485,7 @@ impl RuntimeOpts {
             crio_dropin_dir: self.crio_dropin_dir.clone(),
             crio_reload: Reload::from_flag(self.crio_reload.as_deref()),
             auth: self.sizing.registry.auth(),
+            credential_providers: self.sizing.registry.credential_providers(),
             insecure_registries: self.sizing.registry.insecure(),
             sizing: !self.sizing.no_sizing,
             mirrors: self.sizing.mirrors(),

@@ -21,7 +21,7 @@ impl OciOpts {
     fn artifacts(&self) -> Result<Artifacts> {
         let sources = super::sources::get();
         let credentials =
-            pinset_node::config::credentials(sources.auth(self.auth.as_deref()).as_deref())?;
+            pinset_node::config::credentials(sources.auth(self.auth.as_deref()).as_deref(), None)?;
         Ok(Artifacts::new(
             sources.insecure_registries.clone(),
             credentials,

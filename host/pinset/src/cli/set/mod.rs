@@ -83,7 +83,7 @@ impl Common {
 
     /// The sizer that resolves through the node's mirrors and credentials.
     fn sizer(&self) -> Result<RegistrySizer> {
-        let credentials = pinset_node::config::credentials(self.registry.auth().as_deref())?;
+        let credentials = self.registry.credentials()?;
         let sizer = RegistrySizer::new(self.registry.insecure(), credentials)
             .with_mirrors(self.registry.mirrors().offline()?);
         pinset_registry::size::Sizer::refresh(&sizer)?;
