@@ -16,7 +16,9 @@
 //!
 //! A plugin is the node administrator's, but its answer is still read bounded: within
 //! [`DEADLINE`] (killed then), [`RESPONSE_BYTES`] of answer, [`KEPT_STDERR`] of its error output
-//! quoted. A plugin that fails gives no credential: the pull goes on without one, said at warn.
+//! quoted. It runs once at a time for a registry, registries in parallel. A plugin that fails
+//! gives no credential: the pull goes on without one, said at warn, and the plugin is not asked
+//! again for that registry within [`RETRY_AFTER`].
 //! Providers that need a pod's service-account token (`tokenAttributes`) cannot serve a node's
 //! pre-pulls, for which there is no pod: they are skipped, said once when the file is read.
 
@@ -26,6 +28,7 @@ use pinset_core::yaml::{self, Fields};
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// How long a plugin may take to answer; it is killed then.
@@ -87,9 +90,10 @@ struct Provider {
     protocol: String,
     args: Vec<String>,
     env: Vec<(String, String)>,
-    /// Held while the plugin runs: one run at a time per provider, and a lookup that waited for
-    /// a run finds its answer.
-    cache: tokio::sync::Mutex<Cache>,
+    cache: std::sync::Mutex<Cache>,
+    /// One turn per registry, held while the plugin runs for it: one run at a time for a
+    /// registry (a lookup that waited finds its answer, or its failure), registries in parallel.
+    turns: std::sync::Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
 }
 
 /// What a provider answered, and the registries it failed for.
@@ -296,6 +300,7 @@ impl Provider {
                 .map(|e| (e.name.clone(), e.value.clone()))
                 .collect(),
             cache: Default::default(),
+            turns: Default::default(),
         })
     }
 
@@ -305,27 +310,47 @@ impl Provider {
         providers: &Providers,
         image: &str,
     ) -> Result<Vec<(String, Credential)>, String> {
-        let mut cache = self.cache.lock().await;
-        let now = Instant::now();
-        if let Some(known) = cache.known(image, now) {
+        if let Some(known) = self.known(image) {
             return known;
         }
-        let exe = providers.bin_dir.join(&self.name);
+        let turn = self.turn(registry_of(image));
+        let _turn = turn.lock().await;
+        if let Some(known) = self.known(image) {
+            return known;
+        }
         let answer = match self.run(providers, image).await {
             Ok(response) => self.keep(response, image),
             Err(why) => Err(why),
         };
+        let now = Instant::now();
+        let mut cache = self.cache.lock().expect("credential cache");
         match answer {
             Ok((key, kept)) => {
                 cache.keep(key, kept.clone(), now);
                 Ok(kept.auth)
             }
             Err(why) => {
+                let exe = providers.bin_dir.join(&self.name);
                 let why = format!("{}: {why}", exe.display());
                 cache.failed(registry_of(image), &why, now);
                 Err(why)
             }
         }
+    }
+
+    /// What is known for `image` now: a kept answer, or its registry's recent failure.
+    fn known(&self, image: &str) -> Option<Result<Vec<(String, Credential)>, String>> {
+        let cache = self.cache.lock().expect("credential cache");
+        cache.known(image, Instant::now())
+    }
+
+    /// The turn of `registry` (at most [`CACHED`] kept; a turn taken stays valid when cleared).
+    fn turn(&self, registry: &str) -> Arc<tokio::sync::Mutex<()>> {
+        let mut turns = self.turns.lock().expect("credential provider turns");
+        if turns.len() >= CACHED {
+            turns.clear();
+        }
+        turns.entry(registry.to_string()).or_default().clone()
     }
 
     /// The answer checked, its cache key and how long it is kept.
@@ -849,6 +874,32 @@ mod tests {
                 "another registry is asked"
             );
         }
+    }
+
+    /// One registry's run does not wait for another's: the plugin asked for `a.registry.test`
+    /// answers only once it has been asked for `b.registry.test` meanwhile (else it is killed at
+    /// the deadline, and gives nothing).
+    #[tokio::test]
+    async fn registries_are_asked_in_parallel() {
+        let scratch = tempfile::tempdir().unwrap();
+        let b = scratch.path().join("b-asked");
+        let answer = "printf '%s' '{\"apiVersion\":\"credentialprovider.kubelet.k8s.io/v1\",\
+                      \"kind\":\"CredentialProviderResponse\",\"cacheKeyType\":\"Registry\",\
+                      \"auth\":{\"*.registry.test\":{\"username\":\"u\",\"password\":\"p\"}}}'";
+        let script = format!(
+            "request=$(cat); case \"$request\" in *a.registry.test*) \
+             until [ -e {b} ]; do sleep 0.05; done;; *) touch {b};; esac; {answer}",
+            b = b.display()
+        );
+        let (dir, config) = bed(&provider(&script, ""));
+        let providers = Providers::load(&config, &dir.path().join("bin"))
+            .unwrap()
+            .with_deadline(Duration::from_secs(10));
+        let (a, b) = tokio::join!(
+            providers.credential("a.registry.test/x"),
+            providers.credential("b.registry.test/x")
+        );
+        assert!(a.is_some() && b.is_some(), "{a:?} {b:?}");
     }
 
     #[test]
