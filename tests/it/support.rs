@@ -624,3 +624,148 @@ pub fn refused_as<C: pinset_policy::Contract>(stem: &str) -> (pinset_policy::Loa
     let msg = err.to_string();
     (err, msg)
 }
+
+pub const PRIVATE_USER: &str = "AWS";
+pub const PRIVATE_PASSWORD: &str = "from-the-plugin";
+
+/// A token service that grants a pull token only to `PRIVATE_USER:PRIVATE_PASSWORD` (basic
+/// authentication, as pinset and containerd send it), a push token to anyone (the test's own
+/// pushes); it counts what it granted and refused. containerd first POSTs an OAuth form, which this one, like
+/// some registries, does not serve (404): containerd then asks with basic authentication.
+pub struct TokenService {
+    pub addr: String,
+    granted: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    refused: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl TokenService {
+    pub fn start() -> TokenService {
+        use base64::Engine;
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let granted: std::sync::Arc<std::sync::atomic::AtomicUsize> = Default::default();
+        let refused: std::sync::Arc<std::sync::atomic::AtomicUsize> = Default::default();
+        let (g, r) = (granted.clone(), refused.clone());
+        let pair = base64::engine::general_purpose::STANDARD
+            .encode(format!("{PRIVATE_USER}:{PRIVATE_PASSWORD}"));
+        let expected = format!("authorization: basic {pair}");
+        // Lives as long as the test process; each answer closes its connection.
+        std::thread::spawn(move || {
+            use std::io::Write;
+            for stream in listener.incoming() {
+                let Ok(mut stream) = stream else { continue };
+                let head = read_head(&mut stream).to_lowercase();
+                let status = if head.starts_with("post ") {
+                    "404 Not Found"
+                } else if head.contains("push") {
+                    "200 OK"
+                } else if head.lines().any(|l| l.trim() == expected.to_lowercase()) {
+                    g.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                    "200 OK"
+                } else {
+                    r.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                    "401 Unauthorized"
+                };
+                let body = r#"{"token":"pinset-test","access_token":"pinset-test"}"#;
+                let _ = write!(
+                    stream,
+                    "HTTP/1.1 {status}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                    body.len()
+                );
+            }
+        });
+        TokenService {
+            addr,
+            granted,
+            refused,
+        }
+    }
+
+    pub fn granted(&self) -> usize {
+        self.granted.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    pub fn refused(&self) -> usize {
+        self.refused.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+/// A request's line and headers (at most 64 KiB).
+fn read_head(stream: &mut std::net::TcpStream) -> String {
+    use std::io::Read;
+    stream
+        .set_read_timeout(Some(std::time::Duration::from_secs(5)))
+        .unwrap();
+    let mut head = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !head.windows(4).any(|w| w == b"\r\n\r\n") && head.len() < 65536 {
+        match stream.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => head.extend_from_slice(&buf[..n]),
+        }
+    }
+    String::from_utf8_lossy(&head).into_owned()
+}
+
+/// A private registry: the bed's registry behind [`TokenService`], with `count` images of one
+/// layer of about `layer_bytes` pushed.
+pub struct PrivateRegistry {
+    pub tokens: TokenService,
+    pub registry: Registry,
+    pub refs: Vec<String>,
+}
+
+impl PrivateRegistry {
+    pub async fn start(count: usize, layer_bytes: usize) -> Option<PrivateRegistry> {
+        let tokens = TokenService::start();
+        let auth = format!(
+            "auth:\n  silly:\n    realm: http://{}/token\n    service: pinset-test\n",
+            tokens.addr
+        );
+        let registry = Registry::start_with(&auth)?;
+        let refs = push_images(&registry, "private", count, layer_bytes, 700).await;
+        Some(PrivateRegistry {
+            tokens,
+            registry,
+            refs,
+        })
+    }
+}
+
+/// A node's provider configuration for `registry`, its plugin (the shell, as `ecr-login`, its
+/// script in its arguments) giving `USER:PASSWORD` for it and counting its runs in `runs`; the
+/// configuration file and the bin directory.
+pub fn provider_for(
+    registry: &str,
+    dir: &std::path::Path,
+) -> (std::path::PathBuf, std::path::PathBuf, std::path::PathBuf) {
+    let bin = dir.join("bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    // A link, not a written script: an executable just written may be held open by another
+    // test's fork ("text file busy").
+    std::os::unix::fs::symlink("/bin/sh", bin.join("ecr-login")).unwrap();
+    let runs = dir.join("runs");
+    let answer = serde_json::json!({
+        "apiVersion": "credentialprovider.kubelet.k8s.io/v1",
+        "kind": "CredentialProviderResponse",
+        "cacheKeyType": "Registry",
+        "cacheDuration": "6h",
+        "auth": {registry: {"username": PRIVATE_USER, "password": PRIVATE_PASSWORD}},
+    });
+    let script = format!(
+        "cat >/dev/null; echo run >> {}; printf '%s' '{answer}'",
+        runs.display()
+    );
+    let config = dir.join("credential-providers.yaml");
+    let yaml = format!(
+        "apiVersion: kubelet.config.k8s.io/v1\nkind: CredentialProviderConfig\nproviders:\n\
+         - name: ecr-login\n  matchImages: [{registry:?}]\n  defaultCacheDuration: 12h\n  \
+         apiVersion: credentialprovider.kubelet.k8s.io/v1\n  args: ['-c', {script:?}]\n"
+    );
+    std::fs::write(&config, yaml).unwrap();
+    (config, bin, runs)
+}
+
+pub fn plugin_runs(path: &std::path::Path) -> usize {
+    std::fs::read_to_string(path).map_or(0, |t| t.lines().count())
+}
