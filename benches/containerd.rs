@@ -35,8 +35,7 @@ const LAYER: usize = 8 << 20;
 const NOOP_RUNS: u32 = 20;
 
 fn desired_for(node: &NodeInfo, role: &str, refs: &[String]) -> Desired {
-    let set = PinnedImageSet::for_role("bench", role, refs);
-    desired::desired(node, &desired::standard_pools(), &[set])
+    support::desired_for(node, role, "bench", refs)
 }
 
 /// One reconcile with a fresh instance of `policy`: no events, not cancelled.

@@ -13,7 +13,7 @@
 #[path = "../tests/it/support.rs"]
 mod support;
 
-use pinset_core::desired::{self, Desired, PinnedImageSet};
+use pinset_core::desired::Desired;
 use pinset_node::facts;
 use pinset_registry::auth::Credentials;
 use pinset_registry::credential_provider::Providers;
@@ -26,9 +26,7 @@ const IMAGES: usize = 200;
 const HANGING_IMAGES: usize = 50;
 
 fn desired_of(refs: &[String]) -> Desired {
-    let set = PinnedImageSet::for_role("bench", "worker", refs);
-    let node = support::node("worker");
-    desired::desired(&node, &desired::standard_pools(), &[set])
+    support::desired_for(&support::node("worker"), "worker", "bench", refs)
 }
 
 /// One round of sizing `d` with `credentials` and a fresh cache: (time, images sized).

@@ -13,7 +13,7 @@
 #[path = "../tests/it/support.rs"]
 mod support;
 
-use pinset_core::desired::{self, Desired, PinnedImageSet};
+use pinset_core::desired::Desired;
 use pinset_node::facts;
 use pinset_registry::mirrors::MirrorSource;
 use pinset_registry::size::{Cached, RegistrySizer, SIZING_BUDGET};
@@ -24,9 +24,7 @@ const IMAGES: usize = 500;
 const DARK_IMAGES: usize = 40;
 
 fn desired_of(refs: &[String]) -> Desired {
-    let set = PinnedImageSet::for_role("bench", "worker", refs);
-    let node = support::node("worker");
-    desired::desired(&node, &desired::standard_pools(), &[set])
+    support::desired_for(&support::node("worker"), "worker", "bench", refs)
 }
 
 /// One round of sizing `d` with a fresh cache: (time, images sized, images left).

@@ -5,7 +5,6 @@
 
 use crate::support;
 
-use pinset_core::desired;
 use pinset_core::status::NodeStatus;
 use pinset_node::executor::Backoff;
 use pinset_registry::auth::Credentials;
@@ -19,18 +18,14 @@ use support::{PrivateRegistry, plugin_runs, provider_for};
 /// refuses and the sizes are unknown.
 #[tokio::test]
 async fn plan_sizes_a_private_registrys_images_with_a_providers_credential() {
-    let Some(PrivateRegistry {
-        tokens,
-        registry,
-        refs,
-    }) = PrivateRegistry::start(2, 40_000).await
-    else {
+    let Some(private) = PrivateRegistry::start(2, 40_000).await else {
         return;
     };
+    let (tokens, registry, refs) = (&private.tokens, &private.registry, &private.refs);
     let dir = tempfile::tempdir().unwrap();
     let (config, bin, count) = provider_for(&registry.host, dir.path());
     let sets = dir.path().join("sets.yaml");
-    std::fs::write(&sets, support::set_yaml("apps", None, &refs)).unwrap();
+    std::fs::write(&sets, support::set_yaml("apps", None, refs)).unwrap();
     let node = dir.path().join("node.yaml");
     std::fs::write(&node, support::worker_yaml("")).unwrap();
     let insecure = ["--insecure-registry", &registry.host];
@@ -66,14 +61,10 @@ async fn plan_sizes_a_private_registrys_images_with_a_providers_credential() {
 /// provider; the same pull without it fails, naming the image.
 #[tokio::test]
 async fn containerd_pulls_a_private_image_with_a_providers_credential() {
-    let Some(PrivateRegistry {
-        tokens,
-        registry,
-        refs,
-    }) = PrivateRegistry::start(2, 40_000).await
-    else {
+    let Some(private) = PrivateRegistry::start(2, 40_000).await else {
         return;
     };
+    let (tokens, registry, refs) = (&private.tokens, &private.registry, &private.refs);
     let Some(containerd) = support::Containerd::start(&registry.host) else {
         return;
     };
@@ -85,8 +76,7 @@ async fn containerd_pulls_a_private_image_with_a_providers_credential() {
         cap: Duration::from_millis(50),
     };
     let node = support::node("worker");
-    let set = desired::PinnedImageSet::for_role("private", "worker", &refs[..1]);
-    let wanted = desired::desired(&node, &desired::standard_pools(), &[set]);
+    let wanted = support::desired_for(&node, "worker", "private", &refs[..1]);
 
     let anonymous = support::reconciler(&containerd, &registry.host, quick, false);
     let mut status = NodeStatus::default();

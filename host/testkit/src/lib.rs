@@ -652,6 +652,19 @@ pub fn node(role: &str) -> pinset_core::desired::NodeInfo {
     }
 }
 
+/// What `node` wants of one set, `name`, of `refs` for the nodes of `role`, in the standard
+/// pools.
+pub fn desired_for(
+    node: &pinset_core::desired::NodeInfo,
+    role: &str,
+    name: &str,
+    refs: &[String],
+) -> pinset_core::desired::Desired {
+    use pinset_core::desired;
+    let set = desired::PinnedImageSet::for_role(name, role, refs);
+    desired::desired(node, &desired::standard_pools(), &[set])
+}
+
 /// The embedded default policy, compiled.
 pub fn default_policy() -> pinset_policy::PolicyModule {
     let wasm = pinset_policy::WasmRuntime::new().unwrap();
