@@ -194,16 +194,8 @@ async fn pin_auto_picks_the_label_back_end_for_containerd() {
         return;
     };
     let config = pinset_node::NodeConfig {
-        cri: bed.containerd.endpoint(),
-        pin: pinset_node::config::PinKind::Auto,
-        crio_dropin_dir: "/nonexistent".into(),
-        crio_reload: pinset_node::pin::crio::Reload::None,
-        auth: None,
-        credential_providers: None,
-        insecure_registries: Vec::new(),
         sizing: false,
-        mirrors: Default::default(),
-        sizing_budget: std::time::Duration::from_secs(15),
+        ..pinset_node::NodeConfig::new(bed.containerd.endpoint())
     };
     let reconciler = config.connect().await.unwrap();
     assert_eq!(reconciler.pins().name(), "containerd");

@@ -65,18 +65,7 @@ async fn containerd_pulls_and_pinset_sizes_through_the_hosts_toml_mirror() {
     else {
         return;
     };
-    let config = pinset_node::NodeConfig {
-        cri: containerd.endpoint(),
-        pin: pinset_node::config::PinKind::Auto,
-        crio_dropin_dir: "/nonexistent".into(),
-        crio_reload: pinset_node::pin::crio::Reload::None,
-        auth: None,
-        credential_providers: None,
-        insecure_registries: Vec::new(),
-        sizing: true,
-        mirrors: Default::default(),
-        sizing_budget: Duration::from_secs(15),
-    };
+    let config = pinset_node::NodeConfig::new(containerd.endpoint());
     let reconciler = config.connect().await.unwrap();
     let refs = [
         format!("{}/team/a@{}", dark.addr, images.a.0),

@@ -133,6 +133,24 @@ impl PinKind {
 }
 
 impl NodeConfig {
+    /// The node whose runtime is at `cri` (`unix:///…`), as the flags' defaults describe it: the
+    /// back end the runtime asks for, CRI-O's drop-in where CRI-O reads it, no credentials,
+    /// images sized through the runtime's mirrors within the default budget.
+    pub fn new(cri: impl Into<String>) -> NodeConfig {
+        NodeConfig {
+            cri: cri.into(),
+            pin: PinKind::Auto,
+            crio_dropin_dir: crate::pin::crio::DEFAULT_DIR.into(),
+            crio_reload: Default::default(),
+            auth: None,
+            credential_providers: None,
+            insecure_registries: Vec::new(),
+            sizing: true,
+            mirrors: MirrorFlags::default(),
+            sizing_budget: pinset_registry::size::SIZING_BUDGET,
+        }
+    }
+
     /// The node's reconciler. With [`PinKind::Auto`] the runtime is asked which it is;
     /// otherwise nothing is asked of it yet.
     pub async fn connect(&self) -> Result<Reconciler<RegistrySizer, AnyPins>, ConfigError> {
