@@ -11,7 +11,7 @@ use pinset_registry::auth::Credentials;
 use pinset_registry::credential_provider::Providers;
 use std::sync::Arc;
 use std::time::Duration;
-use support::{PrivateRegistry, plugin_runs, provider_for};
+use support::{PrivateRegistry, plugin_runs, provider_for, provider_running};
 
 /// `pinset plan` sizes a private registry's images with the credential a provider gives (the
 /// plugin run once: its answer is kept for the registry); without the provider, the registry
@@ -58,7 +58,8 @@ async fn plan_sizes_a_private_registrys_images_with_a_providers_credential() {
 }
 
 /// containerd pulls a private image with the credential pinset passes it through CRI, from the
-/// provider; the same pull without it fails, naming the image.
+/// provider; the same pull with a plugin that fails fails, naming the image and the plugin's
+/// failure.
 #[tokio::test]
 async fn containerd_pulls_a_private_image_with_a_providers_credential() {
     let Some(private) = PrivateRegistry::start(2, 40_000).await else {
@@ -78,20 +79,35 @@ async fn containerd_pulls_a_private_image_with_a_providers_credential() {
     let node = support::node("worker");
     let wanted = support::desired_for(&node, "worker", "private", &refs[..1]);
 
-    let anonymous = support::reconciler(&containerd, &registry.host, quick, false);
+    let with = |config: &std::path::Path, bin: &std::path::Path| {
+        let providers = Providers::load(config, bin).unwrap();
+        let credentials = Arc::new(Credentials::default().with_providers(providers));
+        support::reconciler_with(&containerd, &registry.host, quick, false, credentials)
+    };
+
+    // A plugin that fails: no credential, the registry refuses, and the failure says why.
+    let broken = tempfile::tempdir().unwrap();
+    let script = "cat >/dev/null; echo 'no instance role' >&2; exit 1";
+    let (broken_config, broken_bin) = provider_running(&registry.host, broken.path(), script);
     let mut status = NodeStatus::default();
-    let report = support::reconcile_default(&anonymous, &wanted, &node, &mut status, None)
+    let failing = with(&broken_config, &broken_bin);
+    let report = support::reconcile_default(&failing, &wanted, &node, &mut status, None)
         .await
         .unwrap();
     assert_eq!(report.outcome.failed.len(), 1, "{report:?}");
     let err = status.sets["private"].last_failed_generation_error.clone();
-    support::assert_says(&err.unwrap_or_default(), &[&refs[0]]);
+    support::assert_says(
+        &err.unwrap_or_default(),
+        &[
+            &refs[0],
+            "pulled without a credential: the image credential provider failed",
+            "ecr-login: exit status: 1: no instance role",
+        ],
+    );
     assert!(tokens.refused() > 0);
     assert_eq!(tokens.granted(), 0);
 
-    let providers = Providers::load(&config, &bin).unwrap();
-    let credentials = Arc::new(Credentials::default().with_providers(providers));
-    let private = support::reconciler_with(&containerd, &registry.host, quick, false, credentials);
+    let private = with(&config, &bin);
     let mut status = NodeStatus::default();
     let report = support::reconcile_default(&private, &wanted, &node, &mut status, None)
         .await

@@ -733,17 +733,12 @@ impl PrivateRegistry {
 }
 
 /// A node's provider configuration for `registry`, its plugin (the shell, as `ecr-login`, its
-/// script in its arguments) giving `USER:PASSWORD` for it and counting its runs in `runs`; the
-/// configuration file and the bin directory.
+/// script in its arguments) giving `PRIVATE_USER:PRIVATE_PASSWORD` for it and counting its runs
+/// in `runs`; the configuration file, the bin directory and `runs`.
 pub fn provider_for(
     registry: &str,
     dir: &std::path::Path,
 ) -> (std::path::PathBuf, std::path::PathBuf, std::path::PathBuf) {
-    let bin = dir.join("bin");
-    std::fs::create_dir_all(&bin).unwrap();
-    // A link, not a written script: an executable just written may be held open by another
-    // test's fork ("text file busy").
-    std::os::unix::fs::symlink("/bin/sh", bin.join("ecr-login")).unwrap();
     let runs = dir.join("runs");
     let answer = serde_json::json!({
         "apiVersion": "credentialprovider.kubelet.k8s.io/v1",
@@ -756,6 +751,22 @@ pub fn provider_for(
         "cat >/dev/null; echo run >> {}; printf '%s' '{answer}'",
         runs.display()
     );
+    let (config, bin) = provider_running(registry, dir, &script);
+    (config, bin, runs)
+}
+
+/// A node's provider configuration for `registry` whose plugin, `ecr-login`, runs `script` in
+/// the shell: the configuration file and the bin directory.
+pub fn provider_running(
+    registry: &str,
+    dir: &std::path::Path,
+    script: &str,
+) -> (std::path::PathBuf, std::path::PathBuf) {
+    let bin = dir.join("bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    // A link, not a written script: an executable just written may be held open by another
+    // test's fork ("text file busy").
+    std::os::unix::fs::symlink("/bin/sh", bin.join("ecr-login")).unwrap();
     let config = dir.join("credential-providers.yaml");
     let yaml = format!(
         "apiVersion: kubelet.config.k8s.io/v1\nkind: CredentialProviderConfig\nproviders:\n\
@@ -763,7 +774,7 @@ pub fn provider_for(
          apiVersion: credentialprovider.kubelet.k8s.io/v1\n  args: ['-c', {script:?}]\n"
     );
     std::fs::write(&config, yaml).unwrap();
-    (config, bin, runs)
+    (config, bin)
 }
 
 pub fn plugin_runs(path: &std::path::Path) -> usize {

@@ -132,17 +132,21 @@ impl Credentials {
 
     /// The credential for `image` (a reference, or `registry/repository`) of `repository` on
     /// `registry`: the file's when it has one (it is the operator's word), else the first an
-    /// image credential provider gives (the provider runs when its answer is not kept).
+    /// image credential provider gives (the provider runs when its answer is not kept); `None`
+    /// when there is none; why, when a provider that should have given one failed.
     pub async fn resolve(
         &self,
         registry: &str,
         repository: &str,
         image: &str,
-    ) -> Option<Credential> {
+    ) -> Result<Option<Credential>, String> {
         if let Some(c) = self.lookup(registry, repository) {
-            return Some(c.clone());
+            return Ok(Some(c.clone()));
         }
-        self.providers.as_ref()?.credential(image).await
+        match &self.providers {
+            Some(providers) => providers.credential(image).await,
+            None => Ok(None),
+        }
     }
 
     /// Credentials for an image `repository` of `registry` (`host[:port]`), if any.

@@ -213,9 +213,11 @@ impl Client {
     /// credential provider's.
     async fn credential(&self, endpoint: &Endpoint) -> Option<Credential> {
         let image = format!("{}/{}", endpoint.auth_host, endpoint.repository);
-        self.credentials
-            .resolve(&endpoint.auth_host, &endpoint.repository, &image)
-            .await
+        // A provider's failure is said where it failed; the request goes on without one.
+        let resolved = self
+            .credentials
+            .resolve(&endpoint.auth_host, &endpoint.repository, &image);
+        resolved.await.ok().flatten()
     }
 
     fn plain_allowed(&self, endpoint: &Endpoint) -> bool {

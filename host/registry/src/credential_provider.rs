@@ -246,8 +246,10 @@ impl Providers {
     }
 
     /// The credential a provider gives for `image` (`host[:port]/path…`), asking them in the
-    /// file's order; `None` when none matches or answers with one.
-    pub async fn credential(&self, image: &str) -> Option<Credential> {
+    /// file's order; `None` when none matches or answers with one; the first failure when a
+    /// provider that matches failed and none gave one.
+    pub async fn credential(&self, image: &str) -> Result<Option<Credential>, String> {
+        let mut failed = None;
         for provider in &self.providers {
             if !provider.match_images.iter().any(|p| matches(p, image)) {
                 continue;
@@ -255,15 +257,15 @@ impl Providers {
             match provider.answer(self, image).await {
                 Ok(auth) => {
                     if let Some((_, c)) = auth.into_iter().find(|(key, _)| matches(key, image)) {
-                        return Some(c);
+                        return Ok(Some(c));
                     }
                 }
                 Err(why) => {
-                    tracing::warn!(provider = %provider.name, %image, error = %why, "the image credential provider failed: going on without its credential");
+                    failed.get_or_insert(why);
                 }
             }
         }
-        None
+        failed.map_or(Ok(None), Err)
     }
 }
 
@@ -332,6 +334,7 @@ impl Provider {
             Err(why) => {
                 let exe = providers.bin_dir.join(&self.name);
                 let why = format!("{}: {why}", exe.display());
+                tracing::warn!(provider = %self.name, %image, error = %why, "the image credential provider failed: going on without its credential (it is asked again for this registry in {}s)", RETRY_AFTER.as_secs());
                 cache.failed(registry_of(image), &why, now);
                 Err(why)
             }
@@ -758,7 +761,11 @@ mod tests {
         let team = providers
             .credential("eu.registry.test/team/app@sha256:00")
             .await;
-        assert_eq!(team.unwrap().username, "team", "the most specific key");
+        assert_eq!(
+            team.unwrap().unwrap().username,
+            "team",
+            "the most specific key"
+        );
         let request: serde_json::Value =
             serde_json::from_slice(&std::fs::read(scratch.path().join("request")).unwrap())
                 .unwrap();
@@ -770,14 +777,21 @@ mod tests {
                 "image": "eu.registry.test/team/app@sha256:00",
             })
         );
-        let other = providers.credential("eu.registry.test/other/app").await;
+        let other = providers
+            .credential("eu.registry.test/other/app")
+            .await
+            .unwrap();
         assert_eq!(other.unwrap().username, "any");
         assert_eq!(runs(&count), 1, "kept for the registry");
-        providers.credential("us.registry.test/x").await.unwrap();
+        providers
+            .credential("us.registry.test/x")
+            .await
+            .unwrap()
+            .unwrap();
         assert_eq!(runs(&count), 2, "another registry asks again");
-        assert!(providers.credential("quay.io/x").await.is_none());
+        assert_eq!(providers.credential("quay.io/x").await, Ok(None));
         assert!(
-            providers.credential("registry.test/x").await.is_none(),
+            providers.credential("registry.test/x").await == Ok(None),
             "no port"
         );
         assert_eq!(runs(&count), 2, "what no pattern matches is not asked");
@@ -791,7 +805,11 @@ mod tests {
         let (dir, config) = bed(&provider(&script, ""));
         let providers = Providers::load(&config, &dir.path().join("bin")).unwrap();
         for _ in 0..2 {
-            providers.credential("eu.registry.test/x").await.unwrap();
+            providers
+                .credential("eu.registry.test/x")
+                .await
+                .unwrap()
+                .unwrap();
         }
         assert_eq!(runs(&count), 2);
 
@@ -803,7 +821,7 @@ mod tests {
             "eu.registry.test/x",
             "eu.registry.test/y",
         ] {
-            providers.credential(image).await.unwrap();
+            providers.credential(image).await.unwrap().unwrap();
         }
         assert_eq!(runs(&count), 4, "x once, y once");
     }
@@ -865,7 +883,13 @@ mod tests {
                 "{held}"
             );
             assert!(again.elapsed() < Duration::from_millis(500), "{script}");
-            assert!(providers.credential("eu.registry.test/z").await.is_none());
+            assert!(
+                providers
+                    .credential("eu.registry.test/z")
+                    .await
+                    .unwrap_err()
+                    .contains(&why)
+            );
             let other = providers.providers[0]
                 .answer(&providers, "us.registry.test/x")
                 .await;
@@ -899,7 +923,10 @@ mod tests {
             providers.credential("a.registry.test/x"),
             providers.credential("b.registry.test/x")
         );
-        assert!(a.is_some() && b.is_some(), "{a:?} {b:?}");
+        assert!(
+            matches!((&a, &b), (Ok(Some(_)), Ok(Some(_)))),
+            "{a:?} {b:?}"
+        );
     }
 
     #[test]
