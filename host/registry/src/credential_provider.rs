@@ -40,6 +40,9 @@ pub const KEPT_STDERR: u64 = 4096;
 /// The most answers (and failures) kept per provider; past it, the expired ones are dropped,
 /// else all.
 const CACHED: usize = 1024;
+/// The most bytes of answers (keys and credentials) kept per provider: [`CACHED`] answers of
+/// [`RESPONSE_BYTES`] would be a gigabyte.
+const CACHED_BYTES: usize = 16 << 20;
 /// How long a plugin that failed for a registry is not asked again for it.
 pub const RETRY_AFTER: Duration = Duration::from_secs(30);
 /// The versions of the plugin protocol (`apiVersion` of a provider) the kubelet speaks.
@@ -104,6 +107,8 @@ struct Cache {
     /// Registries the plugin failed for: since when, and why. It is not asked again for them
     /// within [`RETRY_AFTER`]: a plugin that hangs must not hold each pull of a registry in turn.
     failures: HashMap<String, (Instant, String)>,
+    /// What the kept answers hold, in bytes (keys and credentials).
+    bytes: usize,
 }
 
 impl Cache {
@@ -130,24 +135,33 @@ impl Cache {
     }
 
     fn keep(&mut self, key: String, kept: Kept, now: Instant) {
-        if kept.until > now {
-            self.make_room(now);
-            self.answers.insert(key, kept);
+        if kept.until <= now {
+            return;
         }
+        let bytes = kept.bytes();
+        self.make_room(now, bytes);
+        if let Some(replaced) = self.answers.insert(key, kept) {
+            self.bytes -= replaced.bytes();
+        }
+        self.bytes += bytes;
     }
 
     fn failed(&mut self, registry: &str, why: &str, now: Instant) {
-        self.make_room(now);
+        self.make_room(now, 0);
         self.failures
             .insert(registry.to_string(), (now, why.to_string()));
     }
 
-    /// At most [`CACHED`] of each: past it, what expired goes, else all.
-    fn make_room(&mut self, now: Instant) {
-        if self.answers.len() >= CACHED {
+    /// Room for an answer of `bytes`: at most [`CACHED`] answers of [`CACHED_BYTES`] in all, and
+    /// [`CACHED`] failures; past either, what expired goes, else all.
+    fn make_room(&mut self, now: Instant, bytes: usize) {
+        let full = |c: &Cache| c.answers.len() >= CACHED || c.bytes + bytes > CACHED_BYTES;
+        if full(self) {
             self.answers.retain(|_, k| k.until > now);
-            if self.answers.len() >= CACHED {
+            self.bytes = self.answers.values().map(Kept::bytes).sum();
+            if full(self) {
                 self.answers.clear();
+                self.bytes = 0;
             }
         }
         if self.failures.len() >= CACHED {
@@ -161,6 +175,14 @@ impl Cache {
 struct Kept {
     until: Instant,
     auth: Vec<(String, Credential)>,
+}
+
+impl Kept {
+    fn bytes(&self) -> usize {
+        let each =
+            |(key, c): &(String, Credential)| key.len() + c.username.len() + c.password.len();
+        self.auth.iter().map(each).sum()
+    }
 }
 
 #[derive(serde::Deserialize)]
@@ -927,6 +949,29 @@ mod tests {
             matches!((&a, &b), (Ok(Some(_)), Ok(Some(_)))),
             "{a:?} {b:?}"
         );
+    }
+
+    /// Answers as large as a plugin may give (700 KB each), one per image: what is kept stays
+    /// within its bound, the latest answer among it.
+    #[tokio::test]
+    async fn what_is_kept_is_bounded_in_bytes() {
+        let script = r#"cat >/dev/null; printf '%s' '{"apiVersion":"credentialprovider.kubelet.k8s.io/v1","kind":"CredentialProviderResponse","cacheKeyType":"Image","auth":{"*.registry.test":{"username":"u","password":"'; head -c 700000 /dev/zero | tr '\0' a; printf '"}}}'"#;
+        let (dir, config) = bed(&provider(script, ""));
+        let providers = Providers::load(&config, &dir.path().join("bin")).unwrap();
+        for i in 0..40 {
+            let image = format!("eu.registry.test/image{i}");
+            let c = providers.credential(&image).await.unwrap().unwrap();
+            assert_eq!(c.password.len(), 700_000);
+            let cache = providers.providers[0].cache.lock().unwrap();
+            assert!(
+                cache.bytes <= CACHED_BYTES,
+                "{} kept at image {i}",
+                cache.bytes
+            );
+            let counted: usize = cache.answers.values().map(Kept::bytes).sum();
+            assert_eq!(cache.bytes, counted);
+            assert!(cache.answers.contains_key(&image));
+        }
     }
 
     #[test]
