@@ -95,6 +95,9 @@ pub trait Observer: Send + Sync {
     fn pull(&self, _pulled: Option<Option<u64>>, _elapsed: Duration) {}
     /// A pin was found lost (and is being repaired); `kind` as [`crate::drift::DriftKind`].
     fn pin_drift(&self, _kind: &'static str) {}
+    /// An image credential provider's plugin ran for a registry, and gave an answer (`ok`) or
+    /// failed.
+    fn credential_provider_run(&self, _provider: &str, _ok: bool) {}
 }
 
 /// A native SDK policy answering as it is, for the core's own tests.

@@ -59,6 +59,12 @@ struct BuildLabels {
     fleet_contract: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ProviderRunLabels {
+    provider: String,
+    result: &'static str,
+}
+
 /// The node policy a node decides with.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct PolicyInfoLabels {
@@ -81,6 +87,7 @@ struct Inner {
     image_pull_failures: Counter,
     bytes_pulled: Counter,
     pull_seconds: Histogram,
+    credential_provider_runs: Family<ProviderRunLabels, Counter>,
     reconcile_seconds: Family<KindLabels, Histogram>,
     reconcile_errors: Family<KindLabels, Counter>,
     api_writes: Family<KindLabels, Counter>,
@@ -190,6 +197,12 @@ impl Metrics {
         let (images_pulled, image_pull_failures, bytes_pulled, pull_seconds) =
             Self::register_pulls(&mut registry);
         let r = &mut registry;
+        let credential_provider_runs = registered(
+            r,
+            "credential_provider_runs",
+            "Runs of the kubelet's image credential provider plugins (provider: its name; result: ok, failed)",
+            Family::default(),
+        );
         // 100 µs .. ~4 h.
         let reconcile_seconds = registered(
             r,
@@ -220,6 +233,7 @@ impl Metrics {
                 image_pull_failures,
                 bytes_pulled,
                 pull_seconds,
+                credential_provider_runs,
                 reconcile_seconds,
                 reconcile_errors,
                 api_writes,
@@ -637,11 +651,36 @@ impl Observer for Metrics {
             .get_or_create(&KindLabels { kind })
             .inc();
     }
+    fn credential_provider_run(&self, provider: &str, ok: bool) {
+        let labels = ProviderRunLabels {
+            provider: provider.to_string(),
+            result: if ok { "ok" } else { "failed" },
+        };
+        self.inner
+            .credential_provider_runs
+            .get_or_create(&labels)
+            .inc();
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn credential_provider_runs_are_counted_by_provider_and_result() {
+        let metrics = Metrics::new();
+        metrics.credential_provider_run("ecr-login", true);
+        metrics.credential_provider_run("ecr-login", false);
+        metrics.credential_provider_run("ecr-login", false);
+        let text = metrics.encode();
+        for series in [
+            r#"pinset_credential_provider_runs_total{provider="ecr-login",result="ok"} 1"#,
+            r#"pinset_credential_provider_runs_total{provider="ecr-login",result="failed"} 2"#,
+        ] {
+            assert!(text.lines().any(|l| l == series), "{series} in {text}");
+        }
+    }
 
     #[test]
     fn the_policy_a_node_decides_with_is_one_series_replaced_when_it_changes() {

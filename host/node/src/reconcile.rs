@@ -115,8 +115,10 @@ impl<S, B> Reconciler<S, B> {
         self
     }
 
-    /// Report pulls to `observer` (Prometheus in the agent).
+    /// Report pulls, and the credential providers' plugin runs, to `observer` (Prometheus in
+    /// the agent).
     pub fn with_observer(mut self, observer: Arc<dyn Observer>) -> Self {
+        self.credentials.observe(observer.clone());
         self.observer = Some(observer);
         self
     }

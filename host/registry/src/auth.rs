@@ -122,6 +122,13 @@ impl Credentials {
         })
     }
 
+    /// Tell `observer` of the providers' plugin runs (Prometheus in the agent).
+    pub fn observe(&self, observer: Arc<dyn pinset_core::decisions::Observer>) {
+        if let Some(providers) = &self.providers {
+            providers.observe(observer);
+        }
+    }
+
     /// These credentials, and `providers`' for the images they have none for.
     pub fn with_providers(self, providers: Providers) -> Self {
         Self {

@@ -23,6 +23,7 @@
 //! pre-pulls, for which there is no pod: they are skipped, said once when the file is read.
 
 use crate::auth::Credential;
+use pinset_core::decisions::Observer;
 use pinset_core::input;
 use pinset_core::yaml::{self, Fields};
 use std::collections::{BTreeMap, HashMap};
@@ -72,6 +73,8 @@ pub struct Providers {
     providers: Vec<Provider>,
     /// How long a plugin may take ([`DEADLINE`]).
     deadline: Duration,
+    /// Told of each run (Prometheus in the agent), once given.
+    observer: std::sync::OnceLock<Arc<dyn Observer>>,
 }
 
 impl std::fmt::Debug for Providers {
@@ -229,7 +232,13 @@ impl Providers {
             bin_dir: bin_dir.into(),
             providers,
             deadline: DEADLINE,
+            observer: Default::default(),
         })
+    }
+
+    /// Tell `observer` of each plugin run from now on (the first observer given stays).
+    pub fn observe(&self, observer: Arc<dyn Observer>) {
+        let _ = self.observer.set(observer);
     }
 
     /// These providers, each run given `deadline` to answer.
@@ -346,6 +355,9 @@ impl Provider {
             Ok(response) => self.keep(response, image),
             Err(why) => Err(why),
         };
+        if let Some(observer) = providers.observer.get() {
+            observer.credential_provider_run(&self.name, answer.is_ok());
+        }
         let now = Instant::now();
         let mut cache = self.cache.lock().expect("credential cache");
         match answer {
@@ -972,6 +984,42 @@ mod tests {
             assert_eq!(cache.bytes, counted);
             assert!(cache.answers.contains_key(&image));
         }
+    }
+
+    /// Each run is told to the observer, with its provider and whether it answered; kept
+    /// answers and held failures are not runs.
+    #[tokio::test]
+    async fn each_run_is_told_to_the_observer() {
+        #[derive(Default)]
+        struct Told(std::sync::Mutex<Vec<(String, bool)>>);
+        impl Observer for Told {
+            fn credential_provider_run(&self, provider: &str, ok: bool) {
+                self.0.lock().unwrap().push((provider.to_string(), ok));
+            }
+        }
+        let scratch = tempfile::tempdir().unwrap();
+        let answer = answering(&scratch.path().join("runs"), "Registry", "");
+        let script = format!(
+            "request=$(cat); case \"$request\" in *bad.registry.test*) exit 1;; esac; \
+             echo \"$request\" | {answer}"
+        );
+        let (dir, config) = bed(&provider(&script, ""));
+        let providers = Providers::load(&config, &dir.path().join("bin")).unwrap();
+        let told = Arc::new(Told::default());
+        providers.observe(told.clone());
+        for image in [
+            "eu.registry.test/a",
+            "eu.registry.test/b",
+            "bad.registry.test/a",
+        ] {
+            let _ = providers.credential(image).await;
+        }
+        assert!(providers.credential("bad.registry.test/b").await.is_err());
+        let runs = told.0.lock().unwrap().clone();
+        assert_eq!(
+            runs,
+            [("plugin".to_string(), true), ("plugin".to_string(), false)]
+        );
     }
 
     #[test]
