@@ -122,3 +122,56 @@ async fn containerd_pulls_a_private_image_with_a_providers_credential() {
     assert!(tokens.granted() > 0);
     assert_eq!(plugin_runs(&count), 1);
 }
+
+/// A policy module in the private registry: `pinset plan --policy oci://…` cannot fetch it
+/// without the provider (the refusal named), and decides with it given the provider — the
+/// flags reach policies as they reach images.
+#[test]
+fn a_policy_in_a_private_registry_is_fetched_with_a_providers_credential() {
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let Some(private) = runtime.block_on(PrivateRegistry::start(1, 10_000)) else {
+        return;
+    };
+    let host = private.registry.host.as_str();
+    let module = support::policy_path("pinset_policy_smallest_first");
+    let target = format!("{host}/policies/private:v1");
+    let insecure = ["--insecure-registry", host];
+    let push = [
+        &["policy", "push", module.to_str().unwrap(), &target][..],
+        &insecure,
+    ]
+    .concat();
+    let (code, out, err) = support::pinset(&push);
+    assert_eq!(code, 0, "{err}");
+    let policy = format!("oci://{}", out.trim());
+
+    let dir = tempfile::tempdir().unwrap();
+    let (config, bin, _) = provider_for(host, dir.path());
+    let demo = support::workspace().join("examples/demo");
+    let (sets, nodes) = (demo.join("sets.yaml"), demo.join("nodes.yaml"));
+    let plan = [
+        "plan",
+        "--sets",
+        sets.to_str().unwrap(),
+        "--node",
+        nodes.to_str().unwrap(),
+        "--node-name",
+        "worker-0",
+        "--no-sizing",
+        "--policy",
+        &policy,
+    ];
+    let (code, _, err) = support::pinset(&[&plan[..], &insecure].concat());
+    assert_eq!(code, 1, "{err}");
+    support::assert_says(&err, &[out.trim(), "authenticating"]);
+
+    let providers = [
+        "--image-credential-provider-config",
+        config.to_str().unwrap(),
+        "--image-credential-provider-bin-dir",
+        bin.to_str().unwrap(),
+    ];
+    let (code, out, err) = support::pinset(&[&plan[..], &insecure, &providers].concat());
+    assert_eq!(code, 0, "{err}");
+    support::assert_says(&out, &["policy smallest-first 0.1.0", &policy]);
+}

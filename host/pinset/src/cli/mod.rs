@@ -149,7 +149,7 @@ impl RegistryOpts {
         let sources = sources::get();
         let credentials = pinset_node::config::credentials(
             sources.auth(self.policy_auth.as_deref()).as_deref(),
-            None,
+            sources::providers(),
         )?;
         Ok(pinset_registry::artifact::Artifacts::new(
             sources.insecure(&self.policy_insecure_registry),

@@ -89,23 +89,6 @@ pub struct RegistryAccess {
     /// containerd node: the config_path the runtime reports, else /etc/containerd/certs.d.
     #[arg(long, value_name = "DIR")]
     pub registry_config_path: Option<PathBuf>,
-    /// The kubelet's image credential provider configuration (a CredentialProviderConfig, YAML
-    /// or JSON, as the kubelet's flag of this name reads it): the exec plugins that give
-    /// credentials for the registries --auth has none for (ECR, ACR, Artifact Registry).
-    #[arg(
-        long,
-        value_name = "FILE",
-        requires = "image_credential_provider_bin_dir"
-    )]
-    pub image_credential_provider_config: Option<PathBuf>,
-    /// The directory of the credential provider plugins, each named as its provider (the
-    /// kubelet's flag of this name).
-    #[arg(
-        long,
-        value_name = "DIR",
-        requires = "image_credential_provider_config"
-    )]
-    pub image_credential_provider_bin_dir: Option<PathBuf>,
 }
 
 impl RegistryAccess {
@@ -114,12 +97,10 @@ impl RegistryAccess {
         super::sources::get().auth(self.auth.as_deref())
     }
 
-    /// The kubelet's image credential providers, when named.
+    /// The kubelet's image credential providers, when named (`--image-credential-provider-*`,
+    /// global: policies reach registries through them too).
     pub fn credential_providers(&self) -> Option<ProviderFiles> {
-        Some(ProviderFiles {
-            config: self.image_credential_provider_config.clone()?,
-            bin_dir: self.image_credential_provider_bin_dir.clone()?,
-        })
+        super::sources::providers().cloned()
     }
 
     /// The credentials these flags name: the credentials file's and the providers'.

@@ -20,8 +20,10 @@ pub struct OciOpts {
 impl OciOpts {
     fn artifacts(&self) -> Result<Artifacts> {
         let sources = super::sources::get();
-        let credentials =
-            pinset_node::config::credentials(sources.auth(self.auth.as_deref()).as_deref(), None)?;
+        let credentials = pinset_node::config::credentials(
+            sources.auth(self.auth.as_deref()).as_deref(),
+            super::sources::providers(),
+        )?;
         Ok(Artifacts::new(
             sources.insecure_registries.clone(),
             credentials,
