@@ -97,12 +97,20 @@ impl Run {
     /// The run stayed under [`MAX_RSS_KIB`] and `within`; its peak and time are printed for the
     /// BENCHMARKS table.
     fn assert_bounded(&self, what: &str, within: Duration) {
+        // A failure says all the run said, for the next reader to tell where the memory went.
         assert!(
             self.max_rss_kib < MAX_RSS_KIB,
-            "{what}: {} KiB",
-            self.max_rss_kib
+            "{what}: {} KiB in {:?}; stderr: {}",
+            self.max_rss_kib,
+            self.took,
+            self.err
         );
-        assert!(self.took < within, "{what}: {:?}", self.took);
+        assert!(
+            self.took < within,
+            "{what}: {:?}; stderr: {}",
+            self.took,
+            self.err
+        );
         eprintln!("{what}: peak RSS {} KiB, {:?}", self.max_rss_kib, self.took);
     }
 }
