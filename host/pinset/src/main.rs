@@ -54,34 +54,8 @@ struct Args {
         default_value = "text"
     )]
     log_format: cli::logging::LogFormat,
-    /// The registries file (`insecureRegistries`, `auth`), for images and policies alike;
-    /// default: $PINSET_REGISTRIES, else ~/.config/pinset/registries.yaml when it exists.
-    #[arg(long, global = true, value_name = "FILE")]
-    registries: Option<std::path::PathBuf>,
-    /// A registry (`host[:port]`) to speak plain HTTP to, for images and policies alike (added
-    /// to the registries file's); repeatable.
-    #[arg(long, global = true, value_name = "HOST")]
-    insecure_registry: Vec<String>,
-    /// The kubelet's image credential provider configuration (a CredentialProviderConfig, YAML
-    /// or JSON, as the kubelet's flag of this name reads it): the exec plugins that give
-    /// credentials for the registries --auth has none for (ECR, ACR, Artifact Registry), for
-    /// images and policies alike.
-    #[arg(
-        long,
-        global = true,
-        value_name = "FILE",
-        requires = "image_credential_provider_bin_dir"
-    )]
-    image_credential_provider_config: Option<std::path::PathBuf>,
-    /// The directory of the credential provider plugins, each named as its provider (the
-    /// kubelet's flag of this name).
-    #[arg(
-        long,
-        global = true,
-        value_name = "DIR",
-        requires = "image_credential_provider_config"
-    )]
-    image_credential_provider_bin_dir: Option<std::path::PathBuf>,
+    #[command(flatten)]
+    registries: cli::sources::RegistryFlags,
     #[command(subcommand)]
     command: Command,
 }
@@ -265,15 +239,7 @@ fn completion(shell: clap_complete::Shell) -> ExitCode {
 }
 
 fn run(args: Args) -> Result<ExitCode> {
-    let providers = args
-        .image_credential_provider_config
-        .zip(args.image_credential_provider_bin_dir)
-        .map(|(config, bin_dir)| pinset_node::config::ProviderFiles { config, bin_dir });
-    cli::sources::init(
-        args.registries.as_deref(),
-        &args.insecure_registry,
-        providers,
-    )?;
+    cli::sources::init(&args.registries)?;
     match args.command {
         Command::Policy(cmd) => cli::policy::run(cmd),
         Command::Demo {

@@ -5,24 +5,54 @@
 use anyhow::Result;
 use pinset_node::config::ProviderFiles;
 use pinset_registry::sources::Sources;
-use std::path::Path;
 use std::sync::OnceLock;
 
 static SOURCES: OnceLock<Sources> = OnceLock::new();
 static PROVIDERS: OnceLock<ProviderFiles> = OnceLock::new();
 
-/// Read the registries file (`file`, else the environment's or the user's) and add `insecure`;
-/// keep the kubelet's credential providers when named.
-pub fn init(
-    file: Option<&Path>,
-    insecure: &[String],
-    providers: Option<ProviderFiles>,
-) -> Result<()> {
-    if let Some(providers) = providers {
-        let _ = PROVIDERS.set(providers);
+/// The registries every command reaches, as its global flags name them.
+#[derive(clap::Args, Clone, Debug, Default)]
+pub struct RegistryFlags {
+    /// The registries file (`insecureRegistries`, `auth`), for images and policies alike;
+    /// default: $PINSET_REGISTRIES, else ~/.config/pinset/registries.yaml when it exists.
+    #[arg(long, global = true, value_name = "FILE")]
+    pub registries: Option<std::path::PathBuf>,
+    /// A registry (`host[:port]`) to speak plain HTTP to, for images and policies alike (added
+    /// to the registries file's); repeatable.
+    #[arg(long, global = true, value_name = "HOST")]
+    pub insecure_registry: Vec<String>,
+    /// The kubelet's image credential provider configuration (a CredentialProviderConfig, YAML
+    /// or JSON, as the kubelet's flag of this name reads it): the exec plugins that give
+    /// credentials for the registries --auth has none for (ECR, ACR, Artifact Registry), for
+    /// images and policies alike.
+    #[arg(
+        long,
+        global = true,
+        value_name = "FILE",
+        requires = "image_credential_provider_bin_dir"
+    )]
+    pub image_credential_provider_config: Option<std::path::PathBuf>,
+    /// The directory of the credential provider plugins, each named as its provider (the
+    /// kubelet's flag of this name).
+    #[arg(
+        long,
+        global = true,
+        value_name = "DIR",
+        requires = "image_credential_provider_config"
+    )]
+    pub image_credential_provider_bin_dir: Option<std::path::PathBuf>,
+}
+
+/// Read the registries file (`--registries`, else the environment's or the user's) and add
+/// `--insecure-registry`; keep the kubelet's credential providers when named.
+pub fn init(flags: &RegistryFlags) -> Result<()> {
+    let providers = flags.image_credential_provider_config.clone();
+    let providers = providers.zip(flags.image_credential_provider_bin_dir.clone());
+    if let Some((config, bin_dir)) = providers {
+        let _ = PROVIDERS.set(ProviderFiles { config, bin_dir });
     }
-    let mut sources = Sources::load(file)?;
-    sources.insecure_registries = sources.insecure(insecure);
+    let mut sources = Sources::load(flags.registries.as_deref())?;
+    sources.insecure_registries = sources.insecure(&flags.insecure_registry);
     if let Some(origin) = &sources.origin {
         tracing::debug!(file = %origin.display(), insecure = ?sources.insecure_registries, "registries file read");
     }
