@@ -73,7 +73,7 @@ async fn sizing(repeats: usize) {
         assert_eq!(sized, IMAGES);
         file.push(took);
         let providers = Providers::load(&config, &bin).unwrap();
-        let credentials = Credentials::default().with_providers(providers);
+        let credentials = Credentials::default().with_providers(Arc::new(providers));
         let (took, sized) = round(&host, credentials, &d).await;
         assert_eq!(sized, IMAGES);
         plugin.push(took);

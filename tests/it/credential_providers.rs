@@ -81,7 +81,7 @@ async fn containerd_pulls_a_private_image_with_a_providers_credential() {
 
     let with = |config: &std::path::Path, bin: &std::path::Path| {
         let providers = Providers::load(config, bin).unwrap();
-        let credentials = Arc::new(Credentials::default().with_providers(providers));
+        let credentials = Arc::new(Credentials::default().with_providers(Arc::new(providers)));
         support::reconciler_with(&containerd, &registry.host, quick, false, credentials)
     };
 

@@ -37,7 +37,7 @@ pub struct NodeConfig {
     /// Registry credentials (kubelet `config.json`).
     pub auth: Option<PathBuf>,
     /// The kubelet's image credential providers, for what `auth` has no credential for.
-    pub credential_providers: Option<ProviderFiles>,
+    pub credential_providers: Option<Arc<Providers>>,
     /// Registries (`host[:port]`) spoken to over plain HTTP when sizing.
     pub insecure_registries: Vec<String>,
     /// Size absent images from their registries.
@@ -46,16 +46,6 @@ pub struct NodeConfig {
     pub mirrors: MirrorFlags,
     /// The total time of one round of sizing.
     pub sizing_budget: std::time::Duration,
-}
-
-/// The kubelet's image credential providers as its flags name them
-/// (`--image-credential-provider-config`, `--image-credential-provider-bin-dir`).
-#[derive(Clone, Debug)]
-pub struct ProviderFiles {
-    /// The `CredentialProviderConfig` (YAML or JSON).
-    pub config: PathBuf,
-    /// The directory of the plugins, each named as its provider.
-    pub bin_dir: PathBuf,
 }
 
 /// The node's mirror configuration as flags name it; what is not named is found as the runtime
@@ -194,17 +184,17 @@ impl NodeConfig {
 }
 
 /// The registry credentials of a kubelet `config.json` (none without one), and of the kubelet's
-/// image credential providers where they are named.
+/// image credential providers where there are some.
 pub fn credentials(
     auth: Option<&std::path::Path>,
-    providers: Option<&ProviderFiles>,
+    providers: Option<&Arc<Providers>>,
 ) -> Result<Arc<Credentials>, AuthError> {
     let credentials = match auth {
         Some(path) => Credentials::load(path)?,
         None => Credentials::default(),
     };
     Ok(Arc::new(match providers {
-        Some(files) => credentials.with_providers(Providers::load(&files.config, &files.bin_dir)?),
+        Some(providers) => credentials.with_providers(providers.clone()),
         None => credentials,
     }))
 }

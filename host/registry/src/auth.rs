@@ -129,10 +129,11 @@ impl Credentials {
         }
     }
 
-    /// These credentials, and `providers`' for the images they have none for.
-    pub fn with_providers(self, providers: Providers) -> Self {
+    /// These credentials, and `providers`' for the images they have none for (one set of
+    /// providers, shared: one plugin run and one kept answer serve every client).
+    pub fn with_providers(self, providers: Arc<Providers>) -> Self {
         Self {
-            providers: Some(Arc::new(providers)),
+            providers: Some(providers),
             ..self
         }
     }

@@ -147,10 +147,7 @@ pub struct RegistryOpts {
 impl RegistryOpts {
     pub fn artifacts(&self) -> anyhow::Result<pinset_registry::artifact::Artifacts> {
         let sources = sources::get();
-        let credentials = pinset_node::config::credentials(
-            sources.auth(self.policy_auth.as_deref()).as_deref(),
-            sources::providers(),
-        )?;
+        let credentials = sources::credentials(self.policy_auth.as_deref())?;
         Ok(pinset_registry::artifact::Artifacts::new(
             sources.insecure(&self.policy_insecure_registry),
             credentials,

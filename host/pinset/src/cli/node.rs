@@ -10,7 +10,7 @@ use pinset_core::status::NodeStatus;
 use pinset_core::timeline::Recorder;
 use pinset_core::yaml::Fields;
 use pinset_k8s::objects::{self, Objects};
-use pinset_node::config::{MirrorFlags, ProviderFiles};
+use pinset_node::config::MirrorFlags;
 use pinset_node::cri::client::{STANDARD_ENDPOINTS, find_endpoint};
 use pinset_node::executor::Event;
 use pinset_node::pin::AnyPins;
@@ -97,18 +97,9 @@ impl RegistryAccess {
         super::sources::get().auth(self.auth.as_deref())
     }
 
-    /// The kubelet's image credential providers, when named (`--image-credential-provider-*`,
-    /// global: policies reach registries through them too).
-    pub fn credential_providers(&self) -> Option<ProviderFiles> {
-        super::sources::providers().cloned()
-    }
-
     /// The credentials these flags name: the credentials file's and the providers'.
     pub fn credentials(&self) -> Result<Arc<Credentials>> {
-        Ok(pinset_node::config::credentials(
-            self.auth().as_deref(),
-            self.credential_providers().as_ref(),
-        )?)
+        super::sources::credentials(self.auth.as_deref())
     }
 
     /// The registries spoken to over plain HTTP (`--insecure-registry` and the file's).
@@ -466,7 +457,7 @@ impl RuntimeOpts {
             crio_dropin_dir: self.crio_dropin_dir.clone(),
             crio_reload: Reload::from_flag(self.crio_reload.as_deref()),
             auth: self.sizing.registry.auth(),
-            credential_providers: self.sizing.registry.credential_providers(),
+            credential_providers: super::sources::providers().cloned(),
             insecure_registries: self.sizing.registry.insecure(),
             sizing: !self.sizing.no_sizing,
             mirrors: self.sizing.mirrors(),

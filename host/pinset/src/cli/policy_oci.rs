@@ -20,10 +20,7 @@ pub struct OciOpts {
 impl OciOpts {
     fn artifacts(&self) -> Result<Artifacts> {
         let sources = super::sources::get();
-        let credentials = pinset_node::config::credentials(
-            sources.auth(self.auth.as_deref()).as_deref(),
-            super::sources::providers(),
-        )?;
+        let credentials = super::sources::credentials(self.auth.as_deref())?;
         Ok(Artifacts::new(
             sources.insecure_registries.clone(),
             credentials,

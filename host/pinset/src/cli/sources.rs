@@ -3,12 +3,12 @@
 //! credential providers (`--image-credential-provider-*`) say, read once at start.
 
 use anyhow::Result;
-use pinset_node::config::ProviderFiles;
+use pinset_registry::credential_provider::Providers;
 use pinset_registry::sources::Sources;
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 
 static SOURCES: OnceLock<Sources> = OnceLock::new();
-static PROVIDERS: OnceLock<ProviderFiles> = OnceLock::new();
+static PROVIDERS: OnceLock<Arc<Providers>> = OnceLock::new();
 
 /// The registries every command reaches, as its global flags name them.
 #[derive(clap::Args, Clone, Debug, Default)]
@@ -44,12 +44,14 @@ pub struct RegistryFlags {
 }
 
 /// Read the registries file (`--registries`, else the environment's or the user's) and add
-/// `--insecure-registry`; keep the kubelet's credential providers when named.
+/// `--insecure-registry`; read the kubelet's credential providers when named (once: every
+/// client shares their plugin runs and kept answers).
 pub fn init(flags: &RegistryFlags) -> Result<()> {
-    let providers = flags.image_credential_provider_config.clone();
-    let providers = providers.zip(flags.image_credential_provider_bin_dir.clone());
-    if let Some((config, bin_dir)) = providers {
-        let _ = PROVIDERS.set(ProviderFiles { config, bin_dir });
+    let providers = flags.image_credential_provider_config.as_deref();
+    if let Some((config, bin_dir)) =
+        providers.zip(flags.image_credential_provider_bin_dir.as_deref())
+    {
+        let _ = PROVIDERS.set(Arc::new(Providers::load(config, bin_dir)?));
     }
     let mut sources = Sources::load(flags.registries.as_deref())?;
     sources.insecure_registries = sources.insecure(&flags.insecure_registry);
@@ -62,8 +64,20 @@ pub fn init(flags: &RegistryFlags) -> Result<()> {
 
 /// The kubelet's image credential providers `--image-credential-provider-*` named, for images
 /// and policies alike.
-pub fn providers() -> Option<&'static ProviderFiles> {
+pub fn providers() -> Option<&'static Arc<Providers>> {
     PROVIDERS.get()
+}
+
+/// The credentials of `auth` (else the registries file's) and of the credential providers:
+/// what every command reaches registries with, images and policies alike.
+pub fn credentials(
+    auth: Option<&std::path::Path>,
+) -> Result<Arc<pinset_registry::auth::Credentials>> {
+    let auth = get().auth(auth);
+    Ok(pinset_node::config::credentials(
+        auth.as_deref(),
+        providers(),
+    )?)
 }
 
 /// What [`init`] read; nothing marked before it.
