@@ -175,3 +175,24 @@ fn a_policy_in_a_private_registry_is_fetched_with_a_providers_credential() {
     assert_eq!(code, 0, "{err}");
     support::assert_says(&out, &["policy smallest-first 0.1.0", &policy]);
 }
+
+/// The kubelet's two flags go together: one without the other is refused with both named,
+/// wherever it stands (before the command or after it).
+#[test]
+fn one_credential_provider_flag_without_the_other_is_refused() {
+    for args in [
+        &["--image-credential-provider-config", "c.yaml", "completion", "bash"][..],
+        &["completion", "bash", "--image-credential-provider-config", "c.yaml"],
+        &["completion", "bash", "--image-credential-provider-bin-dir", "bin"],
+    ] {
+        let (code, _, err) = support::pinset(args);
+        assert_eq!(code, 1, "{args:?}: {err}");
+        support::assert_says(
+            &err,
+            &[
+                "--image-credential-provider-config and --image-credential-provider-bin-dir",
+                "give both or neither",
+            ],
+        );
+    }
+}

@@ -21,6 +21,8 @@ struct Run {
     out: String,
     err: String,
     max_rss_kib: i64,
+    /// `/proc/PID/status`'s memory and thread lines when the peak was read: where it went.
+    at_peak: String,
     took: Duration,
 }
 
@@ -45,9 +47,12 @@ fn measured(args: &[&str]) -> Run {
     };
     let out = read(Box::new(child.stdout.take().unwrap()));
     let err = read(Box::new(child.stderr.take().unwrap()));
-    let (pid, mut peak) = (child.id(), 0);
+    let (pid, mut peak, mut at_peak) = (child.id(), 0, String::new());
     let status = loop {
-        peak = peak.max(support::procfs::status_kib(pid, "VmHWM:"));
+        let now = support::procfs::status_kib(pid, "VmHWM:");
+        if now > peak {
+            (peak, at_peak) = (now, memory_lines(pid));
+        }
         if let Some(status) = child.try_wait().unwrap() {
             break status;
         }
@@ -58,8 +63,23 @@ fn measured(args: &[&str]) -> Run {
         out: out.join().unwrap(),
         err: err.join().unwrap(),
         max_rss_kib: peak as i64,
+        at_peak,
         took: started.elapsed(),
     }
+}
+
+/// The memory and thread lines of `/proc/PID/status` (`VmHWM`, `RssAnon`, `RssFile`, …).
+fn memory_lines(pid: u32) -> String {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let wanted = [
+        "VmHWM", "VmRSS", "RssAnon", "RssFile", "RssShmem", "Threads",
+    ];
+    status
+        .lines()
+        .filter(|l| wanted.iter().any(|w| l.starts_with(w)))
+        .map(|l| l.split_whitespace().collect::<Vec<_>>().join(" "))
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// `pinset set from-images apps ADDR/team/app:v1 --insecure-registry ADDR EXTRA…`, measured.
@@ -100,9 +120,10 @@ impl Run {
         // A failure says all the run said, for the next reader to tell where the memory went.
         assert!(
             self.max_rss_kib < MAX_RSS_KIB,
-            "{what}: {} KiB in {:?}; stderr: {}",
+            "{what}: {} KiB in {:?} ({}); stderr: {}",
             self.max_rss_kib,
             self.took,
+            self.at_peak,
             self.err
         );
         assert!(

@@ -28,7 +28,6 @@ use std::path::{Path, PathBuf};
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct FleetScenario {
     pub name: String,
-    #[serde(default)]
     pub description: Option<String>,
     pub fleet: FleetSpec,
     #[serde(default)]
@@ -78,12 +77,10 @@ pub struct NodeSpec {
     #[serde(default = "yes")]
     pub ready: bool,
     /// Defaults to true for pulling nodes, false otherwise.
-    #[serde(default)]
     pub granted: Option<bool>,
     #[serde(default = "waiting")]
     pub phase: PhaseName,
     /// The error of a failed node.
-    #[serde(default)]
     pub error: Option<String>,
 }
 
@@ -96,17 +93,13 @@ fn waiting() -> PhaseName {
 }
 
 #[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields, rename_all = "camelCase")]
+#[serde(default, deny_unknown_fields, rename_all = "camelCase")]
 pub struct FleetExpect {
     /// Names of the nodes granted now, in any order.
-    #[serde(default)]
     pub grant: Option<Vec<String>>,
-    #[serde(default)]
     pub max_pulls: Option<u32>,
-    #[serde(default)]
     pub reason_contains: Option<String>,
     /// The answer must be the default fleet policy's, after the policy failed.
-    #[serde(default)]
     pub fallback: Option<bool>,
 }
 

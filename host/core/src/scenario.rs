@@ -52,7 +52,6 @@ pub enum ScenarioError {
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct Scenario {
     pub name: String,
-    #[serde(default)]
     pub description: Option<String>,
     pub node: NodeSpec,
     #[serde(default)]
@@ -77,7 +76,6 @@ pub struct NodeSpec {
     pub ready: bool,
     #[serde(default)]
     pub disk_pressure: bool,
-    #[serde(default)]
     pub allocatable: Option<Bytes>,
 }
 

@@ -248,24 +248,20 @@ pub struct WasmConfig {
     /// RFC 3339. pinset writes `SOURCE_DATE_EPOCH` when set, else the Unix epoch, so that pushing
     /// one module twice gives one manifest digest.
     pub created: String,
-    #[serde(default)]
     pub author: Option<String>,
     pub architecture: String,
     pub os: String,
     #[serde(default)]
     pub layer_digests: Vec<String>,
-    #[serde(default)]
     pub component: Option<ComponentWorld>,
 }
 
 /// What a component exports and imports (interface names), as the config records it.
 #[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(default)]
 pub struct ComponentWorld {
-    #[serde(default)]
     pub exports: Vec<String>,
-    #[serde(default)]
     pub imports: Vec<String>,
-    #[serde(default)]
     pub target: Option<String>,
 }
 

@@ -119,21 +119,9 @@ impl Client {
     }
 
     /// Send `request` — a URL on `endpoint` — for `actions` (`pull`, `pull,push`) on its
-    /// repository, authenticating once if the registry asks; the answer whatever its status.
+    /// repository, authenticating once if the registry asks; the answer whatever its status,
+    /// a successful answer's body streamed to `sink` when there is one ([`Http::send_to`]).
     pub async fn send(
-        &self,
-        endpoint: &Endpoint,
-        request: Request,
-        actions: &str,
-        limit: Limit,
-        deadline: Duration,
-    ) -> Result<Answer, RegistryError> {
-        self.send_to(endpoint, request, actions, limit, deadline, None)
-            .await
-    }
-
-    /// [`Client::send`], a successful answer's body streamed to `sink` ([`Http::send_to`]).
-    pub async fn send_to(
         &self,
         endpoint: &Endpoint,
         request: Request,
@@ -511,6 +499,7 @@ mod hostile {
                 "pull",
                 MANIFEST,
                 Duration::from_secs(10),
+                None,
             )
             .await
     }

@@ -207,7 +207,6 @@ struct ProviderSpec {
     args: Vec<String>,
     #[serde(default)]
     env: Vec<EnvVar>,
-    #[serde(default)]
     token_attributes: Option<serde_json::Value>,
 }
 

@@ -35,7 +35,7 @@ impl Client {
         let mut last = None;
         for scheme in self.schemes(endpoint) {
             match self
-                .send(endpoint, build(scheme), actions, limit, deadline)
+                .send(endpoint, build(scheme), actions, limit, deadline, None)
                 .await
             {
                 // The next scheme may answer (an insecure endpoint: TLS first, then plain HTTP).
@@ -137,7 +137,7 @@ impl Client {
             let request = Request::get(endpoint.url(scheme, &format!("blobs/{digest}")));
             let limit = limit.at_most(size.min(limit.max_bytes));
             match self
-                .send_to(
+                .send(
                     endpoint,
                     request,
                     "pull",
@@ -195,7 +195,7 @@ impl Client {
         }
         .header(header::CONTENT_TYPE, "application/octet-stream");
         let done = self
-            .send(endpoint, put, "pull,push", UPLOAD_ANSWER, deadline)
+            .send(endpoint, put, "pull,push", UPLOAD_ANSWER, deadline, None)
             .await?;
         expect(done, "PUT", StatusCode::CREATED).map(|_| digest)
     }

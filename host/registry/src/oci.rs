@@ -110,9 +110,7 @@ impl Manifest {
         #[derive(serde::Deserialize)]
         #[serde(rename_all = "camelCase")]
         struct Probe {
-            #[serde(default)]
             media_type: Option<String>,
-            #[serde(default)]
             manifests: Option<serde_json::Value>,
         }
         let probe: Probe = serde_json::from_slice(bytes).map_err(|e| format!("not JSON: {e}"))?;

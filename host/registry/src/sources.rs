@@ -19,13 +19,11 @@ use std::path::{Path, PathBuf};
 pub const ENV: &str = "PINSET_REGISTRIES";
 
 #[derive(Clone, Debug, Default, PartialEq, serde::Deserialize)]
-#[serde(deny_unknown_fields, rename_all = "camelCase")]
+#[serde(default, deny_unknown_fields, rename_all = "camelCase")]
 pub struct Sources {
     /// Registries (`host[:port]`) spoken to over plain HTTP.
-    #[serde(default)]
     pub insecure_registries: Vec<String>,
     /// A `config.json` with the registries' credentials.
-    #[serde(default)]
     pub auth: Option<PathBuf>,
     /// The file these came from (`None`: no file).
     #[serde(skip)]

@@ -3,15 +3,7 @@
 use crate::fleet_bindings::pinset::fleet::{host, types as wit};
 use crate::{Fleet, fleet as types};
 
-pub fn log(level: crate::Level, message: &str) {
-    let level = match level {
-        crate::Level::Debug => wit::Level::Debug,
-        crate::Level::Info => wit::Level::Info,
-        crate::Level::Warn => wit::Level::Warn,
-        crate::Level::Error => wit::Level::Error,
-    };
-    host::log(level, message);
-}
+host_log!();
 
 pub fn info<F: Fleet + Default>() -> wit::PolicyInfo {
     let i = F::default().info();

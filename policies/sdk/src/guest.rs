@@ -5,15 +5,7 @@ use crate::prelude::*;
 use crate::bindings::pinset::policy::{host, types as wit};
 use crate::{Policy, types};
 
-pub fn log(level: types::Level, message: &str) {
-    let level = match level {
-        types::Level::Debug => wit::Level::Debug,
-        types::Level::Info => wit::Level::Info,
-        types::Level::Warn => wit::Level::Warn,
-        types::Level::Error => wit::Level::Error,
-    };
-    host::log(level, message);
-}
+host_log!();
 
 /// A record of the contract moved into the SDK's struct of the same name, from the record's one
 /// list ([`crate::node_facts_fields!`] and its siblings). The pattern names every field without

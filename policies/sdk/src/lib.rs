@@ -115,6 +115,24 @@ pub fn log(level: Level, message: &str) {
 // wit-bindgen's output for `wit/`, generated once and checked in (`src/generated/`, written by
 // `scripts/codegen`, whose `--check` fails when they are stale), so building a policy compiles
 // no proc macro.
+/// `pub fn log` of a contract's glue module: the SDK's [`Level`] as the contract's `level` (the
+/// `wit` types module where it is called) through the contract's `host::log` import. Both
+/// contracts declare the same `level` enum; this is its one mapping.
+#[cfg(target_arch = "wasm32")]
+macro_rules! host_log {
+    () => {
+        pub fn log(level: crate::Level, message: &str) {
+            let level = match level {
+                crate::Level::Debug => wit::Level::Debug,
+                crate::Level::Info => wit::Level::Info,
+                crate::Level::Warn => wit::Level::Warn,
+                crate::Level::Error => wit::Level::Error,
+            };
+            host::log(level, message);
+        }
+    };
+}
+
 #[cfg(all(target_arch = "wasm32", feature = "decisions"))]
 #[doc(hidden)]
 #[rustfmt::skip]

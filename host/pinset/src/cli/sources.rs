@@ -5,6 +5,7 @@
 use anyhow::Result;
 use pinset_registry::credential_provider::Providers;
 use pinset_registry::sources::Sources;
+use std::path::PathBuf;
 use std::sync::{Arc, OnceLock};
 
 static SOURCES: OnceLock<Sources> = OnceLock::new();
@@ -16,7 +17,7 @@ pub struct RegistryFlags {
     /// The registries file (`insecureRegistries`, `auth`), for images and policies alike;
     /// default: $PINSET_REGISTRIES, else ~/.config/pinset/registries.yaml when it exists.
     #[arg(long, global = true, value_name = "FILE")]
-    pub registries: Option<std::path::PathBuf>,
+    pub registries: Option<PathBuf>,
     /// A registry (`host[:port]`) to speak plain HTTP to, for images and policies alike (added
     /// to the registries file's); repeatable.
     #[arg(long, global = true, value_name = "HOST")]
@@ -25,33 +26,32 @@ pub struct RegistryFlags {
     /// or JSON, as the kubelet's flag of this name reads it): the exec plugins that give
     /// credentials for the registries --auth has none for (ECR, ACR, Artifact Registry), for
     /// images and policies alike.
-    #[arg(
-        long,
-        global = true,
-        value_name = "FILE",
-        requires = "image_credential_provider_bin_dir"
-    )]
-    pub image_credential_provider_config: Option<std::path::PathBuf>,
+    #[arg(long, global = true, value_name = "FILE")]
+    pub image_credential_provider_config: Option<PathBuf>,
     /// The directory of the credential provider plugins, each named as its provider (the
-    /// kubelet's flag of this name).
-    #[arg(
-        long,
-        global = true,
-        value_name = "DIR",
-        requires = "image_credential_provider_config"
-    )]
-    pub image_credential_provider_bin_dir: Option<std::path::PathBuf>,
+    /// kubelet's flag of this name). Both flags or neither.
+    #[arg(long, global = true, value_name = "DIR")]
+    pub image_credential_provider_bin_dir: Option<PathBuf>,
 }
 
 /// Read the registries file (`--registries`, else the environment's or the user's) and add
 /// `--insecure-registry`; read the kubelet's credential providers when named (once: every
 /// client shares their plugin runs and kept answers).
 pub fn init(flags: &RegistryFlags) -> Result<()> {
-    let providers = flags.image_credential_provider_config.as_deref();
-    if let Some((config, bin_dir)) =
-        providers.zip(flags.image_credential_provider_bin_dir.as_deref())
-    {
-        let _ = PROVIDERS.set(Arc::new(Providers::load(config, bin_dir)?));
+    let providers = (
+        flags.image_credential_provider_config.as_deref(),
+        flags.image_credential_provider_bin_dir.as_deref(),
+    );
+    match providers {
+        (Some(config), Some(bin_dir)) => {
+            let _ = PROVIDERS.set(Arc::new(Providers::load(config, bin_dir)?));
+        }
+        (None, None) => {}
+        // A global flag's requirement is not checked wherever it stands: checked here.
+        _ => anyhow::bail!(
+            "--image-credential-provider-config and --image-credential-provider-bin-dir go \
+             together, as the kubelet's do: give both or neither"
+        ),
     }
     let mut sources = Sources::load(flags.registries.as_deref())?;
     sources.insecure_registries = sources.insecure(&flags.insecure_registry);

@@ -50,13 +50,10 @@ pub struct HostsDir {
 
 #[derive(Deserialize)]
 struct HostToml {
-    #[serde(default)]
     server: Option<String>,
-    #[serde(default)]
     capabilities: Option<Vec<String>>,
     #[serde(default)]
     skip_verify: bool,
-    #[serde(default)]
     ca: Option<OneOrMany>,
     #[serde(default)]
     override_path: bool,

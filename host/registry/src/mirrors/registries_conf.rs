@@ -53,7 +53,6 @@ struct FileToml {
     #[serde(default)]
     registry: Vec<Spanned<RegistryToml>>,
     /// Version 1.
-    #[serde(default)]
     registries: Option<V1Toml>,
 }
 
