@@ -181,9 +181,24 @@ fn a_policy_in_a_private_registry_is_fetched_with_a_providers_credential() {
 #[test]
 fn one_credential_provider_flag_without_the_other_is_refused() {
     for args in [
-        &["--image-credential-provider-config", "c.yaml", "completion", "bash"][..],
-        &["completion", "bash", "--image-credential-provider-config", "c.yaml"],
-        &["completion", "bash", "--image-credential-provider-bin-dir", "bin"],
+        &[
+            "--image-credential-provider-config",
+            "c.yaml",
+            "completion",
+            "bash",
+        ][..],
+        &[
+            "completion",
+            "bash",
+            "--image-credential-provider-config",
+            "c.yaml",
+        ],
+        &[
+            "completion",
+            "bash",
+            "--image-credential-provider-bin-dir",
+            "bin",
+        ],
     ] {
         let (code, _, err) = support::pinset(args);
         assert_eq!(code, 1, "{args:?}: {err}");

@@ -135,6 +135,14 @@ fn embedded_default_matches_the_native_reference_on_synthetic_inputs() {
     }
 }
 
+/// `pinset policy test SCENARIOS` fails (exit 1), its report saying each of `phrases`.
+#[track_caller]
+fn policy_test_fails(scenarios: &std::path::Path, phrases: &[&str]) {
+    let (code, stdout, _) = pinset(&["policy", "test", scenarios.to_str().unwrap()]);
+    assert_eq!(code, 1, "{stdout}");
+    support::assert_says(&stdout, phrases);
+}
+
 #[test]
 fn cli_policy_test_passes_and_fails_with_a_diff() {
     let scenarios = workspace().join("examples/scenarios");
@@ -146,10 +154,8 @@ fn cli_policy_test_passes_and_fails_with_a_diff() {
         "wrong.yaml",
         "name: expects the wrong concurrency\nnode: {name: m, labels: {node-role.kubernetes.io/master: ''}, allocatable: 50Gi}\nexpect: {concurrency: 5}\n",
     );
-    let (code, stdout, _) = pinset(&["policy", "test", bad.to_str().unwrap()]);
-    assert_eq!(code, 1, "{stdout}");
-    support::assert_says(
-        &stdout,
+    policy_test_fails(
+        &bad,
         &[
             "FAIL  expects the wrong concurrency",
             "- expected 5",
@@ -227,10 +233,8 @@ expect:
 ",
     )
     .unwrap();
-    let (code, stdout, _) = pinset(&["policy", "test", order.to_str().unwrap()]);
-    assert_eq!(code, 1, "{stdout}");
-    support::assert_says(
-        &stdout,
+    policy_test_fails(
+        &order,
         &[
             "first difference at position 1: expected r/c@sha256:cc, actual r/b@sha256:bb",
             "expect.admission.images: names image(s) the scenario's images do not list: [\"r/x@sha256:00\"]",

@@ -540,12 +540,16 @@ async fn what_is_not_a_readable_release_is_one_clear_error_and_nothing_printed()
     assert_eq!(blobs(&huge), 0, "a layer over the limit is not asked for");
 }
 
+/// A Deployment as a cluster takes it (a selector, its template's labels).
 const WEB: &str = "\
 apiVersion: apps/v1
 kind: Deployment
-metadata: {name: web}
+metadata: {name: web, labels: {app: web}}
 spec:
+  replicas: 2
+  selector: {matchLabels: {app: web}}
   template:
+    metadata: {labels: {app: web}}
     spec:
       initContainers: [{name: migrate, image: DARK/team/web:v1}]
       containers:

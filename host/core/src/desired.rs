@@ -333,11 +333,10 @@ mod tests {
         assert_eq!(d.sets.len(), 1);
         assert_eq!(d.images.len(), 1);
         let msg = d.invalid[0].to_string();
-        assert!(
-            msg.contains("PinnedImageSet bad")
-                && msg.contains("quay.io/x/y:latest")
-                && msg.contains("by digest"),
-            "{msg}"
+        assert_eq!(
+            msg,
+            "PinnedImageSet bad: image quay.io/x/y:latest: \"quay.io/x/y:latest\" has a tag but no \
+             digest: pin images by digest (name@sha256:<64 hex digits>)"
         );
     }
 

@@ -57,39 +57,26 @@ mod tests {
     #[test]
     fn the_transition_time_moves_only_with_the_status() {
         let first = make(&[], "Degraded", true, "Failed", "image x", Some(1));
-        let again = make(
-            std::slice::from_ref(&first),
-            "Degraded",
-            true,
-            "Failed",
-            "image y",
-            Some(1),
-        );
-        assert_eq!(again.last_transition_time, first.last_transition_time);
-        assert!(!same(&first, &again), "the message changed");
-        assert!(same(
-            &first,
-            &make(
+        // `Degraded` made again over `first`.
+        let over_first = |status: bool, reason: &str, message: &str| {
+            make(
                 std::slice::from_ref(&first),
                 "Degraded",
-                true,
-                "Failed",
-                "image x",
-                Some(1)
+                status,
+                reason,
+                message,
+                Some(1),
             )
-        ));
+        };
+        let again = over_first(true, "Failed", "image y");
+        assert_eq!(again.last_transition_time, first.last_transition_time);
+        assert!(!same(&first, &again), "the message changed");
+        assert!(same(&first, &over_first(true, "Failed", "image x")));
         // A transition at a later instant than the first (the clock's next tick, waited for).
         while k8s_openapi::jiff::Timestamp::now() <= first.last_transition_time.0 {
             std::hint::spin_loop();
         }
-        let cleared = make(
-            std::slice::from_ref(&first),
-            "Degraded",
-            false,
-            "AsExpected",
-            "",
-            Some(1),
-        );
+        let cleared = over_first(false, "AsExpected", "");
         assert!(cleared.last_transition_time.0 > first.last_transition_time.0);
     }
 }

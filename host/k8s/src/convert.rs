@@ -298,11 +298,10 @@ spec:
                 values: None,
             }]);
         let e = pool(&bad).unwrap_err().to_string();
-        assert!(
-            e.contains("MachineConfigPool infra")
-                && e.contains("spec.nodeSelector")
-                && e.contains("Gt"),
-            "{e}"
+        assert_eq!(
+            e,
+            "MachineConfigPool infra: spec.nodeSelector: operator \"Gt\" is not one of In, NotIn, \
+             Exists, DoesNotExist"
         );
     }
 

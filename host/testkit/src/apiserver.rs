@@ -317,23 +317,17 @@ impl ApiServer {
 
     async fn wait_ready(&self) {
         let client = self.client().await;
-        let deadline = Instant::now() + Duration::from_secs(60);
-        loop {
-            // /readyz never turns ready on this server (no Services to watch): the API group
-            // answering is the sign.
+        // /readyz never turns ready on this server (no Services to watch): the API group
+        // answering is the sign.
+        let serves = || async {
             let req = http::Request::get("/apis/apiextensions.k8s.io/v1")
                 .body(Vec::new())
                 .unwrap();
-            if client.request_text(req).await.is_ok() {
-                return;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "the API server did not serve within 60 s:\n{}",
-                self.log()
-            );
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
+            client.request_text(req).await.map_err(|e| e.to_string())
+        };
+        let (within, every) = (Duration::from_secs(60), Duration::from_millis(200));
+        let log = || self.log();
+        crate::poll_until("the API server serves", within, every, &log, serves).await;
     }
 
     pub fn log(&self) -> String {
@@ -403,20 +397,20 @@ impl ApiServer {
             .await
             .unwrap_or_else(|e| panic!("apply CRD {name}: {e}"));
             let deadline = Instant::now() + Duration::from_secs(30);
-            loop {
-                let c = api.get(&name).await.unwrap();
-                let established = c
-                    .status
-                    .and_then(|s| s.conditions)
-                    .unwrap_or_default()
+            let established = || async {
+                let c = api.get(&name).await.map_err(|e| e.to_string())?;
+                let conditions = c.status.and_then(|s| s.conditions).unwrap_or_default();
+                let yes = conditions
                     .iter()
                     .any(|c| c.type_ == "Established" && c.status == "True");
-                if established {
-                    break;
-                }
-                assert!(Instant::now() < deadline, "CRD {name} not Established");
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
+                yes.then_some(()).ok_or(format!("{conditions:?}"))
+            };
+            crate::wait_for(
+                &format!("CRD {name} Established"),
+                Duration::from_secs(30),
+                established,
+            )
+            .await;
             self.wait_served(&crd, deadline).await;
         }
     }

@@ -20,6 +20,8 @@ pub use costly::costly_component;
 pub mod hostile;
 pub mod procfs;
 pub mod rbac;
+mod wait;
+pub use wait::{poll_until, wait_for};
 
 use pinset_registry::Client;
 use pinset_registry::mirrors::Endpoint;

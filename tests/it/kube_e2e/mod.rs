@@ -700,26 +700,27 @@ impl PolicyNode {
     /// Wait until the node says it runs `module` (a reference of [`Releases`]).
     async fn runs(&self, module: &str) {
         let want = format!("oci://{module}");
-        eventually(
-            &format!("the node runs {want}"),
-            &|| self.logs(),
-            || async {
-                let (running, ..) = policy_of(&self.nodes, Self::NAME).await?;
-                (running.as_deref() == Some(want.as_str()))
-                    .then_some(())
-                    .ok_or(format!("{running:?}"))
-            },
-        )
+        let runs = |(running, ..): &NodePolicy| running.as_deref() == Some(want.as_str());
+        self.policy_becomes(&format!("the node runs {want}"), runs)
+            .await;
+    }
+
+    /// Wait until what the node says of its policy ([`policy_of`]) is as `wanted` says.
+    async fn policy_becomes(&self, what: &str, wanted: impl Fn(&NodePolicy) -> bool) {
+        eventually(what, &|| self.logs(), || async {
+            let said = policy_of(&self.nodes, Self::NAME).await?;
+            wanted(&said).then_some(()).ok_or(format!("{said:?}"))
+        })
         .await;
     }
 }
 
+/// What a node says of its policy, as [`policy_of`] reads it.
+type NodePolicy = (Option<String>, Option<String>, (String, String));
+
 /// The node policy of node `name`: the module it runs, the reason of the refusal it reports (if
 /// any), and its PolicyFallback condition's (status, reason).
-async fn policy_of(
-    nodes: &Api<MachineConfigNode>,
-    name: &str,
-) -> Result<(Option<String>, Option<String>, (String, String)), String> {
+async fn policy_of(nodes: &Api<MachineConfigNode>, name: &str) -> Result<NodePolicy, String> {
     let st = nodes
         .get(name)
         .await

@@ -114,22 +114,18 @@ async fn a_registry_away_is_waited_for_and_a_removed_key_retires_what_it_vouched
     };
     let client = n.cluster.client.clone();
     let pools: Api<MachineConfigPool> = Api::all(client.clone());
-    let (nodes, name, releases) = (n.nodes.clone(), PolicyNode::NAME, n.releases.clone());
+    let releases = n.releases.clone();
     let v3 = format!("oci://{}", releases.v3);
     let v1 = format!("oci://{}", releases.v1);
 
     // The registry goes away, and the pool's policy changes to v3, which no node has.
     n.cluster.registry.stop();
     releases.configure(&client, &releases.v3, None).await;
-    eventually(
+    n.policy_becomes(
         "the canary waits for the registry",
-        &|| n.logs(),
-        || async {
-            let (module, rejected, fallback) = policy_of(&nodes, name).await?;
-            let waiting = fallback == ("False".into(), "WaitingForRegistry".into());
-            (waiting && rejected.is_none() && module.as_deref() == Some(v1.as_str()))
-                .then_some(())
-                .ok_or(format!("{module:?} {rejected:?} {fallback:?}"))
+        |(module, rejected, fallback)| {
+            let waiting = *fallback == ("False".into(), "WaitingForRegistry".into());
+            waiting && rejected.is_none() && module.as_deref() == Some(v1.as_str())
         },
     )
     .await;
@@ -141,15 +137,9 @@ async fn a_registry_away_is_waited_for_and_a_removed_key_retires_what_it_vouched
 
     // Back: the recheck takes v3.
     n.cluster.registry.restart();
-    eventually(
+    n.policy_becomes(
         "the node takes v3 once the registry is back",
-        &|| n.logs(),
-        || async {
-            let (module, rejected, _) = policy_of(&nodes, name).await?;
-            (module.as_deref() == Some(v3.as_str()) && rejected.is_none())
-                .then_some(())
-                .ok_or(format!("{module:?} {rejected:?}"))
-        },
+        |(module, rejected, _)| module.as_deref() == Some(v3.as_str()) && rejected.is_none(),
     )
     .await;
 
@@ -164,15 +154,11 @@ async fn a_registry_away_is_waited_for_and_a_removed_key_retires_what_it_vouched
         ..releases
     };
     rotated.configure(&client, &rotated.v3, None).await;
-    eventually(
+    n.policy_becomes(
         "the module no trusted key vouches for is retired",
-        &|| n.logs(),
-        || async {
-            let (module, rejected, _) = policy_of(&nodes, name).await?;
-            let default = module.as_deref() == Some(pinset_policy::EMBEDDED_DEFAULT_NAME);
-            (default && rejected.as_deref() == Some("SignatureRefused"))
-                .then_some(())
-                .ok_or(format!("{module:?} {rejected:?}"))
+        |(module, rejected, _)| {
+            module.as_deref() == Some(pinset_policy::EMBEDDED_DEFAULT_NAME)
+                && rejected.as_deref() == Some("SignatureRefused")
         },
     )
     .await;

@@ -444,42 +444,21 @@ mod tests {
     fn a_watched_rollout_as_a_timeline() {
         let mut w = Watched::default();
         let (wait, pull, done, fail) = (Phase::Waiting, Phase::Pulling, Phase::Done, Phase::Failed);
-        w.observe(
-            0,
-            [
-                ("a", true, pull),
-                ("b", false, wait),
-                ("c", false, wait),
-                ("old", false, done),
-            ],
-        );
-        w.observe(
-            100,
-            [
-                ("a", true, done),
-                ("b", true, pull),
-                ("c", false, wait),
-                ("old", false, done),
-            ],
-        );
-        w.observe(
-            250,
-            [
-                ("a", true, done),
-                ("b", true, fail),
-                ("c", false, done),
-                ("old", false, done),
-            ],
-        );
-        w.observe(
-            400,
-            [
-                ("a", true, done),
-                ("b", true, fail),
-                ("c", false, done),
-                ("old", false, done),
-            ],
-        );
+        // Each look: when, then a, b, c and old as (granted, phase).
+        #[rustfmt::skip]
+        let looks = [
+            (0, [(true, pull), (false, wait), (false, wait), (false, done)]),
+            (100, [(true, done), (true, pull), (false, wait), (false, done)]),
+            (250, [(true, done), (true, fail), (false, done), (false, done)]),
+            (400, [(true, done), (true, fail), (false, done), (false, done)]),
+        ];
+        for (at_ms, nodes) in looks {
+            let named = ["a", "b", "c", "old"].into_iter().zip(nodes);
+            w.observe(
+                at_ms,
+                named.map(|(n, (granted, phase))| (n, granted, phase)),
+            );
+        }
         let t = w.timeline("t".into(), vec![], 500);
         assert_eq!(t.lane_names, ["a", "b", "c", "old"]);
         let bars: Vec<Option<(MarkKind, f64, f64)>> = t

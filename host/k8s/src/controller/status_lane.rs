@@ -379,6 +379,12 @@ mod tests {
     #[test]
     fn a_status_from_a_snapshot_the_lane_wrote_over_is_sent_with_the_version_it_produced() {
         let mut slots = Slots::default();
+        // The version a status of pool `a` computed from snapshot `based_on` is sent with.
+        let sent_with = |slots: &Slots, based_on: &str, done: u32| {
+            slots
+                .precondition(&status("a", based_on, done, false))
+                .unwrap()
+        };
         let first = status("a", "10", 1, false);
         assert_eq!(slots.precondition(&first), Some("10".into()));
         slots.offer(first.clone());
@@ -386,15 +392,9 @@ mod tests {
         let second = status("a", "10", 2, false);
         assert_eq!(slots.precondition(&second), Some("11".into()));
         slots.landed(&second, Some("12".into()));
-        assert_eq!(
-            slots.precondition(&status("a", "10", 3, false)),
-            Some("12".into())
-        );
+        assert_eq!(sent_with(&slots, "10", 3), "12");
         // The cache caught up with the first write only: still the lane's own version.
-        assert_eq!(
-            slots.precondition(&status("a", "11", 3, false)),
-            Some("12".into())
-        );
+        assert_eq!(sent_with(&slots, "11", 3), "12");
         assert!(slots.baseline("a", Some("11")).is_some());
         // Computed from a snapshot someone else wrote: sent as it is (a conflict if stale).
         let theirs = status("a", "13", 3, false);
@@ -402,19 +402,10 @@ mod tests {
         assert_eq!(slots.baseline("a", Some("13")), None);
         // Once it lands, the lane's versions start again from there.
         slots.landed(&theirs, Some("14".into()));
-        assert_eq!(
-            slots.precondition(&status("a", "13", 4, false)),
-            Some("14".into())
-        );
-        assert_eq!(
-            slots.precondition(&status("a", "11", 4, false)),
-            Some("11".into())
-        );
+        assert_eq!(sent_with(&slots, "13", 4), "14");
+        assert_eq!(sent_with(&slots, "11", 4), "11");
         slots.failed(&status("a", "10", 3, false));
-        assert_eq!(
-            slots.precondition(&status("a", "10", 3, false)),
-            Some("10".into())
-        );
+        assert_eq!(sent_with(&slots, "10", 3), "10");
     }
 
     #[test]

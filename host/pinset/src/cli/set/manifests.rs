@@ -118,9 +118,10 @@ mod tests {
 
     const APP: &str = "\
 apiVersion: apps/v1
-kind: Deployment
+kind: StatefulSet
 metadata: {name: web}
 spec:
+  serviceName: web
   template:
     spec:
       initContainers: [{name: init, image: 'q.io/a/init:v1'}]
@@ -148,11 +149,11 @@ metadata: {name: d}
             [
                 (
                     "q.io/a/init:v1".to_string(),
-                    Some("q.io/a/init:v1 (Deployment/web init container init)".to_string())
+                    Some("q.io/a/init:v1 (StatefulSet/web init container init)".to_string())
                 ),
                 (
                     format!("q.io/a/web@sha256:{}1", "0".repeat(63)),
-                    Some("Deployment/web container web".to_string())
+                    Some("StatefulSet/web container web".to_string())
                 ),
             ]
         );
@@ -165,7 +166,7 @@ metadata: {name: d}
         let e = read("app.yaml", &bad, &mut BTreeMap::new())
             .unwrap_err()
             .to_string();
-        assert!(e.starts_with("app.yaml:7:"), "{e}");
+        assert!(e.starts_with("app.yaml:8:"), "{e}");
         let e = read("b.yaml", "kind: Pod\nspec: [\n", &mut BTreeMap::new())
             .unwrap_err()
             .to_string();
