@@ -358,9 +358,15 @@ fn every_variant_renders_with_kubectl_and_matches_the_binary() {
     // The base with every component, as a user's kustomization would combine them (kustomize
     // takes relative paths only: the directory lies in target/, two levels below deploy/'s).
     let dir = tempfile::tempdir_in(support::workspace().join("target")).unwrap();
-    let components = ["crds", "metrics", "openshift", "eks-credential-provider"]
-        .map(|c| format!("  - ../../deploy/components/{c}\n"))
-        .concat();
+    let components = [
+        "crds",
+        "metrics",
+        "openshift",
+        "eks-credential-provider",
+        "startup-taint",
+    ]
+    .map(|c| format!("  - ../../deploy/components/{c}\n"))
+    .concat();
     std::fs::write(
         dir.path().join("kustomization.yaml"),
         format!(
@@ -408,9 +414,23 @@ fn every_variant_renders_with_kubectl_and_matches_the_binary() {
             .any(|m| m["mountPath"] == dir && m["readOnly"] == true),
         "{mounts:?}"
     );
+    // The startup taint: the flag, and the agent's right to patch nodes.
+    support::assert_says(
+        &args,
+        &["--startup-taint=pinset.io/images-pending:NoSchedule"],
+    );
+    let taint_role = of_kind(&all, "ClusterRole")
+        .into_iter()
+        .find(|r| r["metadata"]["name"] == "pinset-agent-startup-taint")
+        .expect("the startup taint's ClusterRole");
+    assert_eq!(
+        taint_role["rules"],
+        serde_json::json!([{"apiGroups": [""], "resources": ["nodes"], "verbs": ["patch"]}])
+    );
     let flags = flags("agent");
     assert!(flags.contains("--image-credential-provider-config"));
     assert!(flags.contains("--image-credential-provider-bin-dir"));
+    assert!(flags.contains("--startup-taint"));
     let bindings: BTreeSet<&str> = of_kind(&all, "RoleBinding")
         .iter()
         .map(|b| b["roleRef"]["name"].as_str().unwrap())

@@ -14,6 +14,7 @@
 //! - [`rollout`]: a pool's rollout against its target (phases, the request a fleet policy gets,
 //!   which nodes a grant adds, the pool's ceiling, where a rollout stands); [`rollout_sim`]: a
 //!   whole rollout played offline against a fleet policy;
+//! - [`startup_taint`]: the taint that keeps a new node from pods until its sets are pinned;
 //! - [`timeline`]: pull and rollout timelines, drawn as SVG or a Chrome trace;
 //! - [`yaml`]: YAML read with positions (`FILE:LINE:COL: field.path`), unknown fields refused.
 //!
@@ -39,6 +40,7 @@ pub mod scenario;
 pub mod scenario_reference;
 pub mod selector;
 pub mod settle;
+pub mod startup_taint;
 pub mod status;
 pub mod timeline;
 pub mod yaml;

@@ -96,6 +96,13 @@ pub const POLICY_SWAPPED: Kind = Kind {
     regarding: NODE,
     when: "the node decides with another module (which, its name, version and digest)",
 };
+pub const STARTUP_TAINT_LIFTED: Kind = Kind {
+    reason: "StartupTaintLifted",
+    warning: false,
+    action: "Untaint",
+    regarding: NODE,
+    when: "the agent lifted the node's startup taint (`--startup-taint`): every set pinned, or the deadline passed (what was missing)",
+};
 pub const ROLLOUT_WAVE: Kind = Kind {
     reason: "RolloutWave",
     warning: false,
@@ -156,6 +163,7 @@ pub const ALL: &[Kind] = &[
     POLICY_REJECTED,
     POLICY_WAITING,
     POLICY_SWAPPED,
+    STARTUP_TAINT_LIFTED,
     ROLLOUT_WAVE,
     ROLLOUT_HELD,
     POOL_POLICY_FALLBACK,

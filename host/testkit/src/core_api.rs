@@ -1,6 +1,7 @@
 //! The core API's Nodes for tests, in front of the test API server (which serves none): an
 //! HTTPS endpoint on loopback, with the server's own certificate, that answers `/api/v1/nodes` —
-//! get, list and watch, a field selector on `metadata.name` honoured — from Nodes a test writes
+//! get, list and watch, a field selector on `metadata.name` honoured, and JSON merge patches
+//! (the resource version they name checked) — from Nodes a test writes
 //! ([`CoreApi::apply`]), and forwards every other request to the real API server as one client's
 //! identity (kube's [`kube::Client::send`]). Node requests are decided by the bed's RBAC
 //! authorizer, as the real server decides the rest; each decision is recorded with the others.
@@ -185,6 +186,12 @@ fn tls_acceptor((cert, key): &(PathBuf, PathBuf)) -> tokio_rustls::TlsAcceptor {
 impl State {
     async fn answer(&self, req: Request<Incoming>) -> Response<Body> {
         let path = req.uri().path();
+        if let Some(name) = path.strip_prefix("/api/v1/nodes/")
+            && req.method() == Method::PATCH
+        {
+            let name = name.to_string();
+            return self.patch(&name, req).await;
+        }
         if path == "/api/v1/nodes" || path.starts_with("/api/v1/nodes/") {
             return self.nodes(&req);
         }
@@ -225,7 +232,7 @@ impl State {
                 return status(
                     StatusCode::METHOD_NOT_ALLOWED,
                     "MethodNotAllowed",
-                    "nodes are read only here",
+                    "nodes are read and merge-patched only here",
                 );
             }
             (Some(_), _) => "get",
@@ -274,6 +281,65 @@ impl State {
                 self.watch(&nodes, from, selected)
             }
         }
+    }
+
+    /// A JSON merge patch (RFC 7386) of Node `name`, as the API server applies one: refused
+    /// with 409 when it names a resource version the Node is no longer at.
+    async fn patch(&self, name: &str, req: Request<Incoming>) -> Response<Body> {
+        if !self.allowed("patch", name) {
+            let user = &self.identity.user;
+            let why = format!(
+                "nodes \"{name}\" is forbidden: User \"{user}\" cannot patch resource \"nodes\" in API group \"\" at the cluster scope"
+            );
+            return status(StatusCode::FORBIDDEN, "Forbidden", &why);
+        }
+        let merge = req.headers().get(http::header::CONTENT_TYPE)
+            == Some(&http::HeaderValue::from_static(
+                "application/merge-patch+json",
+            ));
+        let body = http_body_util::Limited::new(req.into_body(), REQUEST_LIMIT);
+        let patch = match body
+            .collect()
+            .await
+            .map(|b| serde_json::from_slice::<Value>(&b.to_bytes()))
+        {
+            Ok(Ok(patch)) if merge => patch,
+            _ => {
+                return status(
+                    StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                    "UnsupportedMediaType",
+                    "a JSON merge patch only",
+                );
+            }
+        };
+        let mut nodes = self.nodes.lock().unwrap();
+        let Some(node) = nodes.objects.get(name) else {
+            return status(
+                StatusCode::NOT_FOUND,
+                "NotFound",
+                &format!("nodes \"{name}\" not found"),
+            );
+        };
+        let at = &patch["metadata"]["resourceVersion"];
+        if !at.is_null() && *at != node["metadata"]["resourceVersion"] {
+            let why = format!(
+                "Operation cannot be fulfilled on nodes \"{name}\": the object has been modified; please apply your changes to the latest version and try again"
+            );
+            return status(StatusCode::CONFLICT, "Conflict", &why);
+        }
+        let mut node = node.clone();
+        merge_patch(&mut node, &patch);
+        nodes.version += 1;
+        node["metadata"]["resourceVersion"] = json!(nodes.version.to_string());
+        nodes.objects.insert(name.to_string(), node.clone());
+        let change = Change {
+            version: nodes.version,
+            kind: "MODIFIED",
+            object: node.clone(),
+        };
+        nodes.history.push(change.clone());
+        let _ = self.events.send(change);
+        json_response(&node)
     }
 
     fn allowed(&self, verb: &str, name: &str) -> bool {
@@ -327,6 +393,27 @@ impl State {
             .header("content-type", "application/json")
             .body(StreamBody::new(stream).boxed_unsync())
             .unwrap()
+    }
+}
+
+/// `patch` merged into `target` (RFC 7386): an object's members merged in turn, `null`
+/// removing one, anything else replacing what was there.
+fn merge_patch(target: &mut Value, patch: &Value) {
+    let Value::Object(members) = patch else {
+        *target = patch.clone();
+        return;
+    };
+    if !target.is_object() {
+        *target = json!({});
+    }
+    let object = target.as_object_mut().expect("made an object");
+    for (key, value) in members {
+        match value {
+            Value::Null => {
+                object.remove(key);
+            }
+            _ => merge_patch(object.entry(key.clone()).or_insert(Value::Null), value),
+        }
     }
 }
 

@@ -109,6 +109,27 @@ impl Rbac {
         Some(Rbac::from_yaml(&String::from_utf8(out.stdout).unwrap()))
     }
 
+    /// The manifests of `dir` with `components` (directories) added, as a kustomization of
+    /// one's own that names them renders them; `None` without kubectl.
+    pub fn render_with(dir: &Path, components: &[&Path]) -> Option<Rbac> {
+        let own = tempfile::tempdir().expect("a scratch directory");
+        // kustomize takes relative paths only: up to the root, then down to each directory.
+        let root = "../".repeat(own.path().components().count() - 1);
+        let relative = |p: &Path| format!("{root}{}", p.strip_prefix("/").unwrap_or(p).display());
+        let listed = |ps: &[&Path]| {
+            ps.iter()
+                .map(|p| format!("  - {}\n", relative(p)))
+                .collect::<String>()
+        };
+        let text = format!(
+            "resources:\n{}components:\n{}",
+            listed(&[dir]),
+            listed(components)
+        );
+        std::fs::write(own.path().join("kustomization.yaml"), text).expect("a kustomization");
+        Rbac::render(own.path())
+    }
+
     pub fn from_yaml(text: &str) -> Rbac {
         let docs: Vec<Value> = serde_saphyr::from_multiple::<Option<Value>>(text)
             .expect("kubectl kustomize prints YAML")

@@ -421,6 +421,23 @@ impl Cluster {
     async fn create_set(&self, name: &str, role: &str, images: &[String]) {
         support::create_set(&self.client, name, role, images).await
     }
+
+    /// The note of the Event of `reason` regarding the object `name`, once recorded.
+    async fn event_note(&self, name: &str, reason: &str) -> String {
+        let events: Api<k8s_openapi::api::events::v1::Event> = Api::all(self.client.clone());
+        let what = format!("an Event {reason} about {name}");
+        eventually(&what, &|| self.server.log(), || async {
+            let list = events.list(&Default::default()).await;
+            let list = list.map_err(|e| e.to_string())?;
+            let about = |e: &&k8s_openapi::api::events::v1::Event| {
+                let regarding = e.regarding.as_ref().and_then(|r| r.name.as_deref());
+                regarding == Some(name) && e.reason.as_deref() == Some(reason)
+            };
+            let found = list.items.iter().find(about).and_then(|e| e.note.clone());
+            found.ok_or(format!("{} Events", list.items.len()))
+        })
+        .await
+    }
 }
 
 impl Cluster {

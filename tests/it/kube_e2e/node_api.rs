@@ -35,6 +35,33 @@ impl NodeApiBed {
 
     /// The bed with `w0` as Node w-0 and its agent retrying a failed round after `retry` s.
     async fn start_with(w0: Value, retry: u64) -> Option<NodeApiBed> {
+        Self::start_full(w0, retry, &[], None).await
+    }
+
+    /// The bed with w-0 registered with the startup taint ([`tainted`], created at `created`,
+    /// else now), its agent given `taint` flags (`--startup-taint…`) and the RBAC of
+    /// `deploy/components/startup-taint`, and a worker set `broken` of an image the registry
+    /// does not have when `broken`.
+    async fn start_tainted(
+        created: Option<&str>,
+        taint: &[&str],
+        broken: bool,
+    ) -> Option<NodeApiBed> {
+        let now = k8s_openapi::jiff::Timestamp::now().to_string();
+        let w0 = tainted(created.unwrap_or(&now));
+        let component = support::workspace().join("deploy/components/startup-taint");
+        let set = broken.then_some(("broken", "worker"));
+        Self::start_full(w0, 1, taint, Some((component, set))).await
+    }
+
+    /// [`NodeApiBed::start_with`], the agent also given `extra` flags; with `taint`, the
+    /// manifests' RBAC with that component and a set of a missing image first, if named.
+    async fn start_full(
+        w0: Value,
+        retry: u64,
+        extra: &[&str],
+        taint: Option<(std::path::PathBuf, Option<(&str, &str)>)>,
+    ) -> Option<NodeApiBed> {
         let (cluster, runtime) = Cluster::with_runtime().await?;
         let registry = &cluster.registry;
         let base = support::push_images(registry, "base", 1, 100_000, 1200).await;
@@ -43,6 +70,17 @@ impl NodeApiBed {
         cluster.create_pool("infra", &["worker", "infra"]).await;
         cluster.create_set("base", "worker", &base).await;
         cluster.create_set("tools", "infra", &tools).await;
+        if let Some((component, broken)) = &taint {
+            let deploy = support::workspace().join("deploy");
+            let rbac = support::rbac::Rbac::render_with(&deploy, &[component]).unwrap();
+            cluster
+                .authorizer
+                .set_rules(rbac.with_binding("pinset-rollout", OPERATOR));
+            if let Some((name, role)) = broken {
+                let missing = format!("{}/team/missing@sha256:{}", registry.host, "0".repeat(64));
+                cluster.create_set(name, role, &[missing]).await;
+            }
+        }
         let identity = Identity {
             upstream: cluster.server.client_from(&cluster.agent_kc).await,
             user: "system:serviceaccount:pinset:pinset-agent".into(),
@@ -65,6 +103,11 @@ impl NodeApiBed {
             format!("--retry-seconds={retry}"),
             "--rollout=free".into(),
         ];
+        let args = [
+            &args[..],
+            &extra.iter().map(|a| a.to_string()).collect::<Vec<_>>(),
+        ]
+        .concat();
         let agent = Proc::start(&args, cluster.dir.path().join("agent.log"));
         let nodes = Api::all(cluster.client.clone());
         Some(NodeApiBed {
@@ -168,4 +211,121 @@ async fn a_node_ready_again_is_reconciled_at_once_not_at_its_next_retry() {
     bed.core.apply(node(json!({WORKER: ""})));
     let what = "w-0 pins the worker set once Ready, long before its retry";
     node_settles(&bed.nodes, "w-0", &[("base", 1)], what, &logs).await;
+}
+
+/// The taints of Node w-0 as the core API serves it: (key, effect).
+fn taints(core: &CoreApi) -> Vec<(String, String)> {
+    let node = core.node("w-0").unwrap_or_default();
+    let taints = node["spec"]["taints"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    let field = |t: &Value, f: &str| t[f].as_str().unwrap_or_default().to_string();
+    taints
+        .iter()
+        .map(|t| (field(t, "key"), field(t, "effect")))
+        .collect()
+}
+
+/// Worker Node w-0 registered with the startup taint and another one, created at `created`.
+fn tainted(created: &str) -> Value {
+    let mut w0 = node(json!({WORKER: ""}));
+    w0["metadata"]["creationTimestamp"] = json!(created);
+    w0["spec"]["taints"] = json!([
+        {"key": "pinset.io/images-pending", "effect": "NoSchedule"},
+        {"key": "example.com/gpu", "value": "a100", "effect": "NoSchedule"}
+    ]);
+    w0
+}
+
+/// A node registered with the startup taint takes no pods until its sets are pinned: the agent
+/// lifts the taint once they are — its other taints kept, as the patch names the Node's
+/// version — and says why in an Event; a patch of nodes, which the component's RBAC grants.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_startup_taint_is_lifted_once_the_nodes_sets_are_pinned() {
+    let taint = ["--startup-taint=pinset.io/images-pending:NoSchedule"];
+    let Some(bed) = NodeApiBed::start_tainted(None, &taint, false).await else {
+        return;
+    };
+    let logs = || bed.logs();
+    node_settles(&bed.nodes, "w-0", &[("base", 1)], "w-0 pins its set", &logs).await;
+    eventually("the startup taint is lifted", &logs, || async {
+        let left = taints(&bed.core);
+        let gpu = [("example.com/gpu".to_string(), "NoSchedule".to_string())];
+        (left == gpu).then_some(()).ok_or(format!("{left:?}"))
+    })
+    .await;
+    let node = bed.core.node("w-0").unwrap();
+    assert_eq!(node["spec"]["taints"][0]["value"], "a100", "{node}");
+    let note = bed.cluster.event_note("w-0", "StartupTaintLifted").await;
+    support::assert_says(
+        &note,
+        &[
+            "pinset.io/images-pending:NoSchedule",
+            "every PinnedImageSet of the node's pools is pinned (1 set(s))",
+        ],
+    );
+    assert!(bed.node_requests().contains(&"patch".to_string()));
+    assert_eq!(bed.cluster.refused(), Vec::<String>::new());
+}
+
+/// A set that cannot be pulled keeps the taint: the node reports the failure, and the taint
+/// stays (watched for a second after, not awaited).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_set_that_cannot_be_pulled_keeps_the_taint() {
+    // KEY alone: any effect of the key.
+    let any_effect = ["--startup-taint=pinset.io/images-pending"];
+    let Some(bed) = NodeApiBed::start_tainted(None, &any_effect, true).await else {
+        return;
+    };
+    let failed = "w-0 reports the broken set failed";
+    eventually(failed, &|| bed.logs(), || async {
+        let n = bed.nodes.get("w-0").await.map_err(|e| e.to_string())?;
+        let sets = node_state(&n).0;
+        let pinned = sets.contains(&("base".into(), 1, Some(1)));
+        let failed = (n.status.as_ref()).is_some_and(|s| {
+            (s.pinned_image_sets.iter())
+                .any(|p| p.name == "broken" && p.last_failed_generation == Some(1))
+        });
+        (pinned && failed).then_some(()).ok_or(format!("{sets:?}"))
+    })
+    .await;
+    throughout(10, || async {
+        assert_eq!(taints(&bed.core).len(), 2, "{}", bed.logs());
+    })
+    .await;
+    support::assert_says(&bed.agent.log(), &["startup taint kept", "broken failed"]);
+}
+
+/// Past the deadline (`--startup-taint-deadline-seconds`) the taint is lifted whatever is not
+/// pinned, the Event naming what was missing: a set that cannot be pulled does not keep a node
+/// from pods for ever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn past_the_deadline_the_taint_is_lifted_whatever_is_missing() {
+    let taint = [
+        "--startup-taint=pinset.io/images-pending",
+        "--startup-taint-deadline-seconds=3600",
+    ];
+    let long_ago = Some("2020-01-01T00:00:00Z");
+    let Some(bed) = NodeApiBed::start_tainted(long_ago, &taint, true).await else {
+        return;
+    };
+    let logs = || bed.logs();
+    eventually(
+        "the startup taint is lifted at the deadline",
+        &logs,
+        || async {
+            let left = taints(&bed.core);
+            (left.len() == 1).then_some(()).ok_or(format!("{left:?}"))
+        },
+    )
+    .await;
+    let note = bed.cluster.event_note("w-0", "StartupTaintLifted").await;
+    support::assert_says(
+        &note,
+        &[
+            "not all pinned 3600 s after the node was created (the deadline)",
+            "broken failed",
+        ],
+    );
 }

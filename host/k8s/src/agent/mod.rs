@@ -5,12 +5,14 @@
 //! - this file: the loop (one round: desired state → spec → reconcile → publish → idle);
 //! - [`watch`]: reflector caches, node facts, change detection;
 //! - [`status`]: the status model as a MachineConfigNode and its writes;
-//! - [`policies`]: which policy module a node decides with, and its swaps.
+//! - [`policies`]: which policy module a node decides with, and its swaps;
+//! - [`taint`]: the startup taint lifted once the node's sets are pinned.
 
 mod checks;
 pub mod policies;
 mod status;
 mod swap;
+mod taint;
 mod watch;
 
 pub use policies::{Loader, NodePolicy, WantedPolicy};
@@ -85,6 +87,11 @@ pub struct AgentConfig {
     /// Pull only what the pool's fleet policy granted (recorded by the controller on the
     /// node's MachineConfigNode); `false` pulls as soon as the sets change, as the reference.
     pub wait_for_grants: bool,
+    /// The taint to lift from the node's Node once its sets are pinned ([`taint`]); needs the
+    /// Node from the API (no `node_file`).
+    pub startup_taint: Option<pinset_core::startup_taint::StartupTaint>,
+    /// Lift it anyway once the node is this old.
+    pub startup_taint_deadline: Option<Duration>,
 }
 
 impl AgentConfig {
@@ -97,6 +104,8 @@ impl AgentConfig {
             retry_max: Duration::from_secs(300),
             publish_interval: Duration::from_secs(1),
             wait_for_grants: true,
+            startup_taint: None,
+            startup_taint_deadline: None,
         }
     }
 }
@@ -157,6 +166,8 @@ struct Rounds {
     /// The uid of the node's Node object, when its facts came from the API: the owner of its
     /// MachineConfigNode.
     node_uid: Option<String>,
+    /// Why the startup taint was last kept (said once per reason).
+    taint_kept: Option<String>,
 }
 
 /// What follows a round.
@@ -265,6 +276,7 @@ impl<S: Sizer + 'static, B: PinBackend> Agent<S, B> {
             policy,
             checks,
             node_uid: None,
+            taint_kept: None,
         };
         self.prune_cache(&rounds);
         Some(rounds)
@@ -458,6 +470,7 @@ impl<S: Sizer + 'static, B: PinBackend> Agent<S, B> {
             .await;
         self.record_events(&mut rounds.status, &mut rounds.seen)
             .await;
+        self.lift_startup_taint(rounds).await;
         let wait = self.next_wait(rounds);
         // An unpublished status is not left for the next resync: try again soon.
         Next::Idle(match published {

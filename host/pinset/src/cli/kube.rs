@@ -88,6 +88,21 @@ pub struct AgentOpts {
     /// Pull a changed set when the pool's fleet policy grants it, or at once.
     #[arg(long, value_enum, default_value = "grants")]
     pub rollout: Rollout,
+    /// Lift this taint (`KEY` or `KEY:EFFECT`, as kubectl taint names one) from the node once
+    /// every PinnedImageSet of its pools is pinned: new nodes registered with it take no pods
+    /// before their images are in place. Needs the Node from the API (not --node-file) and the
+    /// right to patch nodes (deploy/components/startup-taint).
+    #[arg(long, value_name = "KEY[:EFFECT]", conflicts_with = "node_file")]
+    pub startup_taint: Option<pinset_core::startup_taint::StartupTaint>,
+    /// Lift the startup taint anyway once the node is this old, whatever is not pinned (0:
+    /// never; the node waits for its images).
+    #[arg(
+        long,
+        default_value_t = 0,
+        value_name = "SECONDS",
+        requires = "startup_taint"
+    )]
+    pub startup_taint_deadline_seconds: u64,
 }
 
 /// How often the CRDs' owner is asked again while the API server does not answer.
@@ -262,6 +277,9 @@ pub async fn agent(
     cfg.resync = Duration::from_secs(agent_opts.resync_seconds);
     cfg.retry_min = Duration::from_secs(agent_opts.retry_seconds.max(1));
     cfg.wait_for_grants = agent_opts.rollout == Rollout::Grants;
+    cfg.startup_taint = agent_opts.startup_taint.clone();
+    let deadline = agent_opts.startup_taint_deadline_seconds;
+    cfg.startup_taint_deadline = (deadline > 0).then(|| Duration::from_secs(deadline));
     agent::Agent {
         client,
         config: cfg,

@@ -1,0 +1,99 @@
+//! The startup taint (`--startup-taint`) lifted from the node's Node once the core's verdict
+//! says so ([`pinset_core::startup_taint`]): after each round, when the Node carries it. The
+//! patch carries the Node's resource version, so a taint list changed meanwhile (another
+//! controller's taint) is never overwritten: the write is refused, and the next round — the
+//! Node's watch wakes it — tries again on the new list.
+
+use super::{Agent, FIELD_MANAGER, Rounds};
+use crate::api::MachineConfigNode;
+use k8s_openapi::api::core::v1::{Node, Taint};
+use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::reflector::ObjectRef;
+use pinset_core::startup_taint::{StartupTaint, Verdict, verdict};
+use pinset_node::pin::PinBackend;
+use pinset_registry::size::Sizer;
+use serde_json::json;
+use std::time::Duration;
+
+impl<S: Sizer + 'static, B: PinBackend> Agent<S, B> {
+    /// After a round: the startup taint lifted when the node's Node carries it and the verdict
+    /// says so (an Event on the MachineConfigNode says why); kept otherwise, said once per
+    /// reason.
+    pub(super) async fn lift_startup_taint(&self, rounds: &mut Rounds) {
+        let Some(taint) = &self.config.startup_taint else {
+            return;
+        };
+        let own = ObjectRef::new(&self.config.node_name);
+        let Some(node) = rounds.caches.node.as_ref().and_then(|s| s.get(&own)) else {
+            return;
+        };
+        let taints = (node.spec.as_ref()).and_then(|s| s.taints.clone());
+        let (ours, others): (Vec<Taint>, Vec<Taint>) = (taints.unwrap_or_default().into_iter())
+            .partition(|t| taint.matches(&t.key, &t.effect));
+        if ours.is_empty() {
+            return;
+        }
+        match verdict(
+            &rounds.status,
+            age(&node),
+            self.config.startup_taint_deadline,
+        ) {
+            Verdict::Keep(why) => {
+                if rounds.taint_kept.as_ref() != Some(&why) {
+                    tracing::info!(%taint, %why, "startup taint kept");
+                    rounds.taint_kept = Some(why);
+                }
+            }
+            Verdict::Lift(why) => self.lift(taint, &node, others, &why).await,
+        }
+    }
+
+    /// Write Node `node` without the startup taint (`others` its other taints), at the
+    /// resource version it was read at.
+    async fn lift(&self, taint: &StartupTaint, node: &Node, others: Vec<Taint>, why: &str) {
+        let name = &self.config.node_name;
+        let version = node.metadata.resource_version.clone();
+        let patch = json!({
+            "metadata": {"resourceVersion": version},
+            "spec": {"taints": others},
+        });
+        let params = PatchParams {
+            field_manager: Some(FIELD_MANAGER.into()),
+            ..Default::default()
+        };
+        let api: Api<Node> = Api::all(self.client.clone());
+        match api.patch(name, &params, &Patch::Merge(&patch)).await {
+            Ok(_) => {
+                tracing::info!(%taint, %why, "startup taint lifted");
+                let event = crate::events::STARTUP_TAINT_LIFTED.event(&format!("{taint}: {why}"));
+                let _ = crate::events::record::<MachineConfigNode>(
+                    self.client.clone(),
+                    FIELD_MANAGER,
+                    Some(name.clone()),
+                    name,
+                    &[event],
+                )
+                .await;
+            }
+            // Changed meanwhile: the watch brings the new Node, and the next round tries again.
+            Err(kube::Error::Api(e)) if e.code == 409 => {
+                tracing::debug!(%taint, "the Node changed meanwhile; lifting the startup taint again")
+            }
+            Err(e) => match crate::forbidden::refusal(&e) {
+                Some(refused) => {
+                    tracing::warn!(%taint, error = %refused, "cannot lift the startup taint")
+                }
+                None => tracing::warn!(%taint, error = %e, "cannot lift the startup taint"),
+            },
+        }
+    }
+}
+
+/// How long ago the Node was created (zero when it does not say).
+fn age(node: &Node) -> Duration {
+    let created = node.metadata.creation_timestamp.as_ref();
+    let now = k8s_openapi::jiff::Timestamp::now();
+    created
+        .and_then(|t| Duration::try_from(now.duration_since(t.0)).ok())
+        .unwrap_or_default()
+}
