@@ -17,6 +17,12 @@ struct NodeApiBed {
     cluster: Cluster,
 }
 
+/// A bed for the startup taint: the component's RBAC, and a set that cannot be pulled when
+/// `broken`.
+struct Tainted {
+    broken: bool,
+}
+
 const WORKER: &str = "node-role.kubernetes.io/worker";
 const INFRA: &str = "node-role.kubernetes.io/infra";
 
@@ -49,18 +55,17 @@ impl NodeApiBed {
     ) -> Option<NodeApiBed> {
         let now = k8s_openapi::jiff::Timestamp::now().to_string();
         let w0 = tainted(created.unwrap_or(&now));
-        let component = support::workspace().join("deploy/components/startup-taint");
-        let set = broken.then_some(("broken", "worker"));
-        Self::start_full(w0, 1, taint, Some((component, set))).await
+        Self::start_full(w0, 1, taint, Some(Tainted { broken })).await
     }
 
     /// [`NodeApiBed::start_with`], the agent also given `extra` flags; with `taint`, the
-    /// manifests' RBAC with that component and a set of a missing image first, if named.
+    /// manifests' RBAC with `deploy/components/startup-taint`, and worker set `broken` of an
+    /// image the registry does not have when it says so.
     async fn start_full(
         w0: Value,
         retry: u64,
         extra: &[&str],
-        taint: Option<(std::path::PathBuf, Option<(&str, &str)>)>,
+        taint: Option<Tainted>,
     ) -> Option<NodeApiBed> {
         let (cluster, runtime) = Cluster::with_runtime().await?;
         let registry = &cluster.registry;
@@ -70,15 +75,16 @@ impl NodeApiBed {
         cluster.create_pool("infra", &["worker", "infra"]).await;
         cluster.create_set("base", "worker", &base).await;
         cluster.create_set("tools", "infra", &tools).await;
-        if let Some((component, broken)) = &taint {
+        if let Some(Tainted { broken }) = taint {
             let deploy = support::workspace().join("deploy");
-            let rbac = support::rbac::Rbac::render_with(&deploy, &[component]).unwrap();
+            let component = deploy.join("components/startup-taint");
+            let rbac = support::rbac::Rbac::render_with(&deploy, &[&component]).unwrap();
             cluster
                 .authorizer
                 .set_rules(rbac.with_binding("pinset-rollout", OPERATOR));
-            if let Some((name, role)) = broken {
+            if broken {
                 let missing = format!("{}/team/missing@sha256:{}", registry.host, "0".repeat(64));
-                cluster.create_set(name, role, &[missing]).await;
+                cluster.create_set("broken", "worker", &[missing]).await;
             }
         }
         let identity = Identity {
