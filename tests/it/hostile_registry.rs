@@ -217,6 +217,13 @@ fn set_from_images_refuses_every_misbehaving_registry() {
         let run = from_images(&hostile.addr, &[]);
         assert_eq!(run.code, 1, "{what}: {}{}", run.out, run.err);
         assert!(run.err.contains("team/app"), "{what}: {}", run.err);
+        // The registry can tell pinset's requests, and the command, from a runtime's.
+        let agent = format!("pinset/{} (set from-images)", env!("CARGO_PKG_VERSION"));
+        let seen = hostile.seen();
+        assert!(
+            !seen.is_empty() && seen.iter().all(|s| s.user_agent.as_ref() == Some(&agent)),
+            "{what}: {seen:?}"
+        );
         run.assert_bounded(what, Duration::from_secs(40));
     }
 }

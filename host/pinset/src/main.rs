@@ -180,7 +180,10 @@ enum Command {
 }
 
 fn main() -> ExitCode {
-    let args = Args::parse();
+    use clap::{CommandFactory, FromArgMatches};
+    let matches = Args::command().get_matches();
+    let args = Args::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+    pinset_registry::http::identify(&command_path(&matches));
     cli::logging::init(&args.log, args.log_format);
     match run(args) {
         Ok(code) => code,
@@ -189,6 +192,17 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// The command line's subcommands, outermost first (`set from-release`).
+fn command_path(matches: &clap::ArgMatches) -> String {
+    let mut names = Vec::new();
+    let mut at = matches;
+    while let Some((name, inner)) = at.subcommand() {
+        names.push(name);
+        at = inner;
+    }
+    names.join(" ")
 }
 
 /// The runtime of the commands that wait on the network or a runtime.

@@ -12,6 +12,10 @@
 //!   `Authorization` header once they leave the host that was asked.
 //!
 //! Nothing here reads a body whole before checking it: no library does the reading for pinset.
+//!
+//! Every request says it is pinset's ([`user_agent`]): a registry tells pre-pull traffic —
+//! sizing, tags, release payloads, policy modules — from the runtime's pulls, and can count or
+//! limit it (OpenKruise #1155 asks for this). The runtime's own pulls carry the runtime's.
 
 use crate::limits::{CONNECT, ERROR_BODY, Limit, REDIRECTS};
 use crate::mirrors::Tls;
@@ -228,7 +232,8 @@ impl Http {
         let client = self.client(tls).map_err(|why| refused(request, why))?;
         let mut builder = hyper::Request::builder()
             .method(request.method.clone())
-            .uri(&request.url);
+            .uri(&request.url)
+            .header(header::USER_AGENT, user_agent());
         for (name, value) in &request.headers {
             builder = builder.header(name, value);
         }
@@ -266,6 +271,19 @@ impl Http {
         clients.insert(tls.clone(), client.clone());
         Ok(client)
     }
+}
+
+static COMMAND: OnceLock<String> = OnceLock::new();
+
+/// Name the command this process runs (`agent`, `set from-release`), for [`user_agent`]; once.
+pub fn identify(command: &str) {
+    let _ = COMMAND.set(format!("pinset/{} ({command})", env!("CARGO_PKG_VERSION")));
+}
+
+/// The `User-Agent` of every request: `pinset/VERSION (COMMAND)`, or `pinset/VERSION` before
+/// [`identify`].
+pub fn user_agent() -> &'static str {
+    (COMMAND.get().map(String::as_str)).unwrap_or(concat!("pinset/", env!("CARGO_PKG_VERSION")))
 }
 
 /// `scheme://host[:port]` of a URL (empty when it has none).
@@ -574,6 +592,11 @@ mod tests {
         let e = get(&hostile, Duration::from_secs(10)).await.unwrap_err();
         assert!(e.to_string().contains("more than 5 redirects"), "{e}");
         assert_eq!(hostile.seen().len(), 6);
+        // Each one says it is pinset's.
+        let agents: Vec<Option<String>> =
+            hostile.seen().into_iter().map(|s| s.user_agent).collect();
+        let pinset = Some(format!("pinset/{}", env!("CARGO_PKG_VERSION")));
+        assert_eq!(agents, vec![pinset; 6]);
     }
 
     #[test]

@@ -43,6 +43,7 @@ pub struct Seen {
     pub method: String,
     pub path: String,
     pub authorization: Option<String>,
+    pub user_agent: Option<String>,
 }
 
 /// The server; stops accepting when dropped.
@@ -92,22 +93,27 @@ fn request(stream: &TcpStream) -> Option<Seen> {
     reader.read_line(&mut line).ok()?;
     let mut parts = line.split_whitespace();
     let (method, path) = (parts.next()?.to_string(), parts.next()?.to_string());
-    let mut authorization = None;
+    let (mut authorization, mut user_agent) = (None, None);
     loop {
         let mut header = String::new();
         if reader.read_line(&mut header).ok()? == 0 || header.trim().is_empty() {
             break;
         }
-        if let Some((name, value)) = header.split_once(':')
-            && name.eq_ignore_ascii_case("authorization")
-        {
-            authorization = Some(value.trim().to_string());
+        let Some((name, value)) = header.split_once(':') else {
+            continue;
+        };
+        let value = Some(value.trim().to_string());
+        match name.to_ascii_lowercase().as_str() {
+            "authorization" => authorization = value,
+            "user-agent" => user_agent = value,
+            _ => {}
         }
     }
     Some(Seen {
         method,
         path,
         authorization,
+        user_agent,
     })
 }
 
