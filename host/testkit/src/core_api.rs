@@ -52,6 +52,8 @@ struct State {
     identity: Identity,
     nodes: Mutex<Nodes>,
     events: broadcast::Sender<Change>,
+    /// Patches still to fail with 500, as a server in trouble does ([`CoreApi::fail_patches`]).
+    failing_patches: std::sync::atomic::AtomicU32,
 }
 
 /// The Nodes, their resource version, and every change (what a watch from a version replays).
@@ -81,6 +83,7 @@ impl CoreApi {
             identity,
             nodes: Mutex::default(),
             events: broadcast::channel(256).0,
+            failing_patches: Default::default(),
         });
         let served = state.clone();
         tokio::spawn(async move {
@@ -135,6 +138,11 @@ impl CoreApi {
         };
         nodes.history.push(change.clone());
         let _ = self.state.events.send(change);
+    }
+
+    /// Fail the next `n` patches of Nodes with `500 Internal Server Error`.
+    pub fn fail_patches(&self, n: u32) {
+        (self.state.failing_patches).store(n, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// Node `name` as served now.
@@ -286,44 +294,23 @@ impl State {
     /// A JSON merge patch (RFC 7386) of Node `name`, as the API server applies one: refused
     /// with 409 when it names a resource version the Node is no longer at.
     async fn patch(&self, name: &str, req: Request<Incoming>) -> Response<Body> {
-        if !self.allowed("patch", name) {
-            let user = &self.identity.user;
-            let why = format!(
-                "nodes \"{name}\" is forbidden: User \"{user}\" cannot patch resource \"nodes\" in API group \"\" at the cluster scope"
-            );
-            return status(StatusCode::FORBIDDEN, "Forbidden", &why);
+        if let Some(refusal) = self.refused_patch(name) {
+            return refusal;
         }
-        let merge = req.headers().get(http::header::CONTENT_TYPE)
-            == Some(&http::HeaderValue::from_static(
-                "application/merge-patch+json",
-            ));
-        let body = http_body_util::Limited::new(req.into_body(), REQUEST_LIMIT);
-        let patch = match body
-            .collect()
-            .await
-            .map(|b| serde_json::from_slice::<Value>(&b.to_bytes()))
-        {
-            Ok(Ok(patch)) if merge => patch,
-            _ => {
-                return status(
-                    StatusCode::UNSUPPORTED_MEDIA_TYPE,
-                    "UnsupportedMediaType",
-                    "a JSON merge patch only",
-                );
-            }
+        let patch = match merge_patch_of(req).await {
+            Ok(patch) => patch,
+            Err(refusal) => return refusal,
         };
         let mut nodes = self.nodes.lock().unwrap();
         let Some(node) = nodes.objects.get(name) else {
-            return status(
-                StatusCode::NOT_FOUND,
-                "NotFound",
-                &format!("nodes \"{name}\" not found"),
-            );
+            let why = format!("nodes \"{name}\" not found");
+            return status(StatusCode::NOT_FOUND, "NotFound", &why);
         };
         let at = &patch["metadata"]["resourceVersion"];
         if !at.is_null() && *at != node["metadata"]["resourceVersion"] {
             let why = format!(
-                "Operation cannot be fulfilled on nodes \"{name}\": the object has been modified; please apply your changes to the latest version and try again"
+                "Operation cannot be fulfilled on nodes \"{name}\": the object has been modified; \
+                 please apply your changes to the latest version and try again"
             );
             return status(StatusCode::CONFLICT, "Conflict", &why);
         }
@@ -340,6 +327,24 @@ impl State {
         nodes.history.push(change.clone());
         let _ = self.events.send(change);
         json_response(&node)
+    }
+
+    /// The refusal of a patch of Node `name`: by RBAC, or one of the failures asked for.
+    fn refused_patch(&self, name: &str) -> Option<Response<Body>> {
+        use std::sync::atomic::Ordering;
+        if !self.allowed("patch", name) {
+            let user = &self.identity.user;
+            let why = format!(
+                "nodes \"{name}\" is forbidden: User \"{user}\" cannot patch resource \"nodes\" \
+                 in API group \"\" at the cluster scope"
+            );
+            return Some(status(StatusCode::FORBIDDEN, "Forbidden", &why));
+        }
+        let failing = &self.failing_patches;
+        let fail = failing.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1));
+        let why = "etcdserver: request timed out";
+        fail.is_ok()
+            .then(|| status(StatusCode::INTERNAL_SERVER_ERROR, "InternalError", why))
     }
 
     fn allowed(&self, verb: &str, name: &str) -> bool {
@@ -393,6 +398,24 @@ impl State {
             .header("content-type", "application/json")
             .body(StreamBody::new(stream).boxed_unsync())
             .unwrap()
+    }
+}
+
+/// The JSON merge patch a request carries; any other body is refused (415).
+async fn merge_patch_of(req: Request<Incoming>) -> Result<Value, Response<Body>> {
+    let merge = req.headers().get(http::header::CONTENT_TYPE)
+        == Some(&http::HeaderValue::from_static(
+            "application/merge-patch+json",
+        ));
+    let body = http_body_util::Limited::new(req.into_body(), REQUEST_LIMIT);
+    let bytes = body.collect().await.map(|b| b.to_bytes());
+    match bytes.map(|b| serde_json::from_slice::<Value>(&b)) {
+        Ok(Ok(patch)) if merge => Ok(patch),
+        _ => Err(status(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "UnsupportedMediaType",
+            "a JSON merge patch only",
+        )),
     }
 }
 

@@ -17,10 +17,12 @@ struct NodeApiBed {
     cluster: Cluster,
 }
 
-/// A bed for the startup taint: the component's RBAC, and a set that cannot be pulled when
-/// `broken`.
+/// A bed for the startup taint: the component's RBAC, a set that cannot be pulled when
+/// `broken`, and the core API failing its first `failing_patches` patches of Nodes.
+#[derive(Default)]
 struct Tainted {
     broken: bool,
+    failing_patches: u32,
 }
 
 const WORKER: &str = "node-role.kubernetes.io/worker";
@@ -45,17 +47,15 @@ impl NodeApiBed {
     }
 
     /// The bed with w-0 registered with the startup taint ([`tainted`], created at `created`,
-    /// else now), its agent given `taint` flags (`--startup-taint…`) and the RBAC of
-    /// `deploy/components/startup-taint`, and a worker set `broken` of an image the registry
-    /// does not have when `broken`.
+    /// else now), its agent given `taint` flags (`--startup-taint…`), as `bed` says.
     async fn start_tainted(
         created: Option<&str>,
         taint: &[&str],
-        broken: bool,
+        bed: Tainted,
     ) -> Option<NodeApiBed> {
         let now = k8s_openapi::jiff::Timestamp::now().to_string();
         let w0 = tainted(created.unwrap_or(&now));
-        Self::start_full(w0, 1, taint, Some(Tainted { broken })).await
+        Self::start_full(w0, 1, taint, Some(bed)).await
     }
 
     /// [`NodeApiBed::start_with`], the agent also given `extra` flags; with `taint`, the
@@ -75,7 +75,8 @@ impl NodeApiBed {
         cluster.create_pool("infra", &["worker", "infra"]).await;
         cluster.create_set("base", "worker", &base).await;
         cluster.create_set("tools", "infra", &tools).await;
-        if let Some(Tainted { broken }) = taint {
+        let failing_patches = taint.as_ref().map_or(0, |t| t.failing_patches);
+        if let Some(Tainted { broken, .. }) = taint {
             let deploy = support::workspace().join("deploy");
             let component = deploy.join("components/startup-taint");
             let rbac = support::rbac::Rbac::render_with(&deploy, &[&component]).unwrap();
@@ -97,6 +98,7 @@ impl NodeApiBed {
         };
         let core = CoreApi::start(&cluster.server, identity).await;
         core.apply(w0);
+        core.fail_patches(failing_patches);
         let kubeconfig = core.kubeconfig(&cluster.agent_kc, cluster.dir.path(), "agent-core");
         let args = [
             "agent".to_string(),
@@ -219,6 +221,13 @@ async fn a_node_ready_again_is_reconciled_at_once_not_at_its_next_retry() {
     node_settles(&bed.nodes, "w-0", &[("base", 1)], what, &logs).await;
 }
 
+fn broken() -> Tainted {
+    Tainted {
+        broken: true,
+        ..Default::default()
+    }
+}
+
 /// The taints of Node w-0 as the core API serves it: (key, effect).
 fn taints(core: &CoreApi) -> Vec<(String, String)> {
     let node = core.node("w-0").unwrap_or_default();
@@ -250,7 +259,7 @@ fn tainted(created: &str) -> Value {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_startup_taint_is_lifted_once_the_nodes_sets_are_pinned() {
     let taint = ["--startup-taint=pinset.io/images-pending:NoSchedule"];
-    let Some(bed) = NodeApiBed::start_tainted(None, &taint, false).await else {
+    let Some(bed) = NodeApiBed::start_tainted(None, &taint, Tainted::default()).await else {
         return;
     };
     let logs = || bed.logs();
@@ -281,7 +290,7 @@ async fn the_startup_taint_is_lifted_once_the_nodes_sets_are_pinned() {
 async fn a_set_that_cannot_be_pulled_keeps_the_taint() {
     // KEY alone: any effect of the key.
     let any_effect = ["--startup-taint=pinset.io/images-pending"];
-    let Some(bed) = NodeApiBed::start_tainted(None, &any_effect, true).await else {
+    let Some(bed) = NodeApiBed::start_tainted(None, &any_effect, broken()).await else {
         return;
     };
     let failed = "w-0 reports the broken set failed";
@@ -313,7 +322,7 @@ async fn past_the_deadline_the_taint_is_lifted_whatever_is_missing() {
         "--startup-taint-deadline-seconds=3600",
     ];
     let long_ago = Some("2020-01-01T00:00:00Z");
-    let Some(bed) = NodeApiBed::start_tainted(long_ago, &taint, true).await else {
+    let Some(bed) = NodeApiBed::start_tainted(long_ago, &taint, broken()).await else {
         return;
     };
     let logs = || bed.logs();
@@ -333,5 +342,32 @@ async fn past_the_deadline_the_taint_is_lifted_whatever_is_missing() {
             "not all pinned 3600 s after the node was created (the deadline)",
             "broken failed",
         ],
+    );
+}
+
+/// A lift the API server fails (a 500) is tried again at the agent's retry (1 s here), not at
+/// its next resync ten minutes away: the node is not kept from pods by a passing error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lift_the_api_server_fails_is_tried_again_soon() {
+    let taint = ["--startup-taint=pinset.io/images-pending:NoSchedule"];
+    let failing = Tainted {
+        failing_patches: 2,
+        ..Default::default()
+    };
+    let Some(bed) = NodeApiBed::start_tainted(None, &taint, failing).await else {
+        return;
+    };
+    let lifted = "the startup taint is lifted after two failed tries";
+    eventually(lifted, &|| bed.logs(), || async {
+        let left = taints(&bed.core);
+        (left.len() == 1).then_some(()).ok_or(format!("{left:?}"))
+    })
+    .await;
+    let log = bed.agent.log();
+    assert_eq!(
+        log.matches("cannot lift the startup taint; trying again")
+            .count(),
+        2,
+        "{log}"
     );
 }

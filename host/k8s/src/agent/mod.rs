@@ -470,10 +470,11 @@ impl<S: Sizer + 'static, B: PinBackend> Agent<S, B> {
             .await;
         self.record_events(&mut rounds.status, &mut rounds.seen)
             .await;
-        self.lift_startup_taint(rounds).await;
+        let lifted = self.lift_startup_taint(rounds).await;
         let wait = self.next_wait(rounds);
-        // An unpublished status is not left for the next resync: try again soon.
-        Next::Idle(match published {
+        // An unpublished status, or a taint not lifted, is not left for the next resync: try
+        // again soon.
+        Next::Idle(match published && lifted {
             true => wait,
             false => wait.min(self.config.retry_min),
         })

@@ -18,20 +18,20 @@ use std::time::Duration;
 impl<S: Sizer + 'static, B: PinBackend> Agent<S, B> {
     /// After a round: the startup taint lifted when the node's Node carries it and the verdict
     /// says so (an Event on the MachineConfigNode says why); kept otherwise, said once per
-    /// reason.
-    pub(super) async fn lift_startup_taint(&self, rounds: &mut Rounds) {
+    /// reason. `false` when lifting it failed: the agent tries again soon, not at its resync.
+    pub(super) async fn lift_startup_taint(&self, rounds: &mut Rounds) -> bool {
         let Some(taint) = &self.config.startup_taint else {
-            return;
+            return true;
         };
         let own = ObjectRef::new(&self.config.node_name);
         let Some(node) = rounds.caches.node.as_ref().and_then(|s| s.get(&own)) else {
-            return;
+            return true;
         };
         let taints = (node.spec.as_ref()).and_then(|s| s.taints.clone());
         let (ours, others): (Vec<Taint>, Vec<Taint>) = (taints.unwrap_or_default().into_iter())
             .partition(|t| taint.matches(&t.key, &t.effect));
         if ours.is_empty() {
-            return;
+            return true;
         }
         match verdict(
             &rounds.status,
@@ -43,14 +43,16 @@ impl<S: Sizer + 'static, B: PinBackend> Agent<S, B> {
                     tracing::info!(%taint, %why, "startup taint kept");
                     rounds.taint_kept = Some(why);
                 }
+                true
             }
             Verdict::Lift(why) => self.lift(taint, &node, others, &why).await,
         }
     }
 
     /// Write Node `node` without the startup taint (`others` its other taints), at the
-    /// resource version it was read at.
-    async fn lift(&self, taint: &StartupTaint, node: &Node, others: Vec<Taint>, why: &str) {
+    /// resource version it was read at; whether that is done (a Node changed meanwhile counts:
+    /// its watch brings the next round).
+    async fn lift(&self, taint: &StartupTaint, node: &Node, others: Vec<Taint>, why: &str) -> bool {
         let name = &self.config.node_name;
         let version = node.metadata.resource_version.clone();
         let patch = json!({
@@ -74,17 +76,24 @@ impl<S: Sizer + 'static, B: PinBackend> Agent<S, B> {
                     &[event],
                 )
                 .await;
+                true
             }
             // Changed meanwhile: the watch brings the new Node, and the next round tries again.
             Err(kube::Error::Api(e)) if e.code == 409 => {
-                tracing::debug!(%taint, "the Node changed meanwhile; lifting the startup taint again")
+                tracing::debug!(%taint, "the Node changed meanwhile; lifting the startup taint again");
+                true
             }
-            Err(e) => match crate::forbidden::refusal(&e) {
-                Some(refused) => {
-                    tracing::warn!(%taint, error = %refused, "cannot lift the startup taint")
+            Err(e) => {
+                match crate::forbidden::refusal(&e) {
+                    Some(refused) => {
+                        tracing::warn!(%taint, error = %refused, "cannot lift the startup taint; trying again")
+                    }
+                    None => {
+                        tracing::warn!(%taint, error = %e, "cannot lift the startup taint; trying again")
+                    }
                 }
-                None => tracing::warn!(%taint, error = %e, "cannot lift the startup taint"),
-            },
+                false
+            }
         }
     }
 }
