@@ -110,8 +110,27 @@ impl std::fmt::Display for StartupTaint {
 pub enum Verdict {
     /// Kept: the node's images are not all pinned yet (what is missing).
     Keep(String),
-    /// Lifted: every set pinned, or the deadline passed (which, and what was missing).
-    Lift(String),
+    /// Lifted, for this reason (and what was missing at a deadline).
+    Lift(Lifted, String),
+}
+
+/// Why a taint is lifted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Lifted {
+    /// Every set of the node's pools is pinned.
+    Pinned,
+    /// The node is older than the deadline, whatever is missing.
+    Deadline,
+}
+
+impl Lifted {
+    /// Its name in metrics: `pinned`, `deadline`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Lifted::Pinned => "pinned",
+            Lifted::Deadline => "deadline",
+        }
+    }
 }
 
 /// The taint's verdict after a round that left the node `status`, `age` after the node was
@@ -122,15 +141,19 @@ pub enum Verdict {
 pub fn verdict(status: &NodeStatus, age: Duration, deadline: Option<Duration>) -> Verdict {
     let Some(missing) = missing(status) else {
         let sets = status.sets.len();
-        return Verdict::Lift(format!(
-            "every PinnedImageSet of the node's pools is pinned ({sets} set(s))"
-        ));
+        return Verdict::Lift(
+            Lifted::Pinned,
+            format!("every PinnedImageSet of the node's pools is pinned ({sets} set(s))"),
+        );
     };
     match deadline {
-        Some(deadline) if age >= deadline => Verdict::Lift(format!(
-            "not all pinned {} s after the node was created (the deadline): {missing}",
-            deadline.as_secs()
-        )),
+        Some(deadline) if age >= deadline => Verdict::Lift(
+            Lifted::Deadline,
+            format!(
+                "not all pinned {} s after the node was created (the deadline): {missing}",
+                deadline.as_secs()
+            ),
+        ),
         _ => Verdict::Keep(missing),
     }
 }
@@ -215,7 +238,7 @@ mod tests {
     fn the_taint_goes_when_every_set_is_pinned_or_the_deadline_passed() {
         let young = Duration::from_secs(60);
         let pinned = status(&[("a", 2, Some(2), None), ("b", 1, Some(1), None)]);
-        let lift = |why: &str| Verdict::Lift(why.into());
+        let lift = |why: &str| Verdict::Lift(Lifted::Pinned, why.into());
         let every = "every PinnedImageSet of the node's pools is pinned (2 set(s))";
         assert_eq!(verdict(&pinned, young, None), lift(every));
         let nothing = "every PinnedImageSet of the node's pools is pinned (0 set(s))";
@@ -228,9 +251,10 @@ mod tests {
         assert_eq!(verdict(&behind, young, hour), Verdict::Keep(missing.into()));
         let late =
             format!("not all pinned 3600 s after the node was created (the deadline): {missing}");
+        let at_deadline = Verdict::Lift(Lifted::Deadline, late);
         assert_eq!(
             verdict(&behind, Duration::from_secs(3600), hour),
-            lift(&late)
+            at_deadline
         );
 
         let mut waiting = pinned.clone();

@@ -94,6 +94,7 @@ struct Inner {
     api_write_conflicts: Family<KindLabels, Counter>,
     pin_drift: Family<KindLabels, Counter>,
     watch_interruptions: Family<KindLabels, Counter>,
+    startup_taint_lifts: Family<KindLabels, Counter>,
     node_sets: Family<StateLabels, Gauge>,
     last_success: Gauge<f64, AtomicU64>,
     build_info: Family<BuildLabels, Gauge>,
@@ -218,6 +219,7 @@ impl Metrics {
             api_write_conflicts,
             pin_drift,
             watch_interruptions,
+            startup_taint_lifts,
         ] = Self::register_kind_counters(r);
         let (node_sets, last_success, build_info) = Self::register_gauges(&mut registry);
         let rollout = Self::register_rollout(&mut registry);
@@ -240,6 +242,7 @@ impl Metrics {
                 api_write_conflicts,
                 pin_drift,
                 watch_interruptions,
+                startup_taint_lifts,
                 node_sets,
                 last_success,
                 build_info,
@@ -250,7 +253,7 @@ impl Metrics {
 
     /// The counters labelled by kind: reconcile errors, API writes and their conflicts, pin
     /// drift, watch interruptions.
-    fn register_kind_counters(r: &mut Described) -> [Family<KindLabels, Counter>; 5] {
+    fn register_kind_counters(r: &mut Described) -> [Family<KindLabels, Counter>; 6] {
         let reconcile_errors = kind_counter(
             r,
             "reconcile_errors",
@@ -276,12 +279,18 @@ impl Metrics {
             "watch_interruptions",
             "Watches interrupted and resumed (kind: MachineConfigPool, PinnedImageSet, MachineConfigNode)",
         );
+        let startup_taint = kind_counter(
+            r,
+            "startup_taint_lifts",
+            "The node's startup taint (--startup-taint) lifted (kind: pinned, deadline: not all pinned) or not, the API server failing the write (kind: failed)",
+        );
         [
             reconcile_errors,
             api_writes,
             api_write_conflicts,
             pin_drift,
             watch_interruptions,
+            startup_taint,
         ]
     }
 
@@ -595,6 +604,13 @@ impl Metrics {
     }
 
     /// A watch of `kind` (a Kubernetes kind) was interrupted and resumes.
+    /// The startup taint lifted (`pinned`, `deadline`) or not (`failed`).
+    pub fn count_startup_taint(&self, kind: &'static str) {
+        (self.inner.startup_taint_lifts)
+            .get_or_create(&KindLabels { kind })
+            .inc();
+    }
+
     pub fn count_watch_interruption(&self, kind: &'static str) {
         self.inner
             .watch_interruptions

@@ -11,6 +11,8 @@ use support::core_api::{CoreApi, Identity};
 /// agent on a containerd of its own, reading the Node from the API.
 struct NodeApiBed {
     agent: Proc,
+    /// The agent's metrics port.
+    metrics_port: u16,
     core: CoreApi,
     nodes: Api<MachineConfigNode>,
     _runtime: support::Containerd,
@@ -100,10 +102,11 @@ impl NodeApiBed {
         core.apply(w0);
         core.fail_patches(failing_patches);
         let kubeconfig = core.kubeconfig(&cluster.agent_kc, cluster.dir.path(), "agent-core");
+        let metrics_port = support::free_port();
         let args = [
             "agent".to_string(),
             format!("--kubeconfig={}", kubeconfig.display()),
-            format!("--metrics-addr=127.0.0.1:{}", support::free_port()),
+            format!("--metrics-addr=127.0.0.1:{metrics_port}"),
             "--node-name=w-0".into(),
             format!("--cri={}", runtime.endpoint()),
             "--pin=containerd".into(),
@@ -120,6 +123,7 @@ impl NodeApiBed {
         let nodes = Api::all(cluster.client.clone());
         Some(NodeApiBed {
             agent,
+            metrics_port,
             core,
             nodes,
             _runtime: runtime,
@@ -343,6 +347,8 @@ async fn past_the_deadline_the_taint_is_lifted_whatever_is_missing() {
             "broken failed",
         ],
     );
+    let counted = r#"pinset_startup_taint_lifts_total{kind="deadline"} 1"#;
+    support::assert_says(&metrics(bed.metrics_port).await, &[counted]);
 }
 
 /// A lift the API server fails (a 500) is tried again at the agent's retry (1 s here), not at
@@ -364,10 +370,15 @@ async fn a_lift_the_api_server_fails_is_tried_again_soon() {
     })
     .await;
     let log = bed.agent.log();
-    assert_eq!(
-        log.matches("cannot lift the startup taint; trying again")
-            .count(),
-        2,
-        "{log}"
+    let tries = log.matches("cannot lift the startup taint; trying again");
+    assert_eq!(tries.count(), 2, "{log}");
+    let metrics = metrics(bed.metrics_port).await;
+    let lifts = |kind: &str| format!("pinset_startup_taint_lifts_total{{kind=\"{kind}\"}}");
+    support::assert_says(
+        &metrics,
+        &[
+            &format!("{} 2", lifts("failed")),
+            &format!("{} 1", lifts("pinned")),
+        ],
     );
 }

@@ -9,7 +9,7 @@ use crate::api::MachineConfigNode;
 use k8s_openapi::api::core::v1::{Node, Taint};
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::reflector::ObjectRef;
-use pinset_core::startup_taint::{StartupTaint, Verdict, verdict};
+use pinset_core::startup_taint::{Lifted, StartupTaint, Verdict, verdict};
 use pinset_node::pin::PinBackend;
 use pinset_registry::size::Sizer;
 use serde_json::json;
@@ -45,14 +45,20 @@ impl<S: Sizer + 'static, B: PinBackend> Agent<S, B> {
                 }
                 true
             }
-            Verdict::Lift(why) => self.lift(taint, &node, others, &why).await,
+            Verdict::Lift(kind, why) => self.lift(taint, &node, others, (kind, &why)).await,
         }
     }
 
     /// Write Node `node` without the startup taint (`others` its other taints), at the
     /// resource version it was read at; whether that is done (a Node changed meanwhile counts:
     /// its watch brings the next round).
-    async fn lift(&self, taint: &StartupTaint, node: &Node, others: Vec<Taint>, why: &str) -> bool {
+    async fn lift(
+        &self,
+        taint: &StartupTaint,
+        node: &Node,
+        others: Vec<Taint>,
+        (kind, why): (Lifted, &str),
+    ) -> bool {
         let name = &self.config.node_name;
         let version = node.metadata.resource_version.clone();
         let patch = json!({
@@ -67,6 +73,7 @@ impl<S: Sizer + 'static, B: PinBackend> Agent<S, B> {
         match api.patch(name, &params, &Patch::Merge(&patch)).await {
             Ok(_) => {
                 tracing::info!(%taint, %why, "startup taint lifted");
+                self.metrics.count_startup_taint(kind.name());
                 let event = crate::events::STARTUP_TAINT_LIFTED.event(&format!("{taint}: {why}"));
                 let _ = crate::events::record::<MachineConfigNode>(
                     self.client.clone(),
@@ -92,6 +99,7 @@ impl<S: Sizer + 'static, B: PinBackend> Agent<S, B> {
                         tracing::warn!(%taint, error = %e, "cannot lift the startup taint; trying again")
                     }
                 }
+                self.metrics.count_startup_taint("failed");
                 false
             }
         }
