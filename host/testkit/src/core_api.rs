@@ -52,8 +52,8 @@ struct State {
     identity: Identity,
     nodes: Mutex<Nodes>,
     events: broadcast::Sender<Change>,
-    /// Patches still to fail with 500, as a server in trouble does ([`CoreApi::fail_patches`]).
-    failing_patches: std::sync::atomic::AtomicU32,
+    /// The statuses the next patches fail with ([`CoreApi::fail_patches`]).
+    failing_patches: Mutex<std::collections::VecDeque<StatusCode>>,
 }
 
 /// The Nodes, their resource version, and every change (what a watch from a version replays).
@@ -140,9 +140,11 @@ impl CoreApi {
         let _ = self.state.events.send(change);
     }
 
-    /// Fail the next `n` patches of Nodes with `500 Internal Server Error`.
-    pub fn fail_patches(&self, n: u32) {
-        (self.state.failing_patches).store(n, std::sync::atomic::Ordering::Relaxed);
+    /// Fail the next patches of Nodes with these statuses, in turn: `500` as a server in
+    /// trouble answers, `409` as for a Node changed since it was read.
+    pub fn fail_patches(&self, statuses: &[u16]) {
+        let statuses = statuses.iter().map(|s| StatusCode::from_u16(*s).unwrap());
+        *self.state.failing_patches.lock().unwrap() = statuses.collect();
     }
 
     /// Node `name` as served now.
@@ -331,7 +333,6 @@ impl State {
 
     /// The refusal of a patch of Node `name`: by RBAC, or one of the failures asked for.
     fn refused_patch(&self, name: &str) -> Option<Response<Body>> {
-        use std::sync::atomic::Ordering;
         if !self.allowed("patch", name) {
             let user = &self.identity.user;
             let why = format!(
@@ -340,11 +341,17 @@ impl State {
             );
             return Some(status(StatusCode::FORBIDDEN, "Forbidden", &why));
         }
-        let failing = &self.failing_patches;
-        let fail = failing.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1));
-        let why = "etcdserver: request timed out";
-        fail.is_ok()
-            .then(|| status(StatusCode::INTERNAL_SERVER_ERROR, "InternalError", why))
+        let failing = self.failing_patches.lock().unwrap().pop_front()?;
+        Some(match failing {
+            StatusCode::CONFLICT => status(
+                failing,
+                "Conflict",
+                &format!(
+                    "Operation cannot be fulfilled on nodes \"{name}\": the object has been modified"
+                ),
+            ),
+            _ => status(failing, "InternalError", "etcdserver: request timed out"),
+        })
     }
 
     fn allowed(&self, verb: &str, name: &str) -> bool {

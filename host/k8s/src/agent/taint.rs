@@ -1,8 +1,8 @@
 //! The startup taint (`--startup-taint`) lifted from the node's Node once the core's verdict
 //! says so ([`pinset_core::startup_taint`]): after each round, when the Node carries it. The
 //! patch carries the Node's resource version, so a taint list changed meanwhile (another
-//! controller's taint) is never overwritten: the write is refused, and the next round — the
-//! Node's watch wakes it — tries again on the new list.
+//! controller's taint) is never overwritten: the write is refused (409), and tried again at the
+//! agent's retry on the Node as its watch brings it.
 
 use super::{Agent, FIELD_MANAGER, Rounds};
 use crate::api::MachineConfigNode;
@@ -23,9 +23,12 @@ impl<S: Sizer + 'static, B: PinBackend> Agent<S, B> {
         let Some(taint) = &self.config.startup_taint else {
             return true;
         };
-        let own = ObjectRef::new(&self.config.node_name);
-        let Some(node) = rounds.caches.node.as_ref().and_then(|s| s.get(&own)) else {
+        if rounds.caches.node.is_none() {
+            // Facts from a node file: no Node to lift it from (the flags refuse the pair).
             return true;
+        }
+        let Some(node) = self.own_node(rounds).await else {
+            return false;
         };
         let taints = (node.spec.as_ref()).and_then(|s| s.taints.clone());
         let (ours, others): (Vec<Taint>, Vec<Taint>) = (taints.unwrap_or_default().into_iter())
@@ -49,9 +52,26 @@ impl<S: Sizer + 'static, B: PinBackend> Agent<S, B> {
         }
     }
 
+    /// The node's Node: from its watch's cache, else (the watch not filled yet, or refused)
+    /// read; `None` when it cannot be read (said).
+    async fn own_node(&self, rounds: &Rounds) -> Option<std::sync::Arc<Node>> {
+        let name = &self.config.node_name;
+        let cached = (rounds.caches.node.as_ref()).and_then(|c| c.get(&ObjectRef::new(name)));
+        if cached.is_some() {
+            return cached;
+        }
+        let api: Api<Node> = Api::all(self.client.clone());
+        match api.get(name).await {
+            Ok(node) => Some(std::sync::Arc::new(node)),
+            Err(e) => {
+                tracing::warn!(node = %name, error = %e, "cannot read the Node to lift its startup taint; trying again");
+                None
+            }
+        }
+    }
+
     /// Write Node `node` without the startup taint (`others` its other taints), at the
-    /// resource version it was read at; whether that is done (a Node changed meanwhile counts:
-    /// its watch brings the next round).
+    /// resource version it was read at; whether that is done.
     async fn lift(
         &self,
         taint: &StartupTaint,
@@ -73,6 +93,7 @@ impl<S: Sizer + 'static, B: PinBackend> Agent<S, B> {
         match api.patch(name, &params, &Patch::Merge(&patch)).await {
             Ok(_) => {
                 tracing::info!(%taint, %why, "startup taint lifted");
+                self.metrics.count_api_write("node_taints");
                 self.metrics.count_startup_taint(kind.name());
                 let event = crate::events::STARTUP_TAINT_LIFTED.event(&format!("{taint}: {why}"));
                 let _ = crate::events::record::<MachineConfigNode>(
@@ -85,10 +106,12 @@ impl<S: Sizer + 'static, B: PinBackend> Agent<S, B> {
                 .await;
                 true
             }
-            // Changed meanwhile: the watch brings the new Node, and the next round tries again.
+            // Changed meanwhile (another taint, a label): tried again soon on the Node as the
+            // watch brings it — a change of taints alone does not wake the agent's loop.
             Err(kube::Error::Api(e)) if e.code == 409 => {
                 tracing::debug!(%taint, "the Node changed meanwhile; lifting the startup taint again");
-                true
+                self.metrics.count_api_write_conflict("node_taints");
+                false
             }
             Err(e) => {
                 match crate::forbidden::refusal(&e) {
