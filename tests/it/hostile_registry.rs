@@ -15,6 +15,11 @@ use std::time::{Duration, Instant};
 /// The most memory a command may take, whatever a registry sends.
 const MAX_RSS_KIB: i64 = 128 << 10;
 
+/// The fields of `/proc/PID/status` kept at the peak: where the memory went.
+const MEMORY_FIELDS: &[&str] = &[
+    "VmHWM", "VmRSS", "RssAnon", "RssFile", "RssShmem", "Threads",
+];
+
 /// What a run of `pinset` did: exit code, output, peak memory (KiB), time.
 struct Run {
     code: i32,
@@ -51,7 +56,7 @@ fn measured(args: &[&str]) -> Run {
     let status = loop {
         let now = support::procfs::status_kib(pid, "VmHWM:");
         if now > peak {
-            (peak, at_peak) = (now, memory_lines(pid));
+            (peak, at_peak) = (now, support::procfs::status_lines(pid, MEMORY_FIELDS));
         }
         if let Some(status) = child.try_wait().unwrap() {
             break status;
@@ -66,20 +71,6 @@ fn measured(args: &[&str]) -> Run {
         at_peak,
         took: started.elapsed(),
     }
-}
-
-/// The memory and thread lines of `/proc/PID/status` (`VmHWM`, `RssAnon`, `RssFile`, …).
-fn memory_lines(pid: u32) -> String {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    let wanted = [
-        "VmHWM", "VmRSS", "RssAnon", "RssFile", "RssShmem", "Threads",
-    ];
-    status
-        .lines()
-        .filter(|l| wanted.iter().any(|w| l.starts_with(w)))
-        .map(|l| l.split_whitespace().collect::<Vec<_>>().join(" "))
-        .collect::<Vec<_>>()
-        .join(", ")
 }
 
 /// `pinset set from-images apps ADDR/team/app:v1 --insecure-registry ADDR EXTRA…`, measured.

@@ -119,25 +119,19 @@ impl CoreApi {
     pub fn apply(&self, mut node: Value) {
         let mut nodes = self.state.nodes.lock().unwrap();
         let name = node["metadata"]["name"].as_str().unwrap().to_string();
-        nodes.version += 1;
         let uid = (nodes.objects.get(&name))
             .map(|old| old["metadata"]["uid"].clone())
-            .unwrap_or_else(|| json!(format!("{:08x}-0000-4000-8000-{:012x}", nodes.version, 1)));
+            .unwrap_or_else(|| {
+                json!(format!(
+                    "{:08x}-0000-4000-8000-{:012x}",
+                    nodes.version + 1,
+                    1
+                ))
+            });
         node["metadata"]["uid"] = uid;
-        node["metadata"]["resourceVersion"] = json!(nodes.version.to_string());
         node["apiVersion"] = json!("v1");
         node["kind"] = json!("Node");
-        let kind = match nodes.objects.insert(name, node.clone()) {
-            Some(_) => "MODIFIED",
-            None => "ADDED",
-        };
-        let change = Change {
-            version: nodes.version,
-            kind,
-            object: node,
-        };
-        nodes.history.push(change.clone());
-        let _ = self.state.events.send(change);
+        self.state.commit(&mut nodes, node);
     }
 
     /// Fail the next patches of Nodes with these statuses, in turn: `500` as a server in
@@ -250,12 +244,7 @@ impl State {
             (None, _) => "list",
         };
         if !self.allowed(verb, name.unwrap_or("")) {
-            let user = &self.identity.user;
-            let why = format!(
-                "nodes is forbidden: User \"{user}\" cannot {verb} resource \"nodes\" in API \
-                 group \"\" at the cluster scope"
-            );
-            return status(StatusCode::FORBIDDEN, "Forbidden", &why);
+            return self.forbidden(verb, "nodes");
         }
         let selected = query
             .get("fieldSelector")
@@ -310,48 +299,53 @@ impl State {
         };
         let at = &patch["metadata"]["resourceVersion"];
         if !at.is_null() && *at != node["metadata"]["resourceVersion"] {
-            let why = format!(
-                "Operation cannot be fulfilled on nodes \"{name}\": the object has been modified; \
-                 please apply your changes to the latest version and try again"
-            );
-            return status(StatusCode::CONFLICT, "Conflict", &why);
+            return conflict(name);
         }
         let mut node = node.clone();
         merge_patch(&mut node, &patch);
+        json_response(&self.commit(&mut nodes, node))
+    }
+
+    /// `node` stored at the next resource version, and the change sent to the watches: as it
+    /// is now served.
+    fn commit(&self, nodes: &mut Nodes, mut node: Value) -> Value {
+        let name = node["metadata"]["name"].as_str().unwrap().to_string();
         nodes.version += 1;
         node["metadata"]["resourceVersion"] = json!(nodes.version.to_string());
-        nodes.objects.insert(name.to_string(), node.clone());
+        let kind = match nodes.objects.insert(name, node.clone()) {
+            Some(_) => "MODIFIED",
+            None => "ADDED",
+        };
         let change = Change {
             version: nodes.version,
-            kind: "MODIFIED",
+            kind,
             object: node.clone(),
         };
         nodes.history.push(change.clone());
         let _ = self.events.send(change);
-        json_response(&node)
+        node
     }
 
     /// The refusal of a patch of Node `name`: by RBAC, or one of the failures asked for.
     fn refused_patch(&self, name: &str) -> Option<Response<Body>> {
         if !self.allowed("patch", name) {
-            let user = &self.identity.user;
-            let why = format!(
-                "nodes \"{name}\" is forbidden: User \"{user}\" cannot patch resource \"nodes\" \
-                 in API group \"\" at the cluster scope"
-            );
-            return Some(status(StatusCode::FORBIDDEN, "Forbidden", &why));
+            return Some(self.forbidden("patch", &format!("nodes \"{name}\"")));
         }
         let failing = self.failing_patches.lock().unwrap().pop_front()?;
         Some(match failing {
-            StatusCode::CONFLICT => status(
-                failing,
-                "Conflict",
-                &format!(
-                    "Operation cannot be fulfilled on nodes \"{name}\": the object has been modified"
-                ),
-            ),
+            StatusCode::CONFLICT => conflict(name),
             _ => status(failing, "InternalError", "etcdserver: request timed out"),
         })
+    }
+
+    /// The API server's 403 for the identity's `verb` on `what` (`nodes`, `nodes "w-0"`).
+    fn forbidden(&self, verb: &str, what: &str) -> Response<Body> {
+        let user = &self.identity.user;
+        let why = format!(
+            "{what} is forbidden: User \"{user}\" cannot {verb} resource \"nodes\" in API group \
+             \"\" at the cluster scope"
+        );
+        status(StatusCode::FORBIDDEN, "Forbidden", &why)
     }
 
     fn allowed(&self, verb: &str, name: &str) -> bool {
@@ -406,6 +400,15 @@ impl State {
             .body(StreamBody::new(stream).boxed_unsync())
             .unwrap()
     }
+}
+
+/// The API server's 409 for a write to Node `name` at a resource version it is no longer at.
+fn conflict(name: &str) -> Response<Body> {
+    let why = format!(
+        "Operation cannot be fulfilled on nodes \"{name}\": the object has been modified; please \
+         apply your changes to the latest version and try again"
+    );
+    status(StatusCode::CONFLICT, "Conflict", &why)
 }
 
 /// The JSON merge patch a request carries; any other body is refused (415).

@@ -12,6 +12,16 @@ pub fn status_kib(pid: u32, field: &str) -> u64 {
         .unwrap_or(0)
 }
 
+/// The lines of `/proc/PID/status` whose field is one of `fields` (`VmHWM`, `RssAnon`, …),
+/// white space folded, joined with `, `; empty when the process is gone.
+pub fn status_lines(pid: u32, fields: &[&str]) -> String {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let wanted = |l: &&str| fields.iter().any(|f| l.split(':').next() == Some(*f));
+    let lines = status.lines().filter(wanted);
+    let folded = lines.map(|l| l.split_whitespace().collect::<Vec<_>>().join(" "));
+    folded.collect::<Vec<_>>().join(", ")
+}
+
 /// CPU time the process has used so far (user + system), in clock ticks of 10 ms.
 pub fn cpu(pid: u32) -> Duration {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();

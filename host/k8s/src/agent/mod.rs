@@ -667,17 +667,18 @@ impl<S: Sizer + 'static, B: PinBackend> Agent<S, B> {
         if events.is_empty() {
             return;
         }
-        let refused = crate::events::record::<MachineConfigNode>(
-            self.client.clone(),
-            FIELD_MANAGER,
-            Some(self.config.node_name.clone()),
-            &self.config.node_name,
-            &events,
-        )
-        .await;
         // Said on the status the next time it is written (the events are lost, not the work),
         // until events are recorded again.
-        status.forbidden = refused;
+        status.forbidden = self.record(&events).await;
+    }
+
+    /// Record `events` about the node's MachineConfigNode; the refusal, when the agent may not.
+    async fn record(&self, events: &[kube::runtime::events::Event]) -> Option<String> {
+        let name = &self.config.node_name;
+        let client = self.client.clone();
+        let instance = Some(name.clone());
+        crate::events::record::<MachineConfigNode>(client, FIELD_MANAGER, instance, name, events)
+            .await
     }
 
     /// Write the status; whether it is now published.

@@ -5,10 +5,8 @@
 //! agent's retry on the Node as its watch brings it.
 
 use super::{Agent, FIELD_MANAGER, Rounds};
-use crate::api::MachineConfigNode;
 use k8s_openapi::api::core::v1::{Node, Taint};
 use kube::api::{Api, Patch, PatchParams};
-use kube::runtime::reflector::ObjectRef;
 use pinset_core::startup_taint::{Lifted, StartupTaint, Verdict, verdict};
 use pinset_node::pin::PinBackend;
 use pinset_registry::size::Sizer;
@@ -27,8 +25,12 @@ impl<S: Sizer + 'static, B: PinBackend> Agent<S, B> {
             // Facts from a node file: no Node to lift it from (the flags refuse the pair).
             return true;
         }
-        let Some(node) = self.own_node(rounds).await else {
-            return false;
+        let node = match super::watch::api_node(&self.config, &self.client, &rounds.caches).await {
+            Ok(node) => node,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot read the Node to lift its startup taint; trying again");
+                return false;
+            }
         };
         let taints = (node.spec.as_ref()).and_then(|s| s.taints.clone());
         let (ours, others): (Vec<Taint>, Vec<Taint>) = (taints.unwrap_or_default().into_iter())
@@ -49,24 +51,6 @@ impl<S: Sizer + 'static, B: PinBackend> Agent<S, B> {
                 true
             }
             Verdict::Lift(kind, why) => self.lift(taint, &node, others, (kind, &why)).await,
-        }
-    }
-
-    /// The node's Node: from its watch's cache, else (the watch not filled yet, or refused)
-    /// read; `None` when it cannot be read (said).
-    async fn own_node(&self, rounds: &Rounds) -> Option<std::sync::Arc<Node>> {
-        let name = &self.config.node_name;
-        let cached = (rounds.caches.node.as_ref()).and_then(|c| c.get(&ObjectRef::new(name)));
-        if cached.is_some() {
-            return cached;
-        }
-        let api: Api<Node> = Api::all(self.client.clone());
-        match api.get(name).await {
-            Ok(node) => Some(std::sync::Arc::new(node)),
-            Err(e) => {
-                tracing::warn!(node = %name, error = %e, "cannot read the Node to lift its startup taint; trying again");
-                None
-            }
         }
     }
 
@@ -96,14 +80,8 @@ impl<S: Sizer + 'static, B: PinBackend> Agent<S, B> {
                 self.metrics.count_api_write("node_taints");
                 self.metrics.count_startup_taint(kind.name());
                 let event = crate::events::STARTUP_TAINT_LIFTED.event(&format!("{taint}: {why}"));
-                let _ = crate::events::record::<MachineConfigNode>(
-                    self.client.clone(),
-                    FIELD_MANAGER,
-                    Some(name.clone()),
-                    name,
-                    &[event],
-                )
-                .await;
+                // A refusal to record it is warned by `record`; the lift stands.
+                let _ = self.record(&[event]).await;
                 true
             }
             // Changed meanwhile (another taint, a label): tried again soon on the Node as the
@@ -114,14 +92,8 @@ impl<S: Sizer + 'static, B: PinBackend> Agent<S, B> {
                 false
             }
             Err(e) => {
-                match crate::forbidden::refusal(&e) {
-                    Some(refused) => {
-                        tracing::warn!(%taint, error = %refused, "cannot lift the startup taint; trying again")
-                    }
-                    None => {
-                        tracing::warn!(%taint, error = %e, "cannot lift the startup taint; trying again")
-                    }
-                }
+                let error = crate::forbidden::refusal(&e).unwrap_or_else(|| e.to_string());
+                tracing::warn!(%taint, %error, "cannot lift the startup taint; trying again");
                 self.metrics.count_startup_taint("failed");
                 false
             }

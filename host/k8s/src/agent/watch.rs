@@ -11,6 +11,7 @@ use kube::api::Api;
 use kube::runtime::reflector::{ObjectRef, Store};
 use pinset_core::desired::{self, Desired, NodeInfo};
 use pinset_core::rollout::RolloutGrant;
+use std::sync::Arc;
 use std::time::Duration;
 
 /// The node's facts, and its Node object's uid when they came from the API — the owner of its
@@ -34,15 +35,34 @@ pub(super) async fn node_info(
         let facts = node_from_file(name, file)?;
         return Ok(NodeRead { facts, uid: None });
     }
-    if let Some(cached) = cached_node(config, caches) {
-        return cached;
+    let node = api_node(config, client, caches).await?;
+    read_api_node(name, &node)
+}
+
+/// The node's Node object, as the watch of it last saw it, read from the API while the watch
+/// has not seen it.
+pub(super) async fn api_node(
+    config: &AgentConfig,
+    client: &Client,
+    caches: &super::Caches,
+) -> Result<Arc<Node>, AgentError> {
+    if let Some(node) = watched_node(config, caches) {
+        return Ok(node);
     }
     let api: Api<Node> = Api::all(client.clone());
-    let node = api.get(name).await.map_err(|source| AgentError::NodeApi {
-        node: name.clone(),
+    let node = api.get(&config.node_name).await;
+    let node = node.map_err(|source| AgentError::NodeApi {
+        node: config.node_name.clone(),
         source,
     })?;
-    read_api_node(name, &node)
+    Ok(Arc::new(node))
+}
+
+/// The node's Node object as its watch last saw it: `None` while it has not seen it (or with a
+/// node file, which has no watch).
+fn watched_node(config: &AgentConfig, caches: &super::Caches) -> Option<Arc<Node>> {
+    let watched = caches.node.as_ref()?;
+    watched.get(&ObjectRef::new(&config.node_name))
 }
 
 fn read_api_node(name: &str, node: &Node) -> Result<NodeRead, AgentError> {
@@ -74,10 +94,7 @@ fn cached_node(
     config: &AgentConfig,
     caches: &super::Caches,
 ) -> Option<Result<NodeRead, AgentError>> {
-    let node = caches
-        .node
-        .as_ref()?
-        .get(&ObjectRef::new(&config.node_name))?;
+    let node = watched_node(config, caches)?;
     Some(read_api_node(&config.node_name, &node))
 }
 
