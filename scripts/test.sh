@@ -33,7 +33,7 @@ step "cargo doc --workspace --document-private-items -D warnings (every doc link
 RUSTDOCFLAGS="-D warnings -A rustdoc::private-intra-doc-links" \
   cargo doc --workspace --no-deps --document-private-items --locked
 
-step "the checked-in generated code is what proto/ and wit/ give (scripts/codegen --check)"
+step "the checked-in generated code is what proto/ gives (scripts/codegen --check)"
 cargo run --quiet --locked --manifest-path scripts/codegen/Cargo.toml -- --check
 
 step "cargo test --release --no-run (one build: the pinset binary, the tests, every policy)"

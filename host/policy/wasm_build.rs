@@ -1,6 +1,13 @@
 //! Builds policy crates of the workspace for `wasm32-wasip2` with a nested `cargo build`. Shared
 //! by the build scripts of `pinset-policy` (the embedded default policy) and `pinset-testkit`
 //! (every policy, the test-only ones included).
+//!
+//! The SDK's bindings are generated here, by the host build (`policies/sdk/bindgen.rs`, on the
+//! `wit-parser` the host compiles anyway for wasmtime), and handed to the nested builds
+//! (`PINSET_SDK_BINDINGS`): a guest build then compiles the SDK and the policy, no generator.
+
+#[path = "../../policies/sdk/bindgen.rs"]
+mod bindgen;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -51,12 +58,17 @@ pub fn build(
     features: &str,
 ) {
     std::fs::create_dir_all(out).unwrap_or_else(|e| panic!("create {}: {e}", out.display()));
+    let bindings = bindgen::generate(
+        &self::workspace().join("wit"),
+        &target_dir.join("sdk-bindings"),
+    )
+    .unwrap_or_else(|e| panic!("the policy SDK's bindings: {e}"));
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     // One build per policy: in a shared build, cargo would unify the SDK's features
     // (`decisions`, `fleet`, `no-std`) across them, and a module would declare bindings for a
     // contract it does not export.
     for &(package, stem) in policies {
-        let mut cmd = guest_build(&cargo, workspace, target_dir, package);
+        let mut cmd = guest_build(&cargo, workspace, target_dir, package, &bindings);
         if !features.is_empty() {
             cmd.args(["--features", features]);
         }
@@ -82,12 +94,18 @@ pub fn build(
     }
 }
 
-/// `cargo build` of one guest package, with the guest's flags only: the ones the repository's
-/// `.cargo/config.toml` gives `wasm32-wasip2`, and the paths rustc would embed remapped (the
-/// repository, cargo's home), so a module's bytes do not depend on where it was built — a crate
-/// outside the building workspace (the SDK, for the test-only policies) is named by its absolute
-/// path otherwise.
-fn guest_build(cargo: &str, workspace: &Path, target_dir: &Path, package: &str) -> Command {
+/// `cargo build` of one guest package, with the SDK's `bindings` and the guest's flags only: the
+/// ones the repository's `.cargo/config.toml` gives `wasm32-wasip2`, and the paths rustc would
+/// embed remapped (the repository, cargo's home, the bindings), so a module's bytes do not depend
+/// on where it was built — a crate outside the building workspace (the SDK, for the test-only
+/// policies) is named by its absolute path otherwise.
+fn guest_build(
+    cargo: &str,
+    workspace: &Path,
+    target_dir: &Path,
+    package: &str,
+    bindings: &Path,
+) -> Command {
     let mut cmd = Command::new(cargo);
     cmd.current_dir(workspace)
         .args([
@@ -100,7 +118,8 @@ fn guest_build(cargo: &str, workspace: &Path, target_dir: &Path, package: &str) 
             package,
         ])
         .arg("--target-dir")
-        .arg(target_dir);
+        .arg(target_dir)
+        .env("PINSET_SDK_BINDINGS", bindings);
     // Flags meant for the host build must not leak into the guest build.
     for var in [
         "CARGO_ENCODED_RUSTFLAGS",
@@ -116,6 +135,10 @@ fn guest_build(cargo: &str, workspace: &Path, target_dir: &Path, package: &str) 
     let mut flags = vec![
         format!("--remap-path-prefix={}=.", root.display()),
         format!("--remap-path-prefix={home}=/cargo"),
+        format!(
+            "--remap-path-prefix={}=/pinset-sdk-bindings",
+            bindings.display()
+        ),
     ];
     flags.extend(configured_flags(&root));
     // This variable replaces the configuration's flags for the target: they are repeated above.

@@ -157,8 +157,8 @@ fn sdk_source(args: &NewArgs) -> Result<(String, String, String)> {
 fn values(args: &NewArgs) -> Result<Vec<(&'static str, String)>> {
     let (location, source, remap) = sdk_source(args)?;
     let features = match args.fleet {
-        true => r#""decisions", "fleet", "no-std""#,
-        false => r#""decisions", "no-std""#,
+        true => r#""decisions", "fleet", "no-std", "bindgen""#,
+        false => r#""decisions", "no-std", "bindgen""#,
     };
     let type_name: String = args
         .name
