@@ -7,7 +7,7 @@ use crate::support::wasm_runtime as runtime;
 
 use pinset_policy::{
     Decided, Described, FleetContract, FleetInstance, FleetModule, Guarded, Hook, Limits,
-    LoadError, Node, PolicyError, PolicyInstance,
+    LoadError, NodeContract, PolicyError, PolicyInstance,
 };
 use pinset_policy_sdk::{FleetNode, FleetPool, Phase, RolloutRequest};
 use std::path::PathBuf;
@@ -56,7 +56,7 @@ fn node_only_fleet_only_and_both_modules_load_for_what_they_export() {
         "{msg}"
     );
     // A fleet-only module is refused as a node policy, and loads as a fleet policy.
-    let (err, msg) = support::refused_as::<Node>("pinset_policy_zone_by_zone");
+    let (err, msg) = support::refused_as::<NodeContract>("pinset_policy_zone_by_zone");
     assert!(
         matches!(err, LoadError::OtherContract { .. })
             && msg.contains("pinset:policy/decisions@0.1.0")
@@ -79,7 +79,9 @@ fn node_only_fleet_only_and_both_modules_load_for_what_they_export() {
             Limits::default(),
         )
         .unwrap();
-    let node = runtime().bind::<pinset_policy::Node>(&compiled).unwrap();
+    let node = runtime()
+        .bind::<pinset_policy::NodeContract>(&compiled)
+        .unwrap();
     let default = runtime()
         .bind::<pinset_policy::FleetContract>(&compiled)
         .unwrap();

@@ -6,8 +6,8 @@ use crate::support;
 use crate::support::wasm_runtime as runtime;
 
 use pinset_policy::{
-    ChildCompiler, Compiler, Decisions, Guarded, Hook, Limits, LoadError, Node, PolicyError,
-    PolicyInstance, PolicyModule, WasmRuntime,
+    ChildCompiler, Compiler, Decisions, Guarded, Hook, Limits, LoadError, NodeContract,
+    PolicyError, PolicyInstance, PolicyModule, WasmRuntime,
 };
 use pinset_policy_bench::synth;
 use pinset_policy_sdk::{NodeFacts, Pressure, PullOutcome, Verdict};
@@ -331,7 +331,7 @@ fn corrupt_bytes_are_refused() {
 
 #[test]
 fn a_module_of_another_contract_version_is_refused() {
-    let (err, msg) = support::refused_as::<Node>("pinset_test_policy_future_contract");
+    let (err, msg) = support::refused_as::<NodeContract>("pinset_test_policy_future_contract");
     assert!(matches!(err, LoadError::Contract { .. }), "{msg}");
     support::assert_says(
         &msg,
@@ -347,7 +347,7 @@ fn a_module_of_another_contract_version_is_refused() {
 /// differs — not trapped and replaced on every call.
 #[test]
 fn a_module_whose_types_differ_from_the_host_s_is_refused_naming_the_function_and_field() {
-    let (err, msg) = support::refused_as::<Node>("pinset_test_policy_mismatch");
+    let (err, msg) = support::refused_as::<NodeContract>("pinset_test_policy_mismatch");
     assert!(matches!(err, LoadError::Mismatch { .. }), "{msg}");
     support::assert_says(&msg, &["function `admit`", "pinset:policy/decisions@0.1.0"]);
     assert!(

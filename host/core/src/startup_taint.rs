@@ -107,7 +107,7 @@ impl std::fmt::Display for StartupTaint {
 
 /// What becomes of the taint after a round, and why.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Verdict {
+pub enum TaintVerdict {
     /// Kept: the node's images are not all pinned yet (what is missing).
     Keep(String),
     /// Lifted, for this reason (and what was missing at a deadline).
@@ -138,23 +138,23 @@ impl Lifted {
 /// none waiting for a rollout grant, the round not failed — or, with a `deadline`, once the
 /// node is that old whatever is missing (a set that cannot be pulled does not keep a node
 /// from pods for ever, unless the operator wants it so).
-pub fn verdict(status: &NodeStatus, age: Duration, deadline: Option<Duration>) -> Verdict {
+pub fn verdict(status: &NodeStatus, age: Duration, deadline: Option<Duration>) -> TaintVerdict {
     let Some(missing) = missing(status) else {
         let sets = status.sets.len();
-        return Verdict::Lift(
+        return TaintVerdict::Lift(
             Lifted::Pinned,
             format!("every PinnedImageSet of the node's pools is pinned ({sets} set(s))"),
         );
     };
     match deadline {
-        Some(deadline) if age >= deadline => Verdict::Lift(
+        Some(deadline) if age >= deadline => TaintVerdict::Lift(
             Lifted::Deadline,
             format!(
                 "not all pinned {} s after the node was created (the deadline): {missing}",
                 deadline.as_secs()
             ),
         ),
-        _ => Verdict::Keep(missing),
+        _ => TaintVerdict::Keep(missing),
     }
 }
 
@@ -238,7 +238,7 @@ mod tests {
     fn the_taint_goes_when_every_set_is_pinned_or_the_deadline_passed() {
         let young = Duration::from_secs(60);
         let pinned = status(&[("a", 2, Some(2), None), ("b", 1, Some(1), None)]);
-        let lift = |why: &str| Verdict::Lift(Lifted::Pinned, why.into());
+        let lift = |why: &str| TaintVerdict::Lift(Lifted::Pinned, why.into());
         let every = "every PinnedImageSet of the node's pools is pinned (2 set(s))";
         assert_eq!(verdict(&pinned, young, None), lift(every));
         let nothing = "every PinnedImageSet of the node's pools is pinned (0 set(s))";
@@ -246,12 +246,18 @@ mod tests {
 
         let behind = status(&[("a", 2, Some(1), None), ("b", 1, None, Some("image gone"))]);
         let missing = "set(s) a not pinned; b failed: image gone";
-        assert_eq!(verdict(&behind, young, None), Verdict::Keep(missing.into()));
+        assert_eq!(
+            verdict(&behind, young, None),
+            TaintVerdict::Keep(missing.into())
+        );
         let hour = Some(Duration::from_secs(3600));
-        assert_eq!(verdict(&behind, young, hour), Verdict::Keep(missing.into()));
+        assert_eq!(
+            verdict(&behind, young, hour),
+            TaintVerdict::Keep(missing.into())
+        );
         let late =
             format!("not all pinned 3600 s after the node was created (the deadline): {missing}");
-        let at_deadline = Verdict::Lift(Lifted::Deadline, late);
+        let at_deadline = TaintVerdict::Lift(Lifted::Deadline, late);
         assert_eq!(
             verdict(&behind, Duration::from_secs(3600), hour),
             at_deadline
@@ -259,11 +265,11 @@ mod tests {
 
         let mut waiting = pinned.clone();
         waiting.waiting = vec![("c".into(), 1)];
-        let keep = Verdict::Keep("waiting for a rollout grant: c".into());
+        let keep = TaintVerdict::Keep("waiting for a rollout grant: c".into());
         assert_eq!(verdict(&waiting, young, None), keep);
         let mut failed = pinned;
         failed.degraded = Some("node not Ready".into());
-        let keep = Verdict::Keep("the round failed: node not Ready".into());
+        let keep = TaintVerdict::Keep("the round failed: node not Ready".into());
         assert_eq!(verdict(&failed, young, None), keep);
     }
 }

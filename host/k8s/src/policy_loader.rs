@@ -141,7 +141,7 @@ impl Loader {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use pinset_policy::{FleetContract, Node};
+    use pinset_policy::{FleetContract, NodeContract};
 
     fn file(dir: &std::path::Path, name: &str, bytes: &[u8]) -> ModuleRef {
         let path = dir.join(name);
@@ -174,20 +174,20 @@ mod tests {
         let fetched = loader.fetch(&m, &[]).await.unwrap();
         let (request, pressure) = request();
         let on = "the node's facts";
-        let module = loader.prove::<Node>(&m, &fetched, (&request, &pressure), on);
+        let module = loader.prove::<NodeContract>(&m, &fetched, (&request, &pressure), on);
         assert!(module.is_ok(), "the default passes its smoke test");
         // The embedded default exports both contracts: bound as each.
         assert!(loader.bind::<FleetContract>(&m, &fetched).is_ok());
 
         let garbage = file(dir.path(), "garbage.wasm", b"not wasm");
-        let (kind, why) = loader.load::<Node>(&garbage, &[]).err().unwrap();
+        let (kind, why) = loader.load::<NodeContract>(&garbage, &[]).err().unwrap();
         assert_eq!(kind, Refusal::NotAPolicy, "{why}");
 
         let pinned = ModuleRef {
             sha256: Some("0".repeat(64)),
             ..m.clone()
         };
-        let (kind, why) = loader.load::<Node>(&pinned, &[]).err().unwrap();
+        let (kind, why) = loader.load::<NodeContract>(&pinned, &[]).err().unwrap();
         assert!(
             kind == Refusal::NotAPolicy && why.contains("sha256"),
             "{why}"

@@ -303,7 +303,7 @@ async fn pull_with_retries<P: Puller>(s: &Shared<P>, job: &Job) -> Result<(), Pu
 #[cfg(test)]
 mod tests {
     use super::*;
-    use pinset_policy::{Guarded, Native, Node};
+    use pinset_policy::{Guarded, Native, NodeContract};
     use std::collections::HashMap;
     use std::sync::atomic::AtomicU32;
 
@@ -377,9 +377,9 @@ mod tests {
     }
 
     fn policy() -> SharedDecisions {
-        Arc::new(Mutex::new(Box::new(Guarded::<Node>::new(Box::new(
-            Native::<Node>::reference(),
-        )))))
+        Arc::new(Mutex::new(Box::new(Guarded::<NodeContract>::new(
+            Box::new(Native::<NodeContract>::reference()),
+        ))))
     }
 
     const FAST: Backoff = Backoff {

@@ -5,7 +5,7 @@
 pub mod synth;
 
 use pinset_policy::{
-    FleetContract, FleetInstance, FleetModule, Native, Node, PolicyError, PolicyInstance,
+    FleetContract, FleetInstance, FleetModule, Native, NodeContract, PolicyError, PolicyInstance,
     PolicyModule,
 };
 use pinset_policy_sdk::{AdmissionRequest, Pressure, PullOutcome};
@@ -151,7 +151,7 @@ pub fn run(
     let (outcome, pressure) = synth::outcome(&request);
     let node = &request.node;
     let mut wasm = module.instance();
-    let mut native = Native::<Node>::reference();
+    let mut native = Native::<NodeContract>::reference();
     let warmup = (iterations / 10).max(3);
 
     // One closure per row, applied to either implementation. `fresh` makes a new instance.
@@ -176,7 +176,8 @@ pub fn run(
         let mut wasm_samples = Vec::with_capacity(iterations);
         let mut native_samples = Vec::with_capacity(iterations);
         let new_wasm = || Box::new(module.instance()) as Box<dyn PolicyInstance>;
-        let new_native = || Box::new(Native::<Node>::reference()) as Box<dyn PolicyInstance>;
+        let new_native =
+            || Box::new(Native::<NodeContract>::reference()) as Box<dyn PolicyInstance>;
         for i in 0..warmup + iterations {
             let wasm_time = time_step(&step, &mut wasm, fresh.then_some(&new_wasm))?;
             let native_time = time_step(&step, &mut native, fresh.then_some(&new_native))?;

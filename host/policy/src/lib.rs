@@ -8,7 +8,7 @@
 //!   source, so both answer alike);
 //! - [`Guarded<C>`]: what the rest of pinset uses. It asks the primary policy, validates every
 //!   answer ([`validate`]), and on any failure (trap, deadline, memory cap, invalid decision)
-//!   answers with the native reference instead and records the fallback. `Guarded<Node>`
+//!   answers with the native reference instead and records the fallback. `Guarded<NodeContract>`
 //!   implements the core's [`Decisions`], which is all a reconcile sees;
 //!   `Guarded<FleetContract>` answers the controller's grants;
 //! - [`smoke_test`]: the check a module passes before it decides for a node or a pool.
@@ -46,9 +46,9 @@ pub use smoke::smoke_test;
 pub use wasm::{
     COMPILE_INVALID_MODULE, COMPILE_SUBCOMMAND, CONTRACT, CONTRACTS, ChildCompiler, CompiledModule,
     Compiler, Contract, FLEET_CONTRACT, FleetContract, FleetModule, Limits, MAX_LOG_BYTES,
-    MAX_LOG_LINE_BYTES, MAX_LOG_LINES, MAX_REASON_BYTES, MEMORY_FLAG, Module, NO_WAITING, Node,
-    PolicyModule, Role, STDERR_CAPTURE_BYTES, WasmInstance, WasmRuntime, bound_memory, bounded,
-    instance_strategy, precompile,
+    MAX_LOG_LINE_BYTES, MAX_LOG_LINES, MAX_REASON_BYTES, MEMORY_FLAG, Module, NO_WAITING,
+    NodeContract, PolicyModule, Role, STDERR_CAPTURE_BYTES, WasmInstance, WasmRuntime,
+    bound_memory, bounded, instance_strategy, precompile,
 };
 
 pub use pinset_core::decisions::Hook;

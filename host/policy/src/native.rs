@@ -5,7 +5,7 @@
 use crate::{Described, Hooks, PolicyError};
 use pinset_policy_sdk::PolicyInfo;
 
-/// A policy of contract `C` compiled into pinset: `Native<Node>` implements
+/// A policy of contract `C` compiled into pinset: `Native<NodeContract>` implements
 /// [`crate::PolicyInstance`] over an SDK [`Policy`](pinset_policy_sdk::Policy),
 /// `Native<FleetContract>` implements [`crate::FleetInstance`] over an SDK
 /// [`Fleet`](pinset_policy_sdk::Fleet).

@@ -3,7 +3,9 @@
 //! source), the smoke test's questions, and the guarded decisions a reconcile asks — the core's
 //! [`Decisions`].
 
-use crate::{Described, Guarded, Hook, Hooks, Native, Node, PolicyError, WasmInstance, validate};
+use crate::{
+    Described, Guarded, Hook, Hooks, Native, NodeContract, PolicyError, WasmInstance, validate,
+};
 use pinset_core::decisions::{Decisions, Fallback};
 use pinset_policy_default::DefaultPolicy;
 use pinset_policy_sdk::{
@@ -26,7 +28,7 @@ pub trait PolicyInstance: Described {
     ) -> Result<u64, PolicyError>;
 }
 
-impl Hooks for Node {
+impl Hooks for NodeContract {
     type Native = dyn Policy + Send;
     type Instance = dyn PolicyInstance;
     /// The node's facts (its images, disk and labels) and its pressure.
@@ -61,7 +63,7 @@ impl Hooks for Node {
     }
 }
 
-impl PolicyInstance for Native<Node> {
+impl PolicyInstance for Native<NodeContract> {
     fn admit(&mut self, request: &AdmissionRequest) -> Result<Admission, PolicyError> {
         Ok(self.policy().admit(request))
     }
@@ -81,7 +83,7 @@ impl PolicyInstance for Native<Node> {
     }
 }
 
-impl Decisions for Guarded<Node> {
+impl Decisions for Guarded<NodeContract> {
     fn name(&self) -> &str {
         Guarded::name(self)
     }
@@ -190,9 +192,11 @@ mod tests {
     #[test]
     fn invalid_answers_fall_back_and_are_recorded() {
         let recorder = Arc::new(Recorder::default());
-        let mut g =
-            Guarded::<Node>::new(Box::new(Native::<Node>::new("oob", Box::new(OutOfBounds))))
-                .with_observer(recorder.clone());
+        let mut g = Guarded::<NodeContract>::new(Box::new(Native::<NodeContract>::new(
+            "oob",
+            Box::new(OutOfBounds),
+        )))
+        .with_observer(recorder.clone());
         let node = NodeFacts {
             control_plane: true,
             ready: true,

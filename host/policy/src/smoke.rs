@@ -24,7 +24,7 @@ pub fn smoke_test<C: Hooks>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{Limits, Node, WasmRuntime};
+    use crate::{Limits, NodeContract, WasmRuntime};
 
     #[test]
     fn the_default_passes_and_names_itself() {
@@ -37,7 +37,7 @@ mod tests {
         request.node.allocatable_ephemeral_bytes = Some(100 << 30);
         (request.images).push("q.io/a@sha256:01", ["s"], false, Some(1_000), &[]);
         let pressure = pinset_policy_sdk::Pressure::default();
-        let info = smoke_test::<Node>(&module, (&request, &pressure)).unwrap();
+        let info = smoke_test::<NodeContract>(&module, (&request, &pressure)).unwrap();
         assert_eq!(info.name, "default");
     }
 }

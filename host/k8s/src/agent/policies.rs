@@ -14,7 +14,7 @@ pub use crate::policy_loader::{Loader, Refusing};
 use pinset_core::refusal::Refusal;
 use pinset_core::rollout::{RolloutGrant, policy_set};
 use pinset_core::status::{NodeStatus, RejectedPolicy, RunningPolicy};
-use pinset_policy::{Node, PolicyModule};
+use pinset_policy::{NodeContract, PolicyModule};
 use pinset_policy_sdk::{AdmissionRequest, Pressure};
 use pinset_registry::signature::VerifyingKey;
 
@@ -384,7 +384,7 @@ pub fn prove(
         return Ok(Loaded::default_of(default));
     };
     let on = "the node's facts";
-    let module = loader.prove::<Node>(m, &fetched, (request, pressure), on)?;
+    let module = loader.prove::<NodeContract>(m, &fetched, (request, pressure), on)?;
     Ok(Loaded::new(module, Some(m.reference()), &now()))
 }
 
@@ -410,7 +410,7 @@ pub fn restore(
         None => config.keys("", &m),
     }
     .map_err(|e| (Refusal::SignatureRefused, e.to_string()))?;
-    let module = loader.load::<Node>(&m, &keys)?;
+    let module = loader.load::<NodeContract>(&m, &keys)?;
     Ok((
         Loaded::new(module, Some(reference.to_string()), since),
         fingerprint(&pems),

@@ -7,7 +7,7 @@
 use super::{Agent, FIELD_MANAGER, Rounds};
 use k8s_openapi::api::core::v1::{Node, Taint};
 use kube::api::{Api, Patch, PatchParams};
-use pinset_core::startup_taint::{Lifted, StartupTaint, Verdict, verdict};
+use pinset_core::startup_taint::{Lifted, StartupTaint, TaintVerdict, verdict};
 use pinset_node::pin::PinBackend;
 use pinset_registry::size::Sizer;
 use serde_json::json;
@@ -43,14 +43,14 @@ impl<S: Sizer + 'static, B: PinBackend> Agent<S, B> {
             age(&node),
             self.config.startup_taint_deadline,
         ) {
-            Verdict::Keep(why) => {
+            TaintVerdict::Keep(why) => {
                 if rounds.taint_kept.as_ref() != Some(&why) {
                     tracing::info!(%taint, %why, "startup taint kept");
                     rounds.taint_kept = Some(why);
                 }
                 true
             }
-            Verdict::Lift(kind, why) => self.lift(taint, &node, others, (kind, &why)).await,
+            TaintVerdict::Lift(kind, why) => self.lift(taint, &node, others, (kind, &why)).await,
         }
     }
 

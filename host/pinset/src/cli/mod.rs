@@ -181,7 +181,7 @@ impl PolicyOpts {
 
     /// Compile and check the chosen module's node decisions (`pinset:policy/decisions`).
     pub fn load(&self, runtime: &WasmRuntime) -> anyhow::Result<PolicyModule> {
-        Ok(runtime.bind::<pinset_policy::Node>(&self.compile(runtime)?)?)
+        Ok(runtime.bind::<pinset_policy::NodeContract>(&self.compile(runtime)?)?)
     }
 
     /// Check and compile the chosen module (the embedded default when none is given), for

@@ -13,7 +13,7 @@ use pinset_node::Reconciler;
 use pinset_node::config::PinKind;
 use pinset_node::cri::client::{CriClient, CriConfig};
 use pinset_node::facts::{self, Facts, Unsized};
-use pinset_policy::{Guarded, Node};
+use pinset_policy::{Guarded, NodeContract};
 use pinset_policy_sdk::{DiskFacts, Verdict, fmt_bytes};
 use pinset_registry::mirrors::MirrorSource;
 use pinset_registry::size::{Cached, RegistrySizer};
@@ -56,7 +56,7 @@ fn simulate(
     node: &str,
     plan: &Plan,
     facts: &Facts,
-    policy: &mut Guarded<Node>,
+    policy: &mut Guarded<NodeContract>,
     rate: f64,
 ) -> Timeline {
     let request = &facts.request;
@@ -324,7 +324,7 @@ fn report(
     desired: &Desired,
     plan: &Plan,
     facts: &Facts,
-    policy: &mut Guarded<Node>,
+    policy: &mut Guarded<NodeContract>,
     module: &str,
 ) -> PlanReport {
     let request = &facts.request;

@@ -179,7 +179,11 @@ fn info(opts: &PolicyOpts, output: super::plan::Output) -> Result<ExitCode> {
     use pinset_policy::Contract;
     let mut contracts = Vec::new();
     if let Some(m) = node {
-        contracts.push((pinset_policy::Node::ROLE.kind, m.interface(), node_info(m)));
+        contracts.push((
+            pinset_policy::NodeContract::ROLE.kind,
+            m.interface(),
+            node_info(m),
+        ));
     }
     if let Some(f) = fleet {
         contracts.push((
@@ -302,7 +306,10 @@ impl<'a> Modules<'a> {
     fn node(&mut self) -> Result<&PolicyModule> {
         if self.node.is_none() {
             let compiled = self.compiled()?;
-            self.node = Some(self.runtime.bind::<pinset_policy::Node>(&compiled)?);
+            self.node = Some(
+                self.runtime
+                    .bind::<pinset_policy::NodeContract>(&compiled)?,
+            );
         }
         Ok(self.node.as_ref().expect("loaded above"))
     }

@@ -68,14 +68,14 @@ pub struct Role {
 }
 
 /// The node contract (`wit/policy.wit`): the pull decisions an agent asks in a reconcile.
-pub struct Node;
+pub struct NodeContract;
 
 /// The fleet contract (`wit/fleet/fleet.wit`): which nodes of a pool may pull now.
 pub struct FleetContract;
 
 /// Every contract this pinset serves: (interface, role).
 pub const CONTRACTS: [(&str, Role); 2] = [
-    (Node::INTERFACE, Node::ROLE),
+    (NodeContract::INTERFACE, NodeContract::ROLE),
     (FleetContract::INTERFACE, FleetContract::ROLE),
 ];
 
@@ -138,7 +138,7 @@ mod tests {
 
     #[test]
     fn contract_versions() {
-        let node = Node::INTERFACE;
+        let node = NodeContract::INTERFACE;
         assert_eq!(version_of(node, node), Some((0, 1)));
         assert_eq!(
             version_of("pinset:policy/decisions@0.2.0", node),

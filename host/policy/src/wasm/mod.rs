@@ -41,7 +41,7 @@ pub use child::{
     precompile,
 };
 pub use compile::Compiler;
-pub use contract::{CONTRACTS, Contract, FleetContract, Node, Role};
+pub use contract::{CONTRACTS, Contract, FleetContract, NodeContract, Role};
 pub use engine::{WasmRuntime, instance_strategy};
 pub use fleet::FLEET_CONTRACT;
 pub use instance::{MAX_REASON_BYTES, WasmInstance};

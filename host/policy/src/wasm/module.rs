@@ -3,7 +3,7 @@
 //! contract's version, its imports linked (pre-instantiation), its functions found. One path
 //! for every contract ([`Contract`]).
 
-use super::contract::{self, CONTRACTS, Contract, FleetContract, Node};
+use super::contract::{self, CONTRACTS, Contract, FleetContract, NodeContract};
 use super::engine::{Ticker, WasmRuntime};
 use super::instance::{WasmInstance, typecheck};
 use super::store::{Limits, State};
@@ -15,7 +15,7 @@ use wasmtime::Engine;
 use wasmtime::component::Component;
 
 /// The node contract's interface (and version) this pinset calls.
-pub const CONTRACT: &str = Node::INTERFACE;
+pub const CONTRACT: &str = NodeContract::INTERFACE;
 
 /// A module's bytes checked (size, sha256 pin, header) and compiled, not yet bound to a
 /// contract: one compile serves both contracts of a module that implements both. Cheap to clone.
@@ -110,14 +110,14 @@ impl WasmRuntime {
         compiled: &CompiledModule,
     ) -> Result<(Option<PolicyModule>, Option<FleetModule>), LoadError> {
         let (node, fleet) = (
-            self.bind::<Node>(compiled),
+            self.bind::<NodeContract>(compiled),
             self.bind::<FleetContract>(compiled),
         );
         match (node, fleet) {
             (Err(node), Err(fleet)) => {
                 let exports = exports(&self.engine, &compiled.component);
                 let built_for_fleet = contract::of_package(&exports, FleetContract::INTERFACE)
-                    && !contract::of_package(&exports, Node::INTERFACE);
+                    && !contract::of_package(&exports, NodeContract::INTERFACE);
                 Err(if built_for_fleet { fleet } else { node })
             }
             (node, fleet) => Ok((node.ok(), fleet.ok())),
@@ -317,7 +317,7 @@ pub struct Module<C: Contract> {
 }
 
 /// A node policy module.
-pub type PolicyModule = Module<Node>;
+pub type PolicyModule = Module<NodeContract>;
 /// A fleet policy module.
 pub type FleetModule = Module<FleetContract>;
 

@@ -5,7 +5,7 @@
 //! and type-check every export again for each instance.
 
 use super::bounded;
-use super::contract::{Contract, Node, Role, check, export_index};
+use super::contract::{Contract, NodeContract, Role, check, export_index};
 use super::instance::{MAX_REASON_BYTES, WasmInstance, call};
 use super::store::State;
 use super::wit;
@@ -91,7 +91,7 @@ pub struct NodeExports {
     throttle: ComponentExportIndex,
 }
 
-impl Contract for Node {
+impl Contract for NodeContract {
     const INTERFACE: &'static str = "pinset:policy/decisions@0.1.0";
     const ROLE: Role = Role {
         kind: "node",
@@ -136,7 +136,7 @@ impl Contract for Node {
     }
 }
 
-impl PolicyInstance for WasmInstance<Node> {
+impl PolicyInstance for WasmInstance<NodeContract> {
     fn admit(&mut self, request: &sdk::AdmissionRequest) -> Result<sdk::Admission, PolicyError> {
         let arg = AdmissionRequestArg {
             node: NodeArg::of(&request.node),
