@@ -10,10 +10,12 @@ fn main() {
     let workspace = wasm_build::workspace();
     wasm_build::watch(&workspace, &["policies/default", "policies/sdk"]);
     let target = wasm_build::target_dir(&workspace, "wasm-default-policy");
+    let bindings = wasm_build::sdk_bindings(&target);
     let out_dir = PathBuf::from(std::env::var("OUT_DIR").expect("set by cargo"));
     wasm_build::build(
         &workspace,
         &target,
+        &bindings,
         &out_dir,
         &[("pinset-policy-default", "pinset_policy_default")],
         "export",

@@ -48,27 +48,31 @@ pub fn watch(workspace: &Path, dirs: &[&str]) {
     }
 }
 
-/// Build each `(package, file stem)`, with the cargo `features` given (comma-separated, may be
-/// empty), and copy its component into `out`.
+/// The SDK's bindings generated from the repository's `wit/` into `<target_dir>/sdk-bindings`,
+/// once per build script, for every [`build`] into `target_dir`.
+pub fn sdk_bindings(target_dir: &Path) -> PathBuf {
+    let wit = self::workspace().join("wit");
+    bindgen::generate(&wit, &target_dir.join("sdk-bindings"))
+        .unwrap_or_else(|e| panic!("the policy SDK's bindings: {e}"))
+}
+
+/// Build each `(package, file stem)` with the SDK's `bindings` ([`sdk_bindings`]) and the cargo
+/// `features` given (comma-separated, may be empty), and copy its component into `out`.
 pub fn build(
     workspace: &Path,
     target_dir: &Path,
+    bindings: &Path,
     out: &Path,
     policies: &[(&str, &str)],
     features: &str,
 ) {
     std::fs::create_dir_all(out).unwrap_or_else(|e| panic!("create {}: {e}", out.display()));
-    let bindings = bindgen::generate(
-        &self::workspace().join("wit"),
-        &target_dir.join("sdk-bindings"),
-    )
-    .unwrap_or_else(|e| panic!("the policy SDK's bindings: {e}"));
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     // One build per policy: in a shared build, cargo would unify the SDK's features
     // (`decisions`, `fleet`, `no-std`) across them, and a module would declare bindings for a
     // contract it does not export.
     for &(package, stem) in policies {
-        let mut cmd = guest_build(&cargo, workspace, target_dir, package, &bindings);
+        let mut cmd = guest_build(&cargo, workspace, target_dir, package, bindings);
         if !features.is_empty() {
             cmd.args(["--features", features]);
         }

@@ -48,10 +48,13 @@ fn main() {
     wasm_build::watch(&workspace, &["policies", "tests/policies"]);
     let target = wasm_build::target_dir(&workspace, "wasm-policies");
     let components = target.join("components");
-    wasm_build::build(&workspace, &target, &components, &EXAMPLES, "");
+    // One generation for both workspaces' policies (the test-only ones use the SDK too).
+    let bindings = wasm_build::sdk_bindings(&target);
+    wasm_build::build(&workspace, &target, &bindings, &components, &EXAMPLES, "");
     wasm_build::build(
         &workspace.join("tests/policies"),
         &target,
+        &bindings,
         &components,
         &TEST_ONLY,
         "",

@@ -252,7 +252,7 @@ impl Metrics {
     }
 
     /// The counters labelled by kind: reconcile errors, API writes and their conflicts, pin
-    /// drift, watch interruptions.
+    /// drift, watch interruptions, the startup taint's lifts.
     fn register_kind_counters(r: &mut Described) -> [Family<KindLabels, Counter>; 6] {
         let reconcile_errors = kind_counter(
             r,
@@ -603,7 +603,6 @@ impl Metrics {
             .get()
     }
 
-    /// A watch of `kind` (a Kubernetes kind) was interrupted and resumes.
     /// The startup taint lifted (`pinned`, `deadline`) or not (`failed`).
     pub fn count_startup_taint(&self, kind: &'static str) {
         (self.inner.startup_taint_lifts)
@@ -611,6 +610,7 @@ impl Metrics {
             .inc();
     }
 
+    /// A watch of `kind` (a Kubernetes kind) was interrupted and resumes.
     pub fn count_watch_interruption(&self, kind: &'static str) {
         self.inner
             .watch_interruptions
